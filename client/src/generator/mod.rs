@@ -1,0 +1,207 @@
+//! The snowflake generator: the one piece of code that turns a [`Grant`] and the
+//! clock into ids, shared by the server and the embedded client (DESIGN §5).
+//!
+//! # The invariant it protects (DESIGN §2)
+//!
+//! No two holders of one machine id ever stamp the same timestamp. The generator
+//! enforces the holder's half of that:
+//!
+//! 1. It stamps `t` only while its grant is valid: `t <= grant.fence` (the fence
+//!    is persisted before it is published) and, where the lease has a deadline,
+//!    the monotonic clock is before it.
+//! 2. It stamps only `t > grant.floor`, the previous holder's fence read after
+//!    the claim committed.
+//! 3. Within one holder, timestamps never go backwards: a backwards clock step of
+//!    at most `max_backward_wait` is waited out, a larger one is refused.
+//!
+//! The grant is read *under the sequence lock*, so once the lease source
+//! publishes `None` and [`Generator::drain`] has taken that lock, no id can be
+//! stamped under the old grant: that is what "drain before release" means here.
+
+mod sequence;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::clock::SharedClock;
+use crate::error::GenerateError;
+use crate::layout::{Layout, MachineId, Millis};
+pub use sequence::{Step, Taken};
+use sequence::SequenceState;
+
+/// Default largest backwards clock step the generator waits out: 100 ms.
+pub const DEFAULT_MAX_BACKWARD_WAIT: Duration = Duration::from_millis(100);
+
+/// The right to stamp ids under one machine id, published by a lease source
+/// (etcd lease manager, embedded store, or the Lease API client) through a
+/// `tokio::sync::watch` channel. `None` in the channel means "do not issue".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// The machine id held.
+    pub machine_id: MachineId,
+    /// Exclusive lower bound (layout ms): the previous holder's fence, read after
+    /// the claim committed. Stamped timestamps are `> floor`.
+    pub floor: Millis,
+    /// Inclusive upper bound (layout ms): the fence persisted in the store.
+    pub fence: Millis,
+    /// Local lease deadline by the monotonic clock, counted from when the last
+    /// successful renewal was *sent*; `None` when the store has no expiry.
+    pub deadline: Option<Instant>,
+}
+
+/// Metric handles the generator updates; callers choose names and labels, so the
+/// server and embedded clients each keep their own metric catalog.
+#[derive(Debug, Clone)]
+pub struct GeneratorMetrics {
+    /// Ids issued.
+    pub ids_issued: metrics::Counter,
+    /// Times a millisecond's sequence ran out and issuance moved to the next ms.
+    pub sequence_exhausted: metrics::Counter,
+    /// Backwards clock steps that were waited out.
+    pub backward_waited: metrics::Counter,
+    /// Backwards clock steps that halted issuance.
+    pub backward_halted: metrics::Counter,
+}
+
+impl Default for GeneratorMetrics {
+    /// Counters that record nothing.
+    fn default() -> Self {
+        Self {
+            ids_issued: metrics::Counter::noop(),
+            sequence_exhausted: metrics::Counter::noop(),
+            backward_waited: metrics::Counter::noop(),
+            backward_halted: metrics::Counter::noop(),
+        }
+    }
+}
+
+/// Generates ascending ids for one machine id at a time. Cheap to share
+/// (`Arc`); all methods take `&self`.
+pub struct Generator {
+    layout: Layout,
+    clock: SharedClock,
+    grant: watch::Receiver<Option<Grant>>,
+    state: Mutex<SequenceState>,
+    max_backward_wait: Duration,
+    metrics: GeneratorMetrics,
+}
+
+impl std::fmt::Debug for Generator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generator")
+            .field("layout", &self.layout)
+            .field("grant", &*self.grant.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Generator {
+    /// Creates a generator that stamps under whatever grant `grant` carries.
+    pub fn new(
+        layout: Layout,
+        clock: SharedClock,
+        grant: watch::Receiver<Option<Grant>>,
+        max_backward_wait: Duration,
+        metrics: GeneratorMetrics,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            layout,
+            clock,
+            grant,
+            state: Mutex::new(SequenceState::new()),
+            max_backward_wait,
+            metrics,
+        })
+    }
+
+    /// The layout ids are stamped with.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The grant in force now, if any.
+    pub fn grant(&self) -> Option<Grant> {
+        *self.grant.borrow()
+    }
+
+    /// True when the generator holds a grant whose deadline has not passed.
+    pub fn is_ready(&self) -> bool {
+        match *self.grant.borrow() {
+            Some(g) => g.deadline.is_none_or(|d| self.clock.now() < d),
+            None => false,
+        }
+    }
+
+    /// Takes up to `want` ids in one step without waiting: a run of consecutive
+    /// ids in one millisecond, or the reason to wait, or an error.
+    pub fn try_take(&self, want: u64) -> Result<Step, GenerateError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let grant = (*self.grant.borrow()).ok_or(GenerateError::NoGrant)?;
+        let now_unix = self.clock.unix_ms();
+        let step = state.take(
+            &self.layout,
+            &grant,
+            now_unix,
+            self.clock.now(),
+            want,
+            self.max_backward_wait,
+        );
+        drop(state);
+        match &step {
+            Ok(Step::Ids(t)) => self.metrics.ids_issued.increment(t.count),
+            Ok(Step::SequenceExhausted) => self.metrics.sequence_exhausted.increment(1),
+            Ok(Step::ClockBackward { .. }) => self.metrics.backward_waited.increment(1),
+            Err(GenerateError::ClockSteppedBack { .. }) => self.metrics.backward_halted.increment(1),
+            Err(_) => {}
+        }
+        step
+    }
+
+    /// Returns `count` strictly ascending ids, waiting out sequence exhaustion
+    /// and small backwards clock steps. On an error, ids already taken for this
+    /// batch are dropped (a gap, never a reuse).
+    pub async fn next_ids(&self, count: u64) -> Result<Vec<u64>, GenerateError> {
+        let mut ids = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
+        self.fill(count, |t| ids.extend(t.first..t.first + t.count)).await?;
+        Ok(ids)
+    }
+
+    /// Like [`Generator::next_ids`] but hands each run of consecutive ids to
+    /// `sink`, so callers can avoid materialising ids they only forward.
+    pub async fn fill(
+        &self,
+        count: u64,
+        mut sink: impl FnMut(Taken),
+    ) -> Result<(), GenerateError> {
+        let mut left = count;
+        while left > 0 {
+            match self.try_take(left)? {
+                Step::Ids(t) => {
+                    left -= t.count;
+                    sink(t);
+                }
+                // Sub-millisecond: yield instead of sleeping, since tokio's timer
+                // granularity (1 ms) would halve throughput at the layout limit.
+                Step::SequenceExhausted => tokio::task::yield_now().await,
+                Step::ClockBackward { wait } => tokio::time::sleep(wait).await,
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks issuance behind the sequence lock and returns the last timestamp
+    /// stamped (or the floor when nothing was stamped) for the machine id of the
+    /// state. The lease source must have published `None` first: after this
+    /// returns, no id can be stamped under the old grant. Used before release to
+    /// lower the fence (DESIGN §2.4).
+    pub fn drain(&self) -> Option<(MachineId, Millis)> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        debug_assert!(self.grant.borrow().is_none(), "drain before the grant is withdrawn");
+        state.last()
+    }
+}
+
+#[cfg(test)]
+mod tests;

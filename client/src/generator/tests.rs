@@ -1,0 +1,236 @@
+//! Unit tests of the generator with an injected clock: exact ids, no sleeps.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::sync::watch;
+
+use super::*;
+use crate::clock::{Clock, ManualClock};
+use crate::layout::DEFAULT_EPOCH_UNIX_MS;
+
+/// A generator on the default layout whose clock reads `ts` layout ms.
+fn generator_at(
+    ts: u64,
+    grant: Grant,
+) -> (Arc<Generator>, Arc<ManualClock>, watch::Sender<Option<Grant>>) {
+    let clock = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + ts);
+    let (tx, rx) = watch::channel(Some(grant));
+    let generator = Generator::new(
+        Layout::default(),
+        clock.clone(),
+        rx,
+        DEFAULT_MAX_BACKWARD_WAIT,
+        GeneratorMetrics::default(),
+    );
+    (generator, clock, tx)
+}
+
+fn grant(machine_id: u16, floor: u64, fence: u64) -> Grant {
+    Grant {
+        machine_id: MachineId(machine_id),
+        floor: Millis(floor),
+        fence: Millis(fence),
+        deadline: None,
+    }
+}
+
+fn ids(step: Step) -> Vec<u64> {
+    match step {
+        Step::Ids(t) => (t.first..t.first + t.count).collect(),
+        other => panic!("expected ids, got {other:?}"),
+    }
+}
+
+#[test]
+fn machine_5_at_ts_1000_issues_reference_ids() {
+    let (g, _, _) = generator_at(1000, grant(5, 0, 10_000));
+    assert_eq!(
+        ids(g.try_take(6).unwrap()),
+        (4_194_309_120..=4_194_309_125).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn the_1025th_id_on_machine_0_moves_to_the_next_ms() {
+    let (g, clock, _) = generator_at(1000, grant(0, 0, 10_000));
+    let first = ids(g.try_take(1024).unwrap());
+    assert_eq!(first.len(), 1024);
+    assert_eq!(first[0], 1000 << 22);
+    assert_eq!(g.try_take(1), Ok(Step::SequenceExhausted));
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(ids(g.try_take(1).unwrap()), vec![4_198_498_304]);
+}
+
+#[test]
+fn a_run_stops_at_the_end_of_the_millisecond() {
+    let (g, _, _) = generator_at(1000, grant(0, 0, 10_000));
+    assert_eq!(ids(g.try_take(1000).unwrap()).len(), 1000);
+    let rest = ids(g.try_take(1000).unwrap());
+    assert_eq!(rest.len(), 24);
+    assert_eq!(*rest.last().unwrap(), (1000 << 22) + 1023);
+}
+
+#[test]
+fn never_stamps_above_the_fence() {
+    let (g, clock, _) = generator_at(1000, grant(1, 0, 1000));
+    assert!(matches!(g.try_take(1), Ok(Step::Ids(_))));
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        g.try_take(1),
+        Err(GenerateError::FenceReached { fence: Millis(1000) })
+    );
+}
+
+#[test]
+fn never_stamps_at_or_below_the_floor() {
+    let (g, clock, _) = generator_at(1000, grant(1, 1002, 5000));
+    assert_eq!(
+        g.try_take(1),
+        Err(GenerateError::ClockBehindFence {
+            wait: Duration::from_millis(3)
+        })
+    );
+    clock.advance(Duration::from_millis(2));
+    assert_eq!(
+        g.try_take(1),
+        Err(GenerateError::ClockBehindFence {
+            wait: Duration::from_millis(1)
+        })
+    );
+    clock.advance(Duration::from_millis(1));
+    let got = ids(g.try_take(1).unwrap());
+    assert_eq!(Layout::default().decode(got[0]).unwrap().timestamp, Millis(1003));
+}
+
+#[test]
+fn a_new_floor_at_the_last_stamp_skips_the_rest_of_that_ms() {
+    let (g, clock, tx) = generator_at(1000, grant(1, 0, 5000));
+    ids(g.try_take(1).unwrap());
+    // The lease was lost and re-claimed; the fence read at the re-claim is 1000.
+    tx.send_replace(Some(grant(1, 1000, 5000)));
+    assert!(matches!(g.try_take(1), Err(GenerateError::ClockBehindFence { .. })));
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        Layout::default().decode(ids(g.try_take(1).unwrap())[0]).unwrap().timestamp,
+        Millis(1001)
+    );
+}
+
+#[test]
+fn a_small_backwards_step_is_waited_out() {
+    let (g, clock, _) = generator_at(1000, grant(1, 0, 5000));
+    ids(g.try_take(1).unwrap());
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 960);
+    assert_eq!(
+        g.try_take(1),
+        Ok(Step::ClockBackward {
+            wait: Duration::from_millis(40)
+        })
+    );
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 1000);
+    // Same ms as the last stamp: the sequence continues, no reuse.
+    assert_eq!(ids(g.try_take(1).unwrap()), vec![(1000 << 22) + (1 << 10) + 1]);
+}
+
+#[test]
+fn a_large_backwards_step_halts_issuance() {
+    let (g, clock, _) = generator_at(5000, grant(1, 0, 10_000));
+    ids(g.try_take(1).unwrap());
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 4000);
+    assert_eq!(
+        g.try_take(1),
+        Err(GenerateError::ClockSteppedBack {
+            by: Duration::from_millis(1000),
+            max: DEFAULT_MAX_BACKWARD_WAIT
+        })
+    );
+}
+
+#[test]
+fn refuses_after_the_lease_deadline() {
+    let clock = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let deadline = clock.now() + Duration::from_millis(10);
+    let (_tx, rx) = watch::channel(Some(Grant {
+        deadline: Some(deadline),
+        ..grant(2, 0, 10_000)
+    }));
+    let g = Generator::new(
+        Layout::default(),
+        clock.clone(),
+        rx,
+        DEFAULT_MAX_BACKWARD_WAIT,
+        GeneratorMetrics::default(),
+    );
+    assert!(g.is_ready());
+    assert!(matches!(g.try_take(1), Ok(Step::Ids(_))));
+    clock.advance(Duration::from_millis(10));
+    assert!(!g.is_ready());
+    assert_eq!(g.try_take(1), Err(GenerateError::LeaseExpired));
+}
+
+#[test]
+fn refuses_without_a_grant_and_before_the_epoch() {
+    let (g, clock, tx) = generator_at(1000, grant(1, 0, 5000));
+    tx.send_replace(None);
+    assert_eq!(g.try_take(1), Err(GenerateError::NoGrant));
+    tx.send_replace(Some(grant(1, 0, 5000)));
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS - 1);
+    assert_eq!(g.try_take(1), Err(GenerateError::ClockBeforeEpoch));
+}
+
+#[test]
+fn drain_reports_the_last_stamped_timestamp() {
+    let (g, clock, tx) = generator_at(1000, grant(7, 900, 5000));
+    ids(g.try_take(3).unwrap());
+    clock.advance(Duration::from_millis(5));
+    ids(g.try_take(3).unwrap());
+    tx.send_replace(None);
+    assert_eq!(g.drain(), Some((MachineId(7), Millis(1005))));
+}
+
+#[tokio::test]
+async fn next_ids_crosses_milliseconds_in_ascending_order() {
+    let (g, clock, _) = generator_at(1000, grant(3, 0, 1_000_000));
+    // The clock only moves when the test moves it, so run the batch while a
+    // second task ticks the clock.
+    let ticker = {
+        let clock = clock.clone();
+        tokio::spawn(async move {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+                clock.advance(Duration::from_millis(1));
+            }
+        })
+    };
+    let got = g.next_ids(3000).await.unwrap();
+    ticker.await.unwrap();
+    assert_eq!(got.len(), 3000);
+    assert!(got.windows(2).all(|w| w[0] < w[1]));
+    let layout = Layout::default();
+    assert!(got
+        .iter()
+        .all(|&id| layout.decode(id).unwrap().machine_id == MachineId(3)));
+}
+
+proptest! {
+    /// Whatever the wall clock does, one holder's ids strictly ascend and never
+    /// leave (floor, fence].
+    #[test]
+    fn ids_of_one_holder_strictly_ascend(steps in proptest::collection::vec((-30i64..40, 1u64..2000), 1..200)) {
+        let (g, clock, _) = generator_at(1000, grant(9, 990, 4000));
+        let layout = Layout::default();
+        let mut last: Option<u64> = None;
+        for (jump, want) in steps {
+            let now = clock.unix_ms() as i64 + jump;
+            clock.set_unix_ms(now as u64);
+            if let Ok(Step::Ids(t)) = g.try_take(want) {
+                let ts = layout.decode(t.first).unwrap().timestamp;
+                prop_assert!(ts > Millis(990) && ts <= Millis(4000));
+                if let Some(l) = last { prop_assert!(t.first > l); }
+                last = Some(t.first + t.count - 1);
+            }
+        }
+    }
+}
