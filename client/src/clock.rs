@@ -64,22 +64,36 @@ impl ManualClock {
 
     /// Advances both clocks by `by`.
     pub fn advance(&self, by: Duration) {
-        let mut s = self.state.lock().expect("manual clock lock is never poisoned");
+        let mut s = self
+            .state
+            .lock()
+            .expect("manual clock lock is never poisoned");
         s.0 += u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
         s.1 += by;
     }
 
     /// Sets the wall clock (a step, forwards or backwards); monotonic time is untouched.
     pub fn set_unix_ms(&self, unix_ms: u64) {
-        self.state.lock().expect("manual clock lock is never poisoned").0 = unix_ms;
+        self.state
+            .lock()
+            .expect("manual clock lock is never poisoned")
+            .0 = unix_ms;
     }
 }
 
 impl Clock for ManualClock {
     fn unix_ms(&self) -> u64 {
-        self.state.lock().expect("manual clock lock is never poisoned").0
+        self.state
+            .lock()
+            .expect("manual clock lock is never poisoned")
+            .0
     }
     fn now(&self) -> Instant {
-        self.base + self.state.lock().expect("manual clock lock is never poisoned").1
+        self.base
+            + self
+                .state
+                .lock()
+                .expect("manual clock lock is never poisoned")
+                .1
     }
 }

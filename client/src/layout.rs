@@ -265,7 +265,10 @@ mod tests {
                 sequence_bits: 11
             })
         );
-        assert!(matches!(Layout::new(63, 0, 0, 0), Err(LayoutError::BadBits { .. })));
+        assert!(matches!(
+            Layout::new(63, 0, 0, 0),
+            Err(LayoutError::BadBits { .. })
+        ));
         assert_eq!(
             Layout::new(30, 17, 16, 0),
             Err(LayoutError::TooManyMachineBits { machine_bits: 17 })
@@ -275,12 +278,15 @@ mod tests {
     #[test]
     fn parses_layout_strings() {
         assert_eq!("41/12/10".parse::<Layout>(), Ok(Layout::default()));
-        assert_eq!(
-            "39/8/16@0".parse::<Layout>(),
-            Layout::new(39, 8, 16, 0)
-        );
-        assert!(matches!("41/12".parse::<Layout>(), Err(LayoutError::Parse { .. })));
-        assert!(matches!("41/12/9".parse::<Layout>(), Err(LayoutError::BadBits { .. })));
+        assert_eq!("39/8/16@0".parse::<Layout>(), Layout::new(39, 8, 16, 0));
+        assert!(matches!(
+            "41/12".parse::<Layout>(),
+            Err(LayoutError::Parse { .. })
+        ));
+        assert!(matches!(
+            "41/12/9".parse::<Layout>(),
+            Err(LayoutError::BadBits { .. })
+        ));
     }
 
     #[test]

@@ -10,4 +10,5 @@ pub mod v1 {
 }
 
 /// The encoded `FileDescriptorSet` of `snowkeep.v1`, for server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("snowkeep_v1_descriptor");
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("snowkeep_v1_descriptor");

@@ -1,1 +1,55 @@
-//! placeholder
+//! snowkeep-server: leases snowflake machine ids from etcd (or an embedded
+//! single-instance store) and issues ascending 63-bit ids over gRPC.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`config`] | `Args` (flags + `SNOWKEEP_*` env) → validated `ServerConfig` |
+//! | [`run`](mod@run) | wiring and the ordered shutdown |
+//! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
+//! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive |
+//! | [`local`] | the embedded single-instance store (a state file) |
+//! | [`lease`] | the lease lifecycle: `LeaseManager`, candidate ranking, `LeaseError` |
+//! | [`service`] | gRPC adapters, status mapping, health |
+//! | [`metrics`] | the metric catalog and the Prometheus exporter |
+//!
+//! Core flows (DESIGN §2–§3):
+//!
+//! * **Claim**: grant an etcd lease, rank free machine ids, and take one with a
+//!   transaction that creates the holder key bound to the lease and reads the
+//!   machine id's fence in the same transaction; that fence is the floor.
+//! * **Fence**: wait for the clock to pass the floor, then raise the fence to
+//!   now + horizon with a transaction guarded by the holder key's lease, and
+//!   only then publish a grant; keep raising it while issuing.
+//! * **Renew**: a keepalive every TTL/3, each under its own timeout; the grant's
+//!   deadline is the last successful keepalive's *send* time + TTL.
+//! * **Issue**: the shared `snowkeep_client::Generator` stamps ids inside
+//!   (floor, fence] and before the deadline.
+//! * **Release**: withdraw the grant, drain the generator, lower the fence to
+//!   the last timestamp used and delete the holder key in one transaction,
+//!   revoke the lease.
+
+pub mod config;
+pub mod etcd;
+pub mod lease;
+pub mod local;
+pub mod metrics;
+pub mod run;
+pub mod service;
+pub mod shutdown;
+
+pub use run::{run, ServeError};
+
+/// Displays an error with its whole source chain: `err: source: source…`.
+pub struct DisplayChain<'a>(pub &'a dyn std::error::Error);
+
+impl std::fmt::Display for DisplayChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}

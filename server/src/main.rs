@@ -1,1 +1,80 @@
-fn main() {}
+//! snowkeep-server binary: parse → log → metrics → bind → run → exit code
+//! (0 after a clean release, 64 for bad configuration, 1 for a runtime failure).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use snowkeep_server::config::{Args, LogFormat, ServerConfig};
+use snowkeep_server::{metrics, run, shutdown, DisplayChain};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+
+const EX_USAGE: u8 = 64;
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("SNOWKEEP_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let (listen, metrics_listen) = (args.listen, args.metrics_listen);
+    let config = match ServerConfig::try_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            error!(error = %DisplayChain(&e), "invalid configuration");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the tokio runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        if let Err(e) = metrics::install(metrics_listen) {
+            error!(address = %metrics_listen, error = %DisplayChain(&e), "cannot serve metrics");
+            return ExitCode::FAILURE;
+        }
+        let listener = match tokio::net::TcpListener::bind(listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                error!(address = %listen, error = %e, "cannot bind the gRPC listener");
+                return ExitCode::FAILURE;
+            }
+        };
+        let token = CancellationToken::new();
+        if let Err(e) = shutdown::cancel_on_signal(token.clone()) {
+            error!(error = %e, "cannot install signal handlers");
+            return ExitCode::FAILURE;
+        }
+        info!(grpc = %listen, metrics = %metrics_listen, "listening");
+        match run(config, listener, token).await {
+            Ok(()) => {
+                info!("stopped cleanly");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                error!(error = %DisplayChain(&e), "snowkeep-server stopped");
+                if e.is_usage() {
+                    ExitCode::from(EX_USAGE)
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    })
+}

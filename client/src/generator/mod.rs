@@ -28,8 +28,8 @@ use tokio::sync::watch;
 use crate::clock::SharedClock;
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
-pub use sequence::{Step, Taken};
 use sequence::SequenceState;
+pub use sequence::{Step, Taken};
 
 /// Default largest backwards clock step the generator waits out: 100 ms.
 pub const DEFAULT_MAX_BACKWARD_WAIT: Duration = Duration::from_millis(100);
@@ -153,7 +153,9 @@ impl Generator {
             Ok(Step::Ids(t)) => self.metrics.ids_issued.increment(t.count),
             Ok(Step::SequenceExhausted) => self.metrics.sequence_exhausted.increment(1),
             Ok(Step::ClockBackward { .. }) => self.metrics.backward_waited.increment(1),
-            Err(GenerateError::ClockSteppedBack { .. }) => self.metrics.backward_halted.increment(1),
+            Err(GenerateError::ClockSteppedBack { .. }) => {
+                self.metrics.backward_halted.increment(1)
+            }
             Err(_) => {}
         }
         step
@@ -164,17 +166,14 @@ impl Generator {
     /// batch are dropped (a gap, never a reuse).
     pub async fn next_ids(&self, count: u64) -> Result<Vec<u64>, GenerateError> {
         let mut ids = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
-        self.fill(count, |t| ids.extend(t.first..t.first + t.count)).await?;
+        self.fill(count, |t| ids.extend(t.first..t.first + t.count))
+            .await?;
         Ok(ids)
     }
 
     /// Like [`Generator::next_ids`] but hands each run of consecutive ids to
     /// `sink`, so callers can avoid materialising ids they only forward.
-    pub async fn fill(
-        &self,
-        count: u64,
-        mut sink: impl FnMut(Taken),
-    ) -> Result<(), GenerateError> {
+    pub async fn fill(&self, count: u64, mut sink: impl FnMut(Taken)) -> Result<(), GenerateError> {
         let mut left = count;
         while left > 0 {
             match self.try_take(left)? {
@@ -198,7 +197,10 @@ impl Generator {
     /// lower the fence (DESIGN §2.4).
     pub fn drain(&self) -> Option<(MachineId, Millis)> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        debug_assert!(self.grant.borrow().is_none(), "drain before the grant is withdrawn");
+        debug_assert!(
+            self.grant.borrow().is_none(),
+            "drain before the grant is withdrawn"
+        );
         state.last()
     }
 }

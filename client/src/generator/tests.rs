@@ -14,7 +14,11 @@ use crate::layout::DEFAULT_EPOCH_UNIX_MS;
 fn generator_at(
     ts: u64,
     grant: Grant,
-) -> (Arc<Generator>, Arc<ManualClock>, watch::Sender<Option<Grant>>) {
+) -> (
+    Arc<Generator>,
+    Arc<ManualClock>,
+    watch::Sender<Option<Grant>>,
+) {
     let clock = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + ts);
     let (tx, rx) = watch::channel(Some(grant));
     let generator = Generator::new(
@@ -79,7 +83,9 @@ fn never_stamps_above_the_fence() {
     clock.advance(Duration::from_millis(1));
     assert_eq!(
         g.try_take(1),
-        Err(GenerateError::FenceReached { fence: Millis(1000) })
+        Err(GenerateError::FenceReached {
+            fence: Millis(1000)
+        })
     );
 }
 
@@ -101,7 +107,10 @@ fn never_stamps_at_or_below_the_floor() {
     );
     clock.advance(Duration::from_millis(1));
     let got = ids(g.try_take(1).unwrap());
-    assert_eq!(Layout::default().decode(got[0]).unwrap().timestamp, Millis(1003));
+    assert_eq!(
+        Layout::default().decode(got[0]).unwrap().timestamp,
+        Millis(1003)
+    );
 }
 
 #[test]
@@ -110,10 +119,16 @@ fn a_new_floor_at_the_last_stamp_skips_the_rest_of_that_ms() {
     ids(g.try_take(1).unwrap());
     // The lease was lost and re-claimed; the fence read at the re-claim is 1000.
     tx.send_replace(Some(grant(1, 1000, 5000)));
-    assert!(matches!(g.try_take(1), Err(GenerateError::ClockBehindFence { .. })));
+    assert!(matches!(
+        g.try_take(1),
+        Err(GenerateError::ClockBehindFence { .. })
+    ));
     clock.advance(Duration::from_millis(1));
     assert_eq!(
-        Layout::default().decode(ids(g.try_take(1).unwrap())[0]).unwrap().timestamp,
+        Layout::default()
+            .decode(ids(g.try_take(1).unwrap())[0])
+            .unwrap()
+            .timestamp,
         Millis(1001)
     );
 }
@@ -131,7 +146,10 @@ fn a_small_backwards_step_is_waited_out() {
     );
     clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 1000);
     // Same ms as the last stamp: the sequence continues, no reuse.
-    assert_eq!(ids(g.try_take(1).unwrap()), vec![(1000 << 22) + (1 << 10) + 1]);
+    assert_eq!(
+        ids(g.try_take(1).unwrap()),
+        vec![(1000 << 22) + (1 << 10) + 1]
+    );
 }
 
 #[test]

@@ -1,0 +1,304 @@
+//! Configuration: `Args` (clap: flags, each also `SNOWKEEP_<FLAG>`) is parsed,
+//! then validated into the plain [`ServerConfig`] the library takes. Tests build
+//! `ServerConfig` directly or parse with `Args::try_parse_from`.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use snowkeep_client::{Layout, LayoutError};
+use thiserror::Error;
+
+use crate::lease::OnLeaseLost;
+
+/// Default gRPC listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
+/// Default metrics listen address.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
+/// Default namespace.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// Default etcd lease TTL.
+pub const DEFAULT_LEASE_TTL: &str = "10s";
+/// Default embedded-store state directory.
+pub const DEFAULT_STATE_DIR: &str = "snowkeep-state";
+/// Default layout (the Korean reference's 41/12/10 with the 2026-01-01 epoch).
+pub const DEFAULT_LAYOUT: &str = "41/12/10@1767225600000";
+/// Default fence horizon: how far ahead of the clock the fence is raised.
+pub const DEFAULT_FENCE_HORIZON: &str = "3s";
+/// Default longest wait for the clock to pass a previous holder's fence.
+pub const DEFAULT_MAX_FENCE_WAIT: &str = "10s";
+/// Default largest backwards clock step that is waited out.
+pub const DEFAULT_MAX_BACKWARD_WAIT: &str = "100ms";
+/// Default bound on draining in-flight requests at shutdown.
+pub const DEFAULT_SHUTDOWN_GRACE_PERIOD: &str = "10s";
+
+/// Largest `count` of one `NextIds` call and largest stream `batch_size`.
+pub const MAX_BATCH: u32 = 100_000;
+
+/// snowkeep-server: leases snowflake machine ids and issues ascending 63-bit ids over gRPC.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "snowkeep-server", version, about)]
+pub struct Args {
+    /// etcd client URLs (comma-separated), e.g. http://127.0.0.1:2379. Without
+    /// it the server runs on the embedded single-instance store.
+    #[arg(long, env = "SNOWKEEP_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// gRPC listen address.
+    #[arg(long, env = "SNOWKEEP_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Prometheus metrics listen address (GET /metrics).
+    #[arg(long, env = "SNOWKEEP_METRICS_LISTEN", default_value = DEFAULT_METRICS_LISTEN)]
+    pub metrics_listen: SocketAddr,
+    /// Namespace: an isolated pool of machine ids with one layout ([A-Za-z0-9_.-], 1-64 chars).
+    #[arg(long, env = "SNOWKEEP_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// etcd lease TTL, whole seconds, at least 2s (e.g. 10s).
+    #[arg(long, env = "SNOWKEEP_LEASE_TTL", default_value = DEFAULT_LEASE_TTL, value_parser = humantime::parse_duration)]
+    pub lease_ttl: Duration,
+    /// Instance id. Setting it marks a stable instance that gets its machine id
+    /// back after a restart; default host:pid:random-suffix.
+    #[arg(long, env = "SNOWKEEP_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+    /// Directory of the embedded store's state file (used without --etcd-endpoints).
+    #[arg(long, env = "SNOWKEEP_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Id layout TIMESTAMP/MACHINE/SEQUENCE bits (sum 63), optional @EPOCH_UNIX_MS.
+    #[arg(long, env = "SNOWKEEP_LAYOUT", default_value = DEFAULT_LAYOUT)]
+    pub layout: String,
+    /// How far ahead of the clock the fence is raised (and how long a crashed
+    /// holder's successor may have to wait).
+    #[arg(long, env = "SNOWKEEP_FENCE_HORIZON", default_value = DEFAULT_FENCE_HORIZON, value_parser = humantime::parse_duration)]
+    pub fence_horizon: Duration,
+    /// Longest wait for the clock to pass a claimed machine id's previous fence;
+    /// a fence further ahead is refused.
+    #[arg(long, env = "SNOWKEEP_MAX_FENCE_WAIT", default_value = DEFAULT_MAX_FENCE_WAIT, value_parser = humantime::parse_duration)]
+    pub max_fence_wait: Duration,
+    /// Largest backwards wall-clock step that is waited out; a larger one stops
+    /// issuance (UNAVAILABLE) until the clock catches up.
+    #[arg(long, env = "SNOWKEEP_MAX_BACKWARD_WAIT", default_value = DEFAULT_MAX_BACKWARD_WAIT, value_parser = humantime::parse_duration)]
+    pub max_backward_wait: Duration,
+    /// Bound on draining in-flight requests on SIGTERM/SIGINT before release.
+    #[arg(long, env = "SNOWKEEP_SHUTDOWN_GRACE_PERIOD", default_value = DEFAULT_SHUTDOWN_GRACE_PERIOD, value_parser = humantime::parse_duration)]
+    pub shutdown_grace_period: Duration,
+    /// On a lost lease: re-claim (default) or exit with code 1.
+    #[arg(long, env = "SNOWKEEP_ON_LEASE_LOST", value_enum, default_value_t = OnLeaseLost::Reclaim)]
+    pub on_lease_lost: OnLeaseLost,
+    /// Log format.
+    #[arg(long, env = "SNOWKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Where machine-id leases are kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// etcd at these client URLs.
+    Etcd {
+        /// Client URLs.
+        endpoints: Vec<String>,
+    },
+    /// The embedded single-instance store in this directory.
+    Embedded {
+        /// State directory.
+        state_dir: PathBuf,
+    },
+}
+
+/// The validated server configuration.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Lease store.
+    pub store: StoreConfig,
+    /// Namespace.
+    pub namespace: String,
+    /// Layout.
+    pub layout: Layout,
+    /// Instance id.
+    pub instance_id: String,
+    /// True when the instance id was given explicitly (stable instance).
+    pub stable_instance: bool,
+    /// etcd lease TTL (whole seconds).
+    pub lease_ttl: Duration,
+    /// Machine ids this instance may claim, `[start, end)`.
+    pub machine_id_range: Range<u32>,
+    /// Fence horizon.
+    pub fence_horizon: Duration,
+    /// Longest fence wait.
+    pub max_fence_wait: Duration,
+    /// Largest backwards step waited out.
+    pub max_backward_wait: Duration,
+    /// Drain bound at shutdown.
+    pub shutdown_grace_period: Duration,
+    /// Loss policy.
+    pub on_lease_lost: OnLeaseLost,
+}
+
+/// Invalid configuration (exit code 64).
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// Bad layout.
+    #[error("invalid --layout")]
+    Layout(#[from] LayoutError),
+    /// Bad namespace.
+    #[error("invalid --namespace {0:?}: use 1-64 characters of A-Z a-z 0-9 _ . -")]
+    Namespace(String),
+    /// Bad TTL.
+    #[error("invalid --lease-ttl {0:?}: use whole seconds, at least 2s")]
+    LeaseTtl(Duration),
+    /// Bad fence horizon.
+    #[error("invalid --fence-horizon {0:?}: use at least 100ms")]
+    FenceHorizon(Duration),
+    /// Bad instance id.
+    #[error("invalid --instance-id {0:?}: use 1-256 printable characters")]
+    InstanceId(String),
+    /// Bad etcd endpoint.
+    #[error("invalid --etcd-endpoints entry {0:?}: use http://host:port")]
+    Endpoint(String),
+}
+
+impl TryFrom<Args> for ServerConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: Args) -> Result<Self, ConfigError> {
+        let layout: Layout = args.layout.parse()?;
+        let ns_ok = !args.namespace.is_empty()
+            && args.namespace.len() <= 64
+            && args
+                .namespace
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+        if !ns_ok {
+            return Err(ConfigError::Namespace(args.namespace));
+        }
+        if args.lease_ttl < Duration::from_secs(2) || args.lease_ttl.subsec_nanos() != 0 {
+            return Err(ConfigError::LeaseTtl(args.lease_ttl));
+        }
+        if args.fence_horizon < Duration::from_millis(100) {
+            return Err(ConfigError::FenceHorizon(args.fence_horizon));
+        }
+        let stable_instance = args.instance_id.is_some();
+        let instance_id = match args.instance_id {
+            Some(id) if !id.is_empty() && id.len() <= 256 && !id.chars().any(char::is_control) => {
+                id
+            }
+            Some(id) => return Err(ConfigError::InstanceId(id)),
+            None => default_instance_id(),
+        };
+        let store = if args.etcd_endpoints.is_empty() {
+            StoreConfig::Embedded {
+                state_dir: args.state_dir,
+            }
+        } else {
+            for e in &args.etcd_endpoints {
+                if !(e.starts_with("http://") || e.starts_with("https://")) || e.len() < 10 {
+                    return Err(ConfigError::Endpoint(e.clone()));
+                }
+            }
+            StoreConfig::Etcd {
+                endpoints: args.etcd_endpoints,
+            }
+        };
+        Ok(ServerConfig {
+            store,
+            namespace: args.namespace,
+            machine_id_range: 0..layout.machine_id_count(),
+            layout,
+            instance_id,
+            stable_instance,
+            lease_ttl: args.lease_ttl,
+            fence_horizon: args.fence_horizon,
+            max_fence_wait: args.max_fence_wait,
+            max_backward_wait: args.max_backward_wait,
+            shutdown_grace_period: args.shutdown_grace_period,
+            on_lease_lost: args.on_lease_lost,
+        })
+    }
+}
+
+/// `host:pid:random-suffix` (spec/000: a random suffix keeps two containers that
+/// both run as PID 1 on one host address apart).
+pub fn default_instance_id() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!(
+        "{host}:{}:{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<ServerConfig, ConfigError> {
+        let mut argv = vec!["snowkeep-server"];
+        argv.extend_from_slice(extra);
+        ServerConfig::try_from(Args::try_parse_from(argv).expect("args parse"))
+    }
+
+    #[test]
+    fn defaults_run_the_embedded_store_on_the_reference_layout() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(
+            c.store,
+            StoreConfig::Embedded {
+                state_dir: "snowkeep-state".into()
+            }
+        );
+        assert_eq!(c.layout, Layout::default());
+        assert_eq!(c.namespace, "default");
+        assert_eq!(c.lease_ttl, Duration::from_secs(10));
+        assert_eq!(c.machine_id_range, 0..4096);
+        assert!(!c.stable_instance);
+        assert_eq!(c.instance_id.split(':').count(), 3);
+    }
+
+    #[test]
+    fn endpoints_split_on_commas_and_mark_the_etcd_store() {
+        let c = parse(&[
+            "--etcd-endpoints",
+            "http://a:1,http://b:2",
+            "--instance-id",
+            "pod-0",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.store,
+            StoreConfig::Etcd {
+                endpoints: vec!["http://a:1".into(), "http://b:2".into()]
+            }
+        );
+        assert!(c.stable_instance);
+        assert_eq!(c.instance_id, "pod-0");
+    }
+
+    #[test]
+    fn rejects_bad_values_with_their_own_errors() {
+        assert!(matches!(
+            parse(&["--layout", "41/12/11"]),
+            Err(ConfigError::Layout(_))
+        ));
+        assert!(matches!(
+            parse(&["--namespace", "a/b"]),
+            Err(ConfigError::Namespace(_))
+        ));
+        assert!(matches!(
+            parse(&["--lease-ttl", "1500ms"]),
+            Err(ConfigError::LeaseTtl(_))
+        ));
+        assert!(matches!(
+            parse(&["--etcd-endpoints", "localhost:2379"]),
+            Err(ConfigError::Endpoint(_))
+        ));
+    }
+}

@@ -1,0 +1,77 @@
+//! The etcd key schema. Every key snowkeep writes is built here.
+//!
+//! | key | value | bound to a lease |
+//! | --- | --- | --- |
+//! | `/snowkeep/v1/ns/{namespace}/layout` | layout, `41/12/10@1767225600000` | no |
+//! | `/snowkeep/v1/ns/{namespace}/holder/{machine_id:05}` | holder's instance id | yes, the holder's |
+//! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
+//!
+//! Machine ids are zero-padded to five digits so keys sort numerically.
+
+use snowkeep_client::MachineId;
+
+const ROOT: &str = "/snowkeep/v1/ns/";
+
+/// The prefix of everything under a namespace.
+pub fn namespace_prefix(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/")
+}
+
+/// The namespace's layout key.
+pub fn layout(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/layout")
+}
+
+/// The prefix of the namespace's holder keys.
+pub fn holder_prefix(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/holder/")
+}
+
+/// The holder key of one machine id.
+pub fn holder(namespace: &str, machine_id: MachineId) -> String {
+    format!("{ROOT}{namespace}/holder/{:05}", machine_id.get())
+}
+
+/// The prefix of the namespace's fence keys.
+pub fn fence_prefix(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/fence/")
+}
+
+/// The fence key of one machine id.
+pub fn fence(namespace: &str, machine_id: MachineId) -> String {
+    format!("{ROOT}{namespace}/fence/{:05}", machine_id.get())
+}
+
+/// Parses the machine id from a key under `prefix`; `None` for a foreign key.
+pub fn machine_id_of(key: &[u8], prefix: &str) -> Option<MachineId> {
+    let rest = key.strip_prefix(prefix.as_bytes())?;
+    std::str::from_utf8(rest).ok()?.parse().ok().map(MachineId)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_zero_padded_and_parse_back() {
+        assert_eq!(
+            holder("orders", MachineId(42)),
+            "/snowkeep/v1/ns/orders/holder/00042"
+        );
+        assert_eq!(
+            fence("orders", MachineId(4095)),
+            "/snowkeep/v1/ns/orders/fence/04095"
+        );
+        assert_eq!(
+            machine_id_of(
+                b"/snowkeep/v1/ns/orders/fence/04095",
+                &fence_prefix("orders")
+            ),
+            Some(MachineId(4095))
+        );
+        assert_eq!(
+            machine_id_of(b"/snowkeep/v1/ns/other/fence/1", &fence_prefix("orders")),
+            None
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! `LeaseError`: what can go wrong while claiming, renewing, fencing or
+//! releasing machine ids.
+
+use std::time::Duration;
+
+use snowkeep_client::{Layout, MachineId, Millis};
+use thiserror::Error;
+
+/// Why a lease was lost (the `reason` label of `snowkeep_lease_losses_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossReason {
+    /// etcd answered a keepalive with TTL 0 or "lease not found".
+    Expired,
+    /// The keepalive stream was closed by the server.
+    Revoked,
+    /// The holder key was deleted or now names another holder.
+    HolderChanged,
+    /// No renewal succeeded before the local monotonic deadline.
+    Deadline,
+}
+
+impl LossReason {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Expired => "expired",
+            LossReason::Revoked => "revoked",
+            LossReason::HolderChanged => "holder_changed",
+            LossReason::Deadline => "deadline",
+        }
+    }
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Errors of the lease lifecycle.
+#[derive(Debug, Error)]
+pub enum LeaseError {
+    /// Every machine id of the namespace's range is held.
+    #[error("no free machine id in namespace {namespace:?}: all {capacity} machine ids of range {start}..{end} are held")]
+    NoFreeMachineId {
+        /// The namespace.
+        namespace: String,
+        /// Machine ids in the range.
+        capacity: u32,
+        /// Range start (inclusive).
+        start: u32,
+        /// Range end (exclusive).
+        end: u32,
+    },
+    /// The namespace's stored layout differs from the configured one.
+    #[error("namespace {namespace:?} has layout {stored} in the store but this instance is configured with {configured}; start it with --layout {stored} or use another namespace")]
+    LayoutMismatch {
+        /// The namespace.
+        namespace: String,
+        /// Layout in the store.
+        stored: Layout,
+        /// Layout configured.
+        configured: Layout,
+    },
+    /// The previous holder's fence is further ahead of the clock than the
+    /// largest wait allowed.
+    #[error("machine id {machine_id}: fence {fence} is {ahead:?} ahead of the clock, more than --max-fence-wait {max:?}; check this host's clock (NTP) or raise --max-fence-wait")]
+    FenceTooFarAhead {
+        /// The machine id.
+        machine_id: MachineId,
+        /// The fence (layout ms).
+        fence: Millis,
+        /// How far ahead of the clock it is.
+        ahead: Duration,
+        /// The configured maximum wait.
+        max: Duration,
+    },
+    /// The clock is earlier than the layout's epoch.
+    #[error("clock reads {unix_ms} ms since the Unix epoch, before the layout epoch {epoch_unix_ms}; fix the clock")]
+    ClockBeforeEpoch {
+        /// The clock.
+        unix_ms: u64,
+        /// The epoch.
+        epoch_unix_ms: u64,
+    },
+    /// The lease was lost.
+    #[error("machine-id lease lost ({reason})")]
+    LeaseLost {
+        /// Why.
+        reason: LossReason,
+    },
+    /// An etcd request did not answer in time.
+    #[error("etcd request {op} timed out after {after:?}")]
+    Timeout {
+        /// The operation.
+        op: &'static str,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The store holds a value snowkeep cannot read.
+    #[error("unreadable value at {key}: {value:?}")]
+    Corrupt {
+        /// The key (or file).
+        key: String,
+        /// The value found.
+        value: String,
+    },
+    /// Another process holds the embedded store's state file lock.
+    #[error("state file {path} is locked by another snowkeep process; the embedded store runs as one instance only")]
+    StateLocked {
+        /// The state file.
+        path: String,
+    },
+    /// An etcd call failed.
+    #[error("etcd request failed")]
+    Etcd(#[from] etcd_client::Error),
+    /// A state file operation failed.
+    #[error("state file {path} I/O failed")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LeaseError {
+    /// True when retrying (with backoff) may succeed; false for conditions an
+    /// operator must fix.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            LeaseError::LeaseLost { .. }
+            | LeaseError::Timeout { .. }
+            | LeaseError::Etcd(_)
+            | LeaseError::Io { .. } => true,
+            LeaseError::NoFreeMachineId { .. }
+            | LeaseError::LayoutMismatch { .. }
+            | LeaseError::FenceTooFarAhead { .. }
+            | LeaseError::ClockBeforeEpoch { .. }
+            | LeaseError::Corrupt { .. }
+            | LeaseError::StateLocked { .. } => false,
+        }
+    }
+}

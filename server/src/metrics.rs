@@ -1,0 +1,130 @@
+//! The metric catalog: every metric name snowkeep-server exports is a `pub
+//! const` here, described in [`describe_all`]. Dashboards and alert rules in
+//! `deploy/` use these names (HOUSE-STYLE §2.6). Labels take bounded values
+//! only: `namespace` (configured), enums with `as_str`, never ids or text.
+
+use std::net::SocketAddr;
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+
+/// Build information, gauge = 1; labels `version`.
+pub const BUILD_INFO: &str = "snowkeep_build_info";
+/// Ids issued; labels `namespace`, `method`.
+pub const IDS_ISSUED_TOTAL: &str = "snowkeep_ids_issued_total";
+/// Lease renewals (etcd keepalives); label `result` = `ok`|`error`.
+pub const LEASE_RENEWALS_TOTAL: &str = "snowkeep_lease_renewals_total";
+/// Latency of a lease renewal round trip.
+pub const LEASE_RENEWAL_DURATION_SECONDS: &str = "snowkeep_lease_renewal_duration_seconds";
+/// Time left to the local monotonic lease deadline (0 when none is held).
+pub const LEASE_REMAINING_SECONDS: &str = "snowkeep_lease_remaining_seconds";
+/// Leases lost; label `reason` = `expired`|`revoked`|`holder_changed`|`deadline`.
+pub const LEASE_LOSSES_TOTAL: &str = "snowkeep_lease_losses_total";
+/// Machine ids held by this instance with a valid grant; label `namespace`.
+pub const MACHINE_IDS_HELD: &str = "snowkeep_machine_ids_held";
+/// Fence − now over held machine ids; label `namespace`.
+pub const FENCE_HEADROOM_SECONDS: &str = "snowkeep_fence_headroom_seconds";
+/// Fence advances; label `result` = `ok`|`error`.
+pub const FENCE_ADVANCES_TOTAL: &str = "snowkeep_fence_advances_total";
+/// Waits for the clock to pass a previous holder's fence.
+pub const FENCE_WAITS_TOTAL: &str = "snowkeep_fence_waits_total";
+/// Length of those waits.
+pub const FENCE_WAIT_DURATION_SECONDS: &str = "snowkeep_fence_wait_duration_seconds";
+/// Milliseconds whose sequence ran out; label `namespace`.
+pub const SEQUENCE_EXHAUSTED_TOTAL: &str = "snowkeep_sequence_exhausted_total";
+/// Backwards clock steps; label `outcome` = `waited`|`halted`.
+pub const CLOCK_BACKWARD_STEPS_TOTAL: &str = "snowkeep_clock_backward_steps_total";
+/// 1 while ids can be issued, else 0; label `namespace` (mirrors gRPC health).
+pub const ISSUANCE_READY: &str = "snowkeep_issuance_ready";
+
+/// Histogram buckets for every `_seconds` histogram, in seconds.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Describes every metric (unit and help) for the installed recorder.
+pub fn describe_all() {
+    describe_gauge!(
+        BUILD_INFO,
+        "Build information of the running snowkeep-server; always 1."
+    );
+    describe_counter!(
+        IDS_ISSUED_TOTAL,
+        Unit::Count,
+        "Ids issued, by namespace and gRPC method."
+    );
+    describe_counter!(
+        LEASE_RENEWALS_TOTAL,
+        Unit::Count,
+        "Lease renewals (etcd keepalives) by result."
+    );
+    describe_histogram!(
+        LEASE_RENEWAL_DURATION_SECONDS,
+        Unit::Seconds,
+        "Round-trip time of successful lease renewals."
+    );
+    describe_gauge!(
+        LEASE_REMAINING_SECONDS,
+        Unit::Seconds,
+        "Time left until the lease's local monotonic deadline; 0 when no lease is held."
+    );
+    describe_counter!(
+        LEASE_LOSSES_TOTAL,
+        Unit::Count,
+        "Machine-id leases lost, by reason."
+    );
+    describe_gauge!(
+        MACHINE_IDS_HELD,
+        Unit::Count,
+        "Machine ids this instance holds with a valid grant."
+    );
+    describe_gauge!(
+        FENCE_HEADROOM_SECONDS,
+        Unit::Seconds,
+        "Persisted fence minus the clock, minimum over held machine ids."
+    );
+    describe_counter!(
+        FENCE_ADVANCES_TOTAL,
+        Unit::Count,
+        "Fence advances in the store, by result."
+    );
+    describe_counter!(
+        FENCE_WAITS_TOTAL,
+        Unit::Count,
+        "Waits for the clock to pass a previous holder's fence before issuing."
+    );
+    describe_histogram!(
+        FENCE_WAIT_DURATION_SECONDS,
+        Unit::Seconds,
+        "Length of waits for the clock to pass a previous holder's fence."
+    );
+    describe_counter!(
+        SEQUENCE_EXHAUSTED_TOTAL,
+        Unit::Count,
+        "Milliseconds whose sequence ran out, moving issuance to the next millisecond."
+    );
+    describe_counter!(
+        CLOCK_BACKWARD_STEPS_TOTAL,
+        Unit::Count,
+        "Backwards wall-clock steps seen while issuing, by outcome (waited out or halted)."
+    );
+    describe_gauge!(
+        ISSUANCE_READY,
+        "1 while this instance can issue ids, else 0."
+    );
+}
+
+/// Installs the Prometheus recorder with its HTTP listener on `addr` (any path
+/// answers with the scrape, `/metrics` included) and describes the catalog.
+/// Must run inside the tokio runtime.
+pub fn install(addr: SocketAddr) -> Result<(), BuildError> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .with_recommended_naming(true)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
+        .install()?;
+    describe_all();
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! Wiring: store → lease manager → generator → gRPC services, and the ordered
+//! shutdown of HOUSE-STYLE §2.5 / DESIGN §3: health NOT_SERVING → stop
+//! accepting → streams end → drain in-flight requests (bounded) → release.
+
+use std::time::Duration;
+
+use snowkeep_client::{Generator, GeneratorMetrics, SystemClock};
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::server::TcpIncoming;
+use tracing::{error, info, warn};
+
+use crate::config::{ServerConfig, StoreConfig};
+use crate::etcd::{EtcdSettings, EtcdStore};
+use crate::lease::{LeaseError, LeaseManager, LeaseTiming, Store};
+use crate::local::LocalStore;
+use crate::metrics as m;
+use crate::service::{self, health, id::IdHandler, info::InfoHandler};
+
+/// Bound on the release at shutdown (release txn + lease revoke).
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the server stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServeError {
+    /// The lease lifecycle failed in a way that needs an operator.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// The gRPC server failed.
+    #[error("gRPC server failed")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reflection could not be built from the descriptor sets.
+    #[error("server reflection setup failed")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// A background task panicked.
+    #[error("a background task panicked")]
+    Panic(#[from] tokio::task::JoinError),
+}
+
+impl ServeError {
+    /// True when the error is a configuration problem (exit code 64).
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            ServeError::Lease(
+                LeaseError::LayoutMismatch { .. } | LeaseError::ClockBeforeEpoch { .. }
+            )
+        )
+    }
+}
+
+/// etcd request timeout for a lease TTL: a quarter of it, within [200 ms, 2 s].
+fn request_timeout(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2))
+}
+
+/// Runs the server on `listener` until `shutdown` is cancelled (or the lease
+/// lifecycle fails), then drains and releases.
+pub async fn run(
+    config: ServerConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let clock = SystemClock::shared();
+    let unix_ms = clock.unix_ms();
+    if config.layout.to_layout_ms(unix_ms).is_none() {
+        return Err(LeaseError::ClockBeforeEpoch {
+            unix_ms,
+            epoch_unix_ms: config.layout.epoch_unix_ms(),
+        }
+        .into());
+    }
+    let store = match &config.store {
+        StoreConfig::Etcd { endpoints } => {
+            let settings = EtcdSettings {
+                endpoints: endpoints.clone(),
+                namespace: config.namespace.clone(),
+                instance_id: config.instance_id.clone(),
+                lease_ttl: config.lease_ttl,
+                machine_id_range: config.machine_id_range.clone(),
+                request_timeout: request_timeout(config.lease_ttl),
+            };
+            Store::Etcd(Box::new(
+                EtcdStore::connect(settings, config.layout, clock.clone()).await?,
+            ))
+        }
+        StoreConfig::Embedded { state_dir } => {
+            let local = LocalStore::open(state_dir, &config.namespace, config.layout)?;
+            warn!(state_file = %local.path().display(), "running on the embedded single-instance store: never run a second snowkeep-server for this namespace anywhere, or ids will collide; use --etcd-endpoints for more than one instance");
+            Store::Local(local)
+        }
+    };
+    if std::process::id() == 1 && !config.stable_instance && matches!(store, Store::Etcd(_)) {
+        warn!("running as PID 1 with a generated instance id: every restart claims a fresh machine id and the old one is freed only when its lease expires, so crash loops can drain the pool; set --instance-id (e.g. the pod name) to get the same machine id back");
+    }
+    let listen = listener.local_addr().ok();
+    info!(
+        version = env!("CARGO_PKG_VERSION"),
+        store = store.kind(),
+        namespace = %config.namespace,
+        instance_id = %config.instance_id,
+        layout = %config.layout,
+        lease_ttl = ?config.lease_ttl,
+        fence_horizon = ?config.fence_horizon,
+        listen = ?listen,
+        "snowkeep-server starting"
+    );
+
+    let ns = config.namespace.clone();
+    let (grant_tx, grant_rx) = watch::channel(None);
+    let generator = Generator::new(
+        config.layout,
+        clock.clone(),
+        grant_rx.clone(),
+        config.max_backward_wait,
+        GeneratorMetrics {
+            ids_issued: metrics::Counter::noop(),
+            sequence_exhausted: metrics::counter!(m::SEQUENCE_EXHAUSTED_TOTAL, "namespace" => ns.clone()),
+            backward_waited: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "waited"),
+            backward_halted: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "halted"),
+        },
+    );
+    let store_kind = store.kind();
+    let manager = LeaseManager::new(
+        store,
+        config.layout,
+        ns.clone(),
+        clock.clone(),
+        LeaseTiming {
+            lease_ttl: config.lease_ttl,
+            fence_horizon: config.fence_horizon,
+            max_fence_wait: config.max_fence_wait,
+            on_lease_lost: config.on_lease_lost,
+        },
+        grant_tx,
+        generator.clone(),
+    );
+
+    let tracker = TaskTracker::new();
+    let release = CancellationToken::new();
+    let mut lease_task = tracker.spawn(manager.run(release.clone()));
+    let (routes, reporter) = service::router(
+        IdHandler::new(generator.clone(), ns.clone(), shutdown.clone()),
+        InfoHandler::new(
+            generator.clone(),
+            clock.clone(),
+            ns.clone(),
+            config.instance_id.clone(),
+            store_kind,
+        ),
+    )?;
+    tracker.spawn(health::follow_issuance(
+        reporter,
+        grant_rx,
+        generator,
+        ns,
+        shutdown.clone(),
+    ));
+    let mut server = tracker.spawn(
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming_shutdown(
+                // Without TCP_NODELAY small unary replies wait out delayed ACKs (~40 ms).
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown.clone().cancelled_owned(),
+            ),
+    );
+    tracker.close();
+
+    let mut lease_result = None;
+    let mut server_result = None;
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        r = &mut lease_task => { lease_result = Some(r); shutdown.cancel(); }
+        r = &mut server => { server_result = Some(r); shutdown.cancel(); }
+    }
+    // Health is NOT_SERVING and the listener closed; wait for in-flight calls.
+    let server_result = match server_result {
+        Some(r) => r,
+        None => match tokio::time::timeout(config.shutdown_grace_period, &mut server).await {
+            Ok(r) => {
+                info!("in-flight requests drained gracefully");
+                r
+            }
+            Err(_) => {
+                warn!(grace_period = ?config.shutdown_grace_period, "drain timed out; aborting remaining requests");
+                server.abort();
+                Ok(Ok(()))
+            }
+        },
+    };
+    // Only now may the machine id be given back (DESIGN §3 release order).
+    release.cancel();
+    let lease_result = match lease_result {
+        Some(r) => r,
+        None => match tokio::time::timeout(RELEASE_TIMEOUT, &mut lease_task).await {
+            Ok(r) => r,
+            Err(_) => {
+                error!("release did not finish in time; the machine id frees itself when its lease expires");
+                Ok(Ok(()))
+            }
+        },
+    };
+    lease_result??;
+    server_result??;
+    Ok(())
+}

@@ -1,0 +1,51 @@
+//! gRPC health follows the *issuance* condition, not "process up": SERVING
+//! exactly while the generator holds a grant (DESIGN §4), NOT_SERVING from the
+//! moment shutdown starts. The `snowkeep_issuance_ready` gauge mirrors it.
+
+use std::sync::Arc;
+
+use snowkeep_client::{Generator, Grant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use crate::metrics as m;
+
+/// Service names whose status is reported: "" (the whole server) and IdService.
+const SERVICES: [&str; 2] = ["", "snowkeep.v1.IdService"];
+
+async fn set(reporter: &HealthReporter, status: ServingStatus, namespace: &str) {
+    for s in SERVICES {
+        reporter.set_service_status(s, status).await;
+    }
+    let ready = if status == ServingStatus::Serving {
+        1.0
+    } else {
+        0.0
+    };
+    metrics::gauge!(m::ISSUANCE_READY, "namespace" => namespace.to_owned()).set(ready);
+}
+
+/// Follows the grant channel until `shutdown`, then reports NOT_SERVING for good.
+pub async fn follow_issuance(
+    reporter: HealthReporter,
+    mut grants: watch::Receiver<Option<Grant>>,
+    generator: Arc<Generator>,
+    namespace: String,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let status = if generator.is_ready() {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        set(&reporter, status, &namespace).await;
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            changed = grants.changed() => if changed.is_err() { break },
+        }
+    }
+    set(&reporter, ServingStatus::NotServing, &namespace).await;
+}

@@ -1,0 +1,90 @@
+//! `InfoService`: version, layout, held machine ids and fences, id decoding.
+
+use std::sync::Arc;
+
+use snowkeep_client::{Generator, SharedClock};
+use snowkeep_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use super::convert;
+use super::status::ApiError;
+
+/// Serves `snowkeep.v1.InfoService`.
+#[derive(Clone)]
+pub struct InfoHandler {
+    generator: Arc<Generator>,
+    clock: SharedClock,
+    namespace: String,
+    instance_id: String,
+    store: &'static str,
+}
+
+impl InfoHandler {
+    /// Creates the handler.
+    pub fn new(
+        generator: Arc<Generator>,
+        clock: SharedClock,
+        namespace: String,
+        instance_id: String,
+        store: &'static str,
+    ) -> Self {
+        Self {
+            generator,
+            clock,
+            namespace,
+            instance_id,
+            store,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::info_service_server::InfoService for InfoHandler {
+    async fn get_info(
+        &self,
+        _request: Request<pb::GetInfoRequest>,
+    ) -> Result<Response<pb::GetInfoResponse>, Status> {
+        let now = self.clock.now();
+        let held = self
+            .generator
+            .grant()
+            .filter(|_| self.generator.is_ready())
+            .map(|g| pb::HeldMachineId {
+                machine_id: u32::from(g.machine_id.get()),
+                fence_ms: g.fence.get(),
+                lease_remaining_ms: g
+                    .deadline
+                    .map(|d| {
+                        u64::try_from(d.saturating_duration_since(now).as_millis())
+                            .unwrap_or(u64::MAX)
+                    })
+                    .unwrap_or(0),
+            })
+            .into_iter()
+            .collect();
+        Ok(Response::new(pb::GetInfoResponse {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            namespace: self.namespace.clone(),
+            layout: Some(convert::layout_to_pb(&self.generator.layout())),
+            instance_id: self.instance_id.clone(),
+            held,
+            server_time_unix_ms: self.clock.unix_ms(),
+            store: self.store.to_owned(),
+        }))
+    }
+
+    async fn decode_id(
+        &self,
+        request: Request<pb::DecodeIdRequest>,
+    ) -> Result<Response<pb::DecodeIdResponse>, Status> {
+        let id = request.into_inner().id;
+        let layout = self.generator.layout();
+        let d = layout.decode(id).ok_or(ApiError::InvalidId { id })?;
+        Ok(Response::new(pb::DecodeIdResponse {
+            timestamp_ms: d.timestamp.get(),
+            unix_ms: layout.to_unix_ms(d.timestamp),
+            machine_id: u32::from(d.machine_id.get()),
+            sequence: u32::try_from(d.sequence).unwrap_or(u32::MAX),
+        }))
+    }
+}
