@@ -113,6 +113,15 @@ pub fn describe_all() {
         ISSUANCE_READY,
         "1 while this instance can issue ids, else 0."
     );
+    // Counters exist from the start (at 0) so rates and alerts see them.
+    for result in ["ok", "error"] {
+        metrics::counter!(LEASE_RENEWALS_TOTAL, "result" => result).increment(0);
+        metrics::counter!(FENCE_ADVANCES_TOTAL, "result" => result).increment(0);
+    }
+    for reason in ["expired", "revoked", "holder_changed", "deadline"] {
+        metrics::counter!(LEASE_LOSSES_TOTAL, "reason" => reason).increment(0);
+    }
+    metrics::counter!(FENCE_WAITS_TOTAL).increment(0);
 }
 
 /// Installs the Prometheus recorder with its HTTP listener on `addr` (any path

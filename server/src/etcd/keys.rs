@@ -5,6 +5,7 @@
 //! | `/snowkeep/v1/ns/{namespace}/layout` | layout, `41/12/10@1767225600000` | no |
 //! | `/snowkeep/v1/ns/{namespace}/holder/{machine_id:05}` | holder's instance id | yes, the holder's |
 //! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
+//! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
 //!
 //! Machine ids are zero-padded to five digits so keys sort numerically.
 
@@ -40,6 +41,17 @@ pub fn fence_prefix(namespace: &str) -> String {
 /// The fence key of one machine id.
 pub fn fence(namespace: &str, machine_id: MachineId) -> String {
     format!("{ROOT}{namespace}/fence/{:05}", machine_id.get())
+}
+
+/// The prefix of the namespace's last-holder keys.
+pub fn last_holder_prefix(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/last/")
+}
+
+/// The last-holder key of one machine id: who released it last, so a stable
+/// instance gets its own machine id back after a clean restart.
+pub fn last_holder(namespace: &str, machine_id: MachineId) -> String {
+    format!("{ROOT}{namespace}/last/{:05}", machine_id.get())
 }
 
 /// Parses the machine id from a key under `prefix`; `None` for a foreign key.

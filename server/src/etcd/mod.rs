@@ -159,6 +159,7 @@ impl EtcdStore {
         .await?;
         let holder_prefix = keys::holder_prefix(self.ns());
         let fence_prefix = keys::fence_prefix(self.ns());
+        let last_prefix = keys::last_holder_prefix(self.ns());
         let mut view = PoolView::default();
         for kv in resp.kvs() {
             if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
@@ -167,6 +168,9 @@ impl EtcdStore {
             } else if let Some(id) = keys::machine_id_of(kv.key(), &fence_prefix) {
                 view.fences
                     .insert(id, parse_fence(&fence_prefix, kv.value())?);
+            } else if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
+                view.last_holders
+                    .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
             }
         }
         Ok(view)
@@ -385,6 +389,11 @@ impl EtcdStore {
                 TxnOp::put(
                     keys::fence(self.ns(), claim.machine_id),
                     last_used.get().to_string(),
+                    None,
+                ),
+                TxnOp::put(
+                    keys::last_holder(self.ns(), claim.machine_id),
+                    self.settings.instance_id.clone(),
                     None,
                 ),
                 TxnOp::delete(holder, None),

@@ -1,7 +1,8 @@
 //! Which machine id to try to claim, in the order DESIGN §3 prefers:
 //!
 //! 1. ids this instance id already holds (a stable instance restarting, or this
-//!    process re-claiming after a lost lease);
+//!    process re-claiming after a lost lease), then free ids this instance id
+//!    released last (a stable instance after a clean restart);
 //! 2. released ids whose fence is in the past (no wait);
 //! 3. never-used ids (no fence key);
 //! 4. free ids whose fence is still ahead, shortest wait first.
@@ -42,6 +43,8 @@ pub struct PoolView {
     pub holders: BTreeMap<MachineId, String>,
     /// Fence keys present: machine id → fence (layout ms).
     pub fences: BTreeMap<MachineId, Millis>,
+    /// Last-holder keys present: machine id → instance id of its last release.
+    pub last_holders: BTreeMap<MachineId, String>,
 }
 
 /// Ranks the machine ids of `range` for `instance_id` at layout time `now`.
@@ -55,6 +58,7 @@ pub fn rank_candidates(
     rng: &mut impl Rng,
 ) -> Vec<Candidate> {
     let mut own = Vec::new();
+    let mut own_released = Vec::new();
     let mut released = Vec::new();
     let mut never_used = Vec::new();
     let mut ahead = Vec::new();
@@ -64,6 +68,9 @@ pub fn rank_candidates(
         match (view.holders.get(&id), view.fences.get(&id)) {
             (Some(holder), _) if holder == instance_id => own.push(id),
             (Some(_), _) => {}
+            (None, _) if view.last_holders.get(&id).is_some_and(|h| h == instance_id) => {
+                own_released.push(id)
+            }
             (None, None) => never_used.push(id),
             (None, Some(&fence)) if fence < now => released.push(id),
             (None, Some(&fence)) => ahead.push((fence, id)),
@@ -76,8 +83,9 @@ pub fn rank_candidates(
         machine_id,
         kind: CandidateKind::Own,
     });
-    let free = released
+    let free = own_released
         .into_iter()
+        .chain(released)
         .chain(never_used)
         .chain(ahead.into_iter().map(|(_, id)| id))
         .map(|machine_id| Candidate {
@@ -95,6 +103,7 @@ mod tests {
 
     fn view(holders: &[(u16, &str)], fences: &[(u16, u64)]) -> PoolView {
         PoolView {
+            last_holders: BTreeMap::new(),
             holders: holders
                 .iter()
                 .map(|&(m, h)| (MachineId(m), h.to_owned()))
@@ -122,6 +131,21 @@ mod tests {
         assert_eq!(ids(&got), vec![1, 2, 3, 5, 4]);
         assert_eq!(got[0].kind, CandidateKind::Own);
         assert!(got[1..].iter().all(|c| c.kind == CandidateKind::Free));
+    }
+
+    #[test]
+    fn a_stable_instance_prefers_the_id_it_released_last() {
+        let mut v = view(&[], &[(0, 10), (1, 10), (2, 10)]);
+        v.last_holders.insert(MachineId(2), "a".into());
+        v.last_holders.insert(MachineId(0), "b".into());
+        let got = rank_candidates(&v, 0..3, "a", Millis(1000), &mut StdRng::seed_from_u64(3));
+        assert_eq!(
+            got[0],
+            Candidate {
+                machine_id: MachineId(2),
+                kind: CandidateKind::Free
+            }
+        );
     }
 
     #[test]

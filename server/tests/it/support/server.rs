@@ -1,0 +1,223 @@
+//! `ServerProcess`: the real `snowkeep-server` binary on free ports, with its
+//! log in a temp dir, and gRPC helpers for IdService, InfoService and health.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use snowkeep_proto::v1 as pb;
+use tempfile::TempDir;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+
+use super::{eventually, free_port};
+
+/// A running snowkeep-server process.
+pub struct ServerProcess {
+    child: Option<Child>,
+    /// The gRPC port.
+    pub port: u16,
+    /// The metrics port.
+    pub metrics_port: u16,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl ServerProcess {
+    /// Spawns the server with `args` (plus free --listen/--metrics-listen).
+    pub fn spawn(args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let metrics_port = free_port();
+        let log = dir.path().join("server.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_snowkeep-server"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+            .args(args)
+            .env("SNOWKEEP_LOG", "info,snowkeep_server=debug")
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn snowkeep-server");
+        Self {
+            child: Some(child),
+            port,
+            metrics_port,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// Spawns a server on etcd `endpoint` in `namespace` with a 2 s lease TTL.
+    pub fn on_etcd(endpoint: &str, namespace: &str, extra: &[&str]) -> Self {
+        let mut args = vec![
+            "--etcd-endpoints",
+            endpoint,
+            "--namespace",
+            namespace,
+            "--lease-ttl",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        Self::spawn(&args)
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Path of the log.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// A channel to the server.
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://127.0.0.1:{}", self.port))
+            .expect("uri")
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect to server: {e}; log:\n{}", self.log()))
+    }
+
+    /// An IdService client.
+    pub async fn ids(&self) -> pb::id_service_client::IdServiceClient<Channel> {
+        pb::id_service_client::IdServiceClient::new(self.channel().await)
+            .max_decoding_message_size(64 * 1024 * 1024)
+    }
+
+    /// GetInfo.
+    pub async fn info(&self) -> pb::GetInfoResponse {
+        pb::info_service_client::InfoServiceClient::new(self.channel().await)
+            .get_info(pb::GetInfoRequest {})
+            .await
+            .expect("GetInfo")
+            .into_inner()
+    }
+
+    /// The machine id held now; panics when none is held.
+    pub async fn machine_id(&self) -> u32 {
+        let info = self.info().await;
+        assert_eq!(info.held.len(), 1, "expected one held machine id: {info:?}");
+        info.held[0].machine_id
+    }
+
+    /// The health status of IdService, `None` when the server does not answer.
+    pub async fn health(&self) -> Option<ServingStatus> {
+        let channel = Channel::from_shared(format!("http://127.0.0.1:{}", self.port))
+            .expect("uri")
+            .connect_timeout(Duration::from_millis(300))
+            .timeout(Duration::from_millis(1000))
+            .connect()
+            .await
+            .ok()?;
+        let resp = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: "snowkeep.v1.IdService".into(),
+            })
+            .await
+            .ok()?;
+        ServingStatus::try_from(resp.into_inner().status).ok()
+    }
+
+    /// Waits until health says SERVING.
+    pub async fn wait_serving(&self, within: Duration) -> Duration {
+        let log = self.log_path().to_owned();
+        eventually(
+            &format!("server SERVING (log {})", log.display()),
+            within,
+            || async { self.health().await == Some(ServingStatus::Serving) },
+        )
+        .await
+    }
+
+    /// One NextIds call.
+    pub async fn next_ids(&self, count: u32) -> Result<Vec<u64>, tonic::Status> {
+        self.ids()
+            .await
+            .next_ids(pb::NextIdsRequest { count })
+            .await
+            .map(|r| r.into_inner().ids)
+    }
+
+    /// The value of one series, written as the exporter renders it
+    /// (`name` or `name{label="value"}`); 0 when absent.
+    pub async fn metric(&self, series: &str) -> f64 {
+        scrape(self.metrics_port)
+            .await
+            .lines()
+            .filter_map(|l| l.rsplit_once(' '))
+            .find(|(s, _)| *s == series)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// The OS process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Sends a signal (`TERM`, `KILL`, `STOP`, `CONT`) with kill(1).
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{sig} failed");
+    }
+
+    /// Waits for the process to exit (up to `within`) and returns its status.
+    pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let start = tokio::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if start.elapsed() > within {
+                let _ = child.kill();
+                panic!(
+                    "server did not exit within {within:?}; log:\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// GET /metrics from the exporter.
+pub async fn scrape(port: u16) -> String {
+    tokio::task::spawn_blocking(move || {
+        ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
+            .call()
+            .expect("scrape /metrics")
+            .body_mut()
+            .read_to_string()
+            .expect("read scrape body")
+    })
+    .await
+    .expect("scrape task")
+}
