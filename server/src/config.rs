@@ -64,6 +64,10 @@ pub struct Args {
     /// Directory of the embedded store's state file (used without --etcd-endpoints).
     #[arg(long, env = "SNOWKEEP_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// Machine ids this deployment may claim, START..END (END exclusive), so
+    /// deployments with separate etcd clusters own disjoint ranges; default all.
+    #[arg(long, env = "SNOWKEEP_MACHINE_ID_RANGE")]
+    pub machine_id_range: Option<String>,
     /// Id layout TIMESTAMP/MACHINE/SEQUENCE bits (sum 63), optional @EPOCH_UNIX_MS.
     #[arg(long, env = "SNOWKEEP_LAYOUT", default_value = DEFAULT_LAYOUT)]
     pub layout: String,
@@ -161,6 +165,14 @@ pub enum ConfigError {
     /// Bad instance id.
     #[error("invalid --instance-id {0:?}: use 1-256 printable characters")]
     InstanceId(String),
+    /// Bad machine id range.
+    #[error("invalid --machine-id-range {text:?}: use START..END with START < END <= {max} (2^machine_bits of the layout)")]
+    MachineIdRange {
+        /// Given.
+        text: String,
+        /// Largest END allowed.
+        max: u32,
+    },
     /// Bad etcd endpoint.
     #[error("invalid --etcd-endpoints entry {0:?}: use http://host:port")]
     Endpoint(String),
@@ -208,10 +220,19 @@ impl TryFrom<Args> for ServerConfig {
                 endpoints: args.etcd_endpoints,
             }
         };
+        let machine_id_range = match args.machine_id_range {
+            None => 0..layout.machine_id_count(),
+            Some(text) => parse_range(&text, layout.machine_id_count()).ok_or(
+                ConfigError::MachineIdRange {
+                    text,
+                    max: layout.machine_id_count(),
+                },
+            )?,
+        };
         Ok(ServerConfig {
             store,
             namespace: args.namespace,
-            machine_id_range: 0..layout.machine_id_count(),
+            machine_id_range,
             layout,
             instance_id,
             stable_instance,
@@ -223,6 +244,13 @@ impl TryFrom<Args> for ServerConfig {
             on_lease_lost: args.on_lease_lost,
         })
     }
+}
+
+/// Parses `START..END` with `START < END <= max`.
+fn parse_range(text: &str, max: u32) -> Option<Range<u32>> {
+    let (start, end) = text.split_once("..")?;
+    let (start, end): (u32, u32) = (start.trim().parse().ok()?, end.trim().parse().ok()?);
+    (start < end && end <= max).then_some(start..end)
 }
 
 /// `host:pid:random-suffix` (spec/000: a random suffix keeps two containers that
@@ -299,6 +327,27 @@ mod tests {
         assert!(matches!(
             parse(&["--etcd-endpoints", "localhost:2379"]),
             Err(ConfigError::Endpoint(_))
+        ));
+        for bad in ["0..4097", "5..5", "9..3", "1-2", "..4"] {
+            assert!(
+                matches!(
+                    parse(&["--machine-id-range", bad]),
+                    Err(ConfigError::MachineIdRange { max: 4096, .. })
+                ),
+                "{bad} must be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn a_machine_id_range_is_half_open_and_bounded_by_the_layout() {
+        let c = parse(&["--machine-id-range", "2048..4096"]).unwrap();
+        assert_eq!(c.machine_id_range, 2048..4096);
+        let c = parse(&["--machine-id-range", "0..2", "--layout", "52/1/10"]).unwrap();
+        assert_eq!(c.machine_id_range, 0..2);
+        assert!(matches!(
+            parse(&["--machine-id-range", "0..3", "--layout", "52/1/10"]),
+            Err(ConfigError::MachineIdRange { max: 2, .. })
         ));
     }
 }

@@ -100,6 +100,7 @@ impl LocalStore {
             fence: self.fence,
             lease_id: None,
             deadline: None,
+            revision: 0,
         }
     }
 

@@ -22,6 +22,9 @@ pub const LEASE_REMAINING_SECONDS: &str = "snowkeep_lease_remaining_seconds";
 pub const LEASE_LOSSES_TOTAL: &str = "snowkeep_lease_losses_total";
 /// Machine ids held by this instance with a valid grant; label `namespace`.
 pub const MACHINE_IDS_HELD: &str = "snowkeep_machine_ids_held";
+/// Machine ids of the namespace (this instance's range), label `state` =
+/// `held`|`free` (sum = capacity); label `namespace`.
+pub const NAMESPACE_MACHINE_IDS: &str = "snowkeep_namespace_machine_ids";
 /// Fence − now over held machine ids; label `namespace`.
 pub const FENCE_HEADROOM_SECONDS: &str = "snowkeep_fence_headroom_seconds";
 /// Fence advances; label `result` = `ok`|`error`.
@@ -78,6 +81,11 @@ pub fn describe_all() {
         MACHINE_IDS_HELD,
         Unit::Count,
         "Machine ids this instance holds with a valid grant."
+    );
+    describe_gauge!(
+        NAMESPACE_MACHINE_IDS,
+        Unit::Count,
+        "Machine ids of the namespace range by state (held or free); their sum is the capacity."
     );
     describe_gauge!(
         FENCE_HEADROOM_SECONDS,

@@ -1,27 +1,36 @@
 //! The only module that talks to etcd: connect, layout check, claim, fence,
-//! keepalive and release, each one etcd request (or transaction) under a
-//! timeout, because a hung etcd must never hang the lease loop
+//! keepalive, holder watch and release, each one etcd request (or transaction)
+//! under a timeout, because a hung etcd must never hang the lease loop
 //! (ECOSYSTEM-NOTES §5: a SIGSTOPped etcd leaves streams silent, not failed).
+//!
+//! Failover: etcd-client balances one channel over all endpoints and keeps
+//! picking a dead one, so the store keeps **one client per endpoint** and moves
+//! to the next endpoint after any failed request. The lease loop retries, so a
+//! dead member costs one retry, not a lost lease.
 
 pub mod keys;
 
+use std::future::Future;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use crate::lease::claim::{rank_candidates, CandidateKind, PoolView};
-use crate::lease::{Claim, LeaseError, LossReason};
+use crate::lease::{Capacity, Claim, LeaseError, LossReason};
 
 /// Candidates tried per read of the pool before reading it again.
 const CANDIDATES_PER_ROUND: usize = 8;
 /// Pool reads per claim before giving up on this attempt (the caller retries).
 const CLAIM_ROUNDS: usize = 16;
+/// Pause before re-opening a failed holder watch.
+const WATCH_RETRY: Duration = Duration::from_millis(250);
 
 /// Settings of the etcd store.
 #[derive(Debug, Clone)]
@@ -40,9 +49,45 @@ pub struct EtcdSettings {
     pub request_timeout: Duration,
 }
 
+/// Clients for each endpoint, rotating to the next after a failure.
+#[derive(Clone)]
+struct Endpoints {
+    clients: Vec<Client>,
+    current: usize,
+}
+
+impl Endpoints {
+    fn client(&self) -> Client {
+        self.clients[self.current].clone()
+    }
+
+    fn rotate(&mut self) {
+        self.current = (self.current + 1) % self.clients.len();
+    }
+
+    /// Runs one request on the current endpoint under `after`; on failure the
+    /// next request goes to the next endpoint.
+    async fn call<T, F, Fut>(
+        &mut self,
+        op: &'static str,
+        after: Duration,
+        f: F,
+    ) -> Result<T, LeaseError>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let result = timed(op, after, f(self.client())).await;
+        if result.is_err() {
+            self.rotate();
+        }
+        result
+    }
+}
+
 /// Machine-id leases kept in etcd.
 pub struct EtcdStore {
-    client: Client,
+    endpoints: Endpoints,
     settings: EtcdSettings,
     clock: SharedClock,
     layout: Layout,
@@ -61,7 +106,7 @@ impl std::fmt::Debug for EtcdStore {
 async fn timed<T>(
     op: &'static str,
     after: Duration,
-    fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, LeaseError> {
     match tokio::time::timeout(after, fut).await {
         Ok(r) => r.map_err(LeaseError::from),
@@ -80,6 +125,13 @@ fn parse_fence(key: &str, value: &[u8]) -> Result<Millis, LeaseError> {
         })
 }
 
+fn first_value(resp: &etcd_client::TxnResponse) -> Option<Vec<u8>> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    })
+}
+
 impl EtcdStore {
     /// Connects (lazily: etcd-client connects on first use) and checks or
     /// records the namespace's layout. Errors with
@@ -92,14 +144,22 @@ impl EtcdStore {
         let options = ConnectOptions::new()
             .with_connect_timeout(settings.request_timeout)
             .with_keep_alive(Duration::from_secs(2), settings.request_timeout);
-        let client = timed(
-            "connect",
-            settings.request_timeout,
-            Client::connect(&settings.endpoints, Some(options)),
-        )
-        .await?;
+        let mut clients = Vec::with_capacity(settings.endpoints.len());
+        for endpoint in &settings.endpoints {
+            clients.push(
+                timed(
+                    "connect",
+                    settings.request_timeout,
+                    Client::connect([endpoint], Some(options.clone())),
+                )
+                .await?,
+            );
+        }
         let mut store = Self {
-            client,
+            endpoints: Endpoints {
+                clients,
+                current: 0,
+            },
             settings,
             clock,
             layout,
@@ -119,12 +179,15 @@ impl EtcdStore {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), self.layout.to_string(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = timed(
-            "ensure layout",
-            self.settings.request_timeout,
-            self.client.txn(txn),
-        )
-        .await?;
+        let timeout = self.settings.request_timeout;
+        let resp = self
+            .endpoints
+            .call(
+                "ensure layout",
+                timeout,
+                |mut c| async move { c.txn(txn).await },
+            )
+            .await?;
         if resp.succeeded() {
             info!(namespace = %self.ns(), layout = %self.layout, "recorded the namespace layout in etcd");
             return Ok(());
@@ -150,13 +213,12 @@ impl EtcdStore {
     async fn read_pool(&mut self) -> Result<PoolView, LeaseError> {
         let timeout = self.settings.request_timeout;
         let prefix = keys::namespace_prefix(self.ns());
-        let resp = timed(
-            "read pool",
-            timeout,
-            self.client
-                .get(prefix, Some(GetOptions::new().with_prefix())),
-        )
-        .await?;
+        let resp = self
+            .endpoints
+            .call("read pool", timeout, |mut c| async move {
+                c.get(prefix, Some(GetOptions::new().with_prefix())).await
+            })
+            .await?;
         let holder_prefix = keys::holder_prefix(self.ns());
         let fence_prefix = keys::fence_prefix(self.ns());
         let last_prefix = keys::last_holder_prefix(self.ns());
@@ -184,16 +246,16 @@ impl EtcdStore {
         let ttl_secs = i64::try_from(self.settings.lease_ttl.as_secs()).unwrap_or(i64::MAX);
         self.keeper = None;
         let sent = self.clock.now();
-        let lease = timed(
-            "lease grant",
-            timeout,
-            self.client.lease_grant(ttl_secs, None),
-        )
-        .await?;
+        let lease = self
+            .endpoints
+            .call("lease grant", timeout, |mut c| async move {
+                c.lease_grant(ttl_secs, None).await
+            })
+            .await?;
         let lease_id = lease.id();
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
         match self.claim_with_lease(lease_id).await {
-            Ok((machine_id, floor)) => {
+            Ok((machine_id, floor, revision)) => {
                 info!(namespace = %self.ns(), machine_id = machine_id.get(), lease_id, fence_ms = floor.get(), "claimed machine id");
                 Ok(Claim {
                     machine_id,
@@ -201,17 +263,26 @@ impl EtcdStore {
                     fence: floor,
                     lease_id: Some(lease_id),
                     deadline: Some(deadline),
+                    revision,
                 })
             }
             Err(e) => {
                 // Best effort: an unused lease would expire by itself anyway.
-                let _ = timed("lease revoke", timeout, self.client.lease_revoke(lease_id)).await;
+                let _ = self
+                    .endpoints
+                    .call("lease revoke", timeout, |mut c| async move {
+                        c.lease_revoke(lease_id).await
+                    })
+                    .await;
                 Err(e)
             }
         }
     }
 
-    async fn claim_with_lease(&mut self, lease_id: i64) -> Result<(MachineId, Millis), LeaseError> {
+    async fn claim_with_lease(
+        &mut self,
+        lease_id: i64,
+    ) -> Result<(MachineId, Millis, i64), LeaseError> {
         let timeout = self.settings.request_timeout;
         for round in 0..CLAIM_ROUNDS {
             let view = self.read_pool().await?;
@@ -256,7 +327,14 @@ impl EtcdStore {
                     ),
                     TxnOp::get(fence.clone(), None),
                 ]);
-                let resp = timed("claim txn", timeout, self.client.txn(txn)).await?;
+                let resp = self
+                    .endpoints
+                    .call(
+                        "claim txn",
+                        timeout,
+                        |mut c| async move { c.txn(txn).await },
+                    )
+                    .await?;
                 if !resp.succeeded() {
                     debug!(
                         machine_id = candidate.machine_id.get(),
@@ -271,7 +349,8 @@ impl EtcdStore {
                     },
                     _ => Millis(0),
                 };
-                return Ok((candidate.machine_id, floor));
+                let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                return Ok((candidate.machine_id, floor, revision));
             }
         }
         Err(LeaseError::Timeout {
@@ -296,12 +375,15 @@ impl EtcdStore {
                 fence.get().to_string(),
                 None,
             )]);
-        let resp = timed(
-            "fence txn",
-            self.settings.request_timeout,
-            self.client.txn(txn),
-        )
-        .await?;
+        let timeout = self.settings.request_timeout;
+        let resp = self
+            .endpoints
+            .call(
+                "fence txn",
+                timeout,
+                |mut c| async move { c.txn(txn).await },
+            )
+            .await?;
         if resp.succeeded() {
             Ok(())
         } else {
@@ -319,7 +401,14 @@ impl EtcdStore {
         let sent = self.clock.now();
         let ttl = match self.keeper.as_mut() {
             None => {
-                match timed("keepalive", timeout, self.client.lease_keep_alive(lease_id)).await {
+                // Opening the stream sends the first keepalive and reads its answer.
+                let opened = self
+                    .endpoints
+                    .call("keepalive", timeout, |mut c| async move {
+                        c.lease_keep_alive(lease_id).await
+                    })
+                    .await;
+                match opened {
                     Ok(pair) => {
                         self.keeper = Some(pair);
                         self.settings.lease_ttl
@@ -339,7 +428,14 @@ impl EtcdStore {
                     keeper.keep_alive().await?;
                     stream.message().await
                 };
-                match tokio::time::timeout(timeout, round_trip).await {
+                let answer = tokio::time::timeout(timeout, round_trip).await;
+                if !matches!(answer, Ok(Ok(Some(_)))) {
+                    // Reopen on the next endpoint; the reopening answers whether
+                    // the lease still exists.
+                    self.keeper = None;
+                    self.endpoints.rotate();
+                }
+                match answer {
                     Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
                         Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(0))
                     }
@@ -350,25 +446,17 @@ impl EtcdStore {
                         });
                     }
                     Ok(Ok(None)) => {
-                        // etcd closed the stream: reopen on the next renewal; the
-                        // reopening answers whether the lease still exists.
-                        self.keeper = None;
-                        warn!(lease_id, "etcd closed the keepalive stream");
                         return Err(LeaseError::Timeout {
-                            op: "keepalive (stream closed)",
+                            op: "keepalive (stream closed by etcd)",
                             after: timeout,
-                        });
+                        })
                     }
-                    Ok(Err(e)) => {
-                        self.keeper = None;
-                        return Err(e.into());
-                    }
+                    Ok(Err(e)) => return Err(e.into()),
                     Err(_) => {
-                        self.keeper = None;
                         return Err(LeaseError::Timeout {
                             op: "keepalive",
                             after: timeout,
-                        });
+                        })
                     }
                 }
             }
@@ -376,8 +464,86 @@ impl EtcdStore {
         Ok(sent + ttl.min(self.settings.lease_ttl))
     }
 
+    /// Watches the claimed holder key from just after the claim: the returned
+    /// task ends with `HolderChanged` when the key is deleted or rewritten for
+    /// another holder or lease (an operator's `etcdctl del`, an expiry seen by
+    /// etcd). Aborted when dropped.
+    pub fn watch_holder(&self, claim: &Claim) -> AbortOnDropHandle<LossReason> {
+        let key = keys::holder(self.ns(), claim.machine_id);
+        let instance_id = self.settings.instance_id.clone();
+        let lease_id = claim.lease_id.unwrap_or(0);
+        let mut endpoints = self.endpoints.clone();
+        let timeout = self.settings.request_timeout;
+        let mut next_revision = claim.revision + 1;
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            loop {
+                let opts = WatchOptions::new().with_start_revision(next_revision);
+                let watch_key = key.clone();
+                let opened = endpoints
+                    .call("watch holder", timeout, |mut c| async move {
+                        c.watch(watch_key, Some(opts)).await
+                    })
+                    .await;
+                let mut stream = match opened {
+                    Ok(s) => s,
+                    Err(e) => {
+                        debug!(error = %e, "holder watch failed to open; retrying");
+                        tokio::time::sleep(WATCH_RETRY).await;
+                        continue;
+                    }
+                };
+                loop {
+                    match stream.message().await {
+                        Ok(Some(resp)) if resp.canceled() => {
+                            // Compacted past our revision: fall back to reading the key.
+                            let get_key = key.clone();
+                            let now = endpoints
+                                .call("read holder", timeout, |mut c| async move {
+                                    c.get(get_key, None).await
+                                })
+                                .await;
+                            match now {
+                                Ok(get) => {
+                                    let ours = get.kvs().first().is_some_and(|kv| {
+                                        kv.value() == instance_id.as_bytes()
+                                            && kv.lease() == lease_id
+                                    });
+                                    if !ours {
+                                        return LossReason::HolderChanged;
+                                    }
+                                    next_revision =
+                                        get.header().map(|h| h.revision() + 1).unwrap_or(0);
+                                }
+                                Err(_) => tokio::time::sleep(WATCH_RETRY).await,
+                            }
+                            break;
+                        }
+                        Ok(Some(resp)) => {
+                            for event in resp.events() {
+                                let Some(kv) = event.kv() else { continue };
+                                next_revision = kv.mod_revision() + 1;
+                                let ours = event.event_type() == EventType::Put
+                                    && kv.value() == instance_id.as_bytes()
+                                    && kv.lease() == lease_id;
+                                if !ours {
+                                    return LossReason::HolderChanged;
+                                }
+                            }
+                        }
+                        Ok(None) | Err(_) => {
+                            endpoints.rotate();
+                            tokio::time::sleep(WATCH_RETRY).await;
+                            break;
+                        }
+                    }
+                }
+            }
+        }))
+    }
+
     /// Lowers the fence to `last_used` and deletes the holder key in one
-    /// transaction guarded by our lease (DESIGN §2.4), then revokes the lease.
+    /// transaction guarded by our lease (DESIGN §2.4), records this instance as
+    /// the last holder, then revokes the lease.
     pub async fn release(&mut self, claim: &Claim, last_used: Millis) -> Result<(), LeaseError> {
         let timeout = self.settings.request_timeout;
         let lease_id = claim.lease_id.unwrap_or(0);
@@ -398,14 +564,25 @@ impl EtcdStore {
                 ),
                 TxnOp::delete(holder, None),
             ]);
-        let resp = timed("release txn", timeout, self.client.txn(txn)).await?;
+        let resp = self
+            .endpoints
+            .call(
+                "release txn",
+                timeout,
+                |mut c| async move { c.txn(txn).await },
+            )
+            .await?;
         if !resp.succeeded() {
             warn!(
                 machine_id = claim.machine_id.get(),
                 "holder key no longer ours at release; fence left as is"
             );
         }
-        timed("lease revoke", timeout, self.client.lease_revoke(lease_id)).await?;
+        self.endpoints
+            .call("lease revoke", timeout, |mut c| async move {
+                c.lease_revoke(lease_id).await
+            })
+            .await?;
         info!(namespace = %self.ns(), machine_id = claim.machine_id.get(), fence_ms = last_used.get(), "released machine id");
         Ok(())
     }
@@ -415,17 +592,40 @@ impl EtcdStore {
         self.keeper = None;
         if let Some(lease_id) = claim.lease_id {
             let timeout = self.settings.request_timeout;
-            if let Err(e) = timed("lease revoke", timeout, self.client.lease_revoke(lease_id)).await
+            if let Err(e) = self
+                .endpoints
+                .call("lease revoke", timeout, |mut c| async move {
+                    c.lease_revoke(lease_id).await
+                })
+                .await
             {
                 debug!(lease_id, error = %e, "could not revoke the lost lease; it expires by itself");
             }
         }
     }
-}
 
-fn first_value(resp: &etcd_client::TxnResponse) -> Option<Vec<u8>> {
-    resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    })
+    /// Counts the machine ids of this instance's range that have a holder.
+    pub async fn capacity(&mut self) -> Result<Capacity, LeaseError> {
+        let range = self.settings.machine_id_range.clone();
+        let start = keys::holder(
+            self.ns(),
+            MachineId(u16::try_from(range.start).unwrap_or(u16::MAX)),
+        );
+        // The end key is exclusive; five-digit padding keeps numeric order.
+        let end = format!("{}{:05}", keys::holder_prefix(self.ns()), range.end);
+        let timeout = self.settings.request_timeout;
+        let resp = self
+            .endpoints
+            .call("count holders", timeout, |mut c| async move {
+                c.get(
+                    start,
+                    Some(GetOptions::new().with_range(end).with_count_only()),
+                )
+                .await
+            })
+            .await?;
+        let total = range.end - range.start;
+        let held = u32::try_from(resp.count()).unwrap_or(u32::MAX).min(total);
+        Ok(Capacity { total, held })
+    }
 }

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use snowkeep_client::{Generator, Grant, Layout, MachineId, Millis, SharedClock};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{debug, error, info, warn};
 
 pub use error::{LeaseError, LossReason};
 
@@ -44,6 +45,24 @@ pub struct Claim {
     pub lease_id: Option<i64>,
     /// Local lease deadline (monotonic); `None` for the embedded store.
     pub deadline: Option<Instant>,
+    /// The store revision at which the claim committed (etcd); 0 otherwise.
+    pub revision: i64,
+}
+
+/// Machine ids of a namespace (or of this instance's range of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Machine ids in the range.
+    pub total: u32,
+    /// Machine ids with a holder.
+    pub held: u32,
+}
+
+impl Capacity {
+    /// Machine ids without a holder.
+    pub fn free(&self) -> u32 {
+        self.total.saturating_sub(self.held)
+    }
 }
 
 /// Where leases are kept.
@@ -98,6 +117,25 @@ impl Store {
             s.forget(claim).await;
         }
     }
+
+    /// A task that ends when the claim's holder key changes under us; the
+    /// embedded store has no such key, so its task never ends.
+    fn watch_holder(&self, claim: &Claim) -> AbortOnDropHandle<LossReason> {
+        match self {
+            Store::Etcd(s) => s.watch_holder(claim),
+            Store::Local(_) => AbortOnDropHandle::new(tokio::spawn(std::future::pending())),
+        }
+    }
+
+    async fn capacity(&mut self, holding: bool) -> Result<Capacity, LeaseError> {
+        match self {
+            Store::Etcd(s) => s.capacity().await,
+            Store::Local(_) => Ok(Capacity {
+                total: 1,
+                held: u32::from(holding),
+            }),
+        }
+    }
 }
 
 /// What to do when a lease is lost.
@@ -128,6 +166,8 @@ const CLAIM_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duratio
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
 /// Gauges are refreshed at least this often.
 const GAUGE_REFRESH: Duration = Duration::from_millis(500);
+/// Namespace capacity is read from the store this often.
+const CAPACITY_REFRESH: Duration = Duration::from_secs(5);
 
 /// Drives one machine-id lease and publishes the generator's grant.
 pub struct LeaseManager {
@@ -242,6 +282,8 @@ impl LeaseManager {
         let mut fence_due = start;
         let mut published = false;
         let mut waited_since: Option<Instant> = None;
+        let mut next_capacity = start;
+        let mut holder_watch = self.store.watch_holder(&claim);
         loop {
             let now = self.clock.now();
             if claim.deadline.is_some_and(|d| now >= d) {
@@ -319,8 +361,22 @@ impl LeaseManager {
                 }
                 continue;
             }
+            if now >= next_capacity {
+                next_capacity = now + CAPACITY_REFRESH;
+                match self.store.capacity(published).await {
+                    Ok(c) => {
+                        let ns = self.namespace.clone();
+                        metrics::gauge!(m::NAMESPACE_MACHINE_IDS, "namespace" => ns.clone(), "state" => "held")
+                            .set(f64::from(c.held));
+                        metrics::gauge!(m::NAMESPACE_MACHINE_IDS, "namespace" => ns, "state" => "free")
+                            .set(f64::from(c.free()));
+                    }
+                    Err(e) => debug!(error = %crate::DisplayChain(&e), "capacity read failed"),
+                }
+                continue;
+            }
             self.publish_gauges(published.then_some(&claim));
-            let mut wake = fence_due.min(now + GAUGE_REFRESH);
+            let mut wake = fence_due.min(now + GAUGE_REFRESH).min(next_capacity);
             if claim.lease_id.is_some() {
                 wake = wake.min(next_renew);
             }
@@ -329,6 +385,10 @@ impl LeaseManager {
             }
             tokio::select! {
                 _ = release.cancelled() => return (claim, Held::Released),
+                reason = &mut holder_watch => {
+                    let reason = reason.unwrap_or(LossReason::HolderChanged);
+                    return (claim, Held::Lost(reason));
+                }
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
             }
         }

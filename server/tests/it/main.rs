@@ -4,8 +4,10 @@
 // A test binary: helpers panic on anything unexpected, like the tests do.
 #![allow(clippy::unwrap_used)]
 
+mod claims;
 mod embedded;
 mod etcd_faults;
 mod issuance;
+mod lease;
 mod release;
 mod support;

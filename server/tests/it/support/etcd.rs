@@ -1,6 +1,7 @@
-//! `EtcdProcess`: one real etcd member (`$ETCD_BIN` or `/usr/bin/etcd`) on free
-//! ports with a temp data dir. Fails loudly when the binary is missing; never
-//! uses an etcd that is already running. Killed on drop.
+//! `EtcdProcess`: a real etcd cluster (`$ETCD_BIN` or `/usr/bin/etcd`) of one
+//! or more members on free loopback ports, each with a temp data dir. Fails
+//! loudly when the binary is missing; never uses an etcd that is already
+//! running. Members are killed on drop.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -10,12 +11,28 @@ use tempfile::TempDir;
 
 use super::{eventually, free_port};
 
-/// A running (or stopped) single-member etcd.
-pub struct EtcdProcess {
-    child: Option<Child>,
-    dir: TempDir,
+struct Member {
+    name: String,
     client_port: u16,
     peer_port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+    /// False after the first launch: a restart joins the existing cluster.
+    fresh: bool,
+}
+
+impl Member {
+    fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+}
+
+/// A running etcd cluster.
+pub struct EtcdProcess {
+    members: Vec<Member>,
 }
 
 fn etcd_bin() -> PathBuf {
@@ -30,26 +47,65 @@ fn etcd_bin() -> PathBuf {
     bin
 }
 
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{sig} of etcd failed");
+}
+
 impl EtcdProcess {
-    /// Starts a fresh member and waits until it is healthy.
+    /// Starts a fresh single-member etcd and waits until it is healthy.
     pub async fn start() -> Self {
+        Self::cluster(1).await
+    }
+
+    /// Starts a fresh cluster of `n` members and waits until all are healthy.
+    pub async fn cluster(n: usize) -> Self {
         let mut etcd = Self {
-            child: None,
-            dir: tempfile::tempdir().expect("temp dir"),
-            client_port: free_port(),
-            peer_port: free_port(),
+            members: (0..n)
+                .map(|i| Member {
+                    name: format!("m{i}"),
+                    client_port: free_port(),
+                    peer_port: free_port(),
+                    dir: tempfile::tempdir().expect("temp dir"),
+                    child: None,
+                    fresh: true,
+                })
+                .collect(),
         };
-        etcd.launch().await;
+        for i in 0..n {
+            etcd.launch(i);
+        }
+        for i in 0..n {
+            etcd.wait_healthy(i).await;
+        }
         etcd
     }
 
-    async fn launch(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let log = std::fs::File::create(self.dir.path().join("etcd.log")).expect("etcd log");
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn launch(&mut self, i: usize) {
+        let initial_cluster = self.initial_cluster();
+        let m = &mut self.members[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(m.dir.path().join("etcd.log"))
+            .expect("etcd log");
+        let (client, peer) = (m.client_url(), m.peer_url());
         let child = Command::new(etcd_bin())
-            .args(["--name", "t1", "--data-dir"])
-            .arg(self.dir.path().join("data"))
+            .args(["--name", &m.name, "--data-dir"])
+            .arg(m.dir.path().join("data"))
             .args([
                 "--listen-client-urls",
                 &client,
@@ -62,50 +118,96 @@ impl EtcdProcess {
                 "--initial-advertise-peer-urls",
                 &peer,
             ])
+            .args(["--initial-cluster", &initial_cluster])
+            .args(["--initial-cluster-token", "snowkeep-test"])
             .args([
-                "--initial-cluster",
-                &format!("t1={peer}"),
                 "--initial-cluster-state",
-                "new",
+                if m.fresh { "new" } else { "existing" },
             ])
             .args(["--log-level", "warn"])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("spawn etcd");
-        self.child = Some(child);
-        let url = self.endpoint();
-        eventually("etcd to become healthy", Duration::from_secs(20), || {
-            let url = url.clone();
-            async move { health(&url).await }
-        })
+        m.child = Some(child);
+        m.fresh = false;
+    }
+
+    async fn wait_healthy(&self, i: usize) {
+        let url = self.members[i].client_url();
+        eventually(
+            "etcd member to become healthy",
+            Duration::from_secs(30),
+            || {
+                let url = url.clone();
+                async move { health(&url).await }
+            },
+        )
         .await;
     }
 
-    /// The client URL.
+    /// The first member's client URL.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        self.members[0].client_url()
     }
 
-    /// A client for assertions on etcd state.
+    /// All client URLs, comma-separated (the `--etcd-endpoints` form).
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(Member::client_url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A client for assertions on etcd state (all members).
     pub async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect([self.endpoint()], None)
+        let urls: Vec<String> = self.members.iter().map(Member::client_url).collect();
+        etcd_client::Client::connect(urls, None)
             .await
             .expect("connect etcd client")
     }
 
-    /// Stops the member with SIGKILL and waits for it to exit.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
+    /// Kills member `i` with SIGKILL and waits for it to exit.
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    /// Starts the member again on the same ports and data dir.
+    /// Kills every member.
+    pub fn kill(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill_member(i);
+        }
+    }
+
+    /// Starts every stopped member again on its ports and data dir.
     pub async fn restart(&mut self) {
-        assert!(self.child.is_none(), "restart a stopped etcd only");
-        self.launch().await;
+        let stopped: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].child.is_none())
+            .collect();
+        for &i in &stopped {
+            self.launch(i);
+        }
+        for &i in &stopped {
+            self.wait_healthy(i).await;
+        }
+    }
+
+    /// SIGSTOPs every member: etcd hangs without closing connections.
+    pub fn pause(&self) {
+        for m in &self.members {
+            signal(m.child.as_ref().expect("running member"), "STOP");
+        }
+    }
+
+    /// SIGCONTs every member.
+    pub fn resume(&self) {
+        for m in &self.members {
+            signal(m.child.as_ref().expect("running member"), "CONT");
+        }
     }
 }
 

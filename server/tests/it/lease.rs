@@ -1,0 +1,215 @@
+//! The lease lifecycle under faults (DESIGN §2–§3), with real etcd processes and
+//! real servers.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use snowkeep_client::{Layout, MachineId, Millis};
+use tonic::Code;
+
+use crate::support::etcd::EtcdProcess;
+use crate::support::eventually;
+use crate::support::server::ServerProcess;
+
+const TTL: Duration = Duration::from_secs(2);
+const READY: Duration = Duration::from_secs(20);
+
+fn decode(id: u64) -> snowkeep_client::DecodedId {
+    Layout::default().decode(id).unwrap()
+}
+
+async fn refuses(server: &ServerProcess) -> bool {
+    matches!(server.next_ids(1).await, Err(s) if s.code() == Code::Unavailable)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_key_deleted_by_an_operator_stops_issuance_within_500ms() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "deleted", &[]);
+    server.wait_serving(READY).await;
+    let machine_id = server.machine_id().await;
+    let before = server.next_ids(1000).await.unwrap();
+    let ids = server.ids().await;
+
+    let mut client = etcd.client().await;
+    client
+        .delete(
+            format!("/snowkeep/v1/ns/deleted/holder/{machine_id:05}"),
+            None,
+        )
+        .await
+        .unwrap();
+    let took = eventually("issuance to stop", Duration::from_secs(2), || {
+        let mut c = ids.clone();
+        async move {
+            matches!(c.next_ids(snowkeep_proto::v1::NextIdsRequest { count: 1 }).await,
+                Err(s) if s.code() == Code::Unavailable)
+        }
+    })
+    .await;
+    assert!(took <= Duration::from_millis(500), "stopped after {took:?}");
+
+    // It re-claims by itself; the old id's fence is ahead, so it takes another.
+    server.wait_serving(READY).await;
+    let after = server.next_ids(1000).await.unwrap();
+    let all: HashSet<u64> = before.iter().chain(&after).copied().collect();
+    assert_eq!(all.len(), 2000);
+    assert_eq!(
+        server
+            .metric(r#"snowkeep_lease_losses_total{reason="holder_changed"}"#)
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_holder_after_a_crash_stamps_only_above_the_previous_fence() {
+    let etcd = EtcdProcess::start().await;
+    // One machine id in range, so the second server must take over the first's.
+    let only_five = ["--machine-id-range", "5..6"];
+    let mut first = ServerProcess::on_etcd(&etcd.endpoint(), "takeover", &only_five);
+    first.wait_serving(READY).await;
+    let last_of_first = *first.next_ids(5000).await.unwrap().last().unwrap();
+    first.signal("KILL");
+    first.wait_exit(Duration::from_secs(5)).await;
+
+    let mut client = etcd.client().await;
+    let fence_key = "/snowkeep/v1/ns/takeover/fence/00005";
+    let holder_key = "/snowkeep/v1/ns/takeover/holder/00005";
+    eventually("the crashed holder's lease to expire", TTL * 3, || {
+        let mut c = client.clone();
+        async move { c.get(holder_key, None).await.unwrap().kvs().is_empty() }
+    })
+    .await;
+    let fence: u64 = client.get(fence_key, None).await.unwrap().kvs()[0]
+        .value_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(decode(last_of_first).timestamp <= Millis(fence));
+
+    let second = ServerProcess::on_etcd(&etcd.endpoint(), "takeover", &only_five);
+    second.wait_serving(READY).await;
+    let ids = second.next_ids(5000).await.unwrap();
+    for id in &ids {
+        let d = decode(*id);
+        assert_eq!(d.machine_id, MachineId(5));
+        assert!(
+            d.timestamp > Millis(fence),
+            "{:?} not above the crashed holder's fence {fence}",
+            d.timestamp
+        );
+    }
+    assert!(ids[0] > last_of_first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_range_refuses_the_next_instance_with_a_capacity_error() {
+    let etcd = EtcdProcess::start().await;
+    let range = ["--machine-id-range", "7..9"];
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), "full", &range);
+    let b = ServerProcess::on_etcd(&etcd.endpoint(), "full", &range);
+    a.wait_serving(READY).await;
+    b.wait_serving(READY).await;
+    let mut held = vec![a.machine_id().await, b.machine_id().await];
+    held.sort();
+    assert_eq!(held, vec![7, 8]);
+    let mut c = ServerProcess::on_etcd(&etcd.endpoint(), "full", &range);
+    assert_eq!(c.wait_exit(Duration::from_secs(15)).await.code(), Some(1));
+    assert!(
+        c.log().contains(
+            r#"no free machine id in namespace "full": all 2 machine ids of range 7..9 are held"#
+        ),
+        "log:\n{}",
+        c.log()
+    );
+    assert_eq!(
+        a.metric(r#"snowkeep_namespace_machine_ids{namespace="full",state="held"}"#)
+            .await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_etcd_stops_issuance_before_the_lease_can_expire_and_it_recovers() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "paused", &[]);
+    server.wait_serving(READY).await;
+    let before = server.next_ids(1000).await.unwrap();
+
+    etcd.pause();
+    let took = eventually("issuance to stop", TTL * 3, || refuses(&server)).await;
+    // The local deadline is the last keepalive's send time + TTL, which etcd's
+    // own expiry can only come after.
+    assert!(
+        took <= TTL + Duration::from_millis(300),
+        "stopped after {took:?}"
+    );
+    tokio::time::sleep(TTL).await; // keep etcd frozen past the lease TTL
+    assert!(refuses(&server).await);
+    etcd.resume();
+
+    server.wait_serving(Duration::from_secs(30)).await;
+    let after = server.next_ids(1000).await.unwrap();
+    let all: HashSet<u64> = before.iter().chain(&after).copied().collect();
+    assert_eq!(all.len(), 2000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_dead_member_of_three_does_not_interrupt_issuance() {
+    let mut etcd = EtcdProcess::cluster(3).await;
+    let server = ServerProcess::on_etcd(&etcd.endpoints(), "three", &[]);
+    server.wait_serving(READY).await;
+    let mut ids = server.ids().await;
+    // The store starts on the first endpoint: kill exactly that member.
+    etcd.kill_member(0);
+    let until = tokio::time::Instant::now() + TTL * 2;
+    let (mut ok, mut failed) = (0u32, Vec::new());
+    while tokio::time::Instant::now() < until {
+        match ids
+            .next_ids(snowkeep_proto::v1::NextIdsRequest { count: 100 })
+            .await
+        {
+            Ok(_) => ok += 1,
+            Err(s) => failed.push(s),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        failed.is_empty(),
+        "{} calls failed, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert!(ok > 50, "only {ok} calls in {:?}", TTL * 2);
+    assert_eq!(
+        server
+            .metric(r#"snowkeep_lease_losses_total{reason="deadline"}"#)
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_ranges_and_a_clock_before_the_epoch_refuse_to_start_with_64() {
+    let etcd = EtcdProcess::start().await;
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--machine-id-range", "4000..5000"],
+            r#"invalid --machine-id-range "4000..5000": use START..END with START < END <= 4096"#,
+        ),
+        (
+            &["--layout", "41/12/10@4102444800000"],
+            "before the layout epoch 4102444800000; fix the clock",
+        ),
+    ];
+    for (args, message) in cases {
+        let mut s = ServerProcess::on_etcd(&etcd.endpoint(), "refuse", args);
+        assert_eq!(
+            s.wait_exit(Duration::from_secs(15)).await.code(),
+            Some(64),
+            "{args:?}"
+        );
+        assert!(s.log().contains(message), "{args:?}: log:\n{}", s.log());
+    }
+}
