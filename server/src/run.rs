@@ -124,6 +124,10 @@ pub async fn run(
         },
     );
     let store_kind = store.kind();
+    let capacity = match &store {
+        Store::Etcd(s) => Some(s.capacity_reader()),
+        Store::Local(_) => None,
+    };
     let manager = LeaseManager::new(
         store,
         config.layout,
@@ -150,6 +154,7 @@ pub async fn run(
             ns.clone(),
             config.instance_id.clone(),
             store_kind,
+            capacity,
         ),
     )?;
     tracker.spawn(health::follow_issuance(

@@ -587,6 +587,11 @@ impl EtcdStore {
         Ok(())
     }
 
+    /// Counts the machine ids of this instance's range that have a holder.
+    pub async fn capacity(&mut self) -> Result<Capacity, LeaseError> {
+        self.capacity_reader().read().await
+    }
+
     /// Revokes a lease that is no longer used, best effort.
     pub async fn forget(&mut self, claim: &Claim) {
         self.keeper = None;
@@ -604,19 +609,57 @@ impl EtcdStore {
         }
     }
 
-    /// Counts the machine ids of this instance's range that have a holder.
-    pub async fn capacity(&mut self) -> Result<Capacity, LeaseError> {
-        let range = self.settings.machine_id_range.clone();
+    /// A reader of this store's namespace capacity that can live elsewhere
+    /// (the InfoService handler), on its own copy of the endpoint clients.
+    pub fn capacity_reader(&self) -> CapacityReader {
+        CapacityReader {
+            endpoints: self.endpoints.clone(),
+            namespace: self.settings.namespace.clone(),
+            range: self.settings.machine_id_range.clone(),
+            timeout: self.settings.request_timeout,
+        }
+    }
+}
+
+/// Counts the holders of a namespace range with one count-only range read.
+#[derive(Clone)]
+pub struct CapacityReader {
+    endpoints: Endpoints,
+    namespace: String,
+    range: Range<u32>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for CapacityReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapacityReader")
+            .field("namespace", &self.namespace)
+            .field("range", &self.range)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CapacityReader {
+    /// The range `[start, end)` counted.
+    pub fn range(&self) -> Range<u32> {
+        self.range.clone()
+    }
+
+    /// Counts the machine ids of the range that have a holder.
+    pub async fn read(&mut self) -> Result<Capacity, LeaseError> {
         let start = keys::holder(
-            self.ns(),
-            MachineId(u16::try_from(range.start).unwrap_or(u16::MAX)),
+            &self.namespace,
+            MachineId(u16::try_from(self.range.start).unwrap_or(u16::MAX)),
         );
         // The end key is exclusive; five-digit padding keeps numeric order.
-        let end = format!("{}{:05}", keys::holder_prefix(self.ns()), range.end);
-        let timeout = self.settings.request_timeout;
+        let end = format!(
+            "{}{:05}",
+            keys::holder_prefix(&self.namespace),
+            self.range.end
+        );
         let resp = self
             .endpoints
-            .call("count holders", timeout, |mut c| async move {
+            .call("count holders", self.timeout, |mut c| async move {
                 c.get(
                     start,
                     Some(GetOptions::new().with_range(end).with_count_only()),
@@ -624,7 +667,7 @@ impl EtcdStore {
                 .await
             })
             .await?;
-        let total = range.end - range.start;
+        let total = self.range.end - self.range.start;
         let held = u32::try_from(resp.count()).unwrap_or(u32::MAX).min(total);
         Ok(Capacity { total, held })
     }

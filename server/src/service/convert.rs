@@ -1,6 +1,8 @@
 //! Conversions between protobuf messages and domain types: the only file that
 //! knows both shapes.
 
+use std::ops::Range;
+
 use snowkeep_client::Layout;
 use snowkeep_proto::v1 as pb;
 
@@ -11,5 +13,21 @@ pub fn layout_to_pb(layout: &Layout) -> pb::Layout {
         machine_bits: u32::from(layout.machine_bits()),
         sequence_bits: u32::from(layout.sequence_bits()),
         epoch_unix_ms: layout.epoch_unix_ms(),
+    }
+}
+
+/// A namespace range's capacity as its protobuf message.
+pub fn capacity_to_pb(
+    namespace: &str,
+    c: crate::lease::Capacity,
+    range: Range<u32>,
+) -> pb::Capacity {
+    pb::Capacity {
+        namespace: namespace.to_owned(),
+        total: c.total,
+        held: c.held,
+        free: c.free(),
+        range_start: range.start,
+        range_end: range.end,
     }
 }

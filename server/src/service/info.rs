@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::status::ApiError;
+use crate::etcd::CapacityReader;
 
 /// Serves `snowkeep.v1.InfoService`.
 #[derive(Clone)]
@@ -17,6 +18,8 @@ pub struct InfoHandler {
     namespace: String,
     instance_id: String,
     store: &'static str,
+    /// `None` for the embedded store, whose one machine id is this server's.
+    capacity: Option<CapacityReader>,
 }
 
 impl InfoHandler {
@@ -27,6 +30,7 @@ impl InfoHandler {
         namespace: String,
         instance_id: String,
         store: &'static str,
+        capacity: Option<CapacityReader>,
     ) -> Self {
         Self {
             generator,
@@ -34,6 +38,7 @@ impl InfoHandler {
             namespace,
             instance_id,
             store,
+            capacity,
         }
     }
 }
@@ -86,5 +91,26 @@ impl pb::info_service_server::InfoService for InfoHandler {
             machine_id: u32::from(d.machine_id.get()),
             sequence: u32::try_from(d.sequence).unwrap_or(u32::MAX),
         }))
+    }
+
+    async fn get_capacity(
+        &self,
+        _request: Request<pb::GetCapacityRequest>,
+    ) -> Result<Response<pb::Capacity>, Status> {
+        let (capacity, range) = match self.capacity.clone() {
+            Some(mut reader) => (
+                reader.read().await.map_err(ApiError::Store)?,
+                reader.range(),
+            ),
+            None => {
+                let held = u32::from(self.generator.is_ready());
+                (crate::lease::Capacity { total: 1, held }, 0..1)
+            }
+        };
+        Ok(Response::new(convert::capacity_to_pb(
+            &self.namespace,
+            capacity,
+            range,
+        )))
     }
 }

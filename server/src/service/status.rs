@@ -28,6 +28,9 @@ pub enum ApiError {
         /// Maximum.
         max: u32,
     },
+    /// The lease store could not be read.
+    #[error("the lease store could not be read")]
+    Store(#[source] crate::lease::LeaseError),
     /// An id with the sign bit set.
     #[error("id {id} has its top bit set; snowkeep ids are 63-bit")]
     InvalidId {
@@ -51,6 +54,7 @@ fn code_of(err: &ApiError) -> Code {
         ApiError::InvalidCount { .. }
         | ApiError::InvalidBatchSize { .. }
         | ApiError::InvalidId { .. } => Code::InvalidArgument,
+        ApiError::Store(_) => Code::Unavailable,
         ApiError::Generate(g) => match g {
             GenerateError::NoGrant
             | GenerateError::LeaseExpired
@@ -99,6 +103,13 @@ mod tests {
                 Code::InvalidArgument,
             ),
             (ApiError::InvalidId { id: 1 << 63 }, Code::InvalidArgument),
+            (
+                ApiError::Store(crate::lease::LeaseError::Timeout {
+                    op: "x",
+                    after: Duration::ZERO,
+                }),
+                Code::Unavailable,
+            ),
             (GenerateError::NoGrant.into(), Code::Unavailable),
             (GenerateError::LeaseExpired.into(), Code::Unavailable),
             (

@@ -100,6 +100,15 @@ impl ServerProcess {
             .into_inner()
     }
 
+    /// GetCapacity.
+    pub async fn capacity(&self) -> pb::Capacity {
+        pb::info_service_client::InfoServiceClient::new(self.channel().await)
+            .get_capacity(pb::GetCapacityRequest {})
+            .await
+            .expect("GetCapacity")
+            .into_inner()
+    }
+
     /// The machine id held now; panics when none is held.
     pub async fn machine_id(&self) -> u32 {
         let info = self.info().await;
