@@ -124,10 +124,28 @@ async fn a_full_range_refuses_the_next_instance_with_a_capacity_error() {
         c.log()
     );
     assert_eq!(
-        a.metric(r#"snowkeep_namespace_machine_ids{namespace="full",state="held"}"#)
-            .await,
-        2.0
+        b.capacity().await,
+        snowkeep_proto::v1::Capacity {
+            namespace: "full".into(),
+            total: 2,
+            held: 2,
+            free: 0,
+            range_start: 7,
+            range_end: 9,
+        }
     );
+    // The gauge is re-read every 5 s; `a` may have read it before `b` claimed.
+    let series = |state: &str| {
+        format!(r#"snowkeep_namespace_machine_ids{{namespace="full",state="{state}"}}"#)
+    };
+    eventually(
+        "the capacity gauge to count both holders",
+        Duration::from_secs(8),
+        || async {
+            a.metric(&series("held")).await == 2.0 && a.metric(&series("free")).await == 0.0
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
