@@ -20,5 +20,5 @@ pub mod layout;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use error::GenerateError;
-pub use generator::{Generator, GeneratorMetrics, Grant, Step, Taken};
+pub use generator::{Generator, GeneratorMetrics, GeneratorSet, Grant, Step, Taken};
 pub use layout::{DecodedId, Layout, LayoutError, MachineId, Millis};

@@ -34,6 +34,9 @@ pub const DEFAULT_MAX_BACKWARD_WAIT: &str = "100ms";
 /// Default bound on draining in-flight requests at shutdown.
 pub const DEFAULT_SHUTDOWN_GRACE_PERIOD: &str = "10s";
 
+/// Most machine ids one instance holds (one etcd transaction covers them all).
+pub const MAX_MACHINE_IDS: u32 = 256;
+
 /// Largest `count` of one `NextIds` call and largest stream `batch_size`.
 pub const MAX_BATCH: u32 = 100_000;
 
@@ -64,6 +67,10 @@ pub struct Args {
     /// Directory of the embedded store's state file (used without --etcd-endpoints).
     #[arg(long, env = "SNOWKEEP_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// Machine ids this instance holds under its one lease; a unary batch larger
+    /// than one millisecond's sequence is spread across them.
+    #[arg(long, env = "SNOWKEEP_MACHINE_IDS", default_value_t = 1)]
+    pub machine_ids: u32,
     /// Machine ids this deployment may claim, START..END (END exclusive), so
     /// deployments with separate etcd clusters own disjoint ranges; default all.
     #[arg(long, env = "SNOWKEEP_MACHINE_ID_RANGE")]
@@ -135,6 +142,8 @@ pub struct ServerConfig {
     pub lease_ttl: Duration,
     /// Machine ids this instance may claim, `[start, end)`.
     pub machine_id_range: Range<u32>,
+    /// Machine ids held under the one lease (at least 1, at most the range).
+    pub machine_ids: u32,
     /// Fence horizon.
     pub fence_horizon: Duration,
     /// Longest fence wait.
@@ -171,6 +180,14 @@ pub enum ConfigError {
         /// Given.
         text: String,
         /// Largest END allowed.
+        max: u32,
+    },
+    /// Bad machine id count.
+    #[error("invalid --machine-ids {got}: use 1 to {max} (the machine ids of --machine-id-range, at most 256)")]
+    MachineIds {
+        /// Given.
+        got: u32,
+        /// Largest allowed.
         max: u32,
     },
     /// Bad etcd endpoint.
@@ -229,9 +246,17 @@ impl TryFrom<Args> for ServerConfig {
                 },
             )?,
         };
+        let max_ids = (machine_id_range.end - machine_id_range.start).min(MAX_MACHINE_IDS);
+        if args.machine_ids == 0 || args.machine_ids > max_ids {
+            return Err(ConfigError::MachineIds {
+                got: args.machine_ids,
+                max: max_ids,
+            });
+        }
         Ok(ServerConfig {
             store,
             namespace: args.namespace,
+            machine_ids: args.machine_ids,
             machine_id_range,
             layout,
             instance_id,
@@ -327,6 +352,14 @@ mod tests {
         assert!(matches!(
             parse(&["--etcd-endpoints", "localhost:2379"]),
             Err(ConfigError::Endpoint(_))
+        ));
+        assert!(matches!(
+            parse(&["--machine-ids", "0"]),
+            Err(ConfigError::MachineIds { got: 0, max: 256 })
+        ));
+        assert!(matches!(
+            parse(&["--machine-ids", "3", "--machine-id-range", "0..2"]),
+            Err(ConfigError::MachineIds { got: 3, max: 2 })
         ));
         for bad in ["0..4097", "5..5", "9..3", "1-2", "..4"] {
             assert!(

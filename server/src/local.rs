@@ -1,5 +1,5 @@
-//! The embedded single-instance store: no etcd, machine id 0, and the fence
-//! persisted in a local state file so that a restart with the clock set back
+//! The embedded single-instance store: no etcd, machine ids `0..N`, and one
+//! fence (for all of them) persisted in a local state file so that a restart with the clock set back
 //! is detected (DESIGN §2.3 with the file as the store).
 //!
 //! `{state_dir}/{namespace}.state` holds the layout and the fence; it is
@@ -15,10 +15,7 @@ use std::path::{Path, PathBuf};
 
 use snowkeep_client::{Layout, MachineId, Millis};
 
-use crate::lease::{Claim, LeaseError};
-
-/// The machine id the embedded store uses.
-pub const EMBEDDED_MACHINE_ID: MachineId = MachineId(0);
+use crate::lease::{Claim, HeldId, LeaseError};
 
 /// A fence kept in a local file.
 #[derive(Debug)]
@@ -26,6 +23,7 @@ pub struct LocalStore {
     path: PathBuf,
     namespace: String,
     layout: Layout,
+    machine_ids: u16,
     fence: Millis,
     _lock: File,
 }
@@ -38,10 +36,16 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LeaseError + '_ {
 }
 
 impl LocalStore {
-    /// Opens (or creates) the state of `namespace` under `dir` and takes its lock.
+    /// Opens (or creates) the state of `namespace` under `dir` for machine ids
+    /// `0..machine_ids` and takes its lock.
     /// Errors with [`LeaseError::StateLocked`] when another process holds it and
     /// [`LeaseError::LayoutMismatch`] when the file was written under another layout.
-    pub fn open(dir: &Path, namespace: &str, layout: Layout) -> Result<Self, LeaseError> {
+    pub fn open(
+        dir: &Path,
+        namespace: &str,
+        layout: Layout,
+        machine_ids: u16,
+    ) -> Result<Self, LeaseError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let lock_path = dir.join(format!("{namespace}.lock"));
         let lock = OpenOptions::new()
@@ -82,6 +86,7 @@ impl LocalStore {
             path,
             namespace: namespace.to_owned(),
             layout,
+            machine_ids,
             fence,
             _lock: lock,
         })
@@ -92,12 +97,21 @@ impl LocalStore {
         &self.path
     }
 
-    /// Claims machine id 0 with the persisted fence as the floor.
+    /// How many machine ids this store hands out.
+    pub fn machine_ids(&self) -> u32 {
+        u32::from(self.machine_ids)
+    }
+
+    /// Claims machine ids `0..N`, each with the persisted fence as its floor.
     pub fn claim(&mut self) -> Claim {
         Claim {
-            machine_id: EMBEDDED_MACHINE_ID,
-            floor: self.fence,
-            fence: self.fence,
+            held: (0..self.machine_ids)
+                .map(|id| HeldId {
+                    machine_id: MachineId(id),
+                    floor: self.fence,
+                    fence: self.fence,
+                })
+                .collect(),
             lease_id: None,
             deadline: None,
             revision: 0,
@@ -147,28 +161,28 @@ mod tests {
     #[test]
     fn fence_survives_reopen_and_lock_excludes_a_second_store() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = LocalStore::open(dir.path(), "ns", Layout::default()).unwrap();
-        assert_eq!(store.claim().floor, Millis(0));
+        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), 1).unwrap();
+        assert_eq!(store.claim().max_floor(), Millis(0));
         store.write_fence(Millis(123_456)).unwrap();
         assert!(matches!(
-            LocalStore::open(dir.path(), "ns", Layout::default()),
+            LocalStore::open(dir.path(), "ns", Layout::default(), 1),
             Err(LeaseError::StateLocked { .. })
         ));
         drop(store);
-        let mut again = LocalStore::open(dir.path(), "ns", Layout::default()).unwrap();
-        assert_eq!(again.claim().floor, Millis(123_456));
+        let mut again = LocalStore::open(dir.path(), "ns", Layout::default(), 1).unwrap();
+        assert_eq!(again.claim().max_floor(), Millis(123_456));
     }
 
     #[test]
     fn refuses_a_state_file_of_another_layout() {
         let dir = tempfile::tempdir().unwrap();
-        LocalStore::open(dir.path(), "ns", Layout::default())
+        LocalStore::open(dir.path(), "ns", Layout::default(), 1)
             .unwrap()
             .write_fence(Millis(5))
             .unwrap();
         let other: Layout = "40/13/10".parse().unwrap();
         assert!(matches!(
-            LocalStore::open(dir.path(), "ns", other),
+            LocalStore::open(dir.path(), "ns", other, 1),
             Err(LeaseError::LayoutMismatch { .. })
         ));
     }

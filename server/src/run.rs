@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use snowkeep_client::{Generator, GeneratorMetrics, SystemClock};
+use snowkeep_client::{Generator, GeneratorMetrics, GeneratorSet, SystemClock};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -15,7 +15,7 @@ use tracing::{error, info, warn};
 
 use crate::config::{ServerConfig, StoreConfig};
 use crate::etcd::{EtcdSettings, EtcdStore};
-use crate::lease::{LeaseError, LeaseManager, LeaseTiming, Store};
+use crate::lease::{LeaseError, LeaseManager, LeaseTiming, Slot, Store};
 use crate::local::LocalStore;
 use crate::metrics as m;
 use crate::service::{self, health, id::IdHandler, info::InfoHandler};
@@ -81,6 +81,7 @@ pub async fn run(
                 instance_id: config.instance_id.clone(),
                 lease_ttl: config.lease_ttl,
                 machine_id_range: config.machine_id_range.clone(),
+                machine_ids: config.machine_ids,
                 request_timeout: request_timeout(config.lease_ttl),
             };
             Store::Etcd(Box::new(
@@ -88,7 +89,8 @@ pub async fn run(
             ))
         }
         StoreConfig::Embedded { state_dir } => {
-            let local = LocalStore::open(state_dir, &config.namespace, config.layout)?;
+            let machine_ids = u16::try_from(config.machine_ids).unwrap_or(u16::MAX);
+            let local = LocalStore::open(state_dir, &config.namespace, config.layout, machine_ids)?;
             warn!(state_file = %local.path().display(), "running on the embedded single-instance store: never run a second snowkeep-server for this namespace anywhere, or ids will collide; use --etcd-endpoints for more than one instance");
             Store::Local(local)
         }
@@ -110,19 +112,28 @@ pub async fn run(
     );
 
     let ns = config.namespace.clone();
-    let (grant_tx, grant_rx) = watch::channel(None);
-    let generator = Generator::new(
-        config.layout,
-        clock.clone(),
-        grant_rx.clone(),
-        config.max_backward_wait,
-        GeneratorMetrics {
-            ids_issued: metrics::Counter::noop(),
-            sequence_exhausted: metrics::counter!(m::SEQUENCE_EXHAUSTED_TOTAL, "namespace" => ns.clone()),
-            backward_waited: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "waited"),
-            backward_halted: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "halted"),
-        },
-    );
+    let metrics = GeneratorMetrics {
+        ids_issued: metrics::Counter::noop(),
+        sequence_exhausted: metrics::counter!(m::SEQUENCE_EXHAUSTED_TOTAL, "namespace" => ns.clone()),
+        backward_waited: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "waited"),
+        backward_halted: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "halted"),
+    };
+    let mut slots = Vec::new();
+    let mut grant_rx = None;
+    for _ in 0..config.machine_ids {
+        let (grant, rx) = watch::channel(None);
+        grant_rx.get_or_insert_with(|| rx.clone());
+        let generator = Generator::new(
+            config.layout,
+            clock.clone(),
+            rx,
+            config.max_backward_wait,
+            metrics.clone(),
+        );
+        slots.push(Slot { grant, generator });
+    }
+    let grant_rx = grant_rx.expect("config guarantees at least one machine id");
+    let generators = GeneratorSet::new(slots.iter().map(|s| s.generator.clone()).collect());
     let store_kind = store.kind();
     let capacity = match &store {
         Store::Etcd(s) => Some(s.capacity_reader()),
@@ -139,17 +150,16 @@ pub async fn run(
             max_fence_wait: config.max_fence_wait,
             on_lease_lost: config.on_lease_lost,
         },
-        grant_tx,
-        generator.clone(),
+        slots,
     );
 
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
     let mut lease_task = tracker.spawn(manager.run(release.clone()));
     let (routes, reporter) = service::router(
-        IdHandler::new(generator.clone(), ns.clone(), shutdown.clone()),
+        IdHandler::new(generators.clone(), ns.clone(), shutdown.clone()),
         InfoHandler::new(
-            generator.clone(),
+            generators.clone(),
             clock.clone(),
             ns.clone(),
             config.instance_id.clone(),
@@ -160,7 +170,7 @@ pub async fn run(
     tracker.spawn(health::follow_issuance(
         reporter,
         grant_rx,
-        generator,
+        generators,
         ns,
         shutdown.clone(),
     ));

@@ -19,6 +19,7 @@
 //! stamped under the old grant: that is what "drain before release" means here.
 
 mod sequence;
+mod set;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,6 +31,7 @@ use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
 use sequence::SequenceState;
 pub use sequence::{Step, Taken};
+pub use set::GeneratorSet;
 
 /// Default largest backwards clock step the generator waits out: 100 ms.
 pub const DEFAULT_MAX_BACKWARD_WAIT: Duration = Duration::from_millis(100);

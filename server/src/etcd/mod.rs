@@ -23,7 +23,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, info, warn};
 
 use crate::lease::claim::{rank_candidates, CandidateKind, PoolView};
-use crate::lease::{Capacity, Claim, LeaseError, LossReason};
+use crate::lease::{Capacity, Claim, HeldId, LeaseError, LossReason};
 
 /// Candidates tried per read of the pool before reading it again.
 const CANDIDATES_PER_ROUND: usize = 8;
@@ -45,6 +45,8 @@ pub struct EtcdSettings {
     pub lease_ttl: Duration,
     /// Machine ids this instance may claim, `[start, end)`.
     pub machine_id_range: Range<u32>,
+    /// How many machine ids to hold under the one lease.
+    pub machine_ids: u32,
     /// Timeout of one etcd request.
     pub request_timeout: Duration,
 }
@@ -238,9 +240,9 @@ impl EtcdStore {
         Ok(view)
     }
 
-    /// Grants a lease and claims one machine id for it with an atomic
-    /// transaction per candidate. The fence returned as the floor is read
-    /// *inside* the claiming transaction (DESIGN §2.3).
+    /// Grants a lease and claims `machine_ids` machine ids for it, with an
+    /// atomic transaction per candidate. The fence returned as each floor is
+    /// read *inside* the claiming transaction (DESIGN §2.3).
     pub async fn claim(&mut self) -> Result<Claim, LeaseError> {
         let timeout = self.settings.request_timeout;
         let ttl_secs = i64::try_from(self.settings.lease_ttl.as_secs()).unwrap_or(i64::MAX);
@@ -255,19 +257,19 @@ impl EtcdStore {
         let lease_id = lease.id();
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
         match self.claim_with_lease(lease_id).await {
-            Ok((machine_id, floor, revision)) => {
-                info!(namespace = %self.ns(), machine_id = machine_id.get(), lease_id, fence_ms = floor.get(), "claimed machine id");
-                Ok(Claim {
-                    machine_id,
-                    floor,
-                    fence: floor,
+            Ok((held, revision)) => {
+                let claim = Claim {
+                    held,
                     lease_id: Some(lease_id),
                     deadline: Some(deadline),
                     revision,
-                })
+                };
+                info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), "claimed machine ids");
+                Ok(claim)
             }
             Err(e) => {
-                // Best effort: an unused lease would expire by itself anyway.
+                // Revoking also deletes the holder keys claimed so far; best
+                // effort, since an unused lease expires by itself anyway.
                 let _ = self
                     .endpoints
                     .call("lease revoke", timeout, |mut c| async move {
@@ -279,24 +281,27 @@ impl EtcdStore {
         }
     }
 
-    async fn claim_with_lease(
-        &mut self,
-        lease_id: i64,
-    ) -> Result<(MachineId, Millis, i64), LeaseError> {
+    async fn claim_with_lease(&mut self, lease_id: i64) -> Result<(Vec<HeldId>, i64), LeaseError> {
         let timeout = self.settings.request_timeout;
+        let wanted = self.settings.machine_ids as usize;
+        let mut held: Vec<HeldId> = Vec::with_capacity(wanted);
+        let mut revision = 0;
         for round in 0..CLAIM_ROUNDS {
             let view = self.read_pool().await?;
             let now = self
                 .layout
                 .to_layout_ms(self.clock.unix_ms())
                 .unwrap_or_default();
-            let candidates = rank_candidates(
+            let candidates: Vec<_> = rank_candidates(
                 &view,
                 self.settings.machine_id_range.clone(),
                 &self.settings.instance_id,
                 now,
                 &mut rand::rng(),
-            );
+            )
+            .into_iter()
+            .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
+            .collect();
             if candidates.is_empty() {
                 let range = &self.settings.machine_id_range;
                 return Err(LeaseError::NoFreeMachineId {
@@ -349,8 +354,15 @@ impl EtcdStore {
                     },
                     _ => Millis(0),
                 };
-                let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-                return Ok((candidate.machine_id, floor, revision));
+                revision = revision.max(resp.header().map(|h| h.revision()).unwrap_or(0));
+                held.push(HeldId {
+                    machine_id: candidate.machine_id,
+                    floor,
+                    fence: floor,
+                });
+                if held.len() == wanted {
+                    return Ok((held, revision));
+                }
             }
         }
         Err(LeaseError::Timeout {
@@ -359,22 +371,24 @@ impl EtcdStore {
         })
     }
 
-    /// Raises the fence of the claimed machine id to `fence`, guarded by our
-    /// lease still owning the holder key. [`LeaseError::LeaseLost`] with
-    /// `HolderChanged` when it does not.
-    pub async fn advance_fence(&mut self, claim: &Claim, fence: Millis) -> Result<(), LeaseError> {
-        let holder = keys::holder(self.ns(), claim.machine_id);
-        let txn = Txn::new()
-            .when([Compare::lease(
-                holder,
-                CompareOp::Equal,
-                claim.lease_id.unwrap_or(0),
-            )])
-            .and_then([TxnOp::put(
-                keys::fence(self.ns(), claim.machine_id),
-                fence.get().to_string(),
-                None,
-            )]);
+    /// Raises the fence of every claimed machine id (`fences[i]` for
+    /// `claim.held[i]`) in one transaction guarded by our lease still owning
+    /// every holder key. [`LeaseError::LeaseLost`] with `HolderChanged` when
+    /// one is not ours any more.
+    pub async fn advance_fences(
+        &mut self,
+        claim: &Claim,
+        fences: &[Millis],
+    ) -> Result<(), LeaseError> {
+        let ns = self.ns().to_owned();
+        let txn = Txn::new().when(self.ownership(claim)).and_then(
+            claim
+                .held
+                .iter()
+                .zip(fences)
+                .map(|(h, f)| TxnOp::put(keys::fence(&ns, h.machine_id), f.get().to_string(), None))
+                .collect::<Vec<_>>(),
+        );
         let timeout = self.settings.request_timeout;
         let resp = self
             .endpoints
@@ -391,6 +405,22 @@ impl EtcdStore {
                 reason: LossReason::HolderChanged,
             })
         }
+    }
+
+    /// Compares that hold while every holder key of `claim` is bound to its lease.
+    fn ownership(&self, claim: &Claim) -> Vec<Compare> {
+        let lease_id = claim.lease_id.unwrap_or(0);
+        claim
+            .held
+            .iter()
+            .map(|h| {
+                Compare::lease(
+                    keys::holder(self.ns(), h.machine_id),
+                    CompareOp::Equal,
+                    lease_id,
+                )
+            })
+            .collect()
     }
 
     /// Sends one keepalive and waits for its answer under the request timeout.
@@ -464,24 +494,30 @@ impl EtcdStore {
         Ok(sent + ttl.min(self.settings.lease_ttl))
     }
 
-    /// Watches the claimed holder key from just after the claim: the returned
-    /// task ends with `HolderChanged` when the key is deleted or rewritten for
-    /// another holder or lease (an operator's `etcdctl del`, an expiry seen by
-    /// etcd). Aborted when dropped.
-    pub fn watch_holder(&self, claim: &Claim) -> AbortOnDropHandle<LossReason> {
-        let key = keys::holder(self.ns(), claim.machine_id);
+    /// Watches the namespace's holder keys from just after the claim: the
+    /// returned task ends with `HolderChanged` when one of the claim's keys is
+    /// deleted or rewritten for another holder or lease (an operator's
+    /// `etcdctl del`, an expiry seen by etcd). Aborted when dropped.
+    pub fn watch_holders(&self, claim: &Claim) -> AbortOnDropHandle<LossReason> {
+        let prefix = keys::holder_prefix(self.ns());
+        let ours: Vec<MachineId> = claim.held.iter().map(|h| h.machine_id).collect();
         let instance_id = self.settings.instance_id.clone();
         let lease_id = claim.lease_id.unwrap_or(0);
         let mut endpoints = self.endpoints.clone();
         let timeout = self.settings.request_timeout;
         let mut next_revision = claim.revision + 1;
+        let is_ours = move |kv: &etcd_client::KeyValue| {
+            kv.value() == instance_id.as_bytes() && kv.lease() == lease_id
+        };
         AbortOnDropHandle::new(tokio::spawn(async move {
             loop {
-                let opts = WatchOptions::new().with_start_revision(next_revision);
-                let watch_key = key.clone();
+                let opts = WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(next_revision);
+                let key = prefix.clone();
                 let opened = endpoints
-                    .call("watch holder", timeout, |mut c| async move {
-                        c.watch(watch_key, Some(opts)).await
+                    .call("watch holders", timeout, |mut c| async move {
+                        c.watch(key, Some(opts)).await
                     })
                     .await;
                 let mut stream = match opened {
@@ -495,20 +531,22 @@ impl EtcdStore {
                 loop {
                     match stream.message().await {
                         Ok(Some(resp)) if resp.canceled() => {
-                            // Compacted past our revision: fall back to reading the key.
-                            let get_key = key.clone();
+                            // Compacted past our revision: read the keys instead.
+                            let key = prefix.clone();
                             let now = endpoints
-                                .call("read holder", timeout, |mut c| async move {
-                                    c.get(get_key, None).await
+                                .call("read holders", timeout, |mut c| async move {
+                                    c.get(key, Some(GetOptions::new().with_prefix())).await
                                 })
                                 .await;
                             match now {
                                 Ok(get) => {
-                                    let ours = get.kvs().first().is_some_and(|kv| {
-                                        kv.value() == instance_id.as_bytes()
-                                            && kv.lease() == lease_id
+                                    let intact = ours.iter().all(|id| {
+                                        get.kvs().iter().any(|kv| {
+                                            keys::machine_id_of(kv.key(), &prefix) == Some(*id)
+                                                && is_ours(kv)
+                                        })
                                     });
-                                    if !ours {
+                                    if !intact {
                                         return LossReason::HolderChanged;
                                     }
                                     next_revision =
@@ -521,11 +559,14 @@ impl EtcdStore {
                         Ok(Some(resp)) => {
                             for event in resp.events() {
                                 let Some(kv) = event.kv() else { continue };
-                                next_revision = kv.mod_revision() + 1;
-                                let ours = event.event_type() == EventType::Put
-                                    && kv.value() == instance_id.as_bytes()
-                                    && kv.lease() == lease_id;
-                                if !ours {
+                                next_revision = next_revision.max(kv.mod_revision() + 1);
+                                let Some(id) = keys::machine_id_of(kv.key(), &prefix) else {
+                                    continue;
+                                };
+                                if !ours.contains(&id) {
+                                    continue;
+                                }
+                                if event.event_type() != EventType::Put || !is_ours(kv) {
                                     return LossReason::HolderChanged;
                                 }
                             }
@@ -541,29 +582,30 @@ impl EtcdStore {
         }))
     }
 
-    /// Lowers the fence to `last_used` and deletes the holder key in one
-    /// transaction guarded by our lease (DESIGN §2.4), records this instance as
-    /// the last holder, then revokes the lease.
-    pub async fn release(&mut self, claim: &Claim, last_used: Millis) -> Result<(), LeaseError> {
+    /// Lowers each fence to its last used timestamp (`last_used[i]` for
+    /// `claim.held[i]`), records this instance as each id's last holder and
+    /// deletes the holder keys, all in one transaction guarded by our lease
+    /// (DESIGN §2.4); then revokes the lease.
+    pub async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
         let timeout = self.settings.request_timeout;
         let lease_id = claim.lease_id.unwrap_or(0);
         self.keeper = None;
-        let holder = keys::holder(self.ns(), claim.machine_id);
-        let txn = Txn::new()
-            .when([Compare::lease(holder.clone(), CompareOp::Equal, lease_id)])
-            .and_then([
-                TxnOp::put(
-                    keys::fence(self.ns(), claim.machine_id),
-                    last_used.get().to_string(),
-                    None,
-                ),
-                TxnOp::put(
-                    keys::last_holder(self.ns(), claim.machine_id),
-                    self.settings.instance_id.clone(),
-                    None,
-                ),
-                TxnOp::delete(holder, None),
-            ]);
+        let ns = self.ns().to_owned();
+        let mut ops = Vec::with_capacity(claim.held.len() * 3);
+        for (h, last) in claim.held.iter().zip(last_used) {
+            ops.push(TxnOp::put(
+                keys::fence(&ns, h.machine_id),
+                last.get().to_string(),
+                None,
+            ));
+            ops.push(TxnOp::put(
+                keys::last_holder(&ns, h.machine_id),
+                self.settings.instance_id.clone(),
+                None,
+            ));
+            ops.push(TxnOp::delete(keys::holder(&ns, h.machine_id), None));
+        }
+        let txn = Txn::new().when(self.ownership(claim)).and_then(ops);
         let resp = self
             .endpoints
             .call(
@@ -573,17 +615,14 @@ impl EtcdStore {
             )
             .await?;
         if !resp.succeeded() {
-            warn!(
-                machine_id = claim.machine_id.get(),
-                "holder key no longer ours at release; fence left as is"
-            );
+            warn!(machine_ids = ?claim.machine_ids(), "holder keys no longer all ours at release; fences left as they are");
         }
         self.endpoints
             .call("lease revoke", timeout, |mut c| async move {
                 c.lease_revoke(lease_id).await
             })
             .await?;
-        info!(namespace = %self.ns(), machine_id = claim.machine_id.get(), fence_ms = last_used.get(), "released machine id");
+        info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), fences_ms = ?last_used, "released machine ids");
         Ok(())
     }
 

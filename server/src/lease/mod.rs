@@ -1,17 +1,18 @@
 //! The machine-id lease lifecycle (DESIGN §3): claim → wait past the previous
-//! fence → raise the fence → issue while renewing → lose or release.
+//! fences → raise the fences → issue while renewing → lose or release.
 //!
 //! [`LeaseManager::run`] is one loop over one [`Store`] (etcd, or the embedded
-//! single-instance file store). It is the only writer of the generator's
-//! [`Grant`] channel:
+//! single-instance file store). An instance holds `N` machine ids under one
+//! lease; slot `i` of the claim feeds generator `i`. The loop is the only
+//! writer of the generators' [`Grant`] channels:
 //!
 //! * a grant is published only after the fence it carries is persisted
-//!   (DESIGN §2.2), and only once the clock is past the claim's floor (§2.3);
+//!   (DESIGN §2.2), and only once the clock is past the claim's floors (§2.3);
 //! * its deadline is the send time of the last successful renewal + TTL, so the
 //!   generator stops by its own monotonic clock even when this loop is stuck;
-//! * on loss the grant is withdrawn at once, then the loop re-claims (or exits);
-//! * on release the grant is withdrawn, the generator drained, and the fence
-//!   lowered to the last timestamp actually stamped (§2.4).
+//! * on loss every grant is withdrawn at once, then the loop re-claims (or exits);
+//! * on release the grants are withdrawn, the generators drained, and each
+//!   fence lowered to the last timestamp actually stamped (§2.4).
 
 pub mod claim;
 mod error;
@@ -31,9 +32,9 @@ use crate::etcd::EtcdStore;
 use crate::local::LocalStore;
 use crate::metrics as m;
 
-/// A claimed machine id.
+/// One claimed machine id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
+pub struct HeldId {
     /// The machine id.
     pub machine_id: MachineId,
     /// The previous holder's fence, read after the claim committed: stamped
@@ -41,12 +42,31 @@ pub struct Claim {
     pub floor: Millis,
     /// The fence persisted now (starts at `floor`).
     pub fence: Millis,
+}
+
+/// The machine ids claimed under one lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The machine ids, in generator slot order.
+    pub held: Vec<HeldId>,
     /// The etcd lease; `None` for the embedded store.
     pub lease_id: Option<i64>,
     /// Local lease deadline (monotonic); `None` for the embedded store.
     pub deadline: Option<Instant>,
-    /// The store revision at which the claim committed (etcd); 0 otherwise.
+    /// The store revision at which the last claim transaction committed (etcd); 0 otherwise.
     pub revision: i64,
+}
+
+impl Claim {
+    /// The highest floor: issuance starts once the clock is past it.
+    pub fn max_floor(&self) -> Millis {
+        self.held.iter().map(|h| h.floor).max().unwrap_or_default()
+    }
+
+    /// The machine ids, for logs.
+    pub fn machine_ids(&self) -> Vec<u16> {
+        self.held.iter().map(|h| h.machine_id.get()).collect()
+    }
 }
 
 /// Machine ids of a namespace (or of this instance's range of it).
@@ -90,10 +110,11 @@ impl Store {
         }
     }
 
-    async fn advance_fence(&mut self, claim: &Claim, fence: Millis) -> Result<(), LeaseError> {
+    /// Persists `fences` (one per held id, same order) before they are used.
+    async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
         match self {
-            Store::Etcd(s) => s.advance_fence(claim, fence).await,
-            Store::Local(s) => s.write_fence(fence),
+            Store::Etcd(s) => s.advance_fences(claim, fences).await,
+            Store::Local(s) => s.write_fence(fences.iter().copied().max().unwrap_or_default()),
         }
     }
 
@@ -105,10 +126,11 @@ impl Store {
         }
     }
 
-    async fn release(&mut self, claim: &Claim, last_used: Millis) -> Result<(), LeaseError> {
+    /// Lowers each fence to its last used timestamp and gives the ids back.
+    async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
         match self {
             Store::Etcd(s) => s.release(claim, last_used).await,
-            Store::Local(s) => s.write_fence(last_used),
+            Store::Local(s) => s.write_fence(last_used.iter().copied().max().unwrap_or_default()),
         }
     }
 
@@ -118,21 +140,21 @@ impl Store {
         }
     }
 
-    /// A task that ends when the claim's holder key changes under us; the
+    /// A task that ends when a holder key of the claim changes under us; the
     /// embedded store has no such key, so its task never ends.
-    fn watch_holder(&self, claim: &Claim) -> AbortOnDropHandle<LossReason> {
+    fn watch_holders(&self, claim: &Claim) -> AbortOnDropHandle<LossReason> {
         match self {
-            Store::Etcd(s) => s.watch_holder(claim),
+            Store::Etcd(s) => s.watch_holders(claim),
             Store::Local(_) => AbortOnDropHandle::new(tokio::spawn(std::future::pending())),
         }
     }
 
-    async fn capacity(&mut self, holding: bool) -> Result<Capacity, LeaseError> {
+    async fn capacity(&mut self, holding: u32) -> Result<Capacity, LeaseError> {
         match self {
             Store::Etcd(s) => s.capacity().await,
-            Store::Local(_) => Ok(Capacity {
-                total: 1,
-                held: u32::from(holding),
+            Store::Local(s) => Ok(Capacity {
+                total: s.machine_ids(),
+                held: holding,
             }),
         }
     }
@@ -141,7 +163,7 @@ impl Store {
 /// What to do when a lease is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnLeaseLost {
-    /// Stop issuing, then claim again (a machine id, possibly the same one).
+    /// Stop issuing, then claim again (machine ids, possibly the same ones).
     Reclaim,
     /// Stop issuing and exit with code 1.
     Exit,
@@ -152,7 +174,7 @@ pub enum OnLeaseLost {
 pub struct LeaseTiming {
     /// The etcd lease TTL; renewals are sent every TTL/3.
     pub lease_ttl: Duration,
-    /// How far ahead of the clock the fence is raised.
+    /// How far ahead of the clock the fences are raised.
     pub fence_horizon: Duration,
     /// The longest wait for the clock to pass a claimed id's previous fence.
     pub max_fence_wait: Duration,
@@ -169,15 +191,22 @@ const GAUGE_REFRESH: Duration = Duration::from_millis(500);
 /// Namespace capacity is read from the store this often.
 const CAPACITY_REFRESH: Duration = Duration::from_secs(5);
 
-/// Drives one machine-id lease and publishes the generator's grant.
+/// A generator and the channel that feeds it grants: one per held machine id.
+pub struct Slot {
+    /// Publishes the grant.
+    pub grant: watch::Sender<Option<Grant>>,
+    /// The generator stamping under it (drained at release).
+    pub generator: Arc<Generator>,
+}
+
+/// Drives one lease over N machine ids and publishes the generators' grants.
 pub struct LeaseManager {
     store: Store,
     layout: Layout,
     namespace: String,
     clock: SharedClock,
     timing: LeaseTiming,
-    grant: watch::Sender<Option<Grant>>,
-    generator: Arc<Generator>,
+    slots: Vec<Slot>,
 }
 
 enum Held {
@@ -186,15 +215,15 @@ enum Held {
 }
 
 impl LeaseManager {
-    /// Creates a manager; nothing happens until [`LeaseManager::run`].
+    /// Creates a manager; nothing happens until [`LeaseManager::run`]. The
+    /// store claims exactly `slots.len()` machine ids.
     pub fn new(
         store: Store,
         layout: Layout,
         namespace: String,
         clock: SharedClock,
         timing: LeaseTiming,
-        grant: watch::Sender<Option<Grant>>,
-        generator: Arc<Generator>,
+        slots: Vec<Slot>,
     ) -> Self {
         Self {
             store,
@@ -202,8 +231,7 @@ impl LeaseManager {
             namespace,
             clock,
             timing,
-            grant,
-            generator,
+            slots,
         }
     }
 
@@ -236,20 +264,25 @@ impl LeaseManager {
                 }
                 Err(e) => return Err(e),
             };
+            debug_assert_eq!(claim.held.len(), self.slots.len());
             backoff = CLAIM_BACKOFF.0;
-            let ahead = claim.floor.get().saturating_sub(self.now_ms().get());
-            if Duration::from_millis(ahead) > self.timing.max_fence_wait {
-                let err = LeaseError::FenceTooFarAhead {
-                    machine_id: claim.machine_id,
-                    fence: claim.floor,
-                    ahead: Duration::from_millis(ahead),
-                    max: self.timing.max_fence_wait,
-                };
-                // Give the id back untouched (its fence stays where it was).
-                if let Err(e) = self.store.release(&claim, claim.floor).await {
-                    warn!(error = %crate::DisplayChain(&e), "could not release the machine id after refusing it");
+            let now = self.now_ms();
+            if let Some(h) = claim.held.iter().max_by_key(|h| h.floor) {
+                let ahead = Duration::from_millis(h.floor.get().saturating_sub(now.get()));
+                if ahead > self.timing.max_fence_wait {
+                    let err = LeaseError::FenceTooFarAhead {
+                        machine_id: h.machine_id,
+                        fence: h.floor,
+                        ahead,
+                        max: self.timing.max_fence_wait,
+                    };
+                    // Give the ids back untouched (their fences stay where they were).
+                    let floors: Vec<Millis> = claim.held.iter().map(|h| h.floor).collect();
+                    if let Err(e) = self.store.release(&claim, &floors).await {
+                        warn!(error = %crate::DisplayChain(&e), "could not release the machine ids after refusing them");
+                    }
+                    return Err(err);
                 }
-                return Err(err);
             }
             match self.hold(claim, &release).await {
                 (claim, Held::Released) => {
@@ -257,11 +290,10 @@ impl LeaseManager {
                     return Ok(());
                 }
                 (claim, Held::Lost(reason)) => {
-                    self.grant.send_replace(None);
-                    self.publish_gauges(None);
+                    self.withdraw();
                     metrics::counter!(m::LEASE_LOSSES_TOTAL, "reason" => reason.as_str())
                         .increment(1);
-                    error!(namespace = %self.namespace, machine_id = claim.machine_id.get(), %reason, "machine-id lease lost; issuance stopped");
+                    error!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), %reason, "machine-id lease lost; issuance stopped");
                     if matches!(reason, LossReason::HolderChanged | LossReason::Revoked) {
                         self.store.forget(&claim).await;
                     }
@@ -273,7 +305,7 @@ impl LeaseManager {
         }
     }
 
-    /// Holds one claim: waits past its floor, keeps the fence ahead of the
+    /// Holds one claim: waits past its floors, keeps the fences ahead of the
     /// clock and the lease renewed, until it is lost or release is asked for.
     async fn hold(&mut self, mut claim: Claim, release: &CancellationToken) -> (Claim, Held) {
         let renew_every = self.timing.lease_ttl / 3;
@@ -283,7 +315,7 @@ impl LeaseManager {
         let mut published = false;
         let mut waited_since: Option<Instant> = None;
         let mut next_capacity = start;
-        let mut holder_watch = self.store.watch_holder(&claim);
+        let mut holder_watch = self.store.watch_holders(&claim);
         loop {
             let now = self.clock.now();
             if claim.deadline.is_some_and(|d| now >= d) {
@@ -307,7 +339,7 @@ impl LeaseManager {
                     Err(e) => {
                         metrics::counter!(m::LEASE_RENEWALS_TOTAL, "result" => "error")
                             .increment(1);
-                        warn!(namespace = %self.namespace, machine_id = claim.machine_id.get(), error = %crate::DisplayChain(&e), "lease renewal failed");
+                        warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), error = %crate::DisplayChain(&e), "lease renewal failed");
                         next_renew = self.clock.now() + RETRY_AFTER_FAILURE;
                     }
                 }
@@ -315,24 +347,30 @@ impl LeaseManager {
             }
             if now >= fence_due {
                 let now_ms = self.now_ms();
-                if now_ms <= claim.floor {
-                    // DESIGN §2.3: wait for the clock to pass the previous fence.
-                    let wait = Duration::from_millis(claim.floor.get() - now_ms.get() + 1);
+                let floor = claim.max_floor();
+                if now_ms <= floor {
+                    // DESIGN §2.3: wait for the clock to pass the previous fences.
+                    let wait = Duration::from_millis(floor.get() - now_ms.get() + 1);
                     if waited_since.is_none() {
                         waited_since = Some(now);
                         metrics::counter!(m::FENCE_WAITS_TOTAL).increment(1);
-                        info!(namespace = %self.namespace, machine_id = claim.machine_id.get(), fence_ms = claim.floor.get(), wait = ?wait, "waiting for the clock to pass the previous holder's fence");
+                        info!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), fence_ms = floor.get(), wait = ?wait, "waiting for the clock to pass the previous holder's fence");
                     }
                     fence_due = now + wait;
                 } else {
                     let horizon_ms =
                         u64::try_from(self.timing.fence_horizon.as_millis()).unwrap_or(u64::MAX);
-                    let target = Millis(now_ms.get().saturating_add(horizon_ms)).max(claim.fence);
-                    match self.store.advance_fence(&claim, target).await {
+                    let target = Millis(now_ms.get().saturating_add(horizon_ms));
+                    // Never lower a fence while holding it (a clock stepped back).
+                    let fences: Vec<Millis> =
+                        claim.held.iter().map(|h| target.max(h.fence)).collect();
+                    match self.store.advance_fences(&claim, &fences).await {
                         Ok(()) => {
                             metrics::counter!(m::FENCE_ADVANCES_TOTAL, "result" => "ok")
                                 .increment(1);
-                            claim.fence = target;
+                            for (h, f) in claim.held.iter_mut().zip(&fences) {
+                                h.fence = *f;
+                            }
                             if let Some(since) = waited_since.take() {
                                 metrics::histogram!(m::FENCE_WAIT_DURATION_SECONDS).record(
                                     self.clock
@@ -342,7 +380,7 @@ impl LeaseManager {
                                 );
                             }
                             if !published {
-                                info!(namespace = %self.namespace, machine_id = claim.machine_id.get(), fence_ms = target.get(), "issuing");
+                                info!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), fence_ms = target.get(), "issuing");
                             }
                             published = true;
                             self.publish(&claim);
@@ -354,7 +392,7 @@ impl LeaseManager {
                         Err(e) => {
                             metrics::counter!(m::FENCE_ADVANCES_TOTAL, "result" => "error")
                                 .increment(1);
-                            warn!(namespace = %self.namespace, machine_id = claim.machine_id.get(), error = %crate::DisplayChain(&e), "fence advance failed");
+                            warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), error = %crate::DisplayChain(&e), "fence advance failed");
                             fence_due = self.clock.now() + RETRY_AFTER_FAILURE;
                         }
                     }
@@ -363,7 +401,12 @@ impl LeaseManager {
             }
             if now >= next_capacity {
                 next_capacity = now + CAPACITY_REFRESH;
-                match self.store.capacity(published).await {
+                let holding = if published {
+                    claim.held.len() as u32
+                } else {
+                    0
+                };
+                match self.store.capacity(holding).await {
                     Ok(c) => {
                         let ns = self.namespace.clone();
                         metrics::gauge!(m::NAMESPACE_MACHINE_IDS, "namespace" => ns.clone(), "state" => "held")
@@ -395,12 +438,21 @@ impl LeaseManager {
     }
 
     fn publish(&self, claim: &Claim) {
-        self.grant.send_replace(Some(Grant {
-            machine_id: claim.machine_id,
-            floor: claim.floor,
-            fence: claim.fence,
-            deadline: claim.deadline,
-        }));
+        for (slot, h) in self.slots.iter().zip(&claim.held) {
+            slot.grant.send_replace(Some(Grant {
+                machine_id: h.machine_id,
+                floor: h.floor,
+                fence: h.fence,
+                deadline: claim.deadline,
+            }));
+        }
+    }
+
+    fn withdraw(&self) {
+        for slot in &self.slots {
+            slot.grant.send_replace(None);
+        }
+        self.publish_gauges(None);
     }
 
     fn publish_gauges(&self, claim: Option<&Claim>) {
@@ -411,8 +463,9 @@ impl LeaseManager {
                     .deadline
                     .map(|d| d.saturating_duration_since(self.clock.now()).as_secs_f64())
                     .unwrap_or(0.0);
-                let headroom = (c.fence.get() as f64 - self.now_ms().get() as f64) / 1000.0;
-                (1.0, remaining, headroom)
+                let min_fence = c.held.iter().map(|h| h.fence).min().unwrap_or_default();
+                let headroom = (min_fence.get() as f64 - self.now_ms().get() as f64) / 1000.0;
+                (c.held.len() as f64, remaining, headroom)
             }
             None => (0.0, 0.0, 0.0),
         };
@@ -421,18 +474,21 @@ impl LeaseManager {
         metrics::gauge!(m::FENCE_HEADROOM_SECONDS, "namespace" => ns).set(headroom);
     }
 
-    /// Withdraws the grant, drains the generator and releases the claim with the
-    /// fence lowered to the last timestamp stamped. Failures are logged only.
+    /// Withdraws the grants, drains the generators and releases the claim with
+    /// each fence lowered to the last timestamp stamped. Failures are logged only.
     async fn release(&mut self, claim: Claim) {
-        self.grant.send_replace(None);
-        self.publish_gauges(None);
-        let last_used = match self.generator.drain() {
-            Some((machine_id, last)) if machine_id == claim.machine_id => last.max(claim.floor),
-            _ => claim.floor,
-        };
-        debug_assert!(last_used <= claim.fence.max(claim.floor));
-        if let Err(e) = self.store.release(&claim, last_used).await {
-            warn!(namespace = %self.namespace, machine_id = claim.machine_id.get(), error = %crate::DisplayChain(&e), "release failed; the machine id frees itself when its lease expires");
+        self.withdraw();
+        let last_used: Vec<Millis> = self
+            .slots
+            .iter()
+            .zip(&claim.held)
+            .map(|(slot, h)| match slot.generator.drain() {
+                Some((machine_id, last)) if machine_id == h.machine_id => last.max(h.floor),
+                _ => h.floor,
+            })
+            .collect();
+        if let Err(e) = self.store.release(&claim, &last_used).await {
+            warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), error = %crate::DisplayChain(&e), "release failed; the machine ids free themselves when the lease expires");
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use snowkeep_client::{Generator, Grant};
+use snowkeep_client::{GeneratorSet, Grant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic_health::server::HealthReporter;
@@ -27,16 +27,18 @@ async fn set(reporter: &HealthReporter, status: ServingStatus, namespace: &str) 
     metrics::gauge!(m::ISSUANCE_READY, "namespace" => namespace.to_owned()).set(ready);
 }
 
-/// Follows the grant channel until `shutdown`, then reports NOT_SERVING for good.
+/// Follows issuance until `shutdown`, then reports NOT_SERVING for good. The
+/// lease loop publishes every machine id's grant together, so the first
+/// slot's channel (`grants`) signals every change.
 pub async fn follow_issuance(
     reporter: HealthReporter,
     mut grants: watch::Receiver<Option<Grant>>,
-    generator: Arc<Generator>,
+    generators: Arc<GeneratorSet>,
     namespace: String,
     shutdown: CancellationToken,
 ) {
     loop {
-        let status = if generator.is_ready() {
+        let status = if generators.is_ready() {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing

@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use snowkeep_client::Generator;
+use snowkeep_client::GeneratorSet;
 use snowkeep_proto::v1 as pb;
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +19,7 @@ pub const DEFAULT_STREAM_BATCH: u32 = 1000;
 /// Serves `snowkeep.v1.IdService`.
 #[derive(Debug, Clone)]
 pub struct IdHandler {
-    generator: Arc<Generator>,
+    generators: Arc<GeneratorSet>,
     namespace: String,
     /// Cancelled at shutdown: open streams end.
     shutdown: CancellationToken,
@@ -27,9 +27,13 @@ pub struct IdHandler {
 
 impl IdHandler {
     /// Creates the handler.
-    pub fn new(generator: Arc<Generator>, namespace: String, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        generators: Arc<GeneratorSet>,
+        namespace: String,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
-            generator,
+            generators,
             namespace,
             shutdown,
         }
@@ -49,7 +53,7 @@ impl pb::id_service_server::IdService for IdHandler {
             return Err(ApiError::count(count).into());
         }
         let ids = self
-            .generator
+            .generators
             .next_ids(u64::from(count))
             .await
             .map_err(ApiError::from)?;
@@ -78,8 +82,10 @@ impl pb::id_service_server::IdService for IdHandler {
         };
         let remaining = if req.total == 0 { u64::MAX } else { req.total };
         let issued = metrics::counter!(m::IDS_ISSUED_TOTAL, "namespace" => self.namespace.clone(), "method" => "StreamIds");
+        // One machine id per stream: ids of several machine ids interleaved in
+        // time could not ascend across batches.
         let state = (
-            self.generator.clone(),
+            self.generators.pick(),
             self.shutdown.clone(),
             remaining,
             false,

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use snowkeep_client::{Generator, SharedClock};
+use snowkeep_client::{GeneratorSet, SharedClock};
 use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -13,7 +13,7 @@ use crate::etcd::CapacityReader;
 /// Serves `snowkeep.v1.InfoService`.
 #[derive(Clone)]
 pub struct InfoHandler {
-    generator: Arc<Generator>,
+    generators: Arc<GeneratorSet>,
     clock: SharedClock,
     namespace: String,
     instance_id: String,
@@ -25,7 +25,7 @@ pub struct InfoHandler {
 impl InfoHandler {
     /// Creates the handler.
     pub fn new(
-        generator: Arc<Generator>,
+        generators: Arc<GeneratorSet>,
         clock: SharedClock,
         namespace: String,
         instance_id: String,
@@ -33,7 +33,7 @@ impl InfoHandler {
         capacity: Option<CapacityReader>,
     ) -> Self {
         Self {
-            generator,
+            generators,
             clock,
             namespace,
             instance_id,
@@ -51,9 +51,11 @@ impl pb::info_service_server::InfoService for InfoHandler {
     ) -> Result<Response<pb::GetInfoResponse>, Status> {
         let now = self.clock.now();
         let held = self
-            .generator
-            .grant()
-            .filter(|_| self.generator.is_ready())
+            .generators
+            .generators()
+            .iter()
+            .filter(|g| g.is_ready())
+            .filter_map(|g| g.grant())
             .map(|g| pb::HeldMachineId {
                 machine_id: u32::from(g.machine_id.get()),
                 fence_ms: g.fence.get(),
@@ -65,12 +67,11 @@ impl pb::info_service_server::InfoService for InfoHandler {
                     })
                     .unwrap_or(0),
             })
-            .into_iter()
             .collect();
         Ok(Response::new(pb::GetInfoResponse {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             namespace: self.namespace.clone(),
-            layout: Some(convert::layout_to_pb(&self.generator.layout())),
+            layout: Some(convert::layout_to_pb(&self.generators.layout())),
             instance_id: self.instance_id.clone(),
             held,
             server_time_unix_ms: self.clock.unix_ms(),
@@ -83,7 +84,7 @@ impl pb::info_service_server::InfoService for InfoHandler {
         request: Request<pb::DecodeIdRequest>,
     ) -> Result<Response<pb::DecodeIdResponse>, Status> {
         let id = request.into_inner().id;
-        let layout = self.generator.layout();
+        let layout = self.generators.layout();
         let d = layout.decode(id).ok_or(ApiError::InvalidId { id })?;
         Ok(Response::new(pb::DecodeIdResponse {
             timestamp_ms: d.timestamp.get(),
@@ -103,8 +104,9 @@ impl pb::info_service_server::InfoService for InfoHandler {
                 reader.range(),
             ),
             None => {
-                let held = u32::from(self.generator.is_ready());
-                (crate::lease::Capacity { total: 1, held }, 0..1)
+                let total = self.generators.generators().len() as u32;
+                let held = if self.generators.is_ready() { total } else { 0 };
+                (crate::lease::Capacity { total, held }, 0..total)
             }
         };
         Ok(Response::new(convert::capacity_to_pb(

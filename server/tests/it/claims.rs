@@ -22,6 +22,7 @@ fn settings(
         instance_id: format!("claimer-{instance}"),
         lease_ttl: Duration::from_secs(2),
         machine_id_range: range,
+        machine_ids: 1,
         request_timeout: Duration::from_secs(5),
     }
 }
@@ -38,7 +39,7 @@ async fn two_hundred_concurrent_claimers_get_distinct_machine_ids() {
                 .unwrap();
             let t0 = tokio::time::Instant::now();
             let claim = store.claim().await.unwrap();
-            (claim.machine_id, t0.elapsed(), store)
+            (claim.held[0].machine_id, t0.elapsed(), store)
         }));
     }
     let mut ids = HashSet::new();
@@ -77,7 +78,11 @@ async fn a_thousand_crash_restarts_never_exhaust_the_pool() {
         .await
         .unwrap();
         match store.claim().await {
-            Ok(claim) => *claims_per_id.entry(claim.machine_id.get()).or_default() += 1,
+            Ok(claim) => {
+                *claims_per_id
+                    .entry(claim.held[0].machine_id.get())
+                    .or_default() += 1
+            }
             Err(e @ LeaseError::NoFreeMachineId { .. }) => panic!("restart {i}: {e}"),
             Err(e) => panic!("restart {i}: unexpected {e}"),
         }

@@ -64,3 +64,86 @@ async fn sigterm_releases_so_a_restart_with_the_same_instance_id_serves_at_once(
         last_ts
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_machine_ids_under_one_lease_spread_batches_and_release_together() {
+    let etcd = EtcdProcess::start().await;
+    let mut server = ServerProcess::on_etcd(&etcd.endpoint(), "four", &["--machine-ids", "4"]);
+    server.wait_serving(Duration::from_secs(20)).await;
+    let info = server.info().await;
+    let mut held: Vec<u32> = info.held.iter().map(|h| h.machine_id).collect();
+    held.sort();
+    held.dedup();
+    assert_eq!(held.len(), 4, "{info:?}");
+
+    let layout = Layout::default();
+    // 100,000 ids: more than one ms of one machine id, so spread over all four.
+    let batch = server.next_ids(100_000).await.expect("NextIds");
+    assert_eq!(batch.len(), 100_000);
+    assert!(batch.windows(2).all(|w| w[0] < w[1]), "batch not ascending");
+    let mut used: Vec<u32> = batch
+        .iter()
+        .map(|&id| u32::from(layout.decode(id).unwrap().machine_id.get()))
+        .collect();
+    used.sort();
+    used.dedup();
+    assert_eq!(used, held);
+
+    // A stream stays on one machine id and ascends across batches.
+    let mut stream = server
+        .ids()
+        .await
+        .stream_ids(snowkeep_proto::v1::StreamIdsRequest {
+            total: 50_000,
+            batch_size: 1000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut streamed = Vec::new();
+    while let Some(b) = stream.message().await.unwrap() {
+        streamed.extend(b.ids);
+    }
+    assert_eq!(streamed.len(), 50_000);
+    assert!(
+        streamed.windows(2).all(|w| w[0] < w[1]),
+        "stream not ascending"
+    );
+
+    // The last timestamp stamped on each machine id, to compare with the fences.
+    let mut last_ts = std::collections::HashMap::new();
+    for id in batch.iter().chain(&streamed) {
+        let d = layout.decode(*id).unwrap();
+        let e = last_ts
+            .entry(u32::from(d.machine_id.get()))
+            .or_insert(d.timestamp);
+        *e = (*e).max(d.timestamp);
+    }
+    server.signal("TERM");
+    assert_eq!(
+        server.wait_exit(Duration::from_secs(15)).await.code(),
+        Some(0)
+    );
+    let mut client = etcd.client().await;
+    for machine_id in held {
+        let ns = "/snowkeep/v1/ns/four";
+        let holder = client
+            .get(format!("{ns}/holder/{machine_id:05}"), None)
+            .await
+            .unwrap();
+        assert!(holder.kvs().is_empty(), "holder {machine_id} not deleted");
+        let fence = client
+            .get(format!("{ns}/fence/{machine_id:05}"), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            fence.kvs()[0].value_str().unwrap(),
+            last_ts[&machine_id].get().to_string(),
+            "fence of {machine_id} lowered to its last timestamp"
+        );
+    }
+    assert!(
+        client.leases().await.unwrap().leases().is_empty(),
+        "lease revoked"
+    );
+}
