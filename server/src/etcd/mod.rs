@@ -476,10 +476,11 @@ impl EtcdStore {
                         });
                     }
                     Ok(Ok(None)) => {
-                        return Err(LeaseError::Timeout {
-                            op: "keepalive (stream closed by etcd)",
-                            after: timeout,
-                        })
+                        // etcd ended the stream deliberately (a dead member
+                        // shows up as a transport error instead, and is retried).
+                        return Err(LeaseError::LeaseLost {
+                            reason: LossReason::Revoked,
+                        });
                     }
                     Ok(Err(e)) => return Err(e.into()),
                     Err(_) => {
