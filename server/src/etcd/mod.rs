@@ -175,21 +175,25 @@ impl EtcdStore {
         &self.settings.namespace
     }
 
+    /// Runs one transaction under the request timeout on the current endpoint.
+    async fn txn(
+        &mut self,
+        op: &'static str,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, LeaseError> {
+        let timeout = self.settings.request_timeout;
+        self.endpoints
+            .call(op, timeout, |mut c| async move { c.txn(txn).await })
+            .await
+    }
+
     async fn ensure_layout(&mut self) -> Result<(), LeaseError> {
         let key = keys::layout(self.ns());
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), self.layout.to_string(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let timeout = self.settings.request_timeout;
-        let resp = self
-            .endpoints
-            .call(
-                "ensure layout",
-                timeout,
-                |mut c| async move { c.txn(txn).await },
-            )
-            .await?;
+        let resp = self.txn("ensure layout", txn).await?;
         if resp.succeeded() {
             info!(namespace = %self.ns(), layout = %self.layout, "recorded the namespace layout in etcd");
             return Ok(());
@@ -332,14 +336,7 @@ impl EtcdStore {
                     ),
                     TxnOp::get(fence.clone(), None),
                 ]);
-                let resp = self
-                    .endpoints
-                    .call(
-                        "claim txn",
-                        timeout,
-                        |mut c| async move { c.txn(txn).await },
-                    )
-                    .await?;
+                let resp = self.txn("claim txn", txn).await?;
                 if !resp.succeeded() {
                     debug!(
                         machine_id = candidate.machine_id.get(),
@@ -389,15 +386,7 @@ impl EtcdStore {
                 .map(|(h, f)| TxnOp::put(keys::fence(&ns, h.machine_id), f.get().to_string(), None))
                 .collect::<Vec<_>>(),
         );
-        let timeout = self.settings.request_timeout;
-        let resp = self
-            .endpoints
-            .call(
-                "fence txn",
-                timeout,
-                |mut c| async move { c.txn(txn).await },
-            )
-            .await?;
+        let resp = self.txn("fence txn", txn).await?;
         if resp.succeeded() {
             Ok(())
         } else {
@@ -607,14 +596,7 @@ impl EtcdStore {
             ops.push(TxnOp::delete(keys::holder(&ns, h.machine_id), None));
         }
         let txn = Txn::new().when(self.ownership(claim)).and_then(ops);
-        let resp = self
-            .endpoints
-            .call(
-                "release txn",
-                timeout,
-                |mut c| async move { c.txn(txn).await },
-            )
-            .await?;
+        let resp = self.txn("release txn", txn).await?;
         if !resp.succeeded() {
             warn!(machine_ids = ?claim.machine_ids(), "holder keys no longer all ours at release; fences left as they are");
         }
