@@ -6,6 +6,11 @@
 //! | `/snowkeep/v1/ns/{namespace}/holder/{machine_id:05}` | holder's instance id | yes, the holder's |
 //! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
 //! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
+//! | `/snowkeep/v1/ns/{namespace}/requester/{requester}` | `id:floor,…` of an embedded requester's machine ids | yes, the requester's |
+//! | `/snowkeep/v1/ns/{namespace}/skew/{requester}` | last client clock skew seen, ms (server − client) | yes, its own |
+//!
+//! An embedded requester's holder keys hold `requester/{requester}`, which can
+//! never equal a server's instance id (no `/` in `host:pid:suffix`).
 //!
 //! Machine ids are zero-padded to five digits so keys sort numerically.
 
@@ -52,6 +57,21 @@ pub fn last_holder_prefix(namespace: &str) -> String {
 /// instance gets its own machine id back after a clean restart.
 pub fn last_holder(namespace: &str, machine_id: MachineId) -> String {
     format!("{ROOT}{namespace}/last/{:05}", machine_id.get())
+}
+
+/// The record of an embedded requester's machine ids and floors.
+pub fn requester(namespace: &str, requester: &str) -> String {
+    format!("{ROOT}{namespace}/requester/{requester}")
+}
+
+/// The holder value of an embedded requester.
+pub fn requester_holder(requester: &str) -> String {
+    format!("requester/{requester}")
+}
+
+/// The last clock skew seen from a requester.
+pub fn skew(namespace: &str, requester: &str) -> String {
+    format!("{ROOT}{namespace}/skew/{requester}")
 }
 
 /// Parses the machine id from a key under `prefix`; `None` for a foreign key.

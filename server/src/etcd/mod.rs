@@ -9,6 +9,7 @@
 //! dead member costs one retry, not a lost lease.
 
 pub mod keys;
+pub mod requesters;
 
 use std::future::Future;
 use std::ops::Range;
@@ -127,6 +128,135 @@ fn parse_fence(key: &str, value: &[u8]) -> Result<Millis, LeaseError> {
         })
 }
 
+/// Reads every key of a namespace's pool: holders, fences, last holders.
+async fn read_pool(
+    endpoints: &mut Endpoints,
+    timeout: Duration,
+    namespace: &str,
+) -> Result<PoolView, LeaseError> {
+    let prefix = keys::namespace_prefix(namespace);
+    let resp = endpoints
+        .call("read pool", timeout, |mut c| async move {
+            c.get(prefix, Some(GetOptions::new().with_prefix())).await
+        })
+        .await?;
+    let holder_prefix = keys::holder_prefix(namespace);
+    let fence_prefix = keys::fence_prefix(namespace);
+    let last_prefix = keys::last_holder_prefix(namespace);
+    let mut view = PoolView::default();
+    for kv in resp.kvs() {
+        if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
+            view.holders
+                .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
+        } else if let Some(id) = keys::machine_id_of(kv.key(), &fence_prefix) {
+            view.fences
+                .insert(id, parse_fence(&fence_prefix, kv.value())?);
+        } else if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
+            view.last_holders
+                .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
+        }
+    }
+    Ok(view)
+}
+
+/// What to claim: `count` machine ids of `range` in `namespace` for the holder
+/// value `holder`, bound to `lease_id`, ranked at layout time `now`.
+struct ClaimRequest<'a> {
+    namespace: &'a str,
+    holder: &'a str,
+    range: Range<u32>,
+    count: usize,
+    lease_id: i64,
+    now: Millis,
+}
+
+/// Claims machine ids one atomic transaction per candidate; each floor is the
+/// fence read *inside* the claiming transaction (DESIGN §2.3). Returns the ids
+/// and the highest revision a claim committed at. Partial claims are left
+/// bound to the lease: the caller revokes it on error.
+async fn claim_ids(
+    endpoints: &mut Endpoints,
+    timeout: Duration,
+    want: ClaimRequest<'_>,
+) -> Result<(Vec<HeldId>, i64), LeaseError> {
+    let ns = want.namespace;
+    let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
+    let mut revision = 0;
+    for round in 0..CLAIM_ROUNDS {
+        let view = read_pool(endpoints, timeout, ns).await?;
+        let candidates: Vec<_> = rank_candidates(
+            &view,
+            want.range.clone(),
+            want.holder,
+            want.now,
+            &mut rand::rng(),
+        )
+        .into_iter()
+        .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
+        .collect();
+        if candidates.is_empty() {
+            return Err(LeaseError::NoFreeMachineId {
+                namespace: ns.to_owned(),
+                capacity: want.range.end - want.range.start,
+                start: want.range.start,
+                end: want.range.end,
+            });
+        }
+        for candidate in candidates.into_iter().take(CANDIDATES_PER_ROUND) {
+            let holder = keys::holder(ns, candidate.machine_id);
+            let fence = keys::fence(ns, candidate.machine_id);
+            let guard = match candidate.kind {
+                CandidateKind::Own => Compare::value(holder.clone(), CompareOp::Equal, want.holder),
+                CandidateKind::Free => {
+                    Compare::create_revision(holder.clone(), CompareOp::Equal, 0)
+                }
+            };
+            let txn = Txn::new().when([guard]).and_then([
+                TxnOp::put(
+                    holder,
+                    want.holder,
+                    Some(PutOptions::new().with_lease(want.lease_id)),
+                ),
+                TxnOp::get(fence.clone(), None),
+            ]);
+            let resp = endpoints
+                .call(
+                    "claim txn",
+                    timeout,
+                    |mut c| async move { c.txn(txn).await },
+                )
+                .await?;
+            if !resp.succeeded() {
+                debug!(
+                    machine_id = candidate.machine_id.get(),
+                    round, "claim lost a race, trying the next candidate"
+                );
+                continue;
+            }
+            let floor = match resp.op_responses().get(1) {
+                Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
+                    Some(kv) => parse_fence(&fence, kv.value())?,
+                    None => Millis(0),
+                },
+                _ => Millis(0),
+            };
+            revision = revision.max(resp.header().map(|h| h.revision()).unwrap_or(0));
+            held.push(HeldId {
+                machine_id: candidate.machine_id,
+                floor,
+                fence: floor,
+            });
+            if held.len() == want.count {
+                return Ok((held, revision));
+            }
+        }
+    }
+    Err(LeaseError::Timeout {
+        op: "claim (every candidate was taken concurrently)",
+        after: timeout,
+    })
+}
+
 fn first_value(resp: &etcd_client::TxnResponse) -> Option<Vec<u8>> {
     resp.op_responses().into_iter().find_map(|r| match r {
         TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
@@ -216,34 +346,6 @@ impl EtcdStore {
         Ok(())
     }
 
-    async fn read_pool(&mut self) -> Result<PoolView, LeaseError> {
-        let timeout = self.settings.request_timeout;
-        let prefix = keys::namespace_prefix(self.ns());
-        let resp = self
-            .endpoints
-            .call("read pool", timeout, |mut c| async move {
-                c.get(prefix, Some(GetOptions::new().with_prefix())).await
-            })
-            .await?;
-        let holder_prefix = keys::holder_prefix(self.ns());
-        let fence_prefix = keys::fence_prefix(self.ns());
-        let last_prefix = keys::last_holder_prefix(self.ns());
-        let mut view = PoolView::default();
-        for kv in resp.kvs() {
-            if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
-                view.holders
-                    .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
-            } else if let Some(id) = keys::machine_id_of(kv.key(), &fence_prefix) {
-                view.fences
-                    .insert(id, parse_fence(&fence_prefix, kv.value())?);
-            } else if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
-                view.last_holders
-                    .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
-            }
-        }
-        Ok(view)
-    }
-
     /// Grants a lease and claims `machine_ids` machine ids for it, with an
     /// atomic transaction per candidate. The fence returned as each floor is
     /// read *inside* the claiming transaction (DESIGN §2.3).
@@ -286,86 +388,19 @@ impl EtcdStore {
     }
 
     async fn claim_with_lease(&mut self, lease_id: i64) -> Result<(Vec<HeldId>, i64), LeaseError> {
-        let timeout = self.settings.request_timeout;
-        let wanted = self.settings.machine_ids as usize;
-        let mut held: Vec<HeldId> = Vec::with_capacity(wanted);
-        let mut revision = 0;
-        for round in 0..CLAIM_ROUNDS {
-            let view = self.read_pool().await?;
-            let now = self
-                .layout
-                .to_layout_ms(self.clock.unix_ms())
-                .unwrap_or_default();
-            let candidates: Vec<_> = rank_candidates(
-                &view,
-                self.settings.machine_id_range.clone(),
-                &self.settings.instance_id,
-                now,
-                &mut rand::rng(),
-            )
-            .into_iter()
-            .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
-            .collect();
-            if candidates.is_empty() {
-                let range = &self.settings.machine_id_range;
-                return Err(LeaseError::NoFreeMachineId {
-                    namespace: self.ns().to_owned(),
-                    capacity: range.end - range.start,
-                    start: range.start,
-                    end: range.end,
-                });
-            }
-            for candidate in candidates.into_iter().take(CANDIDATES_PER_ROUND) {
-                let holder = keys::holder(self.ns(), candidate.machine_id);
-                let fence = keys::fence(self.ns(), candidate.machine_id);
-                let guard = match candidate.kind {
-                    CandidateKind::Own => Compare::value(
-                        holder.clone(),
-                        CompareOp::Equal,
-                        self.settings.instance_id.clone(),
-                    ),
-                    CandidateKind::Free => {
-                        Compare::create_revision(holder.clone(), CompareOp::Equal, 0)
-                    }
-                };
-                let txn = Txn::new().when([guard]).and_then([
-                    TxnOp::put(
-                        holder,
-                        self.settings.instance_id.clone(),
-                        Some(PutOptions::new().with_lease(lease_id)),
-                    ),
-                    TxnOp::get(fence.clone(), None),
-                ]);
-                let resp = self.txn("claim txn", txn).await?;
-                if !resp.succeeded() {
-                    debug!(
-                        machine_id = candidate.machine_id.get(),
-                        round, "claim lost a race, trying the next candidate"
-                    );
-                    continue;
-                }
-                let floor = match resp.op_responses().get(1) {
-                    Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
-                        Some(kv) => parse_fence(&fence, kv.value())?,
-                        None => Millis(0),
-                    },
-                    _ => Millis(0),
-                };
-                revision = revision.max(resp.header().map(|h| h.revision()).unwrap_or(0));
-                held.push(HeldId {
-                    machine_id: candidate.machine_id,
-                    floor,
-                    fence: floor,
-                });
-                if held.len() == wanted {
-                    return Ok((held, revision));
-                }
-            }
-        }
-        Err(LeaseError::Timeout {
-            op: "claim (every candidate was taken concurrently)",
-            after: timeout,
-        })
+        let now = self
+            .layout
+            .to_layout_ms(self.clock.unix_ms())
+            .unwrap_or_default();
+        let want = ClaimRequest {
+            namespace: &self.settings.namespace,
+            holder: &self.settings.instance_id,
+            range: self.settings.machine_id_range.clone(),
+            count: self.settings.machine_ids as usize,
+            lease_id,
+            now,
+        };
+        claim_ids(&mut self.endpoints, self.settings.request_timeout, want).await
     }
 
     /// Raises the fence of every claimed machine id (`fences[i]` for

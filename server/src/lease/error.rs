@@ -52,6 +52,20 @@ pub enum LeaseError {
         /// Range end (exclusive).
         end: u32,
     },
+    /// No server has recorded a layout for this namespace yet.
+    #[error("namespace {namespace:?} does not exist: start a snowkeep-server with --namespace {namespace} first")]
+    UnknownNamespace {
+        /// The namespace.
+        namespace: String,
+    },
+    /// A requester that holds machine ids asked for a different number.
+    #[error("requester already holds {held} machine ids but asked for {asked}; Release them first or Acquire {held}")]
+    CountMismatch {
+        /// Machine ids held.
+        held: usize,
+        /// Machine ids asked for.
+        asked: u32,
+    },
     /// The namespace's stored layout differs from the configured one.
     #[error("namespace {namespace:?} has layout {stored} in the store but this instance is configured with {configured}; start it with --layout {stored} or use another namespace")]
     LayoutMismatch {
@@ -135,6 +149,8 @@ impl LeaseError {
             | LeaseError::Etcd(_)
             | LeaseError::Io { .. } => true,
             LeaseError::NoFreeMachineId { .. }
+            | LeaseError::UnknownNamespace { .. }
+            | LeaseError::CountMismatch { .. }
             | LeaseError::LayoutMismatch { .. }
             | LeaseError::FenceTooFarAhead { .. }
             | LeaseError::ClockBeforeEpoch { .. }

@@ -1,0 +1,515 @@
+//! Machine-id leases of embedded requesters (the Lease API, spec/002), on etcd.
+//!
+//! A requester's machine ids hang off one etcd lease with the requester's
+//! duration (first lease 10 min, renewed 48 h by default): its holder keys
+//! (value `requester/{key}`) and its record `requester/{key}` = `id:floor,…`.
+//! Renewing grants a new lease and moves every key onto it in one
+//! transaction guarded by the old lease still owning them, so a renewal
+//! either keeps all machine ids or none.
+//!
+//! Fences (DESIGN §2): the requester's generator stamps only up to the fence,
+//! which is set to the lease's expiry plus [`FENCE_MARGIN`] before the grant is
+//! returned. After the lease expires, a new holder waits at most the margin.
+//! On release the requester reports its last timestamps and each fence is
+//! lowered to it. The floor (previous holder's fence) is kept in the record so
+//! a repeated Acquire returns the same floors.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
+use tracing::{info, warn};
+
+use super::{claim_ids, keys, parse_fence, ClaimRequest, Endpoints, EtcdStore};
+use crate::lease::{Capacity, HeldId, LeaseError};
+
+/// How far beyond the lease's expiry a requester's fence is set: covers a
+/// requester clock running ahead of the server's.
+pub const FENCE_MARGIN: Duration = Duration::from_secs(60);
+
+/// Most machine ids one requester may hold.
+pub const MAX_REQUESTER_IDS: u32 = 256;
+
+/// A requester's machine ids after Acquire or Renew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequesterGrant {
+    /// Machine ids with floors and fences; empty when the requester holds none.
+    pub held: Vec<HeldId>,
+    /// The lease duration of this grant.
+    pub duration: Duration,
+    /// The namespace layout.
+    pub layout: Layout,
+}
+
+/// The Lease API's view of etcd: its own copy of the endpoint clients.
+#[derive(Clone)]
+pub struct RequesterLeases {
+    endpoints: Endpoints,
+    clock: SharedClock,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for RequesterLeases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequesterLeases").finish_non_exhaustive()
+    }
+}
+
+/// A requester's record: its lease and machine ids with floors.
+struct Record {
+    lease_id: i64,
+    ids: Vec<(MachineId, Millis)>,
+}
+
+fn encode_record(held: &[HeldId]) -> String {
+    held.iter()
+        .map(|h| format!("{}:{}", h.machine_id.get(), h.floor.get()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn decode_record(key: &str, value: &[u8]) -> Result<Vec<(MachineId, Millis)>, LeaseError> {
+    let corrupt = || LeaseError::Corrupt {
+        key: key.to_owned(),
+        value: String::from_utf8_lossy(value).into_owned(),
+    };
+    let text = std::str::from_utf8(value).map_err(|_| corrupt())?;
+    text.split(',')
+        .map(|pair| {
+            let (id, floor) = pair.split_once(':').ok_or_else(corrupt)?;
+            Ok((
+                MachineId(id.parse().map_err(|_| corrupt())?),
+                Millis(floor.parse().map_err(|_| corrupt())?),
+            ))
+        })
+        .collect()
+}
+
+fn secs(d: Duration) -> i64 {
+    i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX)
+}
+
+impl RequesterLeases {
+    /// Shares the store's endpoints (a separate copy, so API calls never wait
+    /// behind the server's own lease loop).
+    pub fn new(store: &EtcdStore) -> Self {
+        Self {
+            endpoints: store.endpoints.clone(),
+            clock: store.clock.clone(),
+            timeout: store.settings.request_timeout,
+        }
+    }
+
+    /// The namespace's layout; [`LeaseError::UnknownNamespace`] when none is recorded.
+    pub async fn layout(&mut self, namespace: &str) -> Result<Layout, LeaseError> {
+        let key = keys::layout(namespace);
+        let get_key = key.clone();
+        let resp = self
+            .endpoints
+            .call("read layout", self.timeout, |mut c| async move {
+                c.get(get_key, None).await
+            })
+            .await?;
+        let kv = resp
+            .kvs()
+            .first()
+            .ok_or_else(|| LeaseError::UnknownNamespace {
+                namespace: namespace.to_owned(),
+            })?;
+        String::from_utf8_lossy(kv.value())
+            .parse()
+            .map_err(|_| LeaseError::Corrupt {
+                key,
+                value: String::from_utf8_lossy(kv.value()).into_owned(),
+            })
+    }
+
+    async fn record(
+        &mut self,
+        namespace: &str,
+        requester: &str,
+    ) -> Result<Option<Record>, LeaseError> {
+        let key = keys::requester(namespace, requester);
+        let get_key = key.clone();
+        let resp = self
+            .endpoints
+            .call("read requester", self.timeout, |mut c| async move {
+                c.get(get_key, None).await
+            })
+            .await?;
+        match resp.kvs().first() {
+            None => Ok(None),
+            Some(kv) => Ok(Some(Record {
+                lease_id: kv.lease(),
+                ids: decode_record(&key, kv.value())?,
+            })),
+        }
+    }
+
+    async fn fences(&mut self, namespace: &str) -> Result<HashMap<MachineId, Millis>, LeaseError> {
+        let prefix = keys::fence_prefix(namespace);
+        let get_prefix = prefix.clone();
+        let resp = self
+            .endpoints
+            .call("read fences", self.timeout, |mut c| async move {
+                c.get(get_prefix, Some(GetOptions::new().with_prefix()))
+                    .await
+            })
+            .await?;
+        resp.kvs()
+            .iter()
+            .filter_map(|kv| keys::machine_id_of(kv.key(), &prefix).map(|id| (id, kv)))
+            .map(|(id, kv)| Ok((id, parse_fence(&prefix, kv.value())?)))
+            .collect()
+    }
+
+    async fn grant_lease(&mut self, duration: Duration) -> Result<i64, LeaseError> {
+        let ttl = secs(duration);
+        let lease = self
+            .endpoints
+            .call("lease grant", self.timeout, |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
+            .await?;
+        Ok(lease.id())
+    }
+
+    async fn revoke(&mut self, lease_id: i64) {
+        let revoked = self
+            .endpoints
+            .call("lease revoke", self.timeout, |mut c| async move {
+                c.lease_revoke(lease_id).await
+            })
+            .await;
+        if let Err(e) = revoked {
+            warn!(lease_id, error = %crate::DisplayChain(&e), "could not revoke a requester lease; it expires by itself");
+        }
+    }
+
+    fn fence_for(&self, layout: &Layout, duration: Duration) -> Millis {
+        let now = layout
+            .to_layout_ms(self.clock.unix_ms())
+            .unwrap_or_default();
+        let ahead = u64::try_from((duration + FENCE_MARGIN).as_millis()).unwrap_or(u64::MAX);
+        Millis(now.get().saturating_add(ahead))
+    }
+
+    /// Claims `count` machine ids for `requester` for `duration`, or — when the
+    /// requester already holds machine ids — returns them with the lease reset
+    /// to `duration` (idempotent retry), failing with
+    /// [`LeaseError::CountMismatch`] when it holds a different number.
+    pub async fn acquire(
+        &mut self,
+        namespace: &str,
+        requester: &str,
+        count: u32,
+        duration: Duration,
+    ) -> Result<RequesterGrant, LeaseError> {
+        let layout = self.layout(namespace).await?;
+        if let Some(record) = self.record(namespace, requester).await? {
+            if record.ids.len() != count as usize {
+                return Err(LeaseError::CountMismatch {
+                    held: record.ids.len(),
+                    asked: count,
+                });
+            }
+            return self
+                .extend(namespace, requester, record, layout, duration)
+                .await;
+        }
+        let lease_id = self.grant_lease(duration).await?;
+        let holder = keys::requester_holder(requester);
+        let now = layout
+            .to_layout_ms(self.clock.unix_ms())
+            .unwrap_or_default();
+        let want = ClaimRequest {
+            namespace,
+            holder: &holder,
+            range: 0..layout.machine_id_count(),
+            count: count as usize,
+            lease_id,
+            now,
+        };
+        let claimed = claim_ids(&mut self.endpoints, self.timeout, want).await;
+        let held = match claimed {
+            Ok((held, _)) => held,
+            Err(e) => {
+                self.revoke(lease_id).await;
+                return Err(e);
+            }
+        };
+        let fence = self.fence_for(&layout, duration);
+        let held: Vec<HeldId> = held
+            .into_iter()
+            .map(|h| HeldId {
+                fence: fence.max(h.floor),
+                ..h
+            })
+            .collect();
+        let ns = namespace.to_owned();
+        let mut ops: Vec<TxnOp> = held
+            .iter()
+            .map(|h| {
+                TxnOp::put(
+                    keys::fence(&ns, h.machine_id),
+                    h.fence.get().to_string(),
+                    None,
+                )
+            })
+            .collect();
+        ops.push(TxnOp::put(
+            keys::requester(&ns, requester),
+            encode_record(&held),
+            Some(PutOptions::new().with_lease(lease_id)),
+        ));
+        let guard: Vec<Compare> = held
+            .iter()
+            .map(|h| Compare::lease(keys::holder(&ns, h.machine_id), CompareOp::Equal, lease_id))
+            .collect();
+        let txn = Txn::new().when(guard).and_then(ops);
+        let resp = self
+            .endpoints
+            .call("requester fence txn", self.timeout, |mut c| async move {
+                c.txn(txn).await
+            })
+            .await;
+        match resp {
+            Ok(r) if r.succeeded() => {}
+            Ok(_) => {
+                self.revoke(lease_id).await;
+                return Err(LeaseError::LeaseLost {
+                    reason: crate::lease::LossReason::HolderChanged,
+                });
+            }
+            Err(e) => {
+                self.revoke(lease_id).await;
+                return Err(e);
+            }
+        }
+        info!(namespace, requester, machine_ids = ?held.iter().map(|h| h.machine_id.get()).collect::<Vec<_>>(), "leased machine ids to a requester");
+        Ok(RequesterGrant {
+            held,
+            duration,
+            layout,
+        })
+    }
+
+    /// Extends the requester's lease to `duration` and raises its fences;
+    /// an empty grant when it holds nothing (its lease is gone).
+    pub async fn renew(
+        &mut self,
+        namespace: &str,
+        requester: &str,
+        duration: Duration,
+    ) -> Result<RequesterGrant, LeaseError> {
+        let layout = self.layout(namespace).await?;
+        match self.record(namespace, requester).await? {
+            Some(record) => {
+                self.extend(namespace, requester, record, layout, duration)
+                    .await
+            }
+            None => Ok(RequesterGrant {
+                held: Vec::new(),
+                duration,
+                layout,
+            }),
+        }
+    }
+
+    /// Moves every key of `record` onto a new lease of `duration` and raises
+    /// the fences, in one transaction guarded by the old lease; all or nothing.
+    async fn extend(
+        &mut self,
+        namespace: &str,
+        requester: &str,
+        record: Record,
+        layout: Layout,
+        duration: Duration,
+    ) -> Result<RequesterGrant, LeaseError> {
+        let current = self.fences(namespace).await?;
+        let new_lease = self.grant_lease(duration).await?;
+        let fence = self.fence_for(&layout, duration);
+        let holder = keys::requester_holder(requester);
+        let held: Vec<HeldId> = record
+            .ids
+            .iter()
+            .map(|&(machine_id, floor)| HeldId {
+                machine_id,
+                floor,
+                // Never lower a fence while it is held.
+                fence: fence.max(current.get(&machine_id).copied().unwrap_or_default()),
+            })
+            .collect();
+        let ns = namespace.to_owned();
+        let mut guard = Vec::new();
+        let mut ops = Vec::new();
+        for h in &held {
+            let hk = keys::holder(&ns, h.machine_id);
+            guard.push(Compare::lease(
+                hk.clone(),
+                CompareOp::Equal,
+                record.lease_id,
+            ));
+            ops.push(TxnOp::put(
+                hk,
+                holder.clone(),
+                Some(PutOptions::new().with_lease(new_lease)),
+            ));
+            ops.push(TxnOp::put(
+                keys::fence(&ns, h.machine_id),
+                h.fence.get().to_string(),
+                None,
+            ));
+        }
+        let rk = keys::requester(&ns, requester);
+        guard.push(Compare::lease(
+            rk.clone(),
+            CompareOp::Equal,
+            record.lease_id,
+        ));
+        ops.push(TxnOp::put(
+            rk,
+            encode_record(&held),
+            Some(PutOptions::new().with_lease(new_lease)),
+        ));
+        let txn = Txn::new().when(guard).and_then(ops);
+        let resp = self
+            .endpoints
+            .call("requester renew txn", self.timeout, |mut c| async move {
+                c.txn(txn).await
+            })
+            .await;
+        match resp {
+            Ok(r) if r.succeeded() => {
+                self.revoke(record.lease_id).await;
+                Ok(RequesterGrant {
+                    held,
+                    duration,
+                    layout,
+                })
+            }
+            Ok(_) => {
+                // A key changed under the requester: give back whatever is
+                // left and answer "you hold nothing", a definitive stop.
+                warn!(
+                    namespace,
+                    requester, "requester's keys changed; its lease is void"
+                );
+                self.revoke(new_lease).await;
+                self.revoke(record.lease_id).await;
+                Ok(RequesterGrant {
+                    held: Vec::new(),
+                    duration,
+                    layout,
+                })
+            }
+            Err(e) => {
+                self.revoke(new_lease).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives the requester's machine ids back: each fence in `last_used` is
+    /// lowered to it (others keep theirs), the keys are deleted and the lease
+    /// revoked. Returns how many machine ids were released.
+    pub async fn release(
+        &mut self,
+        namespace: &str,
+        requester: &str,
+        last_used: &HashMap<MachineId, Millis>,
+    ) -> Result<u32, LeaseError> {
+        let Some(record) = self.record(namespace, requester).await? else {
+            return Ok(0);
+        };
+        let ns = namespace.to_owned();
+        let mut guard = Vec::new();
+        let mut ops = Vec::new();
+        for &(machine_id, floor) in &record.ids {
+            let hk = keys::holder(&ns, machine_id);
+            guard.push(Compare::lease(
+                hk.clone(),
+                CompareOp::Equal,
+                record.lease_id,
+            ));
+            if let Some(&last) = last_used.get(&machine_id) {
+                // Never below the floor: the previous holder may have stamped up to it.
+                let lowered = last.max(floor);
+                ops.push(TxnOp::put(
+                    keys::fence(&ns, machine_id),
+                    lowered.get().to_string(),
+                    None,
+                ));
+            }
+            ops.push(TxnOp::delete(hk, None));
+        }
+        ops.push(TxnOp::delete(keys::requester(&ns, requester), None));
+        let txn = Txn::new().when(guard).and_then(ops);
+        let resp = self
+            .endpoints
+            .call("requester release txn", self.timeout, |mut c| async move {
+                c.txn(txn).await
+            })
+            .await?;
+        self.revoke(record.lease_id).await;
+        if resp.succeeded() {
+            info!(
+                namespace,
+                requester,
+                released = record.ids.len(),
+                "requester released its machine ids"
+            );
+            Ok(record.ids.len() as u32)
+        } else {
+            Ok(0)
+        }
+    }
+
+    /// Counts a namespace's machine ids.
+    pub async fn capacity(&mut self, namespace: &str) -> Result<Capacity, LeaseError> {
+        let layout = self.layout(namespace).await?;
+        let total = layout.machine_id_count();
+        let prefix = keys::holder_prefix(namespace);
+        let resp = self
+            .endpoints
+            .call("count holders", self.timeout, |mut c| async move {
+                c.get(
+                    prefix,
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+            })
+            .await?;
+        let held = u32::try_from(resp.count()).unwrap_or(u32::MAX).min(total);
+        Ok(Capacity { total, held })
+    }
+
+    /// Records the last skew seen from `requester` (ms, server − client) for
+    /// `keep`; best effort.
+    pub async fn record_skew(
+        &mut self,
+        namespace: &str,
+        requester: &str,
+        skew_ms: i64,
+        keep: Duration,
+    ) {
+        let key = keys::skew(namespace, requester);
+        let ttl = secs(keep);
+        let put = self
+            .endpoints
+            .call("record skew", self.timeout, |mut c| async move {
+                let lease = c.lease_grant(ttl, None).await?;
+                c.put(
+                    key,
+                    skew_ms.to_string(),
+                    Some(PutOptions::new().with_lease(lease.id())),
+                )
+                .await
+            })
+            .await;
+        if let Err(e) = put {
+            warn!(namespace, requester, error = %crate::DisplayChain(&e), "could not record the requester's clock skew");
+        }
+    }
+}
