@@ -125,6 +125,8 @@ pub struct Report {
     pub latency: Latency,
     /// Calls by final gRPC status (`Ok`, `Unavailable`, …).
     pub status_codes: BTreeMap<String, u64>,
+    /// Failed calls by `code: message`, as the server (or the client) said it.
+    pub errors: BTreeMap<String, u64>,
     /// Checker result, when `--check` was given.
     pub check: Option<CheckResult>,
 }
@@ -137,6 +139,7 @@ impl Report {
         ids: u64,
         latency_us: &Histogram<u64>,
         status_codes: BTreeMap<String, u64>,
+        errors: BTreeMap<String, u64>,
         check: Option<CheckResult>,
     ) -> Self {
         let calls = status_codes.values().sum();
@@ -150,8 +153,14 @@ impl Report {
             ids_per_second: ids as f64 / secs,
             latency: Latency::from_micros(latency_us),
             status_codes,
+            errors,
             check,
         }
+    }
+
+    /// True when at least one call was made and none succeeded.
+    pub fn all_failed(&self) -> bool {
+        self.calls > 0 && self.status_codes.get("Ok").copied().unwrap_or(0) == 0
     }
 
     /// The human-readable summary.
@@ -171,6 +180,12 @@ impl Report {
         );
         for (code, n) in &self.status_codes {
             out.push_str(&format!("  [{code}] {n}\n"));
+        }
+        if !self.errors.is_empty() {
+            out.push_str("\nError distribution:\n");
+            for (error, n) in &self.errors {
+                out.push_str(&format!("  [{n}] {error}\n"));
+            }
         }
         if let Some(c) = &self.check {
             out.push_str(&format!(
@@ -252,11 +267,25 @@ mod tests {
             duplicates: 0,
             order_violations: 0,
         };
-        let r = Report::new("unary", Duration::from_secs(2), 4, &h, codes, Some(check));
+        let errors = BTreeMap::from([("Unavailable: no lease".to_owned(), 1u64)]);
+        let r = Report::new(
+            "unary",
+            Duration::from_secs(2),
+            4,
+            &h,
+            codes,
+            errors,
+            Some(check),
+        );
         assert_eq!(r.calls, 2);
         assert_eq!(r.ids_per_second, 2.0);
         let text = r.to_text();
         assert!(text.contains("[Ok] 2"), "{text}");
+        assert!(
+            text.contains("Error distribution:\n  [1] Unavailable: no lease\n"),
+            "{text}"
+        );
+        assert!(!r.all_failed());
         assert!(
             text.contains("Check: 4 ids, 0 duplicates, 0 order violations: PASS"),
             "{text}"

@@ -22,13 +22,14 @@ use tonic::transport::{Channel, Endpoint};
 #[derive(Debug, Parser)]
 #[command(name = "snowkeep-bench", version, about)]
 struct Args {
-    /// Server URL.
+    /// Server URL (`http://host:port`; a bare `host:port` means http).
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     target: String,
     /// Call `NextIds` (unary) or `StreamIds` (stream).
     #[arg(long, value_enum, default_value_t = CallKind::Unary)]
     call: CallKind,
-    /// Ids per call: `NextIds.count`, or the `StreamIds.total` of each stream.
+    /// Ids per call: `NextIds.count`, or the `StreamIds.total` of each stream
+    /// (0 streams until the run's --duration or the call's --timeout ends it).
     #[arg(long, default_value_t = 100)]
     count: u32,
     /// Ids per streamed message (`StreamIds.batch_size`).
@@ -52,7 +53,7 @@ struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
-    /// Per-call timeout.
+    /// Per-call timeout; a call still running is counted as DeadlineExceeded.
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
     timeout: Duration,
 }
@@ -74,6 +75,7 @@ struct WorkerResult {
     log: IdLog,
     latency_us: Histogram<u64>,
     codes: BTreeMap<String, u64>,
+    errors: BTreeMap<String, u64>,
     ids: u64,
 }
 
@@ -81,10 +83,32 @@ fn new_histogram() -> anyhow::Result<Histogram<u64>> {
     Histogram::new_with_bounds(1, 600_000_000, 3).context("histogram bounds")
 }
 
+/// One call under the per-call timeout. A stream still open at the run's
+/// `deadline` is ended there (cancelled) and counts as a success with the ids
+/// it delivered.
 async fn one_call(
     client: &mut pb::id_service_client::IdServiceClient<Channel>,
     args: &Args,
     log: &mut IdLog,
+    deadline: Option<Instant>,
+) -> Result<u64, tonic::Status> {
+    let mut delivered = 0;
+    let call = call_inner(client, args, log, deadline, &mut delivered);
+    match tokio::time::timeout(args.timeout, call).await {
+        Ok(r) => r,
+        Err(_) => Err(tonic::Status::deadline_exceeded(format!(
+            "no answer within --timeout {} ({delivered} ids received)",
+            humantime::format_duration(args.timeout)
+        ))),
+    }
+}
+
+async fn call_inner(
+    client: &mut pb::id_service_client::IdServiceClient<Channel>,
+    args: &Args,
+    log: &mut IdLog,
+    deadline: Option<Instant>,
+    delivered: &mut u64,
 ) -> Result<u64, tonic::Status> {
     match args.call {
         CallKind::Unary => {
@@ -102,12 +126,19 @@ async fn one_call(
             req.set_timeout(args.timeout);
             let mut stream = client.stream_ids(req).await?.into_inner();
             let mut last = None;
-            let mut n = 0;
-            while let Some(batch) = stream.message().await? {
-                n += batch.ids.len() as u64;
+            loop {
+                let next = match deadline {
+                    Some(d) => tokio::select! {
+                        m = stream.message() => m?,
+                        _ = tokio::time::sleep_until(d) => None,
+                    },
+                    None => stream.message().await?,
+                };
+                let Some(batch) = next else { break };
+                *delivered += batch.ids.len() as u64;
                 last = log.record(last, &batch.ids);
             }
-            Ok(n)
+            Ok(*delivered)
         }
     }
 }
@@ -124,6 +155,7 @@ async fn worker(
         log: IdLog::new(args.check),
         latency_us: new_histogram()?,
         codes: BTreeMap::new(),
+        errors: BTreeMap::new(),
         ids: 0,
     };
     loop {
@@ -133,7 +165,7 @@ async fn worker(
             _ => {}
         }
         let t0 = Instant::now();
-        let outcome = one_call(&mut client, &args, &mut result.log).await;
+        let outcome = one_call(&mut client, &args, &mut result.log, deadline).await;
         let us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
         result.latency_us.saturating_record(us.max(1));
         let code = match outcome {
@@ -141,7 +173,11 @@ async fn worker(
                 result.ids += n;
                 tonic::Code::Ok
             }
-            Err(status) => status.code(),
+            Err(status) => {
+                let key = format!("{:?}: {}", status.code(), status.message());
+                *result.errors.entry(key).or_default() += 1;
+                status.code()
+            }
         };
         *result.codes.entry(format!("{code:?}")).or_default() += 1;
     }
@@ -152,14 +188,19 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if args.concurrency == 0 || args.connections == 0 {
         bail!("--concurrency and --connections must be at least 1");
     }
+    let target = if args.target.contains("://") {
+        args.target.clone()
+    } else {
+        format!("http://{}", args.target)
+    };
     let mut channels = Vec::new();
     for _ in 0..args.connections {
-        let channel = Endpoint::from_shared(args.target.clone())
-            .with_context(|| format!("invalid --target {}", args.target))?
+        let channel = Endpoint::from_shared(target.clone())
+            .with_context(|| format!("invalid --target {target}: use http://host:port"))?
             .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
-            .with_context(|| format!("cannot connect to {}", args.target))?;
+            .with_context(|| format!("cannot connect to {target}"))?;
         channels.push(channel);
     }
     let args = Arc::new(args);
@@ -179,12 +220,16 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let mut logs = Vec::new();
     let mut latency = new_histogram()?;
     let mut codes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut ids = 0;
     for t in tasks {
         let r = t.await.context("worker panicked")??;
         latency.add(&r.latency_us).context("merge histograms")?;
         for (code, n) in r.codes {
             *codes.entry(code).or_default() += n;
+        }
+        for (error, n) in r.errors {
+            *errors.entry(error).or_default() += n;
         }
         ids += r.ids;
         logs.push(r.log);
@@ -195,12 +240,15 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         CallKind::Unary => "unary",
         CallKind::Stream => "stream",
     };
-    let report = Report::new(call, elapsed, ids, &latency, codes, checked);
+    let report = Report::new(call, elapsed, ids, &latency, codes, errors, checked);
     let text = match args.format {
         Format::Text => report.to_text(),
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
     };
     std::io::stdout().write_all(text.as_bytes())?;
+    if report.all_failed() {
+        bail!("every call failed (see the error distribution)");
+    }
     Ok(checked.is_none_or(|c| c.passed()))
 }
 

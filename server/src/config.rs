@@ -160,22 +160,24 @@ pub struct ServerConfig {
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// Bad layout.
-    #[error("invalid --layout")]
+    #[error("invalid --layout (SNOWKEEP_LAYOUT)")]
     Layout(#[from] LayoutError),
     /// Bad namespace.
-    #[error("invalid --namespace {0:?}: use 1-64 characters of A-Z a-z 0-9 _ . -")]
+    #[error(
+        "invalid --namespace (SNOWKEEP_NAMESPACE) {0:?}: use 1-64 characters of A-Z a-z 0-9 _ . -"
+    )]
     Namespace(String),
     /// Bad TTL.
-    #[error("invalid --lease-ttl {0:?}: use whole seconds, at least 2s")]
+    #[error("invalid --lease-ttl (SNOWKEEP_LEASE_TTL) {}: use whole seconds, at least 2s", humantime::format_duration(*.0))]
     LeaseTtl(Duration),
     /// Bad fence horizon.
-    #[error("invalid --fence-horizon {0:?}: use at least 100ms")]
+    #[error("invalid --fence-horizon (SNOWKEEP_FENCE_HORIZON) {}: use at least 100ms", humantime::format_duration(*.0))]
     FenceHorizon(Duration),
     /// Bad instance id.
-    #[error("invalid --instance-id {0:?}: use 1-256 printable characters")]
+    #[error("invalid --instance-id (SNOWKEEP_INSTANCE_ID) {0:?}: use 1-256 printable characters, no '/'")]
     InstanceId(String),
     /// Bad machine id range.
-    #[error("invalid --machine-id-range {text:?}: use START..END with START < END <= {max} (2^machine_bits of the layout)")]
+    #[error("invalid --machine-id-range (SNOWKEEP_MACHINE_ID_RANGE) {text:?}: use START..END with START < END <= {max} (2^machine_bits of the layout)")]
     MachineIdRange {
         /// Given.
         text: String,
@@ -183,7 +185,7 @@ pub enum ConfigError {
         max: u32,
     },
     /// Bad machine id count.
-    #[error("invalid --machine-ids {got}: use 1 to {max} (the machine ids of --machine-id-range, at most 256)")]
+    #[error("invalid --machine-ids (SNOWKEEP_MACHINE_IDS) {got}: use 1 to {max} (the machine ids of --machine-id-range, at most 256)")]
     MachineIds {
         /// Given.
         got: u32,
@@ -191,7 +193,9 @@ pub enum ConfigError {
         max: u32,
     },
     /// Bad etcd endpoint.
-    #[error("invalid --etcd-endpoints entry {0:?}: use http://host:port")]
+    #[error(
+        "invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry {0:?}: use http://host:port"
+    )]
     Endpoint(String),
 }
 
@@ -217,7 +221,13 @@ impl TryFrom<Args> for ServerConfig {
         }
         let stable_instance = args.instance_id.is_some();
         let instance_id = match args.instance_id {
-            Some(id) if !id.is_empty() && id.len() <= 256 && !id.chars().any(char::is_control) => {
+            // No '/': embedded requesters' holder values start with
+            // "requester/", so they can never equal an instance id.
+            Some(id)
+                if !id.is_empty()
+                    && id.len() <= 256
+                    && !id.chars().any(|c| c.is_control() || c == '/') =>
+            {
                 id
             }
             Some(id) => return Err(ConfigError::InstanceId(id)),

@@ -25,7 +25,19 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; anything else
+            // is bad configuration (EX_USAGE), like the checks after parsing.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     init_logging(args.log_format);
     let (listen, metrics_listen) = (args.listen, args.metrics_listen);
     let config = match ServerConfig::try_from(args) {

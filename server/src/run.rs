@@ -46,7 +46,9 @@ impl ServeError {
         matches!(
             self,
             ServeError::Lease(
-                LeaseError::LayoutMismatch { .. } | LeaseError::ClockBeforeEpoch { .. }
+                LeaseError::LayoutMismatch { .. }
+                    | LeaseError::ClockBeforeEpoch { .. }
+                    | LeaseError::LayoutExhausted { .. }
             )
         )
     }
@@ -66,12 +68,23 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let clock = SystemClock::shared();
     let unix_ms = clock.unix_ms();
-    if config.layout.to_layout_ms(unix_ms).is_none() {
-        return Err(LeaseError::ClockBeforeEpoch {
-            unix_ms,
-            epoch_unix_ms: config.layout.epoch_unix_ms(),
+    match config.layout.to_layout_ms(unix_ms) {
+        None => {
+            return Err(LeaseError::ClockBeforeEpoch {
+                unix_ms,
+                epoch_unix_ms: config.layout.epoch_unix_ms(),
+            }
+            .into())
         }
-        .into());
+        Some(now) if now > config.layout.max_timestamp() => {
+            return Err(LeaseError::LayoutExhausted {
+                layout: config.layout,
+                ended_unix_ms: config.layout.to_unix_ms(config.layout.max_timestamp()),
+                unix_ms,
+            }
+            .into())
+        }
+        Some(_) => {}
     }
     let store = match &config.store {
         StoreConfig::Etcd { endpoints } => {
@@ -98,7 +111,10 @@ pub async fn run(
     if std::process::id() == 1 && !config.stable_instance && matches!(store, Store::Etcd(_)) {
         warn!("running as PID 1 with a generated instance id: every restart claims a fresh machine id and the old one is freed only when its lease expires, so crash loops can drain the pool; set --instance-id (e.g. the pod name) to get the same machine id back");
     }
-    let listen = listener.local_addr().ok();
+    let listen = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     info!(
         version = env!("CARGO_PKG_VERSION"),
         store = store.kind(),
@@ -107,7 +123,7 @@ pub async fn run(
         layout = %config.layout,
         lease_ttl = ?config.lease_ttl,
         fence_horizon = ?config.fence_horizon,
-        listen = ?listen,
+        listen = %listen,
         "snowkeep-server starting"
     );
 

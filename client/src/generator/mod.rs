@@ -59,7 +59,8 @@ pub struct Grant {
 pub struct GeneratorMetrics {
     /// Ids issued.
     pub ids_issued: metrics::Counter,
-    /// Times a millisecond's sequence ran out and issuance moved to the next ms.
+    /// Milliseconds whose whole sequence was taken (counted once per ms, when
+    /// its last sequence is issued).
     pub sequence_exhausted: metrics::Counter,
     /// Backwards clock steps that were waited out.
     pub backward_waited: metrics::Counter,
@@ -152,8 +153,13 @@ impl Generator {
         );
         drop(state);
         match &step {
-            Ok(Step::Ids(t)) => self.metrics.ids_issued.increment(t.count),
-            Ok(Step::SequenceExhausted) => self.metrics.sequence_exhausted.increment(1),
+            Ok(Step::Ids(t)) => {
+                self.metrics.ids_issued.increment(t.count);
+                if t.exhausted {
+                    self.metrics.sequence_exhausted.increment(1);
+                }
+            }
+            Ok(Step::SequenceExhausted) => {}
             Ok(Step::ClockBackward { .. }) => self.metrics.backward_waited.increment(1),
             Err(GenerateError::ClockSteppedBack { .. }) => {
                 self.metrics.backward_halted.increment(1)

@@ -17,6 +17,8 @@ pub struct Taken {
     pub count: u64,
     /// The timestamp they carry (layout ms).
     pub timestamp: Millis,
+    /// True when this run took the last sequence of its millisecond.
+    pub exhausted: bool,
 }
 
 /// The outcome of one step of issuance.
@@ -127,6 +129,7 @@ impl SequenceState {
             first,
             count,
             timestamp: cursor.last,
+            exhausted: cursor.next_seq == per_ms,
         }))
     }
 }

@@ -59,7 +59,15 @@ fn machine_5_at_ts_1000_issues_reference_ids() {
 #[test]
 fn the_1025th_id_on_machine_0_moves_to_the_next_ms() {
     let (g, clock, _) = generator_at(1000, grant(0, 0, 10_000));
-    let first = ids(g.try_take(1024).unwrap());
+    let step = g.try_take(1024).unwrap();
+    assert!(matches!(
+        step,
+        Step::Ids(Taken {
+            exhausted: true,
+            ..
+        })
+    ));
+    let first = ids(step);
     assert_eq!(first.len(), 1024);
     assert_eq!(first[0], 1000 << 22);
     assert_eq!(g.try_take(1), Ok(Step::SequenceExhausted));
@@ -70,7 +78,15 @@ fn the_1025th_id_on_machine_0_moves_to_the_next_ms() {
 #[test]
 fn a_run_stops_at_the_end_of_the_millisecond() {
     let (g, _, _) = generator_at(1000, grant(0, 0, 10_000));
-    assert_eq!(ids(g.try_take(1000).unwrap()).len(), 1000);
+    let step = g.try_take(1000).unwrap();
+    assert!(matches!(
+        step,
+        Step::Ids(Taken {
+            count: 1000,
+            exhausted: false,
+            ..
+        })
+    ));
     let rest = ids(g.try_take(1000).unwrap());
     assert_eq!(rest.len(), 24);
     assert_eq!(*rest.last().unwrap(), (1000 << 22) + 1023);
@@ -251,4 +267,46 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn sequence_exhaustion_counts_each_millisecond_once() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let clock = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+        let (_tx, rx) = watch::channel(Some(grant(0, 0, 10_000)));
+        let g = Generator::new(
+            Layout::default(),
+            clock.clone(),
+            rx,
+            DEFAULT_MAX_BACKWARD_WAIT,
+            GeneratorMetrics {
+                sequence_exhausted: metrics::counter!("exhausted"),
+                ..GeneratorMetrics::default()
+            },
+        );
+        for _ in 0..3 {
+            ids(g.try_take(1024).unwrap());
+            // Spinning on an exhausted millisecond must not count again.
+            for _ in 0..100 {
+                assert_eq!(g.try_take(1), Ok(Step::SequenceExhausted));
+            }
+            clock.advance(Duration::from_millis(1));
+        }
+        ids(g.try_take(10).unwrap());
+    });
+    let counts: Vec<_> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| (key.key().name().to_owned(), value))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![(
+            "exhausted".to_owned(),
+            metrics_util::debugging::DebugValue::Counter(3)
+        )]
+    );
 }

@@ -21,7 +21,7 @@ use etcd_client::{
 };
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 use tokio_util::task::AbortOnDropHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::lease::claim::{rank_candidates, CandidateKind, PoolView};
 use crate::lease::{Capacity, Claim, HeldId, LeaseError, LossReason};
@@ -527,6 +527,7 @@ impl EtcdStore {
         let prefix = keys::holder_prefix(self.ns());
         let ours: Vec<MachineId> = claim.held.iter().map(|h| h.machine_id).collect();
         let instance_id = self.settings.instance_id.clone();
+        let instance_id_for_log = instance_id.clone();
         let lease_id = claim.lease_id.unwrap_or(0);
         let mut endpoints = self.endpoints.clone();
         let timeout = self.settings.request_timeout;
@@ -592,6 +593,9 @@ impl EtcdStore {
                                     continue;
                                 }
                                 if event.event_type() != EventType::Put || !is_ours(kv) {
+                                    if kv.value() == instance_id_for_log.as_bytes() {
+                                        error!(machine_id = id.get(), instance_id = %instance_id_for_log, "another live process claimed this machine id under the same instance id: every live process needs its own --instance-id");
+                                    }
                                     return LossReason::HolderChanged;
                                 }
                             }

@@ -90,12 +90,22 @@ pub enum LeaseError {
         max: Duration,
     },
     /// The clock is earlier than the layout's epoch.
-    #[error("clock reads {unix_ms} ms since the Unix epoch, before the layout epoch {epoch_unix_ms}; fix the clock")]
+    #[error("clock reads {unix_ms} ms since the Unix epoch, before the layout epoch {epoch_unix_ms}: fix the clock, or give --layout an epoch in the past")]
     ClockBeforeEpoch {
         /// The clock.
         unix_ms: u64,
         /// The epoch.
         epoch_unix_ms: u64,
+    },
+    /// The clock is past the last timestamp the layout can carry.
+    #[error("layout {layout} ran out of timestamps at {ended_unix_ms} ms since the Unix epoch (clock reads {unix_ms}): use more timestamp bits or a later epoch, in a new namespace")]
+    LayoutExhausted {
+        /// The layout.
+        layout: Layout,
+        /// When its last timestamp passed, ms since the Unix epoch.
+        ended_unix_ms: u64,
+        /// The clock.
+        unix_ms: u64,
     },
     /// The lease was lost.
     #[error("machine-id lease lost ({reason})")]
@@ -154,6 +164,7 @@ impl LeaseError {
             | LeaseError::LayoutMismatch { .. }
             | LeaseError::FenceTooFarAhead { .. }
             | LeaseError::ClockBeforeEpoch { .. }
+            | LeaseError::LayoutExhausted { .. }
             | LeaseError::Corrupt { .. }
             | LeaseError::StateLocked { .. } => false,
         }

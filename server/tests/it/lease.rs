@@ -228,15 +228,21 @@ async fn one_dead_member_of_three_does_not_interrupt_issuance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_ranges_and_a_clock_before_the_epoch_refuse_to_start_with_64() {
     let etcd = EtcdProcess::start().await;
-    let cases: [(&[&str], &str); 2] = [
+    let cases: [(&[&str], &str); 4] = [
         (
             &["--machine-id-range", "4000..5000"],
-            r#"invalid --machine-id-range "4000..5000": use START..END with START < END <= 4096"#,
+            r#"invalid --machine-id-range (SNOWKEEP_MACHINE_ID_RANGE) "4000..5000": use START..END with START < END <= 4096"#,
         ),
         (
             &["--layout", "41/12/10@4102444800000"],
-            "before the layout epoch 4102444800000; fix the clock",
+            "before the layout epoch 4102444800000: fix the clock, or give --layout an epoch in the past",
         ),
+        (
+            // 37 timestamp bits from 1970 ran out in 1974.
+            &["--layout", "37/16/10@0"],
+            "layout 37/16/10@0 ran out of timestamps at 137438953471 ms since the Unix epoch",
+        ),
+        (&["--on-lease-lost", "die"], "invalid value 'die' for '--on-lease-lost <ON_LEASE_LOST>'"),
     ];
     for (args, message) in cases {
         let mut s = ServerProcess::on_etcd(&etcd.endpoint(), "refuse", args);
