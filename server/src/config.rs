@@ -170,6 +170,24 @@ pub enum ConfigError {
     /// Bad TTL.
     #[error("invalid --lease-ttl (SNOWKEEP_LEASE_TTL) {}: use whole seconds, at least 2s", humantime::format_duration(*.0))]
     LeaseTtl(Duration),
+    /// A duration outside its bounds.
+    #[error("invalid {flag} {}: use at most {}", humantime::format_duration(*value), humantime::format_duration(*max))]
+    TooLong {
+        /// The flag and its variable.
+        flag: &'static str,
+        /// Given.
+        value: Duration,
+        /// Largest allowed.
+        max: Duration,
+    },
+    /// The fence horizon is not below the longest fence wait.
+    #[error("--fence-horizon {} must be less than --max-fence-wait {}: a crashed holder's fence is up to one horizon ahead, and its successor must be allowed to wait it out", humantime::format_duration(*horizon), humantime::format_duration(*max_wait))]
+    HorizonNotBelowMaxWait {
+        /// The horizon.
+        horizon: Duration,
+        /// The longest wait.
+        max_wait: Duration,
+    },
     /// Bad fence horizon.
     #[error("invalid --fence-horizon (SNOWKEEP_FENCE_HORIZON) {}: use at least 100ms", humantime::format_duration(*.0))]
     FenceHorizon(Duration),
@@ -218,6 +236,40 @@ impl TryFrom<Args> for ServerConfig {
         }
         if args.fence_horizon < Duration::from_millis(100) {
             return Err(ConfigError::FenceHorizon(args.fence_horizon));
+        }
+        let hour = Duration::from_secs(3600);
+        for (flag, value, max) in [
+            ("--lease-ttl (SNOWKEEP_LEASE_TTL)", args.lease_ttl, hour),
+            (
+                "--fence-horizon (SNOWKEEP_FENCE_HORIZON)",
+                args.fence_horizon,
+                hour,
+            ),
+            (
+                "--max-fence-wait (SNOWKEEP_MAX_FENCE_WAIT)",
+                args.max_fence_wait,
+                hour,
+            ),
+            (
+                "--max-backward-wait (SNOWKEEP_MAX_BACKWARD_WAIT)",
+                args.max_backward_wait,
+                Duration::from_secs(10),
+            ),
+            (
+                "--shutdown-grace-period (SNOWKEEP_SHUTDOWN_GRACE_PERIOD)",
+                args.shutdown_grace_period,
+                hour,
+            ),
+        ] {
+            if value > max {
+                return Err(ConfigError::TooLong { flag, value, max });
+            }
+        }
+        if args.fence_horizon >= args.max_fence_wait {
+            return Err(ConfigError::HorizonNotBelowMaxWait {
+                horizon: args.fence_horizon,
+                max_wait: args.max_fence_wait,
+            });
         }
         let stable_instance = args.instance_id.is_some();
         let instance_id = match args.instance_id {
@@ -370,6 +422,14 @@ mod tests {
         assert!(matches!(
             parse(&["--machine-ids", "3", "--machine-id-range", "0..2"]),
             Err(ConfigError::MachineIds { got: 3, max: 2 })
+        ));
+        assert!(matches!(
+            parse(&["--fence-horizon", "10s"]),
+            Err(ConfigError::HorizonNotBelowMaxWait { .. })
+        ));
+        assert!(matches!(
+            parse(&["--lease-ttl", "2h"]),
+            Err(ConfigError::TooLong { max, .. }) if max == Duration::from_secs(3600)
         ));
         for bad in ["0..4097", "5..5", "9..3", "1-2", "..4"] {
             assert!(

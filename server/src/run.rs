@@ -95,6 +95,8 @@ pub async fn run(
                 lease_ttl: config.lease_ttl,
                 machine_id_range: config.machine_id_range.clone(),
                 machine_ids: config.machine_ids,
+                fence_horizon: config.fence_horizon,
+                max_fence_wait: config.max_fence_wait,
                 request_timeout: request_timeout(config.lease_ttl),
             };
             Store::Etcd(Box::new(

@@ -129,11 +129,32 @@ impl Generator {
         *self.grant.borrow()
     }
 
-    /// True when the generator holds a grant whose deadline has not passed.
+    /// True when a call would issue now: a grant whose deadline has not
+    /// passed, a clock inside (floor, fence] and the layout, and no backwards
+    /// step beyond what is waited out. Health and readiness follow this, so
+    /// they never say SERVING while every call fails.
     pub fn is_ready(&self) -> bool {
-        match *self.grant.borrow() {
-            Some(g) => g.deadline.is_none_or(|d| self.clock.now() < d),
-            None => false,
+        let Some(g) = *self.grant.borrow() else {
+            return false;
+        };
+        if g.deadline.is_some_and(|d| self.clock.now() >= d) {
+            return false;
+        }
+        let Some(now) = self.layout.to_layout_ms(self.clock.unix_ms()) else {
+            return false;
+        };
+        if now <= g.floor || now > g.fence || now > self.layout.max_timestamp() {
+            return false;
+        }
+        // A busy lock means someone is issuing right now: ready enough.
+        let Ok(state) = self.state.try_lock() else {
+            return true;
+        };
+        match state.last() {
+            Some((machine_id, last)) if machine_id == g.machine_id && last > now => {
+                Duration::from_millis(last.get() - now.get()) <= self.max_backward_wait
+            }
+            _ => true,
         }
     }
 

@@ -95,8 +95,10 @@ fn a_run_stops_at_the_end_of_the_millisecond() {
 #[test]
 fn never_stamps_above_the_fence() {
     let (g, clock, _) = generator_at(1000, grant(1, 0, 1000));
+    assert!(g.is_ready());
     assert!(matches!(g.try_take(1), Ok(Step::Ids(_))));
     clock.advance(Duration::from_millis(1));
+    assert!(!g.is_ready(), "not ready once the clock passed the fence");
     assert_eq!(
         g.try_take(1),
         Err(GenerateError::FenceReached {
@@ -108,6 +110,7 @@ fn never_stamps_above_the_fence() {
 #[test]
 fn never_stamps_at_or_below_the_floor() {
     let (g, clock, _) = generator_at(1000, grant(1, 1002, 5000));
+    assert!(!g.is_ready());
     assert_eq!(
         g.try_take(1),
         Err(GenerateError::ClockBehindFence {
@@ -172,7 +175,13 @@ fn a_small_backwards_step_is_waited_out() {
 fn a_large_backwards_step_halts_issuance() {
     let (g, clock, _) = generator_at(5000, grant(1, 0, 10_000));
     ids(g.try_take(1).unwrap());
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 4950);
+    assert!(g.is_ready(), "a step that is waited out keeps it ready");
     clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 4000);
+    assert!(
+        !g.is_ready(),
+        "a step that halts issuance makes it not ready"
+    );
     assert_eq!(
         g.try_take(1),
         Err(GenerateError::ClockSteppedBack {

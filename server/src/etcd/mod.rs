@@ -48,6 +48,11 @@ pub struct EtcdSettings {
     pub machine_id_range: Range<u32>,
     /// How many machine ids to hold under the one lease.
     pub machine_ids: u32,
+    /// How far ahead of the clock fences are raised; also the floor assumed
+    /// for a machine id whose fence key is missing.
+    pub fence_horizon: Duration,
+    /// Machine ids whose fence is further ahead of the clock are not claimed.
+    pub max_fence_wait: Duration,
     /// Timeout of one etcd request.
     pub request_timeout: Duration,
 }
@@ -149,8 +154,15 @@ async fn read_pool(
             view.holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
         } else if let Some(id) = keys::machine_id_of(kv.key(), &fence_prefix) {
-            view.fences
-                .insert(id, parse_fence(&fence_prefix, kv.value())?);
+            match parse_fence(&String::from_utf8_lossy(kv.key()), kv.value()) {
+                Ok(fence) => {
+                    view.fences.insert(id, fence);
+                }
+                Err(e) => {
+                    error!(machine_id = id.get(), error = %e, "quarantining a machine id whose fence is unreadable; repair or delete the key only once no holder uses it");
+                    view.quarantined.insert(id);
+                }
+            }
         } else if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
             view.last_holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
@@ -168,6 +180,26 @@ struct ClaimRequest<'a> {
     count: usize,
     lease_id: i64,
     now: Millis,
+    /// The floor of a machine id without a fence key. A missing key may be a
+    /// deleted one (operator, restored snapshot) under a holder that is still
+    /// stamping up to its fence, which is at most a horizon ahead of its clock:
+    /// so `now + fence_horizon`, never 0 (DESIGN §2.3).
+    absent_floor: Millis,
+    /// Machine ids whose fence is above this are skipped (`now + max_fence_wait`).
+    max_floor: Millis,
+}
+
+impl ClaimRequest<'_> {
+    /// `(absent_floor, max_floor)` for a claim at layout time `now`.
+    fn floors(now: Millis, fence_horizon: Duration, max_fence_wait: Duration) -> (Millis, Millis) {
+        let after = |d: Duration| {
+            Millis(
+                now.get()
+                    .saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            )
+        };
+        (after(fence_horizon), after(max_fence_wait))
+    }
 }
 
 /// Claims machine ids one atomic transaction per candidate; each floor is the
@@ -184,6 +216,7 @@ async fn claim_ids(
     let mut revision = 0;
     for round in 0..CLAIM_ROUNDS {
         let view = read_pool(endpoints, timeout, ns).await?;
+        let mut too_far = None;
         let candidates: Vec<_> = rank_candidates(
             &view,
             want.range.clone(),
@@ -193,7 +226,24 @@ async fn claim_ids(
         )
         .into_iter()
         .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
+        .filter(|c| match view.fences.get(&c.machine_id) {
+            Some(&f) if f > want.max_floor => {
+                too_far.get_or_insert((c.machine_id, f));
+                false
+            }
+            _ => true,
+        })
         .collect();
+        if let (true, Some((machine_id, fence))) = (candidates.is_empty(), too_far) {
+            let ahead = Duration::from_millis(fence.get().saturating_sub(want.now.get()));
+            let max = Duration::from_millis(want.max_floor.get().saturating_sub(want.now.get()));
+            return Err(LeaseError::FenceTooFarAhead {
+                machine_id,
+                fence,
+                ahead,
+                max,
+            });
+        }
         if candidates.is_empty() {
             return Err(LeaseError::NoFreeMachineId {
                 namespace: ns.to_owned(),
@@ -236,9 +286,9 @@ async fn claim_ids(
             let floor = match resp.op_responses().get(1) {
                 Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
                     Some(kv) => parse_fence(&fence, kv.value())?,
-                    None => Millis(0),
+                    None => want.absent_floor,
                 },
-                _ => Millis(0),
+                _ => want.absent_floor,
             };
             revision = revision.max(resp.header().map(|h| h.revision()).unwrap_or(0));
             held.push(HeldId {
@@ -392,6 +442,11 @@ impl EtcdStore {
             .layout
             .to_layout_ms(self.clock.unix_ms())
             .unwrap_or_default();
+        let (absent_floor, max_floor) = ClaimRequest::floors(
+            now,
+            self.settings.fence_horizon,
+            self.settings.max_fence_wait,
+        );
         let want = ClaimRequest {
             namespace: &self.settings.namespace,
             holder: &self.settings.instance_id,
@@ -399,6 +454,8 @@ impl EtcdStore {
             count: self.settings.machine_ids as usize,
             lease_id,
             now,
+            absent_floor,
+            max_floor,
         };
         claim_ids(&mut self.endpoints, self.settings.request_timeout, want).await
     }
@@ -523,7 +580,10 @@ impl EtcdStore {
     /// returned task ends with `HolderChanged` when one of the claim's keys is
     /// deleted or rewritten for another holder or lease (an operator's
     /// `etcdctl del`, an expiry seen by etcd). Aborted when dropped.
-    pub fn watch_holders(&self, claim: &Claim) -> AbortOnDropHandle<LossReason> {
+    pub fn watch_holders(
+        &self,
+        claim: &Claim,
+    ) -> AbortOnDropHandle<Result<LossReason, LeaseError>> {
         let prefix = keys::holder_prefix(self.ns());
         let ours: Vec<MachineId> = claim.held.iter().map(|h| h.machine_id).collect();
         let instance_id = self.settings.instance_id.clone();
@@ -573,7 +633,7 @@ impl EtcdStore {
                                         })
                                     });
                                     if !intact {
-                                        return LossReason::HolderChanged;
+                                        return Ok(LossReason::HolderChanged);
                                     }
                                     next_revision =
                                         get.header().map(|h| h.revision() + 1).unwrap_or(0);
@@ -592,11 +652,20 @@ impl EtcdStore {
                                 if !ours.contains(&id) {
                                     continue;
                                 }
+                                if event.event_type() == EventType::Put
+                                    && kv.value() == instance_id_for_log.as_bytes()
+                                    && kv.lease() != lease_id
+                                {
+                                    // Our instance id, another lease: a second live
+                                    // process with our --instance-id. Stop rather
+                                    // than take it back and forth forever.
+                                    return Err(LeaseError::DuplicateInstance {
+                                        instance_id: instance_id_for_log,
+                                        machine_id: id,
+                                    });
+                                }
                                 if event.event_type() != EventType::Put || !is_ours(kv) {
-                                    if kv.value() == instance_id_for_log.as_bytes() {
-                                        error!(machine_id = id.get(), instance_id = %instance_id_for_log, "another live process claimed this machine id under the same instance id: every live process needs its own --instance-id");
-                                    }
-                                    return LossReason::HolderChanged;
+                                    return Ok(LossReason::HolderChanged);
                                 }
                             }
                         }

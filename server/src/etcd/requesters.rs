@@ -48,6 +48,8 @@ pub struct RequesterLeases {
     endpoints: Endpoints,
     clock: SharedClock,
     timeout: Duration,
+    fence_horizon: Duration,
+    max_fence_wait: Duration,
 }
 
 impl std::fmt::Debug for RequesterLeases {
@@ -98,6 +100,8 @@ impl RequesterLeases {
             endpoints: store.endpoints.clone(),
             clock: store.clock.clone(),
             timeout: store.settings.request_timeout,
+            fence_horizon: store.settings.fence_horizon,
+            max_fence_wait: store.settings.max_fence_wait,
         }
     }
 
@@ -223,6 +227,8 @@ impl RequesterLeases {
         let now = layout
             .to_layout_ms(self.clock.unix_ms())
             .unwrap_or_default();
+        let (absent_floor, max_floor) =
+            ClaimRequest::floors(now, self.fence_horizon, self.max_fence_wait);
         let want = ClaimRequest {
             namespace,
             holder: &holder,
@@ -230,6 +236,8 @@ impl RequesterLeases {
             count: count as usize,
             lease_id,
             now,
+            absent_floor,
+            max_floor,
         };
         let claimed = claim_ids(&mut self.endpoints, self.timeout, want).await;
         let held = match claimed {

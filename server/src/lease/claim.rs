@@ -45,6 +45,9 @@ pub struct PoolView {
     pub fences: BTreeMap<MachineId, Millis>,
     /// Last-holder keys present: machine id → instance id of its last release.
     pub last_holders: BTreeMap<MachineId, String>,
+    /// Machine ids whose fence key holds an unreadable value: never claimed
+    /// (their true fence is unknown) until an operator repairs the key.
+    pub quarantined: std::collections::BTreeSet<MachineId>,
 }
 
 /// Ranks the machine ids of `range` for `instance_id` at layout time `now`.
@@ -65,6 +68,9 @@ pub fn rank_candidates(
     for raw in range {
         let Ok(raw) = u16::try_from(raw) else { break };
         let id = MachineId(raw);
+        if view.quarantined.contains(&id) {
+            continue;
+        }
         match (view.holders.get(&id), view.fences.get(&id)) {
             (Some(holder), _) if holder == instance_id => own.push(id),
             (Some(_), _) => {}
@@ -104,6 +110,7 @@ mod tests {
     fn view(holders: &[(u16, &str)], fences: &[(u16, u64)]) -> PoolView {
         PoolView {
             last_holders: BTreeMap::new(),
+            quarantined: Default::default(),
             holders: holders
                 .iter()
                 .map(|&(m, h)| (MachineId(m), h.to_owned()))
@@ -146,6 +153,16 @@ mod tests {
                 kind: CandidateKind::Free
             }
         );
+    }
+
+    #[test]
+    fn a_quarantined_id_is_never_a_candidate() {
+        let mut v = view(&[], &[]);
+        v.quarantined.insert(MachineId(1));
+        let got = rank_candidates(&v, 0..3, "a", Millis(0), &mut StdRng::seed_from_u64(1));
+        let mut got = ids(&got);
+        got.sort();
+        assert_eq!(got, vec![0, 2]);
     }
 
     #[test]

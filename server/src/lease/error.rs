@@ -107,6 +107,14 @@ pub enum LeaseError {
         /// The clock.
         unix_ms: u64,
     },
+    /// Another live process claimed our machine id under our instance id.
+    #[error("another live process took machine id {machine_id} under the same instance id {instance_id:?}: every live process needs its own --instance-id")]
+    DuplicateInstance {
+        /// The instance id.
+        instance_id: String,
+        /// The machine id taken.
+        machine_id: MachineId,
+    },
     /// The lease was lost.
     #[error("machine-id lease lost ({reason})")]
     LeaseLost {
@@ -155,6 +163,7 @@ impl LeaseError {
     pub fn is_retryable(&self) -> bool {
         match self {
             LeaseError::LeaseLost { .. }
+            | LeaseError::Corrupt { .. }
             | LeaseError::Timeout { .. }
             | LeaseError::Etcd(_)
             | LeaseError::Io { .. } => true,
@@ -165,7 +174,7 @@ impl LeaseError {
             | LeaseError::FenceTooFarAhead { .. }
             | LeaseError::ClockBeforeEpoch { .. }
             | LeaseError::LayoutExhausted { .. }
-            | LeaseError::Corrupt { .. }
+            | LeaseError::DuplicateInstance { .. }
             | LeaseError::StateLocked { .. } => false,
         }
     }

@@ -142,7 +142,7 @@ impl Store {
 
     /// A task that ends when a holder key of the claim changes under us; the
     /// embedded store has no such key, so its task never ends.
-    fn watch_holders(&self, claim: &Claim) -> AbortOnDropHandle<LossReason> {
+    fn watch_holders(&self, claim: &Claim) -> AbortOnDropHandle<Result<LossReason, LeaseError>> {
         match self {
             Store::Etcd(s) => s.watch_holders(claim),
             Store::Local(_) => AbortOnDropHandle::new(tokio::spawn(std::future::pending())),
@@ -212,6 +212,7 @@ pub struct LeaseManager {
 enum Held {
     Released,
     Lost(LossReason),
+    Fatal(LeaseError),
 }
 
 impl LeaseManager {
@@ -246,6 +247,9 @@ impl LeaseManager {
     /// machine id, fence too far ahead, lease lost with `--on-lease-lost exit`).
     pub async fn run(mut self, release: CancellationToken) -> Result<(), LeaseError> {
         let mut backoff = CLAIM_BACKOFF.0;
+        // Before the first claim, a full pool or far fences are an operator's
+        // problem (exit); after a loss, others may release, so keep trying.
+        let mut held_before = false;
         loop {
             let claimed = tokio::select! {
                 _ = release.cancelled() => return Ok(()),
@@ -253,7 +257,15 @@ impl LeaseManager {
             };
             let claim = match claimed {
                 Ok(c) => c,
-                Err(e) if e.is_retryable() => {
+                Err(e)
+                    if e.is_retryable()
+                        || (held_before
+                            && matches!(
+                                e,
+                                LeaseError::NoFreeMachineId { .. }
+                                    | LeaseError::FenceTooFarAhead { .. }
+                            )) =>
+                {
                     warn!(namespace = %self.namespace, error = %crate::DisplayChain(&e), retry_in = ?backoff, "claim failed");
                     tokio::select! {
                         _ = release.cancelled() => return Ok(()),
@@ -266,6 +278,7 @@ impl LeaseManager {
             };
             debug_assert_eq!(claim.held.len(), self.slots.len());
             backoff = CLAIM_BACKOFF.0;
+            held_before = true;
             let now = self.now_ms();
             if let Some(h) = claim.held.iter().max_by_key(|h| h.floor) {
                 let ahead = Duration::from_millis(h.floor.get().saturating_sub(now.get()));
@@ -276,18 +289,28 @@ impl LeaseManager {
                         ahead,
                         max: self.timing.max_fence_wait,
                     };
-                    // Give the ids back untouched (their fences stay where they were).
-                    let floors: Vec<Millis> = claim.held.iter().map(|h| h.floor).collect();
-                    if let Err(e) = self.store.release(&claim, &floors).await {
-                        warn!(error = %crate::DisplayChain(&e), "could not release the machine ids after refusing them");
+                    if let Store::Local(_) = self.store {
+                        // The embedded store has only these ids: nothing else to try.
+                        return Err(err);
                     }
-                    return Err(err);
+                    // etcd skips such ids when ranking; this one's fence moved
+                    // after the ranking read. Give it back untouched (revoking
+                    // frees the keys, leaves the fence and records no last
+                    // holder) and claim again.
+                    warn!(error = %crate::DisplayChain(&err), "claimed machine id is fenced too far ahead; claiming again");
+                    self.store.forget(&claim).await;
+                    continue;
                 }
             }
             match self.hold(claim, &release).await {
                 (claim, Held::Released) => {
                     self.release(claim).await;
                     return Ok(());
+                }
+                (claim, Held::Fatal(e)) => {
+                    self.withdraw();
+                    self.store.forget(&claim).await;
+                    return Err(e);
                 }
                 (claim, Held::Lost(reason)) => {
                     self.withdraw();
@@ -428,9 +451,13 @@ impl LeaseManager {
             }
             tokio::select! {
                 _ = release.cancelled() => return (claim, Held::Released),
-                reason = &mut holder_watch => {
-                    let reason = reason.unwrap_or(LossReason::HolderChanged);
-                    return (claim, Held::Lost(reason));
+                outcome = &mut holder_watch => {
+                    return match outcome {
+                        Ok(Ok(reason)) => (claim, Held::Lost(reason)),
+                        Ok(Err(e)) => (claim, Held::Fatal(e)),
+                        // The watch task panicked: assume the worst.
+                        Err(_) => (claim, Held::Lost(LossReason::HolderChanged)),
+                    };
                 }
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
             }

@@ -12,6 +12,9 @@ use tonic_health::ServingStatus;
 
 use crate::metrics as m;
 
+/// How often readiness is re-checked between grant changes.
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Service names whose status is reported: "" (the whole server) and IdService.
 const SERVICES: [&str; 2] = ["", "snowkeep.v1.IdService"];
 
@@ -44,9 +47,12 @@ pub async fn follow_issuance(
             ServingStatus::NotServing
         };
         set(&reporter, status, &namespace).await;
+        // Grants change on lease events; the clock reaching a fence that was
+        // not raised, or stepping back, changes readiness without one.
         tokio::select! {
             _ = shutdown.cancelled() => break,
             changed = grants.changed() => if changed.is_err() { break },
+            _ = tokio::time::sleep(RECHECK) => {}
         }
     }
     set(&reporter, ServingStatus::NotServing, &namespace).await;

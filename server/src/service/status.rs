@@ -2,7 +2,7 @@
 
 use snowkeep_client::GenerateError;
 use tonic::{Code, Status};
-use tracing::warn;
+use tracing::debug;
 
 use crate::config::MAX_BATCH;
 
@@ -74,14 +74,11 @@ impl From<ApiError> for Status {
             ApiError::Generate(g) if code == Code::Unavailable => {
                 format!("{g}; retry shortly or on another snowkeep server")
             }
-            other => other.to_string(),
+            other => crate::DisplayChain(other).to_string(),
         };
-        if matches!(
-            code,
-            Code::Unavailable | Code::Internal | Code::FailedPrecondition
-        ) {
-            warn!(code = ?code, error = %err, "request refused");
-        }
+        // Per-request refusals would flood the logs while issuance is stopped;
+        // the lease loop logs the cause once, and metrics count the refusals.
+        debug!(code = ?code, error = %crate::DisplayChain(&err), "request refused");
         Status::new(code, message)
     }
 }

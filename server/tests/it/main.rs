@@ -11,3 +11,4 @@ mod issuance;
 mod lease;
 mod release;
 mod support;
+mod tampering;
