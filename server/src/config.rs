@@ -37,6 +37,13 @@ pub const DEFAULT_SHUTDOWN_GRACE_PERIOD: &str = "10s";
 /// Most machine ids one instance holds (one etcd transaction covers them all).
 pub const MAX_MACHINE_IDS: u32 = 256;
 
+/// Default first lease of an embedded requester (spec/002: 10 min).
+pub const DEFAULT_FIRST_LEASE_DURATION: &str = "10m";
+/// Default renewed lease of an embedded requester (spec/002: 48 h).
+pub const DEFAULT_RENEWED_LEASE_DURATION: &str = "48h";
+/// Default client clock-skew threshold (spec/002's cleanup grace: 10 min).
+pub const DEFAULT_CLIENT_SKEW_THRESHOLD: &str = "10m";
+
 /// Largest `count` of one `NextIds` call and largest stream `batch_size`.
 pub const MAX_BATCH: u32 = 100_000;
 
@@ -93,6 +100,17 @@ pub struct Args {
     /// Bound on draining in-flight requests on SIGTERM/SIGINT before release.
     #[arg(long, env = "SNOWKEEP_SHUTDOWN_GRACE_PERIOD", default_value = DEFAULT_SHUTDOWN_GRACE_PERIOD, value_parser = humantime::parse_duration)]
     pub shutdown_grace_period: Duration,
+    /// Lease API: the lease an embedded requester gets from Acquire (1m to 20m).
+    #[arg(long, env = "SNOWKEEP_FIRST_LEASE_DURATION", default_value = DEFAULT_FIRST_LEASE_DURATION, value_parser = humantime::parse_duration)]
+    pub first_lease_duration: Duration,
+    /// Lease API: the lease a Renew extends to (5s to 30 days; renewals come
+    /// at half of it).
+    #[arg(long, env = "SNOWKEEP_RENEWED_LEASE_DURATION", default_value = DEFAULT_RENEWED_LEASE_DURATION, value_parser = humantime::parse_duration)]
+    pub renewed_lease_duration: Duration,
+    /// Lease API: Acquire is refused when the client's clock is behind by more
+    /// than this (0 never refuses); half of it logs a warning.
+    #[arg(long, env = "SNOWKEEP_CLIENT_SKEW_THRESHOLD", default_value = DEFAULT_CLIENT_SKEW_THRESHOLD, value_parser = humantime::parse_duration)]
+    pub client_skew_threshold: Duration,
     /// On a lost lease: re-claim (default) or exit with code 1.
     #[arg(long, env = "SNOWKEEP_ON_LEASE_LOST", value_enum, default_value_t = OnLeaseLost::Reclaim)]
     pub on_lease_lost: OnLeaseLost,
@@ -154,6 +172,19 @@ pub struct ServerConfig {
     pub shutdown_grace_period: Duration,
     /// Loss policy.
     pub on_lease_lost: OnLeaseLost,
+    /// Lease API durations and skew threshold.
+    pub lease_api: LeaseApiConfig,
+}
+
+/// Settings of the Lease API for embedded requesters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseApiConfig {
+    /// Lease granted by Acquire.
+    pub first_lease: Duration,
+    /// Lease granted by Renew.
+    pub renewed_lease: Duration,
+    /// Client clock-skew threshold (0: never refuse).
+    pub skew_threshold: Duration,
 }
 
 /// Invalid configuration (exit code 64).
@@ -177,6 +208,18 @@ pub enum ConfigError {
         flag: &'static str,
         /// Given.
         value: Duration,
+        /// Largest allowed.
+        max: Duration,
+    },
+    /// A duration outside its range.
+    #[error("invalid {flag} {}: use {} to {}", humantime::format_duration(*value), humantime::format_duration(*min), humantime::format_duration(*max))]
+    OutOfRange {
+        /// The flag and its variable.
+        flag: &'static str,
+        /// Given.
+        value: Duration,
+        /// Smallest allowed.
+        min: Duration,
         /// Largest allowed.
         max: Duration,
     },
@@ -265,6 +308,24 @@ impl TryFrom<Args> for ServerConfig {
                 return Err(ConfigError::TooLong { flag, value, max });
             }
         }
+        let minute = Duration::from_secs(60);
+        if !(minute..=minute * 20).contains(&args.first_lease_duration) {
+            return Err(ConfigError::OutOfRange {
+                flag: "--first-lease-duration (SNOWKEEP_FIRST_LEASE_DURATION)",
+                value: args.first_lease_duration,
+                min: minute,
+                max: minute * 20,
+            });
+        }
+        let (min_renew, max_renew) = (Duration::from_secs(5), Duration::from_secs(30 * 86_400));
+        if !(min_renew..=max_renew).contains(&args.renewed_lease_duration) {
+            return Err(ConfigError::OutOfRange {
+                flag: "--renewed-lease-duration (SNOWKEEP_RENEWED_LEASE_DURATION)",
+                value: args.renewed_lease_duration,
+                min: min_renew,
+                max: max_renew,
+            });
+        }
         if args.fence_horizon >= args.max_fence_wait {
             return Err(ConfigError::HorizonNotBelowMaxWait {
                 horizon: args.fence_horizon,
@@ -329,6 +390,11 @@ impl TryFrom<Args> for ServerConfig {
             max_backward_wait: args.max_backward_wait,
             shutdown_grace_period: args.shutdown_grace_period,
             on_lease_lost: args.on_lease_lost,
+            lease_api: LeaseApiConfig {
+                first_lease: args.first_lease_duration,
+                renewed_lease: args.renewed_lease_duration,
+                skew_threshold: args.client_skew_threshold,
+            },
         })
     }
 }

@@ -37,6 +37,10 @@ pub const FENCE_WAIT_DURATION_SECONDS: &str = "snowkeep_fence_wait_duration_seco
 pub const SEQUENCE_EXHAUSTED_TOTAL: &str = "snowkeep_sequence_exhausted_total";
 /// Backwards clock steps; label `outcome` = `waited`|`halted`.
 pub const CLOCK_BACKWARD_STEPS_TOTAL: &str = "snowkeep_clock_backward_steps_total";
+/// Absolute clock skew observed; label `source` = `client`|`peer`.
+pub const CLOCK_SKEW_SECONDS: &str = "snowkeep_clock_skew_seconds";
+/// Lease API Acquires refused for client clock skew.
+pub const CLOCK_SKEW_REJECTIONS_TOTAL: &str = "snowkeep_clock_skew_rejections_total";
 /// 1 while ids can be issued, else 0; label `namespace` (mirrors gRPC health).
 pub const ISSUANCE_READY: &str = "snowkeep_issuance_ready";
 
@@ -121,7 +125,18 @@ pub fn describe_all() {
         ISSUANCE_READY,
         "1 while this instance can issue ids, else 0."
     );
+    describe_histogram!(
+        CLOCK_SKEW_SECONDS,
+        Unit::Seconds,
+        "Absolute clock skew observed: client-reported (Lease API) or to peers."
+    );
+    describe_counter!(
+        CLOCK_SKEW_REJECTIONS_TOTAL,
+        Unit::Count,
+        "Lease API Acquires refused because the client clock was behind beyond the threshold."
+    );
     // Counters exist from the start (at 0) so rates and alerts see them.
+    metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);
     for result in ["ok", "error"] {
         metrics::counter!(LEASE_RENEWALS_TOTAL, "result" => result).increment(0);
         metrics::counter!(FENCE_ADVANCES_TOTAL, "result" => result).increment(0);

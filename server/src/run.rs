@@ -14,11 +14,12 @@ use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
 
 use crate::config::{ServerConfig, StoreConfig};
+use crate::etcd::requesters::RequesterLeases;
 use crate::etcd::{EtcdSettings, EtcdStore};
 use crate::lease::{LeaseError, LeaseManager, LeaseTiming, Slot, Store};
 use crate::local::LocalStore;
 use crate::metrics as m;
-use crate::service::{self, health, id::IdHandler, info::InfoHandler};
+use crate::service::{self, health, id::IdHandler, info::InfoHandler, lease::LeaseHandler};
 
 /// Bound on the release at shutdown (release txn + lease revoke).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -153,9 +154,9 @@ pub async fn run(
     let grant_rx = grant_rx.expect("config guarantees at least one machine id");
     let generators = GeneratorSet::new(slots.iter().map(|s| s.generator.clone()).collect());
     let store_kind = store.kind();
-    let capacity = match &store {
-        Store::Etcd(s) => Some(s.capacity_reader()),
-        Store::Local(_) => None,
+    let (capacity, requesters) = match &store {
+        Store::Etcd(s) => (Some(s.capacity_reader()), Some(RequesterLeases::new(s))),
+        Store::Local(_) => (None, None),
     };
     let manager = LeaseManager::new(
         store,
@@ -184,6 +185,7 @@ pub async fn run(
             store_kind,
             capacity,
         ),
+        LeaseHandler::new(requesters, config.lease_api, clock.clone()),
     )?;
     tracker.spawn(health::follow_issuance(
         reporter,

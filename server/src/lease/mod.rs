@@ -16,6 +16,7 @@
 
 pub mod claim;
 mod error;
+pub mod skew;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

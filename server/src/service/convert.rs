@@ -4,6 +4,9 @@
 use std::ops::Range;
 
 use snowkeep_client::Layout;
+
+use super::status::ApiError;
+use crate::etcd::requesters::RequesterGrant;
 use snowkeep_proto::v1 as pb;
 
 /// A layout as its protobuf message.
@@ -13,6 +16,70 @@ pub fn layout_to_pb(layout: &Layout) -> pb::Layout {
         machine_bits: u32::from(layout.machine_bits()),
         sequence_bits: u32::from(layout.sequence_bits()),
         epoch_unix_ms: layout.epoch_unix_ms(),
+    }
+}
+
+/// The etcd key form of a requester, `host_id:pid:start_unix_ms`, after
+/// checking its fields (INVALID_ARGUMENT when absent or malformed).
+pub fn requester_key(requester: Option<&pb::Requester>) -> Result<String, ApiError> {
+    let r = requester.ok_or(ApiError::InvalidRequester {
+        reason: "requester is missing",
+    })?;
+    let host_ok = !r.host_id.is_empty()
+        && r.host_id.len() <= 128
+        && r.host_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !host_ok {
+        return Err(ApiError::InvalidRequester {
+            reason: "host_id must be 1-128 characters of A-Z a-z 0-9 . _ -",
+        });
+    }
+    if r.pid == 0 || r.start_unix_ms == 0 {
+        return Err(ApiError::InvalidRequester {
+            reason: "pid and start_unix_ms must be set",
+        });
+    }
+    Ok(format!("{}:{}:{}", r.host_id, r.pid, r.start_unix_ms))
+}
+
+/// Checks a namespace name like `--namespace` does (INVALID_ARGUMENT otherwise).
+pub fn check_namespace(namespace: &str) -> Result<(), ApiError> {
+    let ok = !namespace.is_empty()
+        && namespace.len() <= 64
+        && namespace
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidNamespace {
+            namespace: namespace.to_owned(),
+        })
+    }
+}
+
+/// A requester's grant as its protobuf message.
+pub fn grant_to_pb(grant: RequesterGrant, server_time_unix_ms: u64) -> pb::LeaseGrant {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    pb::LeaseGrant {
+        machine_ids: grant
+            .held
+            .iter()
+            .map(|h| pb::LeasedMachineId {
+                machine_id: u32::from(h.machine_id.get()),
+                floor_ms: h.floor.get(),
+                fence_ms: h.fence.get(),
+            })
+            .collect(),
+        lease_duration_ms: ms(grant.duration),
+        expires_in_ms: if grant.held.is_empty() {
+            0
+        } else {
+            ms(grant.duration)
+        },
+        layout: Some(layout_to_pb(&grant.layout)),
+        server_time_unix_ms,
     }
 }
 

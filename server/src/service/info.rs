@@ -100,7 +100,7 @@ impl pb::info_service_server::InfoService for InfoHandler {
     ) -> Result<Response<pb::Capacity>, Status> {
         let (capacity, range) = match self.capacity.clone() {
             Some(mut reader) => (
-                reader.read().await.map_err(ApiError::Store)?,
+                reader.read().await.map_err(ApiError::Lease)?,
                 reader.range(),
             ),
             None => {

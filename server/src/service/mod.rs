@@ -5,6 +5,7 @@ pub mod convert;
 pub mod health;
 pub mod id;
 pub mod info;
+pub mod lease;
 pub mod status;
 
 use snowkeep_proto::v1 as pb;
@@ -16,6 +17,7 @@ use tonic_health::server::HealthReporter;
 pub fn router(
     id: id::IdHandler,
     info: info::InfoHandler,
+    lease: lease::LeaseHandler,
 ) -> Result<(Routes, HealthReporter), tonic_reflection::server::Error> {
     let (reporter, health) = tonic_health::server::health_reporter();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
@@ -28,6 +30,7 @@ pub fn router(
         .build_v1alpha()?;
     let routes = Routes::new(pb::id_service_server::IdServiceServer::new(id))
         .add_service(pb::info_service_server::InfoServiceServer::new(info))
+        .add_service(pb::lease_service_server::LeaseServiceServer::new(lease))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);

@@ -5,6 +5,7 @@ use tonic::{Code, Status};
 use tracing::debug;
 
 use crate::config::MAX_BATCH;
+use crate::lease::LeaseError;
 
 /// Errors a gRPC handler returns.
 #[derive(Debug, thiserror::Error)]
@@ -28,9 +29,46 @@ pub enum ApiError {
         /// Maximum.
         max: u32,
     },
-    /// The lease store could not be read.
-    #[error("the lease store could not be read")]
-    Store(#[source] crate::lease::LeaseError),
+    /// The lease store refused or failed.
+    #[error(transparent)]
+    Lease(crate::lease::LeaseError),
+    /// The Lease API was called on a server without etcd.
+    #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the embedded single-instance store")]
+    LeaseApiNeedsEtcd,
+    /// The client's clock is behind the server's beyond the threshold.
+    #[error("client clock is {} behind the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
+    ClientClockBehind {
+        /// Skew (server − client).
+        skew: std::time::Duration,
+        /// The threshold.
+        threshold: std::time::Duration,
+    },
+    /// A malformed requester identity.
+    #[error("invalid requester: {reason}")]
+    InvalidRequester {
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A malformed namespace.
+    #[error("invalid namespace {namespace:?}: use 1-64 characters of A-Z a-z 0-9 _ . -")]
+    InvalidNamespace {
+        /// Given.
+        namespace: String,
+    },
+    /// `Acquire.count` out of range.
+    #[error("count must be between 1 and {max}, got {got}")]
+    InvalidLeaseCount {
+        /// Given.
+        got: u32,
+        /// Maximum.
+        max: u32,
+    },
+    /// A machine id that cannot exist.
+    #[error("machine id {got} is out of range (at most 65535)")]
+    InvalidMachineId {
+        /// Given.
+        got: u32,
+    },
     /// An id with the sign bit set.
     #[error("id {id} has its top bit set; snowkeep ids are 63-bit")]
     InvalidId {
@@ -54,7 +92,30 @@ fn code_of(err: &ApiError) -> Code {
         ApiError::InvalidCount { .. }
         | ApiError::InvalidBatchSize { .. }
         | ApiError::InvalidId { .. } => Code::InvalidArgument,
-        ApiError::Store(_) => Code::Unavailable,
+        ApiError::InvalidRequester { .. }
+        | ApiError::InvalidNamespace { .. }
+        | ApiError::InvalidLeaseCount { .. }
+        | ApiError::InvalidMachineId { .. } => Code::InvalidArgument,
+        ApiError::ClientClockBehind { .. } | ApiError::LeaseApiNeedsEtcd => {
+            Code::FailedPrecondition
+        }
+        ApiError::Lease(e) => match e {
+            LeaseError::UnknownNamespace { .. } => Code::NotFound,
+            LeaseError::NoFreeMachineId { .. } => Code::ResourceExhausted,
+            LeaseError::CountMismatch { .. } | LeaseError::LayoutExhausted { .. } => {
+                Code::FailedPrecondition
+            }
+            LeaseError::FenceTooFarAhead { .. }
+            | LeaseError::LeaseLost { .. }
+            | LeaseError::Timeout { .. }
+            | LeaseError::Etcd(_)
+            | LeaseError::Io { .. } => Code::Unavailable,
+            LeaseError::Corrupt { .. }
+            | LeaseError::LayoutMismatch { .. }
+            | LeaseError::ClockBeforeEpoch { .. }
+            | LeaseError::DuplicateInstance { .. }
+            | LeaseError::StateLocked { .. } => Code::Internal,
+        },
         ApiError::Generate(g) => match g {
             GenerateError::NoGrant
             | GenerateError::LeaseExpired
@@ -101,11 +162,52 @@ mod tests {
             ),
             (ApiError::InvalidId { id: 1 << 63 }, Code::InvalidArgument),
             (
-                ApiError::Store(crate::lease::LeaseError::Timeout {
+                ApiError::Lease(LeaseError::Timeout {
                     op: "x",
                     after: Duration::ZERO,
                 }),
                 Code::Unavailable,
+            ),
+            (
+                ApiError::Lease(LeaseError::UnknownNamespace {
+                    namespace: "x".into(),
+                }),
+                Code::NotFound,
+            ),
+            (
+                ApiError::Lease(LeaseError::NoFreeMachineId {
+                    namespace: "x".into(),
+                    capacity: 1,
+                    start: 0,
+                    end: 1,
+                }),
+                Code::ResourceExhausted,
+            ),
+            (
+                ApiError::Lease(LeaseError::CountMismatch { held: 1, asked: 2 }),
+                Code::FailedPrecondition,
+            ),
+            (
+                ApiError::ClientClockBehind {
+                    skew: Duration::from_secs(900),
+                    threshold: Duration::from_secs(600),
+                },
+                Code::FailedPrecondition,
+            ),
+            (ApiError::LeaseApiNeedsEtcd, Code::FailedPrecondition),
+            (
+                ApiError::InvalidRequester { reason: "x" },
+                Code::InvalidArgument,
+            ),
+            (
+                ApiError::InvalidNamespace {
+                    namespace: "x".into(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                ApiError::InvalidLeaseCount { got: 0, max: 256 },
+                Code::InvalidArgument,
             ),
             (GenerateError::NoGrant.into(), Code::Unavailable),
             (GenerateError::LeaseExpired.into(), Code::Unavailable),
@@ -137,6 +239,18 @@ mod tests {
         for (err, code) in table {
             assert_eq!(Status::from(err).code(), code);
         }
+    }
+
+    #[test]
+    fn a_skew_refusal_names_skew_threshold_and_remedy() {
+        let s = Status::from(ApiError::ClientClockBehind {
+            skew: Duration::from_secs(900),
+            threshold: Duration::from_secs(600),
+        });
+        assert_eq!(
+            s.message(),
+            "client clock is 15m behind the server, over the 10m threshold: sync this host with NTP (chrony/ntpd), then retry"
+        );
     }
 
     #[test]

@@ -1,0 +1,196 @@
+//! `LeaseService`: the embedded generators' lease API (spec/002's
+//! Alloc/Renew/Remove/remaining-count/version) over [`RequesterLeases`].
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use snowkeep_client::{MachineId, Millis, SharedClock};
+use snowkeep_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+use tracing::warn;
+
+use super::convert;
+use super::status::ApiError;
+use crate::config::LeaseApiConfig;
+use crate::etcd::requesters::{RequesterGrant, RequesterLeases, MAX_REQUESTER_IDS};
+use crate::lease::skew::{self, SkewVerdict};
+use crate::metrics as m;
+
+/// How long the last skew seen from a requester is kept beyond its lease
+/// (spec/002: lease duration + grace).
+const SKEW_RECORD_GRACE: Duration = Duration::from_secs(600);
+
+/// Serves `snowkeep.v1.LeaseService`.
+#[derive(Clone)]
+pub struct LeaseHandler {
+    /// `None` on the embedded store: the Lease API needs etcd.
+    leases: Option<RequesterLeases>,
+    config: LeaseApiConfig,
+    clock: SharedClock,
+}
+
+impl LeaseHandler {
+    /// Creates the handler.
+    pub fn new(
+        leases: Option<RequesterLeases>,
+        config: LeaseApiConfig,
+        clock: SharedClock,
+    ) -> Self {
+        Self {
+            leases,
+            config,
+            clock,
+        }
+    }
+
+    fn leases(&self) -> Result<RequesterLeases, ApiError> {
+        self.leases.clone().ok_or(ApiError::LeaseApiNeedsEtcd)
+    }
+
+    /// Judges and records the client's clock skew; `Err` when Acquire must be refused.
+    async fn check_skew(
+        &self,
+        leases: &mut RequesterLeases,
+        namespace: &str,
+        requester: &str,
+        client_time_unix_ms: Option<u64>,
+        acquire: bool,
+        keep: Duration,
+    ) -> Result<(), ApiError> {
+        let Some(client) = client_time_unix_ms else {
+            return Ok(());
+        };
+        let server = self.clock.unix_ms();
+        let skew_ms =
+            i64::try_from(server).unwrap_or(i64::MAX) - i64::try_from(client).unwrap_or(i64::MAX);
+        metrics::histogram!(m::CLOCK_SKEW_SECONDS, "source" => "client")
+            .record(skew_ms.unsigned_abs() as f64 / 1000.0);
+        leases
+            .record_skew(namespace, requester, skew_ms, keep + SKEW_RECORD_GRACE)
+            .await;
+        match skew::judge(skew_ms, self.config.skew_threshold, acquire) {
+            SkewVerdict::Fine => Ok(()),
+            SkewVerdict::Warn => {
+                warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "client clock skew over half the threshold");
+                Ok(())
+            }
+            SkewVerdict::Reject => {
+                metrics::counter!(m::CLOCK_SKEW_REJECTIONS_TOTAL).increment(1);
+                warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "refused Acquire: client clock behind the server");
+                Err(ApiError::ClientClockBehind {
+                    skew: Duration::from_millis(skew_ms.unsigned_abs()),
+                    threshold: self.config.skew_threshold,
+                })
+            }
+        }
+    }
+
+    fn grant_to_pb(&self, grant: RequesterGrant) -> pb::LeaseGrant {
+        convert::grant_to_pb(grant, self.clock.unix_ms())
+    }
+}
+
+#[tonic::async_trait]
+impl pb::lease_service_server::LeaseService for LeaseHandler {
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::LeaseGrant>, Status> {
+        let req = request.into_inner();
+        let requester = convert::requester_key(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        if req.count == 0 || req.count > MAX_REQUESTER_IDS {
+            return Err(ApiError::InvalidLeaseCount {
+                got: req.count,
+                max: MAX_REQUESTER_IDS,
+            }
+            .into());
+        }
+        let mut leases = self.leases()?;
+        let first = self.config.first_lease;
+        self.check_skew(
+            &mut leases,
+            &req.namespace,
+            &requester,
+            req.client_time_unix_ms,
+            true,
+            first,
+        )
+        .await?;
+        let grant = leases
+            .acquire(&req.namespace, &requester, req.count, first)
+            .await
+            .map_err(ApiError::Lease)?;
+        Ok(Response::new(self.grant_to_pb(grant)))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::LeaseGrant>, Status> {
+        let req = request.into_inner();
+        let requester = convert::requester_key(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        let mut leases = self.leases()?;
+        let renewed = self.config.renewed_lease;
+        self.check_skew(
+            &mut leases,
+            &req.namespace,
+            &requester,
+            req.client_time_unix_ms,
+            false,
+            renewed,
+        )
+        .await?;
+        let grant = leases
+            .renew(&req.namespace, &requester, renewed)
+            .await
+            .map_err(ApiError::Lease)?;
+        Ok(Response::new(self.grant_to_pb(grant)))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let req = request.into_inner();
+        let requester = convert::requester_key(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        let mut last_used = HashMap::new();
+        for (id, ts) in req.last_used_ms {
+            let id = u16::try_from(id).map_err(|_| ApiError::InvalidMachineId { got: id })?;
+            last_used.insert(MachineId(id), Millis(ts));
+        }
+        let released = self
+            .leases()?
+            .release(&req.namespace, &requester, &last_used)
+            .await
+            .map_err(ApiError::Lease)?;
+        Ok(Response::new(pb::ReleaseResponse { released }))
+    }
+
+    async fn capacity(
+        &self,
+        request: Request<pb::CapacityRequest>,
+    ) -> Result<Response<pb::Capacity>, Status> {
+        let namespace = request.into_inner().namespace;
+        convert::check_namespace(&namespace)?;
+        let mut leases = self.leases()?;
+        let capacity = leases.capacity(&namespace).await.map_err(ApiError::Lease)?;
+        Ok(Response::new(convert::capacity_to_pb(
+            &namespace,
+            capacity,
+            0..capacity.total,
+        )))
+    }
+
+    async fn version(
+        &self,
+        _request: Request<pb::VersionRequest>,
+    ) -> Result<Response<pb::VersionResponse>, Status> {
+        Ok(Response::new(pb::VersionResponse {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            api: "snowkeep.v1".to_owned(),
+        }))
+    }
+}
