@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::layout::Millis;
+use crate::layout::{LayoutError, MachineId, Millis};
 
 /// Why the generator issued no id. Every variant except
 /// [`GenerateError::LayoutExhausted`] is transient: retry later or elsewhere.
@@ -62,4 +62,109 @@ impl GenerateError {
             GenerateError::LayoutExhausted { .. } => false,
         }
     }
+}
+
+/// Why a client call or an embedded generator failed.
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// An endpoint URL could not be used.
+    #[error("invalid endpoint {endpoint:?}: use http://host:port")]
+    InvalidEndpoint {
+        /// The endpoint given.
+        endpoint: String,
+    },
+    /// No server address to call.
+    #[error("no snowkeep server to call: give at least one endpoint")]
+    NoServers,
+    /// A DNS name did not resolve.
+    #[error("cannot resolve {name}")]
+    Resolve {
+        /// The name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server answered with an error status.
+    #[error("server answered {}: {}", .0.code(), .0.message())]
+    Status(tonic::Status),
+    /// A grant's layout is invalid (spec/002: fail fast).
+    #[error("the server granted an invalid layout")]
+    BadLayout(#[source] LayoutError),
+    /// A granted machine id does not fit the layout's machine bits.
+    #[error("the server granted machine id {machine_id}, outside {machine_bits} machine bits")]
+    MachineIdOutOfRange {
+        /// The machine id.
+        machine_id: u32,
+        /// The layout's machine bits.
+        machine_bits: u8,
+    },
+    /// The grant was already expired when it arrived.
+    #[error("the grant was already expired by the local clock")]
+    GrantExpired,
+    /// The grant has a different number of machine ids than asked for.
+    #[error("asked for {asked} machine ids, the server granted {granted}")]
+    GrantCount {
+        /// Asked.
+        asked: u32,
+        /// Granted.
+        granted: usize,
+    },
+    /// The embedded generator stopped issuing for good.
+    #[error("issuance stopped: {0}")]
+    Stopped(StopReason),
+}
+
+impl ClientError {
+    /// True when the same call may succeed later or on another server.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ClientError::Status(s) => matches!(
+                s.code(),
+                tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::ResourceExhausted
+                    | tonic::Code::Aborted
+                    | tonic::Code::Internal
+                    | tonic::Code::Unknown
+                    | tonic::Code::FailedPrecondition
+                    | tonic::Code::NotFound
+                    | tonic::Code::Cancelled
+            ),
+            ClientError::Resolve { .. } => true,
+            ClientError::InvalidEndpoint { .. }
+            | ClientError::NoServers
+            | ClientError::BadLayout(_)
+            | ClientError::MachineIdOutOfRange { .. }
+            | ClientError::GrantExpired
+            | ClientError::GrantCount { .. }
+            | ClientError::Stopped(_) => false,
+        }
+    }
+}
+
+/// Why an embedded generator stopped issuing for good (spec/002's fail-fast
+/// rules); the application should stop or restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum StopReason {
+    /// Renew answered with no machine ids: the lease is gone at the server.
+    #[error("the server holds no lease for this requester any more")]
+    LeaseGone,
+    /// Renew answered with other machine ids than the ones held.
+    #[error("the server renewed {renewed} machine ids, {held} are held")]
+    MachineIdsChanged {
+        /// Held.
+        held: usize,
+        /// Renewed.
+        renewed: usize,
+    },
+    /// The lease passed its local deadline without a successful renewal.
+    #[error("the lease expired by the local clock before a renewal succeeded")]
+    Expired,
+    /// `shutdown` was called.
+    #[error("the generator was shut down")]
+    ShutDown,
+    /// A renewal answered with machine ids the layout cannot hold.
+    #[error("a renewal granted machine id {0} outside the layout")]
+    BadRenewal(MachineId),
 }

@@ -7,18 +7,24 @@
 //! | [`layout`] | bit layout, epoch, encode/decode, the `MachineId` and `Millis` newtypes |
 //! | [`clock`] | the only place time is read; `ManualClock` for tests |
 //! | [`generator`] | `Generator` and `Grant`: stamping under a fence and a lease deadline |
-//! | [`error`] | `GenerateError` |
+//! | [`embedded`] | `EmbeddedGenerator`: ids in process from machine ids leased through the Lease API |
+//! | [`remote`] | `RemoteClient` (several servers, retries) and `IdPool` (prefetch) |
+//! | [`error`] | `GenerateError`, `ClientError`, `StopReason` |
 //!
 //! The generator never talks to etcd or gRPC: a lease source publishes a
 //! [`generator::Grant`] through a `tokio::sync::watch` channel and the generator
 //! stamps only under it.
 
 pub mod clock;
+pub mod embedded;
 pub mod error;
 pub mod generator;
 pub mod layout;
+pub mod remote;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use error::GenerateError;
+pub use embedded::{EmbeddedConfig, EmbeddedGenerator, Requester};
+pub use error::{ClientError, GenerateError, StopReason};
 pub use generator::{Generator, GeneratorMetrics, GeneratorSet, Grant, Step, Taken};
 pub use layout::{DecodedId, Layout, LayoutError, MachineId, Millis};
+pub use remote::{IdPool, PoolConfig, RemoteClient, RemoteConfig};

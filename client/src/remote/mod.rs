@@ -1,0 +1,164 @@
+//! `RemoteClient`: calls `IdService` on several snowkeep servers, balancing
+//! round-robin and retrying a retryable failure (UNAVAILABLE, a transport
+//! error) on the next server with backoff, so one server going away costs a
+//! retry, not a failed call. [`IdPool`] prefetches in the background so
+//! `next_id()` is a local pop.
+
+mod pool;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use snowkeep_proto::v1 as pb;
+use tonic::transport::{Channel, Endpoint};
+use tracing::debug;
+
+pub use pool::{IdPool, PoolConfig};
+
+use crate::error::ClientError;
+
+/// Settings of a remote client.
+#[derive(Debug, Clone)]
+pub struct RemoteConfig {
+    /// Attempts per call across servers (at least the number of servers makes
+    /// every server get a chance).
+    pub attempts: u32,
+    /// First delay between attempts; doubles up to `max_backoff`.
+    pub backoff: Duration,
+    /// Largest delay between attempts.
+    pub max_backoff: Duration,
+    /// Timeout of one attempt.
+    pub request_timeout: Duration,
+}
+
+impl Default for RemoteConfig {
+    fn default() -> Self {
+        Self {
+            attempts: 6,
+            backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A client of several snowkeep servers.
+#[derive(Debug, Clone)]
+pub struct RemoteClient {
+    servers: Vec<pb::id_service_client::IdServiceClient<Channel>>,
+    next: std::sync::Arc<AtomicUsize>,
+    config: RemoteConfig,
+}
+
+fn retryable(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::DeadlineExceeded
+    )
+}
+
+impl RemoteClient {
+    /// A client of `endpoints` (`http://host:port`); connections open lazily.
+    pub fn new(endpoints: &[String], config: RemoteConfig) -> Result<Self, ClientError> {
+        if endpoints.is_empty() {
+            return Err(ClientError::NoServers);
+        }
+        let servers = endpoints
+            .iter()
+            .map(|e| {
+                let channel = Endpoint::from_shared(e.clone())
+                    .map_err(|_| ClientError::InvalidEndpoint {
+                        endpoint: e.clone(),
+                    })?
+                    .connect_timeout(config.request_timeout)
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                Ok(pb::id_service_client::IdServiceClient::new(channel)
+                    .max_decoding_message_size(64 << 20))
+            })
+            .collect::<Result<_, ClientError>>()?;
+        Ok(Self {
+            servers,
+            next: Default::default(),
+            config,
+        })
+    }
+
+    /// A client of every address `name:port` resolves to (a Kubernetes
+    /// headless Service, for example). Resolved once, now.
+    pub async fn from_dns(
+        name: &str,
+        port: u16,
+        config: RemoteConfig,
+    ) -> Result<Self, ClientError> {
+        let addrs = tokio::net::lookup_host((name, port))
+            .await
+            .map_err(|source| ClientError::Resolve {
+                name: name.to_owned(),
+                source,
+            })?;
+        let endpoints: Vec<String> = addrs.map(|a| format!("http://{a}")).collect();
+        Self::new(&endpoints, config)
+    }
+
+    /// Runs `call` on servers in turn until it succeeds or a non-retryable
+    /// status comes back, with backoff between attempts.
+    async fn with_retries<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    where
+        F: FnMut(pb::id_service_client::IdServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut delay = self.config.backoff;
+        let mut last = None;
+        for attempt in 0..self.config.attempts.max(1) {
+            let i = self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len();
+            let answer =
+                tokio::time::timeout(self.config.request_timeout, call(self.servers[i].clone()))
+                    .await;
+            let status = match answer {
+                Ok(Ok(r)) => return Ok(r.into_inner()),
+                Ok(Err(status)) => status,
+                Err(_) => tonic::Status::deadline_exceeded("no answer in time"),
+            };
+            if !retryable(&status) {
+                return Err(ClientError::Status(status));
+            }
+            debug!(server = i, attempt, code = ?status.code(), "retrying on the next server");
+            last = Some(status);
+            // The next server is a different one: only back off once every
+            // server has been tried in this round.
+            if ((attempt + 1) as usize).is_multiple_of(self.servers.len()) {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(self.config.max_backoff);
+            }
+        }
+        Err(ClientError::Status(last.unwrap_or_else(|| {
+            tonic::Status::unavailable("no attempt made")
+        })))
+    }
+
+    /// `n` strictly ascending ids from one server (1 to 100000).
+    pub async fn next_ids(&self, n: u32) -> Result<Vec<u64>, ClientError> {
+        self.with_retries(|mut c| async move { c.next_ids(pb::NextIdsRequest { count: n }).await })
+            .await
+            .map(|r| r.ids)
+    }
+
+    /// A stream of ascending batches from one server (`total` 0 = until
+    /// dropped); a failure mid-stream ends it with the error (not retried,
+    /// since the caller has consumed part of it).
+    pub async fn stream_ids(
+        &self,
+        total: u64,
+        batch_size: u32,
+    ) -> Result<tonic::Streaming<pb::IdBatch>, ClientError> {
+        self.with_retries(|mut c| async move {
+            c.stream_ids(pb::StreamIdsRequest { total, batch_size })
+                .await
+        })
+        .await
+    }
+}
