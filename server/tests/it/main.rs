@@ -9,6 +9,7 @@ mod embedded;
 mod etcd_faults;
 mod issuance;
 mod lease;
+mod lease_api;
 mod release;
 mod support;
 mod tampering;

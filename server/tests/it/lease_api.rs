@@ -1,0 +1,443 @@
+//! The Lease API and the Rust clients, against real etcd and real servers.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use snowkeep_client::{
+    EmbeddedConfig, EmbeddedGenerator, RemoteClient, RemoteConfig, Requester, StopReason,
+    SystemClock,
+};
+use snowkeep_proto::v1 as pb;
+use tonic::transport::Channel;
+
+use crate::support::etcd::EtcdProcess;
+use crate::support::eventually;
+use crate::support::server::ServerProcess;
+
+const READY: Duration = Duration::from_secs(20);
+
+fn requester(start: u64) -> Requester {
+    Requester {
+        host_id: "test-host".into(),
+        pid: 4242,
+        start_unix_ms: start,
+    }
+}
+
+async fn lease_client(
+    server: &ServerProcess,
+) -> pb::lease_service_client::LeaseServiceClient<Channel> {
+    pb::lease_service_client::LeaseServiceClient::new(server.channel().await)
+}
+
+fn acquire(ns: &str, who: &Requester, count: u32, client_time: Option<u64>) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        requester: Some(who.to_pb()),
+        namespace: ns.into(),
+        count,
+        client_time_unix_ms: client_time,
+    }
+}
+
+fn ids_of(grant: &pb::LeaseGrant) -> Vec<u32> {
+    grant.machine_ids.iter().map(|m| m.machine_id).collect()
+}
+
+fn embedded(server: &ServerProcess, ns: &str, who: Requester, machine_ids: u32) -> EmbeddedConfig {
+    EmbeddedConfig {
+        machine_ids,
+        requester: who,
+        acquire_attempts: Some(1),
+        ..EmbeddedConfig::new(format!("http://127.0.0.1:{}", server.port), ns)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_renew_release_round_trip() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "api", &[]);
+    server.wait_serving(READY).await;
+    let mut api = lease_client(&server).await;
+    let who = requester(1);
+
+    let grant = api
+        .acquire(acquire("api", &who, 2, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grant.machine_ids.len(), 2);
+    assert_eq!(grant.lease_duration_ms, 600_000, "first lease: 10 min");
+    assert_eq!(grant.expires_in_ms, 600_000);
+    assert_eq!(grant.layout.unwrap().machine_bits, 12);
+    for m in &grant.machine_ids {
+        // Never-used ids: the floor is a fence horizon past the server clock.
+        assert!(m.floor_ms > 0 && m.fence_ms > m.floor_ms, "{m:?}");
+    }
+    let renew = pb::RenewRequest {
+        requester: Some(who.to_pb()),
+        namespace: "api".into(),
+        client_time_unix_ms: None,
+    };
+    let renewed = api.renew(renew.clone()).await.unwrap().into_inner();
+    assert_eq!(ids_of(&renewed), ids_of(&grant));
+    assert_eq!(
+        renewed.lease_duration_ms,
+        48 * 3600 * 1000,
+        "renewed lease: 48 h"
+    );
+    // The same floors (a repeated grant must not move a requester's floor).
+    let floors = |g: &pb::LeaseGrant| g.machine_ids.iter().map(|m| m.floor_ms).collect::<Vec<_>>();
+    assert_eq!(floors(&renewed), floors(&grant));
+
+    let capacity = |api: &mut pb::lease_service_client::LeaseServiceClient<Channel>| {
+        let mut api = api.clone();
+        async move {
+            api.capacity(pb::CapacityRequest {
+                namespace: "api".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    };
+    let c = capacity(&mut api).await;
+    assert_eq!(
+        (c.total, c.held, c.free),
+        (4096, 3, 4093),
+        "2 leased + the server's own"
+    );
+
+    let released = api
+        .release(pb::ReleaseRequest {
+            requester: Some(who.to_pb()),
+            namespace: "api".into(),
+            last_used_ms: Default::default(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(released.released, 2);
+    assert_eq!(capacity(&mut api).await.held, 1);
+    let gone = api.renew(renew).await.unwrap().into_inner();
+    assert!(
+        gone.machine_ids.is_empty(),
+        "renew after release answers empty"
+    );
+    assert_eq!(gone.expires_in_ms, 0);
+    let v = api
+        .version(pb::VersionRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(v.api, "snowkeep.v1");
+
+    let unknown = api
+        .acquire(acquire("no-such-ns", &who, 1, None))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let bad = api
+        .acquire(acquire("api", &who, 0, None))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    assert_eq!(bad.message(), "count must be between 1 and 256, got 0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_acquire_returns_the_same_machine_ids_and_another_count_fails() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "idem", &[]);
+    server.wait_serving(READY).await;
+    let mut api = lease_client(&server).await;
+    let who = requester(2);
+    let first = api
+        .acquire(acquire("idem", &who, 3, None))
+        .await
+        .unwrap()
+        .into_inner();
+    let again = api
+        .acquire(acquire("idem", &who, 3, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ids_of(&again), ids_of(&first));
+    assert_eq!(again.expires_in_ms, 600_000);
+    let other = api
+        .acquire(acquire("idem", &who, 2, None))
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        other.message(),
+        "requester already holds 3 machine ids but asked for 2; Release them first or Acquire 3"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_fifteen_minutes_behind_is_refused_on_acquire_and_only_warned_on_renew() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "skew", &[]);
+    server.wait_serving(READY).await;
+    let mut api = lease_client(&server).await;
+    let who = requester(3);
+    let behind = snowkeep_client::Clock::unix_ms(&SystemClock) - 15 * 60 * 1000;
+
+    let refused = api
+        .acquire(acquire("skew", &who, 1, Some(behind)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().starts_with("client clock is 15m ")
+            && refused
+                .message()
+                .ends_with("behind the server, over the 10m threshold: sync this host with NTP (chrony/ntpd), then retry"),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(
+        server.metric("snowkeep_clock_skew_rejections_total").await,
+        1.0
+    );
+
+    // Renew is never refused for skew.
+    api.acquire(acquire("skew", &who, 1, None)).await.unwrap();
+    let renewed = api
+        .renew(pb::RenewRequest {
+            requester: Some(who.to_pb()),
+            namespace: "skew".into(),
+            client_time_unix_ms: Some(behind),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(renewed.machine_ids.len(), 1);
+    assert!(server
+        .log()
+        .contains("client clock skew over half the threshold"));
+    // The last skew is kept in etcd with a TTL.
+    let mut client = etcd.client().await;
+    let kept = client
+        .get("/snowkeep/v1/ns/skew/skew/test-host:4242:3", None)
+        .await
+        .unwrap();
+    let skew_ms: i64 = kept.kvs()[0].value_str().unwrap().parse().unwrap();
+    assert!((900_000..905_000).contains(&skew_ms), "{skew_ms}");
+    assert_ne!(kept.kvs()[0].lease(), 0, "kept with a TTL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_generator_outlives_its_server_until_its_own_deadline() {
+    let etcd = EtcdProcess::start().await;
+    let mut server = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "outlive",
+        &["--renewed-lease-duration", "5s"],
+    );
+    server.wait_serving(READY).await;
+    let generator = EmbeddedGenerator::start(
+        embedded(&server, "outlive", requester(4), 1),
+        SystemClock::shared(),
+    )
+    .await
+    .unwrap();
+    // The first renewal (immediately after start) brings the lease to 5 s.
+    eventually(
+        "the generator to issue",
+        Duration::from_secs(10),
+        || async { generator.is_ready() },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.signal("KILL");
+    server.wait_exit(Duration::from_secs(5)).await;
+    let killed = tokio::time::Instant::now();
+    let mut issued = generator.next_ids(1000).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    issued.extend(
+        generator
+            .next_ids(1000)
+            .await
+            .expect("still inside its own lease"),
+    );
+    eventually(
+        "the generator to stop at its deadline",
+        Duration::from_secs(8),
+        || async { generator.stopped().is_some() },
+    )
+    .await;
+    let stopped_after = killed.elapsed();
+    assert_eq!(generator.stopped(), Some(StopReason::Expired));
+    assert!(
+        stopped_after <= Duration::from_millis(5500),
+        "stopped after {stopped_after:?}"
+    );
+    assert!(!generator.is_ready());
+    assert!(generator.next_ids(1).await.is_err());
+    assert_eq!(issued.iter().collect::<HashSet<_>>().len(), 2000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_answering_empty_stops_issuance_at_once() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "empty",
+        &["--renewed-lease-duration", "6s"],
+    );
+    server.wait_serving(READY).await;
+    let who = requester(5);
+    let generator = EmbeddedGenerator::start(
+        embedded(&server, "empty", who.clone(), 1),
+        SystemClock::shared(),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the generator to issue",
+        Duration::from_secs(10),
+        || async { generator.is_ready() },
+    )
+    .await;
+    // Someone releases this requester's lease at the server.
+    let mut api = lease_client(&server).await;
+    let released = api
+        .release(pb::ReleaseRequest {
+            requester: Some(who.to_pb()),
+            namespace: "empty".into(),
+            last_used_ms: Default::default(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(released.released, 1);
+    // The next renewal (at half of 6 s) answers empty: stop then, not at the deadline.
+    let took = eventually("the generator to stop", Duration::from_secs(5), || async {
+        generator.stopped().is_some()
+    })
+    .await;
+    assert_eq!(generator.stopped(), Some(StopReason::LeaseGone));
+    assert!(took < Duration::from_secs(4), "stopped after {took:?}");
+    assert!(generator.next_id().await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_generators_of_one_host_and_pid_get_eight_machine_ids() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "eight", &[]);
+    server.wait_serving(READY).await;
+    let starts = (0..8).map(|i| {
+        let config = embedded(&server, "eight", requester(1_000 + i), 1);
+        tokio::spawn(async move { EmbeddedGenerator::start(config, SystemClock::shared()).await })
+    });
+    let mut machine_ids = HashSet::new();
+    let mut generators = Vec::new();
+    for s in starts {
+        let g = s.await.unwrap().unwrap();
+        machine_ids.insert(g.machine_ids()[0]);
+        generators.push(g);
+    }
+    assert_eq!(machine_ids.len(), 8);
+    for g in generators {
+        assert_eq!(g.shutdown().await, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_client_over_three_servers_survives_one_killed() {
+    let etcd = EtcdProcess::start().await;
+    let mut servers: Vec<ServerProcess> = (0..3)
+        .map(|_| ServerProcess::on_etcd(&etcd.endpoint(), "remote", &[]))
+        .collect();
+    for s in &servers {
+        s.wait_serving(READY).await;
+    }
+    let endpoints: Vec<String> = servers
+        .iter()
+        .map(|s| format!("http://127.0.0.1:{}", s.port))
+        .collect();
+    let client = RemoteClient::new(&endpoints, RemoteConfig::default()).unwrap();
+    let mut seen = HashSet::new();
+    for _ in 0..30 {
+        seen.extend(client.next_ids(100).await.unwrap());
+    }
+    servers[1].signal("KILL");
+    servers[1].wait_exit(Duration::from_secs(5)).await;
+    for i in 0..300 {
+        let batch = client
+            .next_ids(100)
+            .await
+            .unwrap_or_else(|e| panic!("call {i} after the kill failed: {e}"));
+        assert!(batch.windows(2).all(|w| w[0] < w[1]));
+        seen.extend(batch);
+    }
+    assert_eq!(seen.len(), 33_000);
+    // The pool hands out the same ids locally.
+    let pool = snowkeep_client::IdPool::new(client, snowkeep_client::PoolConfig::default());
+    for _ in 0..5_000 {
+        assert!(seen.insert(pool.next_id().await.unwrap()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_generators_servers_and_remote_clients_never_share_an_id() {
+    let etcd = EtcdProcess::start().await;
+    let servers: Vec<ServerProcess> = (0..2)
+        .map(|_| ServerProcess::on_etcd(&etcd.endpoint(), "together", &[]))
+        .collect();
+    for s in &servers {
+        s.wait_serving(READY).await;
+    }
+    let endpoints: Vec<String> = servers
+        .iter()
+        .map(|s| format!("http://127.0.0.1:{}", s.port))
+        .collect();
+    let client = RemoteClient::new(&endpoints, RemoteConfig::default()).unwrap();
+    let mut gens = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let config = embedded(server, "together", requester(2_000 + i as u64), 2);
+        gens.push(
+            EmbeddedGenerator::start(config, SystemClock::shared())
+                .await
+                .unwrap(),
+        );
+    }
+    for g in &gens {
+        eventually(
+            "embedded generator ready",
+            Duration::from_secs(10),
+            || async { g.is_ready() },
+        )
+        .await;
+    }
+    let mut all: Vec<u64> = Vec::with_capacity(1_000_000);
+    let remote = async {
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let mut stream = client.stream_ids(200_000, 10_000).await.unwrap();
+            while let Some(b) = stream.message().await.unwrap() {
+                ids.extend(b.ids);
+            }
+        }
+        ids
+    };
+    let local = async {
+        let mut ids = Vec::new();
+        for g in &gens {
+            for _ in 0..3 {
+                ids.extend(g.next_ids(100_000).await.unwrap());
+            }
+        }
+        ids
+    };
+    let (r, l) = tokio::join!(remote, local);
+    all.extend(r);
+    all.extend(l);
+    assert_eq!(all.len(), 1_000_000);
+    let unique: HashSet<u64> = all.iter().copied().collect();
+    assert_eq!(unique.len(), 1_000_000);
+    for g in gens {
+        assert_eq!(g.shutdown().await, 2);
+    }
+}
