@@ -100,9 +100,27 @@ pub async fn run(
                 max_fence_wait: config.max_fence_wait,
                 request_timeout: request_timeout(config.lease_ttl),
             };
-            Store::Etcd(Box::new(
-                EtcdStore::connect(settings, config.layout, clock.clone()).await?,
-            ))
+            // etcd may come up after us (compose, Kubernetes): wait for it
+            // rather than exit; only what an operator must fix is fatal.
+            let mut delay = Duration::from_millis(200);
+            loop {
+                let connected = tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    r = EtcdStore::connect(settings.clone(), config.layout, clock.clone()) => r,
+                };
+                match connected {
+                    Ok(store) => break Store::Etcd(Box::new(store)),
+                    Err(e) if e.is_retryable() => {
+                        warn!(endpoints = ?settings.endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(delay) => {}
+                        }
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
         }
         StoreConfig::Embedded { state_dir } => {
             let machine_ids = u16::try_from(config.machine_ids).unwrap_or(u16::MAX);

@@ -7,7 +7,9 @@
 //! * **start**: Acquire, retrying every 3 s doubling to 60 s with ±20% jitter
 //!   and logging the server's reason; fail fast when the grant's layout is
 //!   invalid, a machine id does not fit the machine bits, the count differs,
-//!   or the grant is already expired by the local clock.
+//!   or the grant is already expired by the local clock; then wait for the
+//!   clock to pass the previous holders' fences (at most the server's
+//!   `--max-fence-wait`), so the generator issues as soon as it is returned.
 //! * **renew**: once right after start (proving the renew path early), then at
 //!   half the remaining lease; while behind, every `min(10 min, remaining/4)`
 //!   but never more often than every 5 s. A transport error or any error
@@ -272,6 +274,22 @@ impl EmbeddedGenerator {
             stopped: Mutex::new(None),
         });
         shared.publish(&grant, sent);
+        // Like a server with NOT_SERVING: hand the generator over only once the
+        // clock has passed every previous holder's fence (DESIGN §2.3), so the
+        // first next_id() issues instead of failing with ClockBehindFence.
+        let max_floor = grant
+            .machine_ids
+            .iter()
+            .map(|m| m.floor_ms)
+            .max()
+            .unwrap_or(0);
+        if let Some(now) = layout.to_layout_ms(shared.clock.unix_ms()) {
+            if now.get() <= max_floor {
+                let wait = Duration::from_millis(max_floor - now.get() + 1);
+                info!(namespace = %shared.config.namespace, wait = ?wait, "waiting for the clock to pass the previous holders' fences");
+                tokio::time::sleep(wait).await;
+            }
+        }
         info!(namespace = %shared.config.namespace, machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
         let deadline = sent + Duration::from_millis(grant.expires_in_ms);
         let renewer = tokio::spawn(renew_loop(shared.clone(), deadline));

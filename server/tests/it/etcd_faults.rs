@@ -78,3 +78,20 @@ async fn stopping_etcd_stops_issuance_within_the_ttl_and_it_resumes_after() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_started_before_etcd_waits_for_it() {
+    let mut etcd = EtcdProcess::start().await;
+    etcd.kill();
+    let mut server = ServerProcess::on_etcd(&etcd.endpoint(), "late-etcd", &[]);
+    eventually(
+        "the server to report etcd unreachable",
+        Duration::from_secs(10),
+        || async { server.log().contains("etcd is not reachable yet; retrying") },
+    )
+    .await;
+    assert!(server.is_running(), "log:\n{}", server.log());
+    etcd.restart().await;
+    server.wait_serving(Duration::from_secs(30)).await;
+    assert_eq!(server.next_ids(10).await.unwrap().len(), 10);
+}
