@@ -59,6 +59,7 @@ impl std::fmt::Debug for RequesterLeases {
 }
 
 /// A requester's record: its lease and machine ids with floors.
+#[derive(Debug, PartialEq, Eq)]
 struct Record {
     lease_id: i64,
     ids: Vec<(MachineId, Millis)>,
@@ -331,10 +332,51 @@ impl RequesterLeases {
         &mut self,
         namespace: &str,
         requester: &str,
-        record: Record,
+        mut record: Record,
         layout: Layout,
         duration: Duration,
     ) -> Result<RequesterGrant, LeaseError> {
+        // A concurrent renewal by the same requester (a Renew racing its own
+        // Acquire retry) moves the keys to another lease first: follow it
+        // rather than declare the lease void. Each lost race means another
+        // renewal won, so this is progress; the bound only stops a livelock.
+        for _ in 0..64 {
+            match self
+                .extend_once(namespace, requester, &record, layout, duration)
+                .await?
+            {
+                Some(grant) => return Ok(grant),
+                None => match self.record(namespace, requester).await? {
+                    Some(fresh) if fresh.lease_id != record.lease_id && fresh.ids == record.ids => {
+                        record = fresh;
+                    }
+                    _ => break,
+                },
+            }
+        }
+        // A key changed under the requester: give back whatever is left and
+        // answer "you hold nothing", a definitive stop.
+        warn!(
+            namespace,
+            requester, "requester's keys changed; its lease is void"
+        );
+        self.revoke(record.lease_id).await;
+        Ok(RequesterGrant {
+            held: Vec::new(),
+            duration,
+            layout,
+        })
+    }
+
+    /// One attempt of [`Self::extend`]: `None` when the guard failed.
+    async fn extend_once(
+        &mut self,
+        namespace: &str,
+        requester: &str,
+        record: &Record,
+        layout: Layout,
+        duration: Duration,
+    ) -> Result<Option<RequesterGrant>, LeaseError> {
         let current = self.fences(namespace).await?;
         let new_lease = self.grant_lease(duration).await?;
         let fence = self.fence_for(&layout, duration);
@@ -391,26 +433,15 @@ impl RequesterLeases {
         match resp {
             Ok(r) if r.succeeded() => {
                 self.revoke(record.lease_id).await;
-                Ok(RequesterGrant {
+                Ok(Some(RequesterGrant {
                     held,
                     duration,
                     layout,
-                })
+                }))
             }
             Ok(_) => {
-                // A key changed under the requester: give back whatever is
-                // left and answer "you hold nothing", a definitive stop.
-                warn!(
-                    namespace,
-                    requester, "requester's keys changed; its lease is void"
-                );
                 self.revoke(new_lease).await;
-                self.revoke(record.lease_id).await;
-                Ok(RequesterGrant {
-                    held: Vec::new(),
-                    duration,
-                    layout,
-                })
+                Ok(None)
             }
             Err(e) => {
                 self.revoke(new_lease).await;

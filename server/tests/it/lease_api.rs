@@ -441,3 +441,54 @@ async fn embedded_generators_servers_and_remote_clients_never_share_an_id() {
         assert_eq!(g.shutdown().await, 2);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_renewals_of_one_requester_never_void_its_lease() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "race", &[]);
+    server.wait_serving(READY).await;
+    let api = lease_client(&server).await;
+    let who = requester(6);
+    let held = ids_of(
+        &api.clone()
+            .acquire(acquire("race", &who, 2, None))
+            .await
+            .unwrap()
+            .into_inner(),
+    );
+    // Renew racing Acquire retries, as a client whose Acquire answer was lost:
+    // 20 calls over 4 connections, released together.
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(lease_client(&server).await);
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(20));
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let mut api = clients[i % 4].clone();
+            let who = who.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                if i % 2 == 0 {
+                    api.renew(pb::RenewRequest {
+                        requester: Some(who.to_pb()),
+                        namespace: "race".into(),
+                        client_time_unix_ms: None,
+                    })
+                    .await
+                } else {
+                    api.acquire(acquire("race", &who, 2, None)).await
+                }
+            })
+        })
+        .collect();
+    for call in calls {
+        let grant = call.await.unwrap().unwrap().into_inner();
+        assert_eq!(
+            ids_of(&grant),
+            held,
+            "a concurrent renewal voided the lease"
+        );
+    }
+}
