@@ -6,10 +6,10 @@
 //! | [`config`] | `Args` (flags + `SNOWKEEP_*` env) → validated `ServerConfig` |
 //! | [`run`](mod@run) | wiring and the ordered shutdown |
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
-//! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive |
+//! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` holds embedded requesters' leases |
 //! | [`local`] | the embedded single-instance store (a state file) |
-//! | [`lease`] | the lease lifecycle: `LeaseManager`, candidate ranking, `LeaseError` |
-//! | [`service`] | gRPC adapters, status mapping, health |
+//! | [`lease`] | the lease lifecycle: `LeaseManager`, candidate ranking, client-skew rule, `LeaseError` |
+//! | [`service`] | gRPC adapters (IdService, InfoService, LeaseService), status mapping, health |
 //! | [`metrics`] | the metric catalog and the Prometheus exporter |
 //!
 //! Core flows (DESIGN §2–§3):
@@ -27,6 +27,9 @@
 //! * **Release**: withdraw the grant, drain the generator, lower the fence to
 //!   the last timestamp used and delete the holder key in one transaction,
 //!   revoke the lease.
+//! * **Lease API**: embedded requesters claim machine ids with the same claim
+//!   transactions, on a lease of their own; their fence is the lease expiry
+//!   plus a margin, and a renewal moves every key to a new lease at once.
 
 pub mod config;
 pub mod etcd;
