@@ -50,6 +50,10 @@ pub struct RequesterLeases {
     timeout: Duration,
     fence_horizon: Duration,
     max_fence_wait: Duration,
+    /// This deployment's machine-id range (`--machine-id-range`): requesters
+    /// get machine ids from it only, so deployments with separate etcd
+    /// clusters stay disjoint.
+    range: std::ops::Range<u32>,
 }
 
 impl std::fmt::Debug for RequesterLeases {
@@ -103,6 +107,7 @@ impl RequesterLeases {
             timeout: store.settings.request_timeout,
             fence_horizon: store.settings.fence_horizon,
             max_fence_wait: store.settings.max_fence_wait,
+            range: store.settings.machine_id_range.clone(),
         }
     }
 
@@ -233,7 +238,7 @@ impl RequesterLeases {
         let want = ClaimRequest {
             namespace,
             holder: &holder,
-            range: 0..layout.machine_id_count(),
+            range: self.range_in(&layout),
             count: count as usize,
             lease_id,
             now,
@@ -505,23 +510,27 @@ impl RequesterLeases {
         }
     }
 
-    /// Counts a namespace's machine ids.
-    pub async fn capacity(&mut self, namespace: &str) -> Result<Capacity, LeaseError> {
+    /// This deployment's range, cut to the machine ids `layout` has.
+    fn range_in(&self, layout: &Layout) -> std::ops::Range<u32> {
+        let count = layout.machine_id_count();
+        self.range.start.min(count)..self.range.end.min(count)
+    }
+
+    /// Counts the machine ids of this deployment's range in a namespace;
+    /// returns the counts and the range.
+    pub async fn capacity(
+        &mut self,
+        namespace: &str,
+    ) -> Result<(Capacity, std::ops::Range<u32>), LeaseError> {
         let layout = self.layout(namespace).await?;
-        let total = layout.machine_id_count();
-        let prefix = keys::holder_prefix(namespace);
-        let resp = self
-            .endpoints
-            .call("count holders", self.timeout, |mut c| async move {
-                c.get(
-                    prefix,
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                )
-                .await
-            })
-            .await?;
-        let held = u32::try_from(resp.count()).unwrap_or(u32::MAX).min(total);
-        Ok(Capacity { total, held })
+        let range = self.range_in(&layout);
+        let mut reader = super::CapacityReader {
+            endpoints: self.endpoints.clone(),
+            namespace: namespace.to_owned(),
+            range: range.clone(),
+            timeout: self.timeout,
+        };
+        Ok((reader.read().await?, range))
     }
 
     /// Records the last skew seen from `requester` (ms, server − client) for

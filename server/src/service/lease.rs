@@ -107,6 +107,11 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             .into());
         }
         let mut leases = self.leases()?;
+        // NOT_FOUND before anything is recorded for an unknown namespace.
+        leases
+            .layout(&req.namespace)
+            .await
+            .map_err(ApiError::Lease)?;
         let first = self.config.first_lease;
         self.check_skew(
             &mut leases,
@@ -132,6 +137,10 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         let requester = convert::requester_key(req.requester.as_ref())?;
         convert::check_namespace(&req.namespace)?;
         let mut leases = self.leases()?;
+        leases
+            .layout(&req.namespace)
+            .await
+            .map_err(ApiError::Lease)?;
         let renewed = self.config.renewed_lease;
         self.check_skew(
             &mut leases,
@@ -176,11 +185,9 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         let namespace = request.into_inner().namespace;
         convert::check_namespace(&namespace)?;
         let mut leases = self.leases()?;
-        let capacity = leases.capacity(&namespace).await.map_err(ApiError::Lease)?;
+        let (capacity, range) = leases.capacity(&namespace).await.map_err(ApiError::Lease)?;
         Ok(Response::new(convert::capacity_to_pb(
-            &namespace,
-            capacity,
-            0..capacity.total,
+            &namespace, capacity, range,
         )))
     }
 

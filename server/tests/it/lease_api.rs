@@ -492,3 +492,55 @@ async fn concurrent_renewals_of_one_requester_never_void_its_lease() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requesters_get_machine_ids_from_the_deployment_range_only() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "ranged",
+        &["--machine-id-range", "100..103"],
+    );
+    server.wait_serving(READY).await;
+    let mut api = lease_client(&server).await;
+    let grant = api
+        .acquire(acquire("ranged", &requester(7), 2, None))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = ids_of(&grant);
+    got.push(server.machine_id().await);
+    got.sort();
+    assert_eq!(got, vec![100, 101, 102]);
+    let c = api
+        .capacity(pb::CapacityRequest {
+            namespace: "ranged".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (c.total, c.held, c.free, c.range_start, c.range_end),
+        (3, 3, 0, 100, 103)
+    );
+    let full = api
+        .acquire(acquire("ranged", &requester(8), 1, None))
+        .await
+        .unwrap_err();
+    assert_eq!(full.code(), tonic::Code::ResourceExhausted);
+    // Nothing is recorded for a namespace that does not exist.
+    let unknown = api
+        .acquire(acquire("nosuch", &requester(9), 1, Some(1)))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    let mut client = etcd.client().await;
+    let stray = client
+        .get(
+            "/snowkeep/v1/ns/nosuch/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert!(stray.kvs().is_empty());
+}
