@@ -110,6 +110,21 @@ pub enum ClientError {
         /// Granted.
         granted: usize,
     },
+    /// The local clock is so far behind the granted floor that the lease would
+    /// end before the generator could issue.
+    #[error("the local clock is {wait:?} behind the granted machine ids' floor, longer than the lease: sync this host with NTP")]
+    ClockBehindFloor {
+        /// How long until the clock would pass the floor.
+        wait: std::time::Duration,
+    },
+    /// No id arrived in time (every server failing, or none reachable).
+    #[error("no id within {waited:?}; last error: {last_error}")]
+    PoolEmpty {
+        /// How long `next_id` waited.
+        waited: std::time::Duration,
+        /// The last refill error.
+        last_error: String,
+    },
     /// The embedded generator stopped issuing for good.
     #[error("issuance stopped: {0}")]
     Stopped(StopReason),
@@ -131,13 +146,14 @@ impl ClientError {
                     | tonic::Code::NotFound
                     | tonic::Code::Cancelled
             ),
-            ClientError::Resolve { .. } => true,
+            ClientError::Resolve { .. } | ClientError::PoolEmpty { .. } => true,
             ClientError::InvalidEndpoint { .. }
             | ClientError::NoServers
             | ClientError::BadLayout(_)
             | ClientError::MachineIdOutOfRange { .. }
             | ClientError::GrantExpired
             | ClientError::GrantCount { .. }
+            | ClientError::ClockBehindFloor { .. }
             | ClientError::Stopped(_) => false,
         }
     }

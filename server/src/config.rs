@@ -34,8 +34,10 @@ pub const DEFAULT_MAX_BACKWARD_WAIT: &str = "100ms";
 /// Default bound on draining in-flight requests at shutdown.
 pub const DEFAULT_SHUTDOWN_GRACE_PERIOD: &str = "10s";
 
-/// Most machine ids one instance holds (one etcd transaction covers them all).
-pub const MAX_MACHINE_IDS: u32 = 256;
+/// Most machine ids one instance holds. The release transaction writes three
+/// keys per machine id and etcd allows 128 operations per transaction
+/// (`--max-txn-ops` default), so 42.
+pub const MAX_MACHINE_IDS: u32 = 42;
 
 /// Default first lease of an embedded requester (spec/002: 10 min).
 pub const DEFAULT_FIRST_LEASE_DURATION: &str = "10m";
@@ -246,7 +248,7 @@ pub enum ConfigError {
         max: u32,
     },
     /// Bad machine id count.
-    #[error("invalid --machine-ids (SNOWKEEP_MACHINE_IDS) {got}: use 1 to {max} (the machine ids of --machine-id-range, at most 256)")]
+    #[error("invalid --machine-ids (SNOWKEEP_MACHINE_IDS) {got}: use 1 to {max} (the machine ids of --machine-id-range, at most 42)")]
     MachineIds {
         /// Given.
         got: u32,
@@ -483,7 +485,7 @@ mod tests {
         ));
         assert!(matches!(
             parse(&["--machine-ids", "0"]),
-            Err(ConfigError::MachineIds { got: 0, max: 256 })
+            Err(ConfigError::MachineIds { got: 0, max: 42 })
         ));
         assert!(matches!(
             parse(&["--machine-ids", "3", "--machine-id-range", "0..2"]),

@@ -51,7 +51,7 @@ pub struct EmbeddedConfig {
     pub endpoint: String,
     /// The namespace (it must exist: a server has run with it).
     pub namespace: String,
-    /// Machine ids to hold (1 to 256); each adds 2^sequence_bits ids per ms.
+    /// Machine ids to hold (1 to 63); each adds 2^sequence_bits ids per ms.
     pub machine_ids: u32,
     /// Who this process is; [`Requester::current`] by default.
     pub requester: Requester,
@@ -283,12 +283,28 @@ impl EmbeddedGenerator {
             .map(|m| m.floor_ms)
             .max()
             .unwrap_or(0);
-        if let Some(now) = layout.to_layout_ms(shared.clock.unix_ms()) {
-            if now.get() <= max_floor {
-                let wait = Duration::from_millis(max_floor - now.get() + 1);
-                info!(namespace = %shared.config.namespace, wait = ?wait, "waiting for the clock to pass the previous holders' fences");
-                tokio::time::sleep(wait).await;
+        let now = layout
+            .to_layout_ms(shared.clock.unix_ms())
+            .unwrap_or_default();
+        if now.get() <= max_floor {
+            let wait = Duration::from_millis(max_floor - now.get() + 1);
+            let deadline = sent + Duration::from_millis(grant.expires_in_ms);
+            if shared.clock.now() + wait >= deadline {
+                // Waiting would outlive the lease: give the ids back untouched.
+                shared.stop(StopReason::ShutDown);
+                let request = pb::ReleaseRequest {
+                    requester: Some(shared.config.requester.to_pb()),
+                    namespace: shared.config.namespace.clone(),
+                    last_used_ms: HashMap::new(),
+                };
+                let mut client = shared.client.clone();
+                if let Err(e) = shared.call(client.release(request)).await {
+                    warn!(error = %e, "Release after refusing the grant failed; the lease expires by itself");
+                }
+                return Err(ClientError::ClockBehindFloor { wait });
             }
+            info!(namespace = %shared.config.namespace, wait = ?wait, "waiting for the clock to pass the claimed machine ids' floor");
+            tokio::time::sleep(wait).await;
         }
         info!(namespace = %shared.config.namespace, machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
         let deadline = sent + Duration::from_millis(grant.expires_in_ms);

@@ -17,6 +17,9 @@ pub struct Requester {
     pub pid: u32,
     /// The process start time, ms since the Unix epoch.
     pub start_unix_ms: u64,
+    /// Drawn at random for each generator: two generators of one process
+    /// (two libraries, say) are two requesters, never one sharing machine ids.
+    pub nonce: String,
 }
 
 impl Requester {
@@ -27,6 +30,15 @@ impl Requester {
             host_id: host_id(),
             pid: std::process::id(),
             start_unix_ms: process_start_unix_ms(),
+            nonce: new_nonce(),
+        }
+    }
+
+    /// A copy with a fresh nonce: another requester in the same process.
+    pub fn renewed_nonce(&self) -> Self {
+        Self {
+            nonce: new_nonce(),
+            ..self.clone()
         }
     }
 
@@ -36,8 +48,17 @@ impl Requester {
             host_id: self.host_id.clone(),
             pid: self.pid,
             start_unix_ms: self.start_unix_ms,
+            nonce: self.nonce.clone(),
         }
     }
+}
+
+fn new_nonce() -> String {
+    format!(
+        "{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
 }
 
 fn host_id() -> String {
@@ -95,7 +116,12 @@ mod tests {
     fn the_current_process_has_a_stable_identity() {
         let a = Requester::current();
         let b = Requester::current();
-        assert_eq!(a, b);
+        assert_eq!(
+            (&a.host_id, a.pid, a.start_unix_ms),
+            (&b.host_id, b.pid, b.start_unix_ms)
+        );
+        assert_ne!(a.nonce, b.nonce, "two generators are two requesters");
+        assert_eq!(a.nonce.len(), 32);
         assert_eq!(a.pid, std::process::id());
         assert!(!a.host_id.is_empty());
         // Started before now, and not before 2020.

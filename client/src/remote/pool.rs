@@ -6,6 +6,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::warn;
@@ -16,10 +18,12 @@ use crate::error::ClientError;
 /// Pool sizes.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolConfig {
-    /// Ids fetched per refill (1 to 100000).
+    /// Ids fetched per refill (clamped to 1..=100000).
     pub batch: u32,
     /// Refill when this many or fewer ids are buffered.
     pub low_watermark: usize,
+    /// Longest `next_id` waits for a refill before it returns the last error.
+    pub max_wait: Duration,
 }
 
 impl Default for PoolConfig {
@@ -27,6 +31,7 @@ impl Default for PoolConfig {
         Self {
             batch: 1000,
             low_watermark: 250,
+            max_wait: Duration::from_secs(5),
         }
     }
 }
@@ -43,6 +48,7 @@ pub struct IdPool {
     refill: Arc<Notify>,
     filled: Arc<Notify>,
     task: JoinHandle<()>,
+    max_wait: Duration,
 }
 
 impl std::fmt::Debug for IdPool {
@@ -53,7 +59,8 @@ impl std::fmt::Debug for IdPool {
 
 impl IdPool {
     /// Starts a pool over `client`.
-    pub fn new(client: RemoteClient, config: PoolConfig) -> Self {
+    pub fn new(client: RemoteClient, mut config: PoolConfig) -> Self {
+        config.batch = config.batch.clamp(1, 100_000);
         let buffer = Arc::new(Mutex::new(Buffer {
             ids: VecDeque::new(),
             last_error: None,
@@ -73,11 +80,14 @@ impl IdPool {
             refill,
             filled,
             task,
+            max_wait: config.max_wait,
         }
     }
 
-    /// The next id: a local pop, waiting for a refill only when the pool ran dry.
+    /// The next id: a local pop, waiting for a refill only when the pool ran
+    /// dry, and at most `max_wait` ([`ClientError::PoolEmpty`] then).
     pub async fn next_id(&self) -> Result<u64, ClientError> {
+        let until = tokio::time::Instant::now() + self.max_wait;
         loop {
             let waiting = self.filled.notified();
             {
@@ -89,7 +99,12 @@ impl IdPool {
                 }
             }
             self.refill.notify_one();
-            waiting.await;
+            if tokio::time::timeout_at(until, waiting).await.is_err() {
+                return Err(ClientError::PoolEmpty {
+                    waited: self.max_wait,
+                    last_error: self.last_error().unwrap_or_else(|| "none yet".into()),
+                });
+            }
         }
     }
 

@@ -13,6 +13,8 @@ pub mod requesters;
 
 use std::future::Future;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
@@ -57,20 +59,22 @@ pub struct EtcdSettings {
     pub request_timeout: Duration,
 }
 
-/// Clients for each endpoint, rotating to the next after a failure.
+/// Clients for each endpoint, rotating to the next after a failure. Clones
+/// share the position, so a dead member learnt by one user (the lease loop,
+/// a Lease API call) is skipped by all.
 #[derive(Clone)]
 struct Endpoints {
     clients: Vec<Client>,
-    current: usize,
+    current: Arc<AtomicUsize>,
 }
 
 impl Endpoints {
     fn client(&self) -> Client {
-        self.clients[self.current].clone()
+        self.clients[self.current.load(Ordering::Relaxed) % self.clients.len()].clone()
     }
 
     fn rotate(&mut self) {
-        self.current = (self.current + 1) % self.clients.len();
+        self.current.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Runs one request on the current endpoint under `after`; on failure the
@@ -148,6 +152,7 @@ async fn read_pool(
     let holder_prefix = keys::holder_prefix(namespace);
     let fence_prefix = keys::fence_prefix(namespace);
     let last_prefix = keys::last_holder_prefix(namespace);
+    let requester_prefix = keys::requester(namespace, "");
     let mut view = PoolView::default();
     for kv in resp.kvs() {
         if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
@@ -166,6 +171,22 @@ async fn read_pool(
         } else if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
             view.last_holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
+        } else if let Some(requester) = kv.key().strip_prefix(requester_prefix.as_bytes()) {
+            // An embedded requester's machine ids are held while its record
+            // lives, even if someone deleted their holder (and fence) keys:
+            // its fences run a whole lease ahead, far beyond the floor assumed
+            // for a missing fence, and it renews too rarely to notice.
+            let holder = keys::requester_holder(&String::from_utf8_lossy(requester));
+            match requesters::decode_record(&String::from_utf8_lossy(kv.key()), kv.value()) {
+                Ok(ids) => {
+                    for (id, _) in ids {
+                        view.holders.entry(id).or_insert_with(|| holder.clone());
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "unreadable requester record; its machine ids may be claimed")
+                }
+            }
         }
     }
     Ok(view)
@@ -340,7 +361,7 @@ impl EtcdStore {
         let mut store = Self {
             endpoints: Endpoints {
                 clients,
-                current: 0,
+                current: Arc::new(AtomicUsize::new(0)),
             },
             settings,
             clock,

@@ -28,8 +28,10 @@ use crate::lease::{Capacity, HeldId, LeaseError};
 /// requester clock running ahead of the server's.
 pub const FENCE_MARGIN: Duration = Duration::from_secs(60);
 
-/// Most machine ids one requester may hold.
-pub const MAX_REQUESTER_IDS: u32 = 256;
+/// Most machine ids one requester may hold. A renewal writes two keys per
+/// machine id plus the record, and etcd allows 128 operations per transaction
+/// (`--max-txn-ops` default), so 63.
+pub const MAX_REQUESTER_IDS: u32 = 63;
 
 /// A requester's machine ids after Acquire or Renew.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +78,10 @@ fn encode_record(held: &[HeldId]) -> String {
         .join(",")
 }
 
-fn decode_record(key: &str, value: &[u8]) -> Result<Vec<(MachineId, Millis)>, LeaseError> {
+pub(super) fn decode_record(
+    key: &str,
+    value: &[u8],
+) -> Result<Vec<(MachineId, Millis)>, LeaseError> {
     let corrupt = || LeaseError::Corrupt {
         key: key.to_owned(),
         value: String::from_utf8_lossy(value).into_owned(),
@@ -174,6 +179,18 @@ impl RequesterLeases {
             .collect()
     }
 
+    /// Time left on a lease (zero when unknown or gone).
+    async fn remaining(&mut self, lease_id: i64) -> Duration {
+        let ttl = self
+            .endpoints
+            .call("lease ttl", self.timeout, |mut c| async move {
+                c.lease_time_to_live(lease_id, None).await
+            })
+            .await;
+        ttl.map(|t| Duration::from_secs(u64::try_from(t.ttl()).unwrap_or(0)))
+            .unwrap_or_default()
+    }
+
     async fn grant_lease(&mut self, duration: Duration) -> Result<i64, LeaseError> {
         let ttl = secs(duration);
         let lease = self
@@ -224,6 +241,11 @@ impl RequesterLeases {
                     asked: count,
                 });
             }
+            // A repeated Acquire never shortens a live lease: a late retry
+            // (10 min) after a Renew (48 h) would cut the lease that the
+            // Renew's answer promised. (A Renew sets its own duration, which
+            // its answer reports.)
+            let duration = duration.max(self.remaining(record.lease_id).await);
             return self
                 .extend(namespace, requester, record, layout, duration)
                 .await;
@@ -449,6 +471,19 @@ impl RequesterLeases {
                 Ok(None)
             }
             Err(e) => {
+                // The transaction may have committed before the answer was
+                // lost: then the keys are on the new lease, and revoking it
+                // would delete them under a healthy requester.
+                if let Ok(Some(now)) = self.record(namespace, requester).await {
+                    if now.lease_id == new_lease {
+                        self.revoke(record.lease_id).await;
+                        return Ok(Some(RequesterGrant {
+                            held,
+                            duration,
+                            layout,
+                        }));
+                    }
+                }
                 self.revoke(new_lease).await;
                 Err(e)
             }
@@ -467,6 +502,7 @@ impl RequesterLeases {
         let Some(record) = self.record(namespace, requester).await? else {
             return Ok(0);
         };
+        let current = self.fences(namespace).await?;
         let ns = namespace.to_owned();
         let mut guard = Vec::new();
         let mut ops = Vec::new();
@@ -478,8 +514,11 @@ impl RequesterLeases {
                 record.lease_id,
             ));
             if let Some(&last) = last_used.get(&machine_id) {
-                // Never below the floor: the previous holder may have stamped up to it.
-                let lowered = last.max(floor);
+                // Never below the floor (the previous holder may have stamped up
+                // to it) and never above the current fence (a release must not
+                // fence a machine id out of use).
+                let fence = current.get(&machine_id).copied().unwrap_or(floor);
+                let lowered = last.max(floor).min(fence.max(floor));
                 ops.push(TxnOp::put(
                     keys::fence(&ns, machine_id),
                     lowered.get().to_string(),

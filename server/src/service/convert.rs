@@ -40,7 +40,15 @@ pub fn requester_key(requester: Option<&pb::Requester>) -> Result<String, ApiErr
             reason: "pid and start_unix_ms must be set",
         });
     }
-    Ok(format!("{}:{}:{}", r.host_id, r.pid, r.start_unix_ms))
+    if !(16..=64).contains(&r.nonce.len()) || !r.nonce.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(ApiError::InvalidRequester {
+            reason: "nonce must be 16-64 hex digits drawn at random for each generator",
+        });
+    }
+    Ok(format!(
+        "{}:{}:{}:{}",
+        r.host_id, r.pid, r.start_unix_ms, r.nonce
+    ))
 }
 
 /// Checks a namespace name like `--namespace` does (INVALID_ARGUMENT otherwise).

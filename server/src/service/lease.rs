@@ -148,7 +148,9 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             &requester,
             req.client_time_unix_ms,
             false,
-            renewed,
+            // Skew records live a first lease + grace at most, so a flood of
+            // renewals from unknown requesters cannot pile up 48 h leases.
+            self.config.first_lease,
         )
         .await?;
         let grant = leases

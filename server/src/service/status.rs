@@ -102,9 +102,10 @@ fn code_of(err: &ApiError) -> Code {
         ApiError::Lease(e) => match e {
             LeaseError::UnknownNamespace { .. } => Code::NotFound,
             LeaseError::NoFreeMachineId { .. } => Code::ResourceExhausted,
-            LeaseError::CountMismatch { .. } | LeaseError::LayoutExhausted { .. } => {
-                Code::FailedPrecondition
-            }
+            // Not FAILED_PRECONDITION: clients retry that (a skew refusal
+            // heals with NTP); another Acquire cannot fix a count mismatch.
+            LeaseError::CountMismatch { .. } => Code::AlreadyExists,
+            LeaseError::LayoutExhausted { .. } => Code::FailedPrecondition,
             LeaseError::FenceTooFarAhead { .. }
             | LeaseError::LeaseLost { .. }
             | LeaseError::Timeout { .. }
@@ -185,7 +186,7 @@ mod tests {
             ),
             (
                 ApiError::Lease(LeaseError::CountMismatch { held: 1, asked: 2 }),
-                Code::FailedPrecondition,
+                Code::AlreadyExists,
             ),
             (
                 ApiError::ClientClockBehind {

@@ -21,6 +21,7 @@ fn requester(start: u64) -> Requester {
         host_id: "test-host".into(),
         pid: 4242,
         start_unix_ms: start,
+        nonce: format!("{start:016x}"),
     }
 }
 
@@ -141,7 +142,7 @@ async fn acquire_renew_release_round_trip() {
         .await
         .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
-    assert_eq!(bad.message(), "count must be between 1 and 256, got 0");
+    assert_eq!(bad.message(), "count must be between 1 and 63, got 0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,7 +168,7 @@ async fn a_repeated_acquire_returns_the_same_machine_ids_and_another_count_fails
         .acquire(acquire("idem", &who, 2, None))
         .await
         .unwrap_err();
-    assert_eq!(other.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(other.code(), tonic::Code::AlreadyExists);
     assert_eq!(
         other.message(),
         "requester already holds 3 machine ids but asked for 2; Release them first or Acquire 3"
@@ -219,7 +220,10 @@ async fn a_client_fifteen_minutes_behind_is_refused_on_acquire_and_only_warned_o
     // The last skew is kept in etcd with a TTL.
     let mut client = etcd.client().await;
     let kept = client
-        .get("/snowkeep/v1/ns/skew/skew/test-host:4242:3", None)
+        .get(
+            "/snowkeep/v1/ns/skew/skew/test-host:4242:3:0000000000000003",
+            None,
+        )
         .await
         .unwrap();
     let skew_ms: i64 = kept.kvs()[0].value_str().unwrap().parse().unwrap();
@@ -543,4 +547,216 @@ async fn requesters_get_machine_ids_from_the_deployment_range_only() {
         .await
         .unwrap();
     assert!(stray.kvs().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_generators_in_one_process_never_share_a_machine_id() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "twins", &[]);
+    server.wait_serving(READY).await;
+    // Two libraries of one process, each starting its own generator with the
+    // process's identity: the same host, pid and start time.
+    let me = Requester::current();
+    let a = EmbeddedGenerator::start(
+        embedded(&server, "twins", me.clone(), 1),
+        SystemClock::shared(),
+    )
+    .await
+    .unwrap();
+    let b = EmbeddedGenerator::start(
+        embedded(&server, "twins", me.renewed_nonce(), 1),
+        SystemClock::shared(),
+    )
+    .await
+    .unwrap();
+    assert_ne!(a.machine_ids(), b.machine_ids());
+    let (x, y) = tokio::join!(a.next_ids(50_000), b.next_ids(50_000));
+    let all: HashSet<u64> = x.unwrap().into_iter().chain(y.unwrap()).collect();
+    assert_eq!(all.len(), 100_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requesters_machine_id_stays_held_while_its_record_lives() {
+    let etcd = EtcdProcess::start().await;
+    let server =
+        ServerProcess::on_etcd(&etcd.endpoint(), "held", &["--machine-id-range", "10..12"]);
+    server.wait_serving(READY).await;
+    let mut api = lease_client(&server).await;
+    let grant = api
+        .acquire(acquire("held", &requester(10), 1, None))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = grant.machine_ids[0].machine_id;
+    // An operator deletes the requester's holder and fence keys; its record
+    // (and the embedded generator, fenced a whole lease ahead) lives on.
+    let mut client = etcd.client().await;
+    client
+        .delete(format!("/snowkeep/v1/ns/held/holder/{id:05}"), None)
+        .await
+        .unwrap();
+    client
+        .delete(format!("/snowkeep/v1/ns/held/fence/{id:05}"), None)
+        .await
+        .unwrap();
+    let mut other = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "held",
+        &["--machine-id-range", &format!("{id}..{}", id + 1)],
+    );
+    assert_eq!(
+        other.wait_exit(Duration::from_secs(15)).await.code(),
+        Some(1)
+    );
+    assert!(
+        other.log().contains("no free machine id"),
+        "log:\n{}",
+        other.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_never_raises_a_fence_and_a_late_acquire_never_shortens_a_lease() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "caps", &[]);
+    server.wait_serving(READY).await;
+    let mut api = lease_client(&server).await;
+    let who = requester(11);
+    api.acquire(acquire("caps", &who, 1, None)).await.unwrap();
+    let renewed = api
+        .renew(pb::RenewRequest {
+            requester: Some(who.to_pb()),
+            namespace: "caps".into(),
+            client_time_unix_ms: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let m = renewed.machine_ids[0];
+    // A repeated Acquire (10 min) after the Renew (48 h) keeps the 48 h lease.
+    api.acquire(acquire("caps", &who, 1, None)).await.unwrap();
+    let mut client = etcd.client().await;
+    let holder = client
+        .get(
+            format!("/snowkeep/v1/ns/caps/holder/{:05}", m.machine_id),
+            None,
+        )
+        .await
+        .unwrap();
+    let ttl = client
+        .lease_time_to_live(holder.kvs()[0].lease(), None)
+        .await
+        .unwrap()
+        .ttl();
+    assert!(ttl > 47 * 3600, "lease cut to {ttl} s");
+    // A release reporting an absurd last timestamp keeps the fence where it was.
+    api.release(pb::ReleaseRequest {
+        requester: Some(who.to_pb()),
+        namespace: "caps".into(),
+        last_used_ms: [(m.machine_id, u64::MAX)].into(),
+    })
+    .await
+    .unwrap();
+    let fence = client
+        .get(
+            format!("/snowkeep/v1/ns/caps/fence/{:05}", m.machine_id),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(fence.kvs()[0].value_str().unwrap(), m.fence_ms.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_api_follows_the_server_off_a_dead_etcd_member() {
+    let mut etcd = EtcdProcess::cluster(3).await;
+    let server = ServerProcess::spawn(&[
+        "--etcd-endpoints",
+        &etcd.endpoints(),
+        "--namespace",
+        "api3",
+        "--lease-ttl",
+        "5s",
+    ]);
+    server.wait_serving(READY).await;
+    etcd.kill_member(0);
+    // The lease loop learns the member is dead at its next renewal.
+    eventually(
+        "a renewal after the kill",
+        Duration::from_secs(10),
+        || async {
+            server
+                .metric(r#"snowkeep_lease_renewals_total{result="error"}"#)
+                .await
+                >= 1.0
+        },
+    )
+    .await;
+    let mut api = lease_client(&server).await;
+    for i in 0..5 {
+        api.acquire(acquire("api3", &requester(100 + i), 1, None))
+            .await
+            .unwrap_or_else(|e| panic!("Acquire {i} after the kill: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_pool_with_no_server_reports_the_error_instead_of_waiting_forever() {
+    let dead = format!("http://127.0.0.1:{}", crate::support::free_port());
+    let client = RemoteClient::new(
+        &[dead],
+        RemoteConfig {
+            attempts: 1,
+            ..RemoteConfig::default()
+        },
+    )
+    .unwrap();
+    let pool = snowkeep_client::IdPool::new(
+        client,
+        snowkeep_client::PoolConfig {
+            max_wait: Duration::from_millis(500),
+            ..Default::default()
+        },
+    );
+    let err = pool.next_id().await.unwrap_err();
+    assert!(
+        matches!(err, snowkeep_client::ClientError::PoolEmpty { .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generator_whose_clock_is_far_behind_its_floor_refuses_the_grant() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "behind",
+        &[
+            "--client-skew-threshold",
+            "0s",
+            "--first-lease-duration",
+            "1m",
+        ],
+    );
+    server.wait_serving(READY).await;
+    // This process's clock, two minutes behind the server's.
+    let clock =
+        snowkeep_client::ManualClock::new(snowkeep_client::Clock::unix_ms(&SystemClock) - 120_000);
+    let err = EmbeddedGenerator::start(embedded(&server, "behind", requester(12), 1), clock)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, snowkeep_client::ClientError::ClockBehindFloor { .. }),
+        "{err}"
+    );
+    // The refused grant was given back.
+    let c = lease_client(&server)
+        .await
+        .capacity(pb::CapacityRequest {
+            namespace: "behind".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(c.held, 1, "only the server's own machine id");
 }
