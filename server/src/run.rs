@@ -14,12 +14,13 @@ use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
 
 use crate::config::{ServerConfig, StoreConfig};
-use crate::etcd::requesters::RequesterLeases;
 use crate::etcd::{EtcdSettings, EtcdStore};
 use crate::lease::{LeaseError, LeaseManager, LeaseTiming, Slot, Store};
 use crate::local::LocalStore;
 use crate::metrics as m;
-use crate::service::{self, health, id::IdHandler, info::InfoHandler, lease::LeaseHandler};
+use crate::service::{
+    self, health, id::IdHandler, info::InfoHandler, lease::LeaseHandler, StoreAccess,
+};
 
 /// Bound on the release at shutdown (release txn + lease revoke).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,6 +61,36 @@ fn request_timeout(ttl: Duration) -> Duration {
     (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2))
 }
 
+/// Connects to etcd, retrying with backoff until it answers; `None` when
+/// shutdown comes first. etcd may come up after us (compose, Kubernetes), so
+/// only what an operator must fix (a layout mismatch) is an error.
+async fn connect_etcd(
+    settings: EtcdSettings,
+    layout: snowkeep_client::Layout,
+    clock: snowkeep_client::SharedClock,
+    shutdown: &CancellationToken,
+) -> Result<Option<Store>, LeaseError> {
+    let mut delay = Duration::from_millis(200);
+    loop {
+        let connected = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            r = EtcdStore::connect(settings.clone(), layout, clock.clone()) => r,
+        };
+        match connected {
+            Ok(store) => return Ok(Some(Store::Etcd(Box::new(store)))),
+            Err(e) if e.is_retryable() => {
+                warn!(endpoints = ?settings.endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Runs the server on `listener` until `shutdown` is cancelled (or the lease
 /// lifecycle fails), then drains and releases.
 pub async fn run(
@@ -87,9 +118,13 @@ pub async fn run(
         }
         Some(_) => {}
     }
-    let store = match &config.store {
-        StoreConfig::Etcd { endpoints } => {
-            let settings = EtcdSettings {
+    // The embedded store opens now (its errors need an operator). etcd is
+    // connected by the lease task, so the server answers (NOT_SERVING,
+    // UNAVAILABLE) while etcd is still coming up instead of hanging callers.
+    let (local, etcd_settings) = match &config.store {
+        StoreConfig::Etcd { endpoints } => (
+            None,
+            Some(EtcdSettings {
                 endpoints: endpoints.clone(),
                 namespace: config.namespace.clone(),
                 instance_id: config.instance_id.clone(),
@@ -99,37 +134,20 @@ pub async fn run(
                 fence_horizon: config.fence_horizon,
                 max_fence_wait: config.max_fence_wait,
                 request_timeout: request_timeout(config.lease_ttl),
-            };
-            // etcd may come up after us (compose, Kubernetes): wait for it
-            // rather than exit; only what an operator must fix is fatal.
-            let mut delay = Duration::from_millis(200);
-            loop {
-                let connected = tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    r = EtcdStore::connect(settings.clone(), config.layout, clock.clone()) => r,
-                };
-                match connected {
-                    Ok(store) => break Store::Etcd(Box::new(store)),
-                    Err(e) if e.is_retryable() => {
-                        warn!(endpoints = ?settings.endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return Ok(()),
-                            _ = tokio::time::sleep(delay) => {}
-                        }
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
+            }),
+        ),
         StoreConfig::Embedded { state_dir } => {
             let machine_ids = u16::try_from(config.machine_ids).unwrap_or(u16::MAX);
             let local = LocalStore::open(state_dir, &config.namespace, config.layout, machine_ids)?;
             warn!(state_file = %local.path().display(), "running on the embedded single-instance store: never run a second snowkeep-server for this namespace anywhere, or ids will collide; use --etcd-endpoints for more than one instance");
-            Store::Local(local)
+            (Some(local), None)
         }
     };
-    if std::process::id() == 1 && !config.stable_instance && matches!(store, Store::Etcd(_)) {
+    let (store_kind, access) = match &etcd_settings {
+        Some(_) => ("etcd", StoreAccess::etcd()),
+        None => ("embedded", StoreAccess::Embedded),
+    };
+    if std::process::id() == 1 && !config.stable_instance && etcd_settings.is_some() {
         warn!("running as PID 1 with a generated instance id: every restart claims a fresh machine id and the old one is freed only when its lease expires, so crash loops can drain the pool; set --instance-id (e.g. the pod name) to get the same machine id back");
     }
     let listen = listener
@@ -138,7 +156,7 @@ pub async fn run(
         .unwrap_or_default();
     info!(
         version = env!("CARGO_PKG_VERSION"),
-        store = store.kind(),
+        store = store_kind,
         namespace = %config.namespace,
         instance_id = %config.instance_id,
         layout = %config.layout,
@@ -171,28 +189,35 @@ pub async fn run(
     }
     let grant_rx = grant_rx.expect("config guarantees at least one machine id");
     let generators = GeneratorSet::new(slots.iter().map(|s| s.generator.clone()).collect());
-    let store_kind = store.kind();
-    let (capacity, requesters) = match &store {
-        Store::Etcd(s) => (Some(s.capacity_reader()), Some(RequesterLeases::new(s))),
-        Store::Local(_) => (None, None),
+    let timing = LeaseTiming {
+        lease_ttl: config.lease_ttl,
+        fence_horizon: config.fence_horizon,
+        max_fence_wait: config.max_fence_wait,
+        on_lease_lost: config.on_lease_lost,
     };
-    let manager = LeaseManager::new(
-        store,
-        config.layout,
-        ns.clone(),
-        clock.clone(),
-        LeaseTiming {
-            lease_ttl: config.lease_ttl,
-            fence_horizon: config.fence_horizon,
-            max_fence_wait: config.max_fence_wait,
-            on_lease_lost: config.on_lease_lost,
-        },
-        slots,
-    );
 
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
-    let mut lease_task = tracker.spawn(manager.run(release.clone()));
+    let mut lease_task = {
+        let (clock, ns, layout) = (clock.clone(), ns.clone(), config.layout);
+        let (shutdown, release, access) = (shutdown.clone(), release.clone(), access.clone());
+        tracker.spawn(async move {
+            let store = match (local, etcd_settings) {
+                (Some(local), _) => Store::Local(local),
+                (None, Some(settings)) => {
+                    match connect_etcd(settings, layout, clock.clone(), &shutdown).await? {
+                        Some(store) => store,
+                        None => return Ok(()),
+                    }
+                }
+                (None, None) => unreachable!("one of the two stores is configured"),
+            };
+            access.connected(&store);
+            LeaseManager::new(store, layout, ns, clock, timing, slots)
+                .run(release)
+                .await
+        })
+    };
     let (routes, reporter) = service::router(
         IdHandler::new(generators.clone(), ns.clone(), shutdown.clone()),
         InfoHandler::new(
@@ -201,9 +226,9 @@ pub async fn run(
             ns.clone(),
             config.instance_id.clone(),
             store_kind,
-            capacity,
+            access.clone(),
         ),
-        LeaseHandler::new(requesters, config.lease_api, clock.clone()),
+        LeaseHandler::new(access, config.lease_api, clock.clone()),
     )?;
     tracker.spawn(health::follow_issuance(
         reporter,

@@ -69,16 +69,29 @@ struct Endpoints {
 }
 
 impl Endpoints {
-    fn client(&self) -> Client {
-        self.clients[self.current.load(Ordering::Relaxed) % self.clients.len()].clone()
+    /// The position now (an index modulo the number of endpoints).
+    fn position(&self) -> usize {
+        self.current.load(Ordering::Relaxed)
     }
 
-    fn rotate(&mut self) {
-        self.current.fetch_add(1, Ordering::Relaxed);
+    fn client_at(&self, position: usize) -> Client {
+        self.clients[position % self.clients.len()].clone()
     }
 
-    /// Runs one request on the current endpoint under `after`; on failure the
-    /// next request goes to the next endpoint.
+    /// Moves off the endpoint at `position` after it failed, unless another
+    /// user already moved: several users failing on one dead member move the
+    /// shared position once, not once each (which could cycle back onto it).
+    fn failed_at(&self, position: usize) {
+        let _ = self.current.compare_exchange(
+            position,
+            position.wrapping_add(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Runs one request on the current endpoint under `after`; on failure
+    /// the next request goes to the next endpoint.
     async fn call<T, F, Fut>(
         &mut self,
         op: &'static str,
@@ -89,9 +102,10 @@ impl Endpoints {
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let result = timed(op, after, f(self.client())).await;
+        let position = self.position();
+        let result = timed(op, after, f(self.client_at(position))).await;
         if result.is_err() {
-            self.rotate();
+            self.failed_at(position);
         }
         result
     }
@@ -104,6 +118,8 @@ pub struct EtcdStore {
     clock: SharedClock,
     layout: Layout,
     keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The endpoint position the keepalive stream was opened on.
+    keeper_position: usize,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -367,6 +383,7 @@ impl EtcdStore {
             clock,
             layout,
             keeper: None,
+            keeper_position: 0,
         };
         store.ensure_layout().await?;
         Ok(store)
@@ -534,6 +551,7 @@ impl EtcdStore {
         let ttl = match self.keeper.as_mut() {
             None => {
                 // Opening the stream sends the first keepalive and reads its answer.
+                self.keeper_position = self.endpoints.position();
                 let opened = self
                     .endpoints
                     .call("keepalive", timeout, |mut c| async move {
@@ -565,7 +583,7 @@ impl EtcdStore {
                     // Reopen on the next endpoint; the reopening answers whether
                     // the lease still exists.
                     self.keeper = None;
-                    self.endpoints.rotate();
+                    self.endpoints.failed_at(self.keeper_position);
                 }
                 match answer {
                     Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
@@ -622,6 +640,7 @@ impl EtcdStore {
                     .with_prefix()
                     .with_start_revision(next_revision);
                 let key = prefix.clone();
+                let position = endpoints.position();
                 let opened = endpoints
                     .call("watch holders", timeout, |mut c| async move {
                         c.watch(key, Some(opts)).await
@@ -691,7 +710,7 @@ impl EtcdStore {
                             }
                         }
                         Ok(None) | Err(_) => {
-                            endpoints.rotate();
+                            endpoints.failed_at(position);
                             tokio::time::sleep(WATCH_RETRY).await;
                             break;
                         }

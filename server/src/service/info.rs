@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert;
 use super::status::ApiError;
-use crate::etcd::CapacityReader;
+use super::StoreAccess;
 
 /// Serves `snowkeep.v1.InfoService`.
 #[derive(Clone)]
@@ -18,8 +18,9 @@ pub struct InfoHandler {
     namespace: String,
     instance_id: String,
     store: &'static str,
-    /// `None` for the embedded store, whose one machine id is this server's.
-    capacity: Option<CapacityReader>,
+    /// The store, for capacity reads (the embedded store's machine ids are all
+    /// this server's).
+    access: StoreAccess,
 }
 
 impl InfoHandler {
@@ -30,7 +31,7 @@ impl InfoHandler {
         namespace: String,
         instance_id: String,
         store: &'static str,
-        capacity: Option<CapacityReader>,
+        access: StoreAccess,
     ) -> Self {
         Self {
             generators,
@@ -38,7 +39,7 @@ impl InfoHandler {
             namespace,
             instance_id,
             store,
-            capacity,
+            access,
         }
     }
 }
@@ -98,8 +99,8 @@ impl pb::info_service_server::InfoService for InfoHandler {
         &self,
         _request: Request<pb::GetCapacityRequest>,
     ) -> Result<Response<pb::Capacity>, Status> {
-        let (capacity, range) = match self.capacity.clone() {
-            Some(mut reader) => (
+        let (capacity, range) = match self.access.etcd_handles()? {
+            Some((mut reader, _)) => (
                 reader.read().await.map_err(ApiError::Lease)?,
                 reader.range(),
             ),

@@ -11,6 +11,7 @@ use tracing::warn;
 
 use super::convert;
 use super::status::ApiError;
+use super::StoreAccess;
 use crate::config::LeaseApiConfig;
 use crate::etcd::requesters::{RequesterGrant, RequesterLeases, MAX_REQUESTER_IDS};
 use crate::lease::skew::{self, SkewVerdict};
@@ -23,28 +24,27 @@ const SKEW_RECORD_GRACE: Duration = Duration::from_secs(600);
 /// Serves `snowkeep.v1.LeaseService`.
 #[derive(Clone)]
 pub struct LeaseHandler {
-    /// `None` on the embedded store: the Lease API needs etcd.
-    leases: Option<RequesterLeases>,
+    /// The store; the Lease API needs etcd.
+    access: StoreAccess,
     config: LeaseApiConfig,
     clock: SharedClock,
 }
 
 impl LeaseHandler {
     /// Creates the handler.
-    pub fn new(
-        leases: Option<RequesterLeases>,
-        config: LeaseApiConfig,
-        clock: SharedClock,
-    ) -> Self {
+    pub fn new(access: StoreAccess, config: LeaseApiConfig, clock: SharedClock) -> Self {
         Self {
-            leases,
+            access,
             config,
             clock,
         }
     }
 
     fn leases(&self) -> Result<RequesterLeases, ApiError> {
-        self.leases.clone().ok_or(ApiError::LeaseApiNeedsEtcd)
+        match self.access.etcd_handles()? {
+            Some((_, leases)) => Ok(leases),
+            None => Err(ApiError::LeaseApiNeedsEtcd),
+        }
     }
 
     /// Judges and records the client's clock skew; `Err` when Acquire must be refused.

@@ -8,9 +8,52 @@ pub mod info;
 pub mod lease;
 pub mod status;
 
+use std::sync::{Arc, OnceLock};
+
 use snowkeep_proto::v1 as pb;
 use tonic::service::Routes;
 use tonic_health::server::HealthReporter;
+
+use crate::etcd::requesters::RequesterLeases;
+use crate::etcd::CapacityReader;
+use crate::lease::Store;
+use status::ApiError;
+
+/// What the API handlers need from the lease store, once it is connected.
+#[derive(Clone)]
+pub enum StoreAccess {
+    /// The embedded store: no etcd, so no Lease API.
+    Embedded,
+    /// etcd: filled in once the server has connected.
+    Etcd(Arc<OnceLock<(CapacityReader, RequesterLeases)>>),
+}
+
+impl StoreAccess {
+    /// Access to an etcd store that is not connected yet.
+    pub fn etcd() -> Self {
+        StoreAccess::Etcd(Arc::default())
+    }
+
+    /// Records that `store` is connected.
+    pub fn connected(&self, store: &Store) {
+        if let (StoreAccess::Etcd(cell), Store::Etcd(s)) = (self, store) {
+            let _ = cell.set((s.capacity_reader(), RequesterLeases::new(s)));
+        }
+    }
+
+    /// The etcd handles; `Ok(None)` on the embedded store,
+    /// [`ApiError::StoreNotConnected`] before etcd answered.
+    pub fn etcd_handles(&self) -> Result<Option<(CapacityReader, RequesterLeases)>, ApiError> {
+        match self {
+            StoreAccess::Embedded => Ok(None),
+            StoreAccess::Etcd(cell) => cell
+                .get()
+                .cloned()
+                .map(Some)
+                .ok_or(ApiError::StoreNotConnected),
+        }
+    }
+}
 
 /// Builds the routes: IdService, InfoService, grpc.health.v1 and server
 /// reflection (v1 and v1alpha, so grpcurl 1.8 works too).

@@ -32,6 +32,11 @@ pub enum ApiError {
     /// The lease store refused or failed.
     #[error(transparent)]
     Lease(crate::lease::LeaseError),
+    /// etcd has not answered since the server started.
+    #[error(
+        "this server is not connected to etcd yet; retry shortly or on another snowkeep server"
+    )]
+    StoreNotConnected,
     /// The Lease API was called on a server without etcd.
     #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the embedded single-instance store")]
     LeaseApiNeedsEtcd,
@@ -99,6 +104,7 @@ fn code_of(err: &ApiError) -> Code {
         ApiError::ClientClockBehind { .. } | ApiError::LeaseApiNeedsEtcd => {
             Code::FailedPrecondition
         }
+        ApiError::StoreNotConnected => Code::Unavailable,
         ApiError::Lease(e) => match e {
             LeaseError::UnknownNamespace { .. } => Code::NotFound,
             LeaseError::NoFreeMachineId { .. } => Code::ResourceExhausted,
@@ -196,6 +202,7 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (ApiError::LeaseApiNeedsEtcd, Code::FailedPrecondition),
+            (ApiError::StoreNotConnected, Code::Unavailable),
             (
                 ApiError::InvalidRequester { reason: "x" },
                 Code::InvalidArgument,

@@ -91,6 +91,25 @@ async fn a_server_started_before_etcd_waits_for_it() {
     )
     .await;
     assert!(server.is_running(), "log:\n{}", server.log());
+    // It answers meanwhile: not serving, and calls refused with a reason.
+    assert_eq!(
+        server.health().await,
+        Some(tonic_health::pb::health_check_response::ServingStatus::NotServing)
+    );
+    assert_eq!(
+        server.next_ids(1).await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    let capacity =
+        snowkeep_proto::v1::info_service_client::InfoServiceClient::new(server.channel().await)
+            .get_capacity(snowkeep_proto::v1::GetCapacityRequest {})
+            .await
+            .unwrap_err();
+    assert_eq!(capacity.code(), Code::Unavailable);
+    assert_eq!(
+        capacity.message(),
+        "this server is not connected to etcd yet; retry shortly or on another snowkeep server"
+    );
     etcd.restart().await;
     server.wait_serving(Duration::from_secs(30)).await;
     assert_eq!(server.next_ids(10).await.unwrap().len(), 10);
