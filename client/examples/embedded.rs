@@ -6,12 +6,22 @@
 //! ```
 //! The server must run on etcd (`--etcd-endpoints`), and the namespace must
 //! exist (the server's `--namespace`).
-#![allow(clippy::print_stdout)]
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use snowkeep_client::{EmbeddedConfig, EmbeddedGenerator, SystemClock};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let endpoint = args
         .next()

@@ -4,12 +4,22 @@
 //! ```sh
 //! cargo run -p snowkeep-client --example remote -- http://127.0.0.1:50051 http://127.0.0.1:50052
 //! ```
-#![allow(clippy::print_stdout)]
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use snowkeep_client::{IdPool, PoolConfig, RemoteClient, RemoteConfig};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut endpoints: Vec<String> = std::env::args().skip(1).collect();
     if endpoints.is_empty() {
         endpoints.push("http://127.0.0.1:50051".into());

@@ -47,6 +47,9 @@ impl LocalStore {
         machine_ids: u16,
     ) -> Result<Self, LeaseError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
+        // Absolute paths in messages: the server's working directory is not
+        // always the one the operator thinks of.
+        let dir = &fs::canonicalize(dir).map_err(io_err(dir))?;
         let lock_path = dir.join(format!("{namespace}.lock"));
         let lock = OpenOptions::new()
             .create(true)

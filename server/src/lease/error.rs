@@ -138,7 +138,7 @@ pub enum LeaseError {
         value: String,
     },
     /// Another process holds the embedded store's state file lock.
-    #[error("state file {path} is locked by another snowkeep process; the embedded store runs as one instance only")]
+    #[error("state file {path} is locked by another snowkeep process; the embedded store runs as one instance only (stop the other server, or give this one another --state-dir)")]
     StateLocked {
         /// The state file.
         path: String,

@@ -378,7 +378,7 @@ impl LeaseManager {
                     if waited_since.is_none() {
                         waited_since = Some(now);
                         metrics::counter!(m::FENCE_WAITS_TOTAL).increment(1);
-                        info!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), fence_ms = floor.get(), wait = ?wait, "waiting for the clock to pass the previous holder's fence");
+                        info!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), fence_ms = floor.get(), wait = ?wait, "waiting for the clock to pass the claimed machine ids' floor (the previous holder's fence, or one fence horizon for a never-used id)");
                     }
                     fence_due = now + wait;
                 } else {

@@ -37,7 +37,7 @@ async fn waits_out_a_fence_slightly_ahead_of_the_clock() {
     assert_eq!(server.metric("snowkeep_fence_waits_total").await, 1.0);
     assert!(server
         .log()
-        .contains("waiting for the clock to pass the previous holder's fence"));
+        .contains("waiting for the clock to pass the claimed machine ids' floor"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
