@@ -361,10 +361,8 @@ impl LeaseManager {
                     }
                     Err(LeaseError::LeaseLost { reason }) => return (claim, Held::Lost(reason)),
                     Err(e) => {
-                        metrics::counter!(m::LEASE_RENEWALS_TOTAL, "result" => "error")
-                            .increment(1);
-                        warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), error = %crate::DisplayChain(&e), "lease renewal failed");
-                        next_renew = self.clock.now() + RETRY_AFTER_FAILURE;
+                        next_renew =
+                            self.retry_after(m::LEASE_RENEWALS_TOTAL, "lease renewal", &claim, &e)
                     }
                 }
                 continue;
@@ -414,10 +412,12 @@ impl LeaseManager {
                             return (claim, Held::Lost(reason))
                         }
                         Err(e) => {
-                            metrics::counter!(m::FENCE_ADVANCES_TOTAL, "result" => "error")
-                                .increment(1);
-                            warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), error = %crate::DisplayChain(&e), "fence advance failed");
-                            fence_due = self.clock.now() + RETRY_AFTER_FAILURE;
+                            fence_due = self.retry_after(
+                                m::FENCE_ADVANCES_TOTAL,
+                                "fence advance",
+                                &claim,
+                                &e,
+                            )
                         }
                     }
                 }
@@ -463,6 +463,20 @@ impl LeaseManager {
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
             }
         }
+    }
+
+    /// Counts (`metric{result="error"}`) and logs a failed store request the
+    /// loop retries; returns when to retry it.
+    fn retry_after(
+        &self,
+        metric: &'static str,
+        op: &'static str,
+        claim: &Claim,
+        e: &LeaseError,
+    ) -> Instant {
+        metrics::counter!(metric, "result" => "error").increment(1);
+        warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), op, error = %crate::DisplayChain(e), "store request failed; retrying");
+        self.clock.now() + RETRY_AFTER_FAILURE
     }
 
     fn publish(&self, claim: &Claim) {

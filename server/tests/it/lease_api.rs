@@ -40,6 +40,21 @@ fn acquire(ns: &str, who: &Requester, count: u32, client_time: Option<u64>) -> p
     }
 }
 
+/// A fresh etcd, one server on `namespace`, and a Lease API client of it.
+async fn lease_api_server(
+    namespace: &str,
+) -> (
+    EtcdProcess,
+    ServerProcess,
+    pb::lease_service_client::LeaseServiceClient<Channel>,
+) {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), namespace, &[]);
+    server.wait_serving(READY).await;
+    let api = lease_client(&server).await;
+    (etcd, server, api)
+}
+
 fn ids_of(grant: &pb::LeaseGrant) -> Vec<u32> {
     grant.machine_ids.iter().map(|m| m.machine_id).collect()
 }
@@ -55,10 +70,7 @@ fn embedded(server: &ServerProcess, ns: &str, who: Requester, machine_ids: u32) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_renew_release_round_trip() {
-    let etcd = EtcdProcess::start().await;
-    let server = ServerProcess::on_etcd(&etcd.endpoint(), "api", &[]);
-    server.wait_serving(READY).await;
-    let mut api = lease_client(&server).await;
+    let (_etcd, _server, mut api) = lease_api_server("api").await;
     let who = requester(1);
 
     let grant = api
@@ -147,10 +159,7 @@ async fn acquire_renew_release_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_acquire_returns_the_same_machine_ids_and_another_count_fails() {
-    let etcd = EtcdProcess::start().await;
-    let server = ServerProcess::on_etcd(&etcd.endpoint(), "idem", &[]);
-    server.wait_serving(READY).await;
-    let mut api = lease_client(&server).await;
+    let (_etcd, _server, mut api) = lease_api_server("idem").await;
     let who = requester(2);
     let first = api
         .acquire(acquire("idem", &who, 3, None))
@@ -177,10 +186,7 @@ async fn a_repeated_acquire_returns_the_same_machine_ids_and_another_count_fails
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_fifteen_minutes_behind_is_refused_on_acquire_and_only_warned_on_renew() {
-    let etcd = EtcdProcess::start().await;
-    let server = ServerProcess::on_etcd(&etcd.endpoint(), "skew", &[]);
-    server.wait_serving(READY).await;
-    let mut api = lease_client(&server).await;
+    let (etcd, server, mut api) = lease_api_server("skew").await;
     let who = requester(3);
     let behind = snowkeep_client::Clock::unix_ms(&SystemClock) - 15 * 60 * 1000;
 
@@ -617,10 +623,7 @@ async fn a_requesters_machine_id_stays_held_while_its_record_lives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_never_raises_a_fence_and_a_late_acquire_never_shortens_a_lease() {
-    let etcd = EtcdProcess::start().await;
-    let server = ServerProcess::on_etcd(&etcd.endpoint(), "caps", &[]);
-    server.wait_serving(READY).await;
-    let mut api = lease_client(&server).await;
+    let (etcd, _server, mut api) = lease_api_server("caps").await;
     let who = requester(11);
     api.acquire(acquire("caps", &who, 1, None)).await.unwrap();
     let renewed = api

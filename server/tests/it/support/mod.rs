@@ -6,10 +6,26 @@ pub mod server;
 
 use std::time::Duration;
 
-/// Returns a TCP port that was free a moment ago on 127.0.0.1.
+/// Returns a TCP port free on 127.0.0.1, never the same twice in this test
+/// binary. Ports come from below the kernel's ephemeral range (32768+ on
+/// Linux): a port picked from that range can be taken by one of the tests'
+/// many outgoing connections before etcd or a server binds it.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        20_000 + (std::process::id() % 4_000) as u16,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    loop {
+        let port = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(port < 32_000, "ran out of test ports");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Polls `cond` every 20 ms until it is true or `within` passes; returns how
