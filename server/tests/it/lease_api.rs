@@ -40,6 +40,20 @@ fn acquire(ns: &str, who: &Requester, count: u32, client_time: Option<u64>) -> p
     }
 }
 
+/// Starts an embedded generator with one machine id and waits until it issues.
+async fn start_ready(server: &ServerProcess, ns: &str, who: Requester) -> EmbeddedGenerator {
+    let generator = EmbeddedGenerator::start(embedded(server, ns, who, 1), SystemClock::shared())
+        .await
+        .unwrap();
+    eventually(
+        "the generator to issue",
+        Duration::from_secs(10),
+        || async { generator.is_ready() },
+    )
+    .await;
+    generator
+}
+
 /// A fresh etcd, one server on `namespace`, and a Lease API client of it.
 async fn lease_api_server(
     namespace: &str,
@@ -246,19 +260,8 @@ async fn an_embedded_generator_outlives_its_server_until_its_own_deadline() {
         &["--renewed-lease-duration", "5s"],
     );
     server.wait_serving(READY).await;
-    let generator = EmbeddedGenerator::start(
-        embedded(&server, "outlive", requester(4), 1),
-        SystemClock::shared(),
-    )
-    .await
-    .unwrap();
     // The first renewal (immediately after start) brings the lease to 5 s.
-    eventually(
-        "the generator to issue",
-        Duration::from_secs(10),
-        || async { generator.is_ready() },
-    )
-    .await;
+    let generator = start_ready(&server, "outlive", requester(4)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.signal("KILL");
     server.wait_exit(Duration::from_secs(5)).await;
@@ -298,18 +301,7 @@ async fn a_renewal_answering_empty_stops_issuance_at_once() {
     );
     server.wait_serving(READY).await;
     let who = requester(5);
-    let generator = EmbeddedGenerator::start(
-        embedded(&server, "empty", who.clone(), 1),
-        SystemClock::shared(),
-    )
-    .await
-    .unwrap();
-    eventually(
-        "the generator to issue",
-        Duration::from_secs(10),
-        || async { generator.is_ready() },
-    )
-    .await;
+    let generator = start_ready(&server, "empty", who.clone()).await;
     // Someone releases this requester's lease at the server.
     let mut api = lease_client(&server).await;
     let released = api
