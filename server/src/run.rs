@@ -239,6 +239,7 @@ pub async fn run(
     ));
     let mut server = tracker.spawn(
         tonic::transport::Server::builder()
+            .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
             .add_routes(routes)
             .serve_with_incoming_shutdown(
                 // Without TCP_NODELAY small unary replies wait out delayed ACKs (~40 ms).

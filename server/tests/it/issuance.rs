@@ -125,3 +125,41 @@ async fn a_server_with_another_layout_refuses_to_start() {
         b.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_requests_are_counted_by_method_and_final_code() {
+    let etcd = EtcdProcess::start().await;
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), "grpc-metrics", &[]);
+    a.wait_serving(READY).await;
+    for _ in 0..3 {
+        a.next_ids(10).await.unwrap();
+    }
+    assert_eq!(
+        a.next_ids(0).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    let mut stream = a
+        .ids()
+        .await
+        .stream_ids(pb::StreamIdsRequest {
+            total: 5000,
+            batch_size: 1000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    while stream.message().await.unwrap().is_some() {}
+    let series = |method: &str, code: &str| {
+        format!(
+            r#"snowkeep_grpc_requests_total{{service="snowkeep.v1.IdService",method="{method}",code="{code}"}}"#
+        )
+    };
+    assert_eq!(a.metric(&series("NextIds", "OK")).await, 3.0);
+    assert_eq!(a.metric(&series("NextIds", "INVALID_ARGUMENT")).await, 1.0);
+    assert_eq!(a.metric(&series("StreamIds", "OK")).await, 1.0);
+    let in_flight =
+        r#"snowkeep_grpc_requests_in_flight{service="snowkeep.v1.IdService",method="NextIds"}"#;
+    assert_eq!(a.metric(in_flight).await, 0.0);
+    let count = r#"snowkeep_grpc_request_duration_seconds_count{service="snowkeep.v1.IdService",method="NextIds"}"#;
+    assert_eq!(a.metric(count).await, 4.0);
+}

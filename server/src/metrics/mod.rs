@@ -3,6 +3,8 @@
 //! `deploy/` use these names (HOUSE-STYLE §2.6). Labels take bounded values
 //! only: `namespace` (configured), enums with `as_str`, never ids or text.
 
+pub mod grpc_layer;
+
 use std::net::SocketAddr;
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
@@ -10,6 +12,12 @@ use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 
 /// Build information, gauge = 1; labels `version`.
 pub const BUILD_INFO: &str = "snowkeep_build_info";
+/// gRPC calls by final status; labels `service`, `method`, `code` (canonical names).
+pub const GRPC_REQUESTS_TOTAL: &str = "snowkeep_grpc_requests_total";
+/// gRPC call duration, until the last message of a stream; labels `service`, `method`.
+pub const GRPC_REQUEST_DURATION_SECONDS: &str = "snowkeep_grpc_request_duration_seconds";
+/// gRPC calls in progress (open streams included); labels `service`, `method`.
+pub const GRPC_REQUESTS_IN_FLIGHT: &str = "snowkeep_grpc_requests_in_flight";
 /// Ids issued; labels `namespace`, `method`.
 pub const IDS_ISSUED_TOTAL: &str = "snowkeep_ids_issued_total";
 /// Lease renewals (etcd keepalives); label `result` = `ok`|`error`.
@@ -60,6 +68,21 @@ pub fn describe_all() {
         IDS_ISSUED_TOTAL,
         Unit::Count,
         "Ids issued, by namespace and gRPC method."
+    );
+    describe_counter!(
+        GRPC_REQUESTS_TOTAL,
+        Unit::Count,
+        "gRPC calls by service, method and final status code."
+    );
+    describe_histogram!(
+        GRPC_REQUEST_DURATION_SECONDS,
+        Unit::Seconds,
+        "gRPC call duration, until the last message of a stream."
+    );
+    describe_gauge!(
+        GRPC_REQUESTS_IN_FLIGHT,
+        Unit::Count,
+        "gRPC calls in progress, open streams included."
     );
     describe_counter!(
         LEASE_RENEWALS_TOTAL,
