@@ -109,6 +109,16 @@ impl Endpoints {
         }
         result
     }
+    /// Runs one transaction under `after`, like [`Endpoints::call`].
+    async fn txn(
+        &mut self,
+        op: &'static str,
+        after: Duration,
+        txn: Txn,
+    ) -> Result<etcd_client::TxnResponse, LeaseError> {
+        self.call(op, after, |mut c| async move { c.txn(txn).await })
+            .await
+    }
 }
 
 /// Machine-id leases kept in etcd.
@@ -306,13 +316,7 @@ async fn claim_ids(
                 ),
                 TxnOp::get(fence.clone(), None),
             ]);
-            let resp = endpoints
-                .call(
-                    "claim txn",
-                    timeout,
-                    |mut c| async move { c.txn(txn).await },
-                )
-                .await?;
+            let resp = endpoints.txn("claim txn", timeout, txn).await?;
             if !resp.succeeded() {
                 debug!(
                     machine_id = candidate.machine_id.get(),
@@ -400,9 +404,7 @@ impl EtcdStore {
         txn: Txn,
     ) -> Result<etcd_client::TxnResponse, LeaseError> {
         let timeout = self.settings.request_timeout;
-        self.endpoints
-            .call(op, timeout, |mut c| async move { c.txn(txn).await })
-            .await
+        self.endpoints.txn(op, timeout, txn).await
     }
 
     async fn ensure_layout(&mut self) -> Result<(), LeaseError> {

@@ -306,9 +306,7 @@ impl RequesterLeases {
         let txn = Txn::new().when(guard).and_then(ops);
         let resp = self
             .endpoints
-            .call("requester fence txn", self.timeout, |mut c| async move {
-                c.txn(txn).await
-            })
+            .txn("requester fence txn", self.timeout, txn)
             .await;
         match resp {
             Ok(r) if r.succeeded() => {}
@@ -453,9 +451,7 @@ impl RequesterLeases {
         let txn = Txn::new().when(guard).and_then(ops);
         let resp = self
             .endpoints
-            .call("requester renew txn", self.timeout, |mut c| async move {
-                c.txn(txn).await
-            })
+            .txn("requester renew txn", self.timeout, txn)
             .await;
         match resp {
             Ok(r) if r.succeeded() => {
@@ -531,9 +527,7 @@ impl RequesterLeases {
         let txn = Txn::new().when(guard).and_then(ops);
         let resp = self
             .endpoints
-            .call("requester release txn", self.timeout, |mut c| async move {
-                c.txn(txn).await
-            })
+            .txn("requester release txn", self.timeout, txn)
             .await?;
         self.revoke(record.lease_id).await;
         if resp.succeeded() {
