@@ -267,13 +267,7 @@ impl TryFrom<Args> for ServerConfig {
 
     fn try_from(args: Args) -> Result<Self, ConfigError> {
         let layout: Layout = args.layout.parse()?;
-        let ns_ok = !args.namespace.is_empty()
-            && args.namespace.len() <= 64
-            && args
-                .namespace
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-        if !ns_ok {
+        if !is_valid_namespace(&args.namespace) {
             return Err(ConfigError::Namespace(args.namespace));
         }
         if args.lease_ttl < Duration::from_secs(2) || args.lease_ttl.subsec_nanos() != 0 {
@@ -399,6 +393,16 @@ impl TryFrom<Args> for ServerConfig {
             },
         })
     }
+}
+
+/// True for a namespace name snowkeep accepts, in flags and in API calls
+/// alike: 1-64 characters of `A-Z a-z 0-9 _ . -` (it becomes part of etcd keys).
+pub fn is_valid_namespace(namespace: &str) -> bool {
+    !namespace.is_empty()
+        && namespace.len() <= 64
+        && namespace
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
 }
 
 /// Parses `START..END` with `START < END <= max`.

@@ -53,12 +53,7 @@ pub fn requester_key(requester: Option<&pb::Requester>) -> Result<String, ApiErr
 
 /// Checks a namespace name like `--namespace` does (INVALID_ARGUMENT otherwise).
 pub fn check_namespace(namespace: &str) -> Result<(), ApiError> {
-    let ok = !namespace.is_empty()
-        && namespace.len() <= 64
-        && namespace
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-    if ok {
+    if crate::config::is_valid_namespace(namespace) {
         Ok(())
     } else {
         Err(ApiError::InvalidNamespace {
