@@ -63,9 +63,13 @@ impl GeneratorSet {
     /// sequence are spread across all ready machine ids and merged. On an
     /// error the ids already taken are dropped (a gap, never a reuse).
     pub async fn next_ids(&self, count: u64) -> Result<Vec<u64>, GenerateError> {
+        // Small batches (the common case) go to one machine id: decide that
+        // before checking every generator's readiness, which reads the clock.
+        if self.generators.len() == 1 || count <= self.layout().sequences_per_ms() {
+            return self.pick().next_ids(count).await;
+        }
         let ready: Vec<&Arc<Generator>> = self.generators.iter().filter(|g| g.is_ready()).collect();
-        let per_ms = self.layout().sequences_per_ms();
-        if ready.len() <= 1 || count <= per_ms {
+        if ready.len() <= 1 {
             return self.pick().next_ids(count).await;
         }
         let k = ready.len() as u64;
