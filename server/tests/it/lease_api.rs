@@ -78,7 +78,7 @@ fn embedded(server: &ServerProcess, ns: &str, who: Requester, machine_ids: u32) 
         machine_ids,
         requester: who,
         acquire_attempts: Some(1),
-        ..EmbeddedConfig::new(format!("http://127.0.0.1:{}", server.port), ns)
+        ..EmbeddedConfig::new(server.url(), ns)
     }
 }
 
@@ -349,16 +349,8 @@ async fn eight_generators_of_one_host_and_pid_get_eight_machine_ids() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_client_over_three_servers_survives_one_killed() {
     let etcd = EtcdProcess::start().await;
-    let mut servers: Vec<ServerProcess> = (0..3)
-        .map(|_| ServerProcess::on_etcd(&etcd.endpoint(), "remote", &[]))
-        .collect();
-    for s in &servers {
-        s.wait_serving(READY).await;
-    }
-    let endpoints: Vec<String> = servers
-        .iter()
-        .map(|s| format!("http://127.0.0.1:{}", s.port))
-        .collect();
+    let mut servers = ServerProcess::serving(3, &etcd.endpoint(), "remote").await;
+    let endpoints: Vec<String> = servers.iter().map(ServerProcess::url).collect();
     let client = RemoteClient::new(&endpoints, RemoteConfig::default()).unwrap();
     let mut seen = HashSet::new();
     for _ in 0..30 {
@@ -385,16 +377,8 @@ async fn a_remote_client_over_three_servers_survives_one_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_generators_servers_and_remote_clients_never_share_an_id() {
     let etcd = EtcdProcess::start().await;
-    let servers: Vec<ServerProcess> = (0..2)
-        .map(|_| ServerProcess::on_etcd(&etcd.endpoint(), "together", &[]))
-        .collect();
-    for s in &servers {
-        s.wait_serving(READY).await;
-    }
-    let endpoints: Vec<String> = servers
-        .iter()
-        .map(|s| format!("http://127.0.0.1:{}", s.port))
-        .collect();
+    let servers = ServerProcess::serving(2, &etcd.endpoint(), "together").await;
+    let endpoints: Vec<String> = servers.iter().map(ServerProcess::url).collect();
     let client = RemoteClient::new(&endpoints, RemoteConfig::default()).unwrap();
     let mut gens = Vec::new();
     for (i, server) in servers.iter().enumerate() {

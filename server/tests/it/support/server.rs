@@ -74,9 +74,26 @@ impl ServerProcess {
         &self.log
     }
 
+    /// The gRPC URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts `n` servers on etcd `endpoint` in `namespace` and waits until
+    /// all serve.
+    pub async fn serving(n: usize, endpoint: &str, namespace: &str) -> Vec<Self> {
+        let servers: Vec<Self> = (0..n)
+            .map(|_| Self::on_etcd(endpoint, namespace, &[]))
+            .collect();
+        for s in &servers {
+            s.wait_serving(std::time::Duration::from_secs(20)).await;
+        }
+        servers
+    }
+
     /// A channel to the server.
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://127.0.0.1:{}", self.port))
+        Channel::from_shared(self.url())
             .expect("uri")
             .connect_timeout(Duration::from_millis(500))
             .timeout(Duration::from_secs(10))
@@ -118,7 +135,7 @@ impl ServerProcess {
 
     /// The health status of IdService, `None` when the server does not answer.
     pub async fn health(&self) -> Option<ServingStatus> {
-        let channel = Channel::from_shared(format!("http://127.0.0.1:{}", self.port))
+        let channel = Channel::from_shared(self.url())
             .expect("uri")
             .connect_timeout(Duration::from_millis(300))
             .timeout(Duration::from_millis(1000))
