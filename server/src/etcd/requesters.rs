@@ -226,14 +226,15 @@ impl RequesterLeases {
     /// requester already holds machine ids — returns them with the lease reset
     /// to `duration` (idempotent retry), failing with
     /// [`LeaseError::CountMismatch`] when it holds a different number.
+    /// `layout` is the namespace's, as [`Self::layout`] read it.
     pub async fn acquire(
         &mut self,
         namespace: &str,
+        layout: Layout,
         requester: &str,
         count: u32,
         duration: Duration,
     ) -> Result<RequesterGrant, LeaseError> {
-        let layout = self.layout(namespace).await?;
         if let Some(record) = self.record(namespace, requester).await? {
             if record.ids.len() != count as usize {
                 return Err(LeaseError::CountMismatch {
@@ -330,14 +331,15 @@ impl RequesterLeases {
     }
 
     /// Extends the requester's lease to `duration` and raises its fences;
-    /// an empty grant when it holds nothing (its lease is gone).
+    /// an empty grant when it holds nothing (its lease is gone). `layout` is
+    /// the namespace's, as [`Self::layout`] read it.
     pub async fn renew(
         &mut self,
         namespace: &str,
+        layout: Layout,
         requester: &str,
         duration: Duration,
     ) -> Result<RequesterGrant, LeaseError> {
-        let layout = self.layout(namespace).await?;
         match self.record(namespace, requester).await? {
             Some(record) => {
                 self.extend(namespace, requester, record, layout, duration)

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use snowkeep_client::{MachineId, Millis, SharedClock};
+use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 use tracing::warn;
@@ -47,6 +47,22 @@ impl LeaseHandler {
         }
     }
 
+    /// Checks a requester call's identity and namespace and reads the
+    /// namespace's layout once: its NOT_FOUND comes before anything is
+    /// recorded for an unknown namespace. Returns the requester's key, the
+    /// store and the layout.
+    async fn open(
+        &self,
+        requester: Option<&pb::Requester>,
+        namespace: &str,
+    ) -> Result<(String, RequesterLeases, Layout), ApiError> {
+        let requester = convert::requester_key(requester)?;
+        convert::check_namespace(namespace)?;
+        let mut leases = self.leases()?;
+        let layout = leases.layout(namespace).await.map_err(ApiError::Lease)?;
+        Ok((requester, leases, layout))
+    }
+
     /// Judges and records the client's clock skew; `Err` when Acquire must be refused.
     async fn check_skew(
         &self,
@@ -55,7 +71,6 @@ impl LeaseHandler {
         requester: &str,
         client_time_unix_ms: Option<u64>,
         acquire: bool,
-        keep: Duration,
     ) -> Result<(), ApiError> {
         let Some(client) = client_time_unix_ms else {
             return Ok(());
@@ -66,7 +81,14 @@ impl LeaseHandler {
         metrics::histogram!(m::CLOCK_SKEW_SECONDS, "source" => "client")
             .record(skew_ms.unsigned_abs() as f64 / 1000.0);
         leases
-            .record_skew(namespace, requester, skew_ms, keep + SKEW_RECORD_GRACE)
+            // Kept a first lease + grace at most, whatever the call, so a flood
+            // of calls from unknown requesters cannot pile up 48 h leases.
+            .record_skew(
+                namespace,
+                requester,
+                skew_ms,
+                self.config.first_lease + SKEW_RECORD_GRACE,
+            )
             .await;
         match skew::judge(skew_ms, self.config.skew_threshold, acquire) {
             SkewVerdict::Fine => Ok(()),
@@ -97,8 +119,6 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
         let req = request.into_inner();
-        let requester = convert::requester_key(req.requester.as_ref())?;
-        convert::check_namespace(&req.namespace)?;
         if req.count == 0 || req.count > MAX_REQUESTER_IDS {
             return Err(ApiError::InvalidLeaseCount {
                 got: req.count,
@@ -106,24 +126,24 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             }
             .into());
         }
-        let mut leases = self.leases()?;
-        // NOT_FOUND before anything is recorded for an unknown namespace.
-        leases
-            .layout(&req.namespace)
-            .await
-            .map_err(ApiError::Lease)?;
-        let first = self.config.first_lease;
+        let (requester, mut leases, layout) =
+            self.open(req.requester.as_ref(), &req.namespace).await?;
         self.check_skew(
             &mut leases,
             &req.namespace,
             &requester,
             req.client_time_unix_ms,
             true,
-            first,
         )
         .await?;
         let grant = leases
-            .acquire(&req.namespace, &requester, req.count, first)
+            .acquire(
+                &req.namespace,
+                layout,
+                &requester,
+                req.count,
+                self.config.first_lease,
+            )
             .await
             .map_err(ApiError::Lease)?;
         Ok(Response::new(self.grant_to_pb(grant)))
@@ -134,27 +154,23 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
         let req = request.into_inner();
-        let requester = convert::requester_key(req.requester.as_ref())?;
-        convert::check_namespace(&req.namespace)?;
-        let mut leases = self.leases()?;
-        leases
-            .layout(&req.namespace)
-            .await
-            .map_err(ApiError::Lease)?;
-        let renewed = self.config.renewed_lease;
+        let (requester, mut leases, layout) =
+            self.open(req.requester.as_ref(), &req.namespace).await?;
         self.check_skew(
             &mut leases,
             &req.namespace,
             &requester,
             req.client_time_unix_ms,
             false,
-            // Skew records live a first lease + grace at most, so a flood of
-            // renewals from unknown requesters cannot pile up 48 h leases.
-            self.config.first_lease,
         )
         .await?;
         let grant = leases
-            .renew(&req.namespace, &requester, renewed)
+            .renew(
+                &req.namespace,
+                layout,
+                &requester,
+                self.config.renewed_lease,
+            )
             .await
             .map_err(ApiError::Lease)?;
         Ok(Response::new(self.grant_to_pb(grant)))
