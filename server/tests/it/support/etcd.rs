@@ -160,6 +160,38 @@ impl EtcdProcess {
             .join(",")
     }
 
+    /// Each member's client address, `127.0.0.1:PORT`, in member order.
+    #[allow(dead_code)] // used by the nemesis suite
+    pub fn member_addrs(&self) -> Vec<std::net::SocketAddr> {
+        self.members
+            .iter()
+            .map(|m| std::net::SocketAddr::from(([127, 0, 0, 1], m.client_port)))
+            .collect()
+    }
+
+    /// The index of the member that leads the cluster now; `None` while no
+    /// running member names a leader among the members that answer.
+    #[allow(dead_code)] // used by the nemesis suite
+    pub async fn leader(&self) -> Option<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for m in &self.members {
+            let status = match m.child {
+                Some(_) => status(&m.client_url()).await,
+                None => None,
+            };
+            ids.push(
+                status
+                    .as_ref()
+                    .and_then(|s| s.header())
+                    .map(|h| h.member_id()),
+            );
+            leader = leader.or(status.map(|s| s.leader()).filter(|&l| l != 0));
+        }
+        let leader = leader?;
+        ids.iter().position(|&id| id == Some(leader))
+    }
+
     /// A client for assertions on etcd state (all members).
     pub async fn client(&self) -> etcd_client::Client {
         let urls: Vec<String> = self.members.iter().map(Member::client_url).collect();
@@ -219,11 +251,14 @@ impl Drop for EtcdProcess {
 
 /// True when the member answers a Status request.
 async fn health(url: &str) -> bool {
-    let Ok(mut client) = etcd_client::Client::connect([url], None).await else {
-        return false;
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_millis(500), client.status()).await,
-        Ok(Ok(_))
-    )
+    status(url).await.is_some()
+}
+
+/// The member's answer to a Status request, `None` when it gives none in 500 ms.
+async fn status(url: &str) -> Option<etcd_client::StatusResponse> {
+    let mut client = etcd_client::Client::connect([url], None).await.ok()?;
+    tokio::time::timeout(Duration::from_millis(500), client.status())
+        .await
+        .ok()?
+        .ok()
 }

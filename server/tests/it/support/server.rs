@@ -27,6 +27,11 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Spawns the server with `args` (plus free --listen/--metrics-listen).
     pub fn spawn(args: &[&str]) -> Self {
+        Self::spawn_env(args, &[])
+    }
+
+    /// Spawns the server with `args` and extra environment variables `env`.
+    pub fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let metrics_port = free_port();
@@ -36,6 +41,7 @@ impl ServerProcess {
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(args)
             .env("SNOWKEEP_LOG", "info,snowkeep_server=debug")
+            .envs(env.iter().copied())
             .current_dir(dir.path())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))

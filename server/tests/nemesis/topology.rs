@@ -1,0 +1,213 @@
+//! The system under test: a 3-member etcd cluster, three server slots (each
+//! reaching every etcd member through its own [`FaultProxy`], so one server
+//! can be cut off alone), and a proxy that follows slot 0 for the embedded
+//! generator's Lease API calls.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::proxy::FaultProxy;
+use crate::support::etcd::EtcdProcess;
+use crate::support::server::ServerProcess;
+use crate::workers::Target;
+
+/// The namespace every process works in.
+pub const NAMESPACE: &str = "nemesis";
+/// The servers' lease TTL: 5 s, as a leader election on 2 busy cores can take
+/// longer than 2 s.
+pub const TTL: Duration = Duration::from_secs(5);
+
+/// libfaketime's preload library (Debian's libfaketime, multi-threaded
+/// build); panics naming the package when it is missing.
+fn libfaketime() -> String {
+    let path = format!(
+        "/usr/lib/{}-linux-gnu/faketime/libfaketimeMT.so.1",
+        std::env::consts::ARCH
+    );
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} not found: install Debian's faketime package (scripts/ensure-deps --etcd does)"
+    );
+    path
+}
+
+/// A wall clock for a server process, through libfaketime.
+#[derive(Clone, Debug)]
+pub enum WallClock {
+    Real,
+    /// Offset by whole seconds, e.g. `+3` or `-3`.
+    Offset(&'static str),
+    /// Offset read from this file (re-read every second), so it can be
+    /// stepped while the process runs.
+    File(std::path::PathBuf),
+}
+
+/// One long-lived server position: restarts replace its process.
+pub struct Slot {
+    pub process: Option<ServerProcess>,
+    pub instance_id: String,
+    generation: u32,
+    pub proxies: Vec<FaultProxy>,
+    target: watch::Sender<Option<Target>>,
+}
+
+impl Slot {
+    /// The running process; panics when the slot is down.
+    pub fn server(&self) -> &ServerProcess {
+        self.process.as_ref().expect("slot is running")
+    }
+}
+
+pub struct Topology {
+    pub etcd: EtcdProcess,
+    pub slots: Vec<Slot>,
+    /// Follows slot 0: the embedded generator's Lease API endpoint.
+    pub embedded_proxy: FaultProxy,
+}
+
+impl Topology {
+    /// Starts etcd and three serving servers.
+    pub async fn start() -> Self {
+        let etcd = EtcdProcess::cluster(3).await;
+        let mut slots = Vec::new();
+        for i in 0..3 {
+            let mut proxies = Vec::new();
+            for addr in etcd.member_addrs() {
+                proxies.push(FaultProxy::start(addr).await);
+            }
+            slots.push(Slot {
+                process: None,
+                instance_id: format!("s{i}-g0"),
+                generation: 0,
+                proxies,
+                target: watch::channel(None).0,
+            });
+        }
+        let embedded_proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], 1))).await;
+        let mut topo = Self {
+            etcd,
+            slots,
+            embedded_proxy,
+        };
+        for i in 0..3 {
+            topo.spawn(i, false, &WallClock::Real);
+        }
+        for i in 0..3 {
+            topo.wait_serving(i).await;
+        }
+        topo
+    }
+
+    /// Watches slot `i`'s current process.
+    pub fn target(&self, i: usize) -> watch::Receiver<Option<Target>> {
+        self.slots[i].target.subscribe()
+    }
+
+    /// `--etcd-endpoints` of slot `i`: its proxies.
+    fn etcd_endpoints(&self, i: usize) -> String {
+        self.slots[i]
+            .proxies
+            .iter()
+            .map(FaultProxy::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Server arguments shared by every process of the run.
+    pub fn args(etcd_endpoints: &str, instance_id: &str) -> Vec<String> {
+        [
+            "--etcd-endpoints",
+            etcd_endpoints,
+            "--namespace",
+            NAMESPACE,
+            "--lease-ttl",
+            "5s",
+            "--instance-id",
+            instance_id,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
+    /// Starts a new process in slot `i` (which must be down); with
+    /// `new_identity` it claims under a new instance id, else under the
+    /// slot's stable one.
+    pub fn spawn(&mut self, i: usize, new_identity: bool, clock: &WallClock) {
+        assert!(self.slots[i].process.is_none(), "slot {i} still runs");
+        if new_identity {
+            self.slots[i].generation += 1;
+            self.slots[i].instance_id = format!("s{i}-g{}", self.slots[i].generation);
+        }
+        let args = Self::args(&self.etcd_endpoints(i), &self.slots[i].instance_id);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let process = spawn(&args, clock);
+        let target = Target {
+            url: process.url(),
+            holder: self.slots[i].instance_id.clone(),
+        };
+        if i == 0 {
+            self.embedded_proxy
+                .retarget(SocketAddr::from(([127, 0, 0, 1], process.port)));
+        }
+        self.slots[i].process = Some(process);
+        self.slots[i].target.send_replace(Some(target));
+    }
+
+    /// Waits until slot `i` serves (health SERVING), up to 30 s.
+    pub async fn wait_serving(&self, i: usize) {
+        self.slots[i]
+            .server()
+            .wait_serving(Duration::from_secs(30))
+            .await;
+    }
+
+    /// Kills slot `i`'s process with SIGKILL and waits for it to die.
+    pub async fn kill(&mut self, i: usize) {
+        self.slots[i].target.send_replace(None);
+        let mut p = self.slots[i].process.take().expect("running");
+        p.signal("KILL");
+        p.wait_exit(Duration::from_secs(10)).await;
+    }
+
+    /// Stops slot `i`'s process with SIGTERM (it drains and releases) and
+    /// waits for it to exit.
+    pub async fn terminate(&mut self, i: usize) {
+        let mut p = self.slots[i].process.take().expect("running");
+        p.signal("TERM");
+        let status = p.wait_exit(Duration::from_secs(20)).await;
+        self.slots[i].target.send_replace(None);
+        assert!(
+            status.success(),
+            "slot {i} exited with {status} after SIGTERM"
+        );
+    }
+}
+
+/// Spawns a server process with `args` under `clock`.
+pub fn spawn(args: &[&str], clock: &WallClock) -> ServerProcess {
+    let (file, lib);
+    let env: Vec<(&str, &str)> = match clock {
+        WallClock::Real => vec![],
+        WallClock::Offset(offset) => vec![
+            ("LD_PRELOAD", {
+                lib = libfaketime();
+                &lib
+            }),
+            ("FAKETIME", offset),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ],
+        WallClock::File(path) => {
+            file = path.to_string_lossy().into_owned();
+            lib = libfaketime();
+            vec![
+                ("LD_PRELOAD", &lib),
+                ("FAKETIME_TIMESTAMP_FILE", &file),
+                ("FAKETIME_CACHE_DURATION", "1"),
+                ("DONT_FAKE_MONOTONIC", "1"),
+            ]
+        }
+    };
+    ServerProcess::spawn_env(args, &env)
+}
