@@ -187,6 +187,9 @@ pub struct Zombie {
     /// Layout ms when it was stopped: it cannot mint a later timestamp before
     /// it resumes.
     pub stopped_at: u64,
+    /// Run ms when the replacement began to release the machine id; ids
+    /// arriving later are not a zombie's.
+    pub until_ms: u64,
 }
 
 /// One row of the results table.
@@ -344,18 +347,23 @@ pub fn check(rec: &Recorder, windows: &[FaultWindow], layout: &Layout, slots: us
     // Zombies: nothing stamped after the pause under the old machine id.
     for (w, window) in windows.iter().enumerate() {
         let Some(z) = &window.zombie else { continue };
-        for b in inner
-            .batches
-            .iter()
-            .filter(|b| inner.sources[b.source as usize].holder == z.holder)
-        {
-            let n = b
-                .ids
-                .iter()
-                .filter_map(|&id| layout.decode(id))
-                .filter(|d| d.machine_id.get() == z.machine_id && d.timestamp.get() > z.stopped_at)
-                .count();
-            rows[w + 1].zombie_ids += n as u64;
+        for b in inner.batches.iter().filter(|b| {
+            inner.sources[b.source as usize].holder == z.holder
+                && (window.start_ms..z.until_ms).contains(&b.at_ms)
+        }) {
+            for &id in &b.ids {
+                let Some(d) = layout.decode(id) else { continue };
+                if d.machine_id.get() == z.machine_id && d.timestamp.get() > z.stopped_at {
+                    rows[w + 1].zombie_ids += 1;
+                    sample(format!(
+                        "zombie: {id} (ts {}, stopped at {}) from {} at {} ms",
+                        d.timestamp.get(),
+                        z.stopped_at,
+                        inner.sources[b.source as usize].label,
+                        b.at_ms
+                    ));
+                }
+            }
         }
     }
 
@@ -504,11 +512,14 @@ mod tests {
             150,
             vec![id(700, 1, 0), id(800, 1, 0), id(801, 1, 0)],
         );
+        // After the replacement let go (190 ms), the slot may hold it again.
+        push(&rec, a, 1, 195, vec![id(900, 1, 0)]);
         let mut w = window("pause", 100, 120, 200);
         w.zombie = Some(Zombie {
             holder: "a".into(),
             machine_id: 1,
             stopped_at: 800,
+            until_ms: 190,
         });
         let v = check(&rec, &[w], &layout(), 1);
         assert_eq!(v.rows[1].zombie_ids, 1);

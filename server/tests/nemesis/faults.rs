@@ -287,12 +287,15 @@ impl Nemesis {
     async fn pause_server(&mut self, slot: usize) -> (u64, Zombie) {
         let m = self.topo.slots[slot].server().machine_id().await;
         let holder = self.topo.slots[slot].instance_id.clone();
+        self.topo.slots[slot].server().signal("STOP");
+        // Read after the stop has taken hold: anything stamped later under
+        // `m` was minted after SIGCONT.
+        sleep(Duration::from_millis(50)).await;
         let stopped_at = self
             .layout
             .to_layout_ms(unix_ms())
             .expect("clock after the epoch")
             .get();
-        self.topo.slots[slot].server().signal("STOP");
         let key = format!("/snowkeep/v1/ns/{NAMESPACE}/holder/{m:05}");
         let mut etcd = self.topo.etcd.client().await;
         tokio::time::timeout(Duration::from_secs(30), async {
@@ -328,6 +331,9 @@ impl Nemesis {
         })
         .await;
         self.take_ids(&replacement, &id, 2, 1_000).await;
+        // Once the replacement releases `m`, this slot may claim it again
+        // under a new lease: the zombie check ends here.
+        let until_ms = self.rec.now_ms();
         replacement.signal("TERM");
         replacement.wait_exit(Duration::from_secs(20)).await;
         (
@@ -336,6 +342,7 @@ impl Nemesis {
                 holder,
                 machine_id: m as u16,
                 stopped_at,
+                until_ms,
             },
         )
     }
