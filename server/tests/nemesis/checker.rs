@@ -162,6 +162,29 @@ impl Recorder {
             .any(|o| o.0 == slot && o.2)
     }
 
+    /// True when `slot` refused a call at or after `since_ms`.
+    pub fn refused_since(&self, slot: usize, since_ms: u64) -> bool {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .outcomes
+            .iter()
+            .rev()
+            .take_while(|o| o.1 >= since_ms)
+            .any(|o| o.0 == slot && !o.2)
+    }
+
+    /// True when `slot`'s latest call at or after `since_ms` was served.
+    pub fn serving_since(&self, slot: usize, since_ms: u64) -> bool {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .outcomes
+            .iter()
+            .rev()
+            .take_while(|o| o.1 >= since_ms)
+            .find(|o| o.0 == slot)
+            .is_some_and(|o| o.2)
+    }
+
     /// Ids recorded so far.
     pub fn id_count(&self) -> u64 {
         let inner = self.inner.lock().unwrap();

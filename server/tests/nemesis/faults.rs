@@ -215,7 +215,17 @@ impl Nemesis {
                     .expect("delete holder key")
                     .deleted();
                 assert_eq!(deleted, 1, "holder key of machine id {m}");
-                self.rec.now_ms()
+                let deleted_at = self.rec.now_ms();
+                // The server must notice: it refuses until it has claimed again.
+                let rec = self.rec.clone();
+                tokio::time::timeout(Duration::from_secs(5), async {
+                    while !rec.refused_since(slot, deleted_at) {
+                        sleep(Duration::from_millis(10)).await;
+                    }
+                })
+                .await
+                .expect("the server notices its deleted holder key within 5 s");
+                deleted_at
             }
             Fault::RollingRestart => {
                 let mut heal = vec![0; self.slots()];
@@ -243,19 +253,31 @@ impl Nemesis {
         heal_ms: Vec<u64>,
         zombie: Option<Zombie>,
     ) -> FaultWindow {
-        for (slot, &heal) in heal_ms.iter().enumerate() {
-            let rec = &self.rec;
-            let waited = tokio::time::timeout(Duration::from_secs(30), async {
-                while !rec.served_since(slot, heal) {
-                    sleep(Duration::from_millis(20)).await;
+        // Every slot must serve again after its heal and keep serving for a
+        // second before the window closes, so a loss noticed late (or a
+        // second refusal) falls inside this fault's window.
+        let rec = &self.rec;
+        let stable = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let serving = |since: &dyn Fn(usize) -> u64| {
+                    (0..heal_ms.len()).all(|s| rec.serving_since(s, since(s)))
+                };
+                if serving(&|s| heal_ms[s]) {
+                    let settled = rec.now_ms();
+                    sleep(Duration::from_secs(1)).await;
+                    if serving(&|_| settled)
+                        && (0..heal_ms.len()).all(|s| !rec.refused_since(s, settled))
+                    {
+                        return;
+                    }
                 }
-            })
-            .await;
-            if waited.is_err() {
-                println!("    slot {slot} did not serve within 30 s of the heal");
+                sleep(Duration::from_millis(20)).await;
             }
+        })
+        .await;
+        if stable.is_err() {
+            println!("    a slot did not serve steadily within 30 s of the heal");
         }
-        sleep(Duration::from_secs(1)).await;
         FaultWindow {
             name: fault.name().to_owned(),
             start_ms,
