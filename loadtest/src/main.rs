@@ -1,73 +1,219 @@
-//! snowkeep-bench: drives `IdService` with unary or streaming calls over N
-//! connections and M concurrent workers, reports throughput, latency and status
-//! codes, and with `--check` verifies every id is unique and every call's ids
-//! ascend. Exit code 2 when the check fails, 1 on a usage or connection error.
+//! snowkeep-bench: a gRPC load tester in the manner of ghz, with an id checker.
+//!
+//! Two forms of `--call`:
+//! - `unary` or `stream`: snowkeep's `NextIds` / `StreamIds` with `--count`
+//!   and `--batch-size`;
+//! - `package.Service/Method`: any method of any server, described by server
+//!   reflection or by `--proto` files, with the request as JSON (`-d`) and
+//!   ghz-style templates (`{{.RequestNumber}}`, `{{newUUID}}`, …).
+//!
+//! Load: `-c` workers over `--connections` HTTP/2 connections, `-n` calls or
+//! `-z` duration, `--rps` or a step/line rate schedule, a step/line
+//! concurrency schedule, per-call `--timeout`, `-m` metadata, TLS or
+//! plaintext. Output as summary, json, csv, html or prometheus. `--check`
+//! keeps every id (snowkeep's `ids`, or ferroid's `packed_ids`) and checks
+//! uniqueness and per-call order. Exit code 2 when the check fails, 1 on a
+//! usage or connection error or when every call failed.
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use snowkeep_bench::{check, IdLog, Report};
+use prost_reflect::{DynamicMessage, MethodDescriptor};
+use rand::SeedableRng;
+use snowkeep_bench::dynamic::{self, DynamicCodec};
+use snowkeep_bench::schedule::Schedule;
+use snowkeep_bench::template::Template;
+use snowkeep_bench::{check, CallRecord, IdLog, Report};
 use snowkeep_proto::v1 as pb;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-/// Load generator and id checker for snowkeep.
+/// gRPC load tester and id checker.
 #[derive(Debug, Parser)]
 #[command(name = "snowkeep-bench", version, about)]
 struct Args {
-    /// Server URL (`http://host:port`; a bare `host:port` means http).
+    /// Server address, `host:port` (ghz's positional form); overrides --target.
+    host: Option<String>,
+    /// Server URL: `http://host:port` (plaintext), `https://host:port` (TLS),
+    /// or a bare `host:port` (plaintext unless a TLS option is given).
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     target: String,
-    /// Call `NextIds` (unary) or `StreamIds` (stream).
-    #[arg(long, value_enum, default_value_t = CallKind::Unary)]
-    call: CallKind,
-    /// Ids per call: `NextIds.count`, or the `StreamIds.total` of each stream
-    /// (0 streams until the run's --duration or the call's --timeout ends it).
+    /// `unary` (snowkeep NextIds), `stream` (snowkeep StreamIds), or any
+    /// method as `package.Service/Method`.
+    #[arg(long, default_value = "unary")]
+    call: String,
+    /// snowkeep shortcuts: ids per call, `NextIds.count` or the
+    /// `StreamIds.total` of each stream (0 streams until --duration or --timeout).
     #[arg(long, default_value_t = 100)]
     count: u32,
-    /// Ids per streamed message (`StreamIds.batch_size`).
+    /// snowkeep shortcuts: ids per streamed message (`StreamIds.batch_size`).
     #[arg(long, default_value_t = 1000)]
     batch_size: u32,
+    /// `.proto` file describing the called method (repeatable); without it
+    /// the server's reflection service is asked.
+    #[arg(long)]
+    proto: Vec<PathBuf>,
+    /// Folder to search for imports of --proto files (repeatable).
+    #[arg(short = 'i', long)]
+    import_path: Vec<PathBuf>,
+    /// Request as JSON (a JSON array of messages for client-streaming
+    /// methods), with templates such as {{.RequestNumber}}. Default `{}`.
+    #[arg(short = 'd', long)]
+    data: Option<String>,
+    /// Read the request JSON from this file.
+    #[arg(short = 'D', long, conflicts_with = "data")]
+    data_file: Option<PathBuf>,
+    /// Request metadata as a JSON object of strings, e.g. '{"x-team":"a"}'.
+    #[arg(short = 'm', long)]
+    metadata: Option<String>,
     /// Number of calls in all (ignored with --duration).
     #[arg(short = 'n', long, default_value_t = 200)]
     total: u64,
     /// Run for this long instead of a number of calls (e.g. 10s).
     #[arg(short = 'z', long, value_parser = humantime::parse_duration)]
     duration: Option<Duration>,
-    /// Concurrent workers.
+    /// Concurrent workers (the start of a concurrency schedule).
     #[arg(short = 'c', long, default_value_t = 10)]
     concurrency: u32,
     /// HTTP/2 connections; workers are spread evenly over them.
     #[arg(long, default_value_t = 1)]
     connections: u32,
+    /// Calls per second in all (0 = as fast as possible); the start of a
+    /// rate schedule.
+    #[arg(long, default_value_t = 0.0)]
+    rps: f64,
+    /// Rate schedule: const (--rps), step or line.
+    #[arg(long, value_enum, default_value_t = Shape::Const)]
+    load_schedule: Shape,
+    /// Rate at the start of a step/line schedule (default --rps).
+    #[arg(long)]
+    load_start: Option<f64>,
+    /// Rate added per step (step) or per second (line).
+    #[arg(long, default_value_t = 0.0)]
+    load_step: f64,
+    /// Rate the schedule stops at.
+    #[arg(long)]
+    load_end: Option<f64>,
+    /// Time at each rate of a step schedule.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    load_step_duration: Duration,
+    /// Time after which the rate stops changing.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    load_max_duration: Option<Duration>,
+    /// Concurrency schedule: const (-c), step or line.
+    #[arg(long, value_enum, default_value_t = Shape::Const)]
+    concurrency_schedule: Shape,
+    /// Workers at the start of a step/line schedule (default -c).
+    #[arg(long)]
+    concurrency_start: Option<u32>,
+    /// Workers added per step (step) or per second (line).
+    #[arg(long, default_value_t = 0)]
+    concurrency_step: i64,
+    /// Workers the schedule stops at.
+    #[arg(long)]
+    concurrency_end: Option<u32>,
+    /// Time at each concurrency of a step schedule.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+    concurrency_step_duration: Duration,
+    /// Time after which the concurrency stops changing.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    concurrency_max_duration: Option<Duration>,
+    /// Per-call timeout; a call still running then counts as DeadlineExceeded.
+    #[arg(short = 't', long, default_value = "20s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Plaintext even with TLS options (the default for http:// and host:port).
+    #[arg(long)]
+    insecure: bool,
+    /// Use TLS with the system's roots (implied by https:// and the options below).
+    #[arg(long)]
+    tls: bool,
+    /// PEM file of a CA to trust for TLS.
+    #[arg(long)]
+    cacert: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS (with --key).
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// PEM client key for mutual TLS (with --cert).
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// Server name to verify the certificate against (default: the host).
+    #[arg(long)]
+    cname: Option<String>,
     /// Keep every id and check uniqueness and per-call order.
     #[arg(long)]
     check: bool,
     /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
+    #[arg(short = 'O', long, value_enum, default_value_t = Format::Summary)]
     format: Format,
-    /// Per-call timeout; a call still running is counted as DeadlineExceeded.
-    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
-    timeout: Duration,
+    /// Write the output here instead of stdout.
+    #[arg(short = 'o', long)]
+    output: Option<PathBuf>,
+    /// Never draw the progress bar (drawn on a terminal for runs over 2 s).
+    #[arg(long)]
+    no_progress: bool,
+    /// Before the run, retry one call while the server answers UNAVAILABLE
+    /// (or nothing) until this long passes, and report on stderr how long it
+    /// took until it answered (time to first batch).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wait_ready: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum CallKind {
-    Unary,
-    Stream,
+enum Shape {
+    Const,
+    Step,
+    Line,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
-    Text,
+    /// ghz's text summary.
+    #[value(alias = "text")]
+    Summary,
     Json,
+    Csv,
+    Html,
+    Prometheus,
+}
+
+/// A dynamic method, ready to call.
+struct DynCall {
+    method: MethodDescriptor,
+    path: http::uri::PathAndQuery,
+    template: Template,
+    /// Pre-built requests when the template has no per-call holes.
+    fixed: Option<Vec<DynamicMessage>>,
+}
+
+enum Call {
+    Unary,
+    Stream,
+    Dynamic(DynCall),
+}
+
+/// What the run shares between workers.
+struct Shared {
+    args: Args,
+    call: Call,
+    metadata: MetadataMap,
+    started: AtomicU64,
+    done: AtomicU64,
+    t0: Instant,
+    deadline: Option<Instant>,
+    rate: Option<Schedule>,
+    concurrency: Schedule,
+    /// Next free call slot of the rate schedule, seconds since `t0`.
+    next_slot: Mutex<f64>,
 }
 
 /// What one worker measured.
@@ -77,100 +223,272 @@ struct WorkerResult {
     codes: BTreeMap<String, u64>,
     errors: BTreeMap<String, u64>,
     ids: u64,
+    details: Vec<CallRecord>,
 }
 
 fn new_histogram() -> anyhow::Result<Histogram<u64>> {
     Histogram::new_with_bounds(1, 600_000_000, 3).context("histogram bounds")
 }
 
-/// One call under the per-call timeout. A stream still open at the run's
-/// `deadline` is ended there (cancelled) and counts as a success with the ids
-/// it delivered.
+fn schedule(
+    shape: Shape,
+    start: f64,
+    step: f64,
+    end: Option<f64>,
+    step_duration: Duration,
+    max: Option<Duration>,
+) -> Schedule {
+    match shape {
+        Shape::Const => Schedule::Const { start },
+        Shape::Step => Schedule::Step {
+            start,
+            step,
+            end,
+            step_duration,
+            max_duration: max,
+        },
+        Shape::Line => Schedule::Line {
+            start,
+            step,
+            end,
+            max_duration: max,
+        },
+    }
+}
+
+fn parse_metadata(json: Option<&str>) -> anyhow::Result<MetadataMap> {
+    let mut map = MetadataMap::new();
+    let Some(json) = json else { return Ok(map) };
+    let obj: BTreeMap<String, String> =
+        serde_json::from_str(json).context("--metadata must be a JSON object of strings")?;
+    for (k, v) in obj {
+        let key = MetadataKey::from_str(&k.to_ascii_lowercase())
+            .with_context(|| format!("--metadata: {k:?} is not a valid header name"))?;
+        let value = MetadataValue::from_str(&v)
+            .with_context(|| format!("--metadata: the value of {k:?} is not valid ASCII"))?;
+        map.insert(key, value);
+    }
+    Ok(map)
+}
+
+fn with_metadata<T>(msg: T, shared: &Shared) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    *req.metadata_mut() = shared.metadata.clone();
+    req.set_timeout(shared.args.timeout);
+    req
+}
+
+impl Shared {
+    /// Waits for the rate schedule's next free slot (none without a rate).
+    async fn pace(&self) {
+        let Some(rate) = self.rate else { return };
+        let now = self.t0.elapsed().as_secs_f64();
+        let r = rate.at(self.t0.elapsed());
+        if r <= 0.0 {
+            return;
+        }
+        let slot = {
+            let mut next = self.next_slot.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = next.max(now);
+            *next = slot + 1.0 / r;
+            slot
+        };
+        tokio::time::sleep_until(self.t0 + Duration::from_secs_f64(slot)).await;
+    }
+
+    fn over(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+/// One call under the per-call timeout; returns the ids it delivered.
 async fn one_call(
-    client: &mut pb::id_service_client::IdServiceClient<Channel>,
-    args: &Args,
+    channel: &Channel,
+    shared: &Shared,
+    n: u64,
     log: &mut IdLog,
-    deadline: Option<Instant>,
 ) -> Result<u64, tonic::Status> {
     let mut delivered = 0;
-    let call = call_inner(client, args, log, deadline, &mut delivered);
-    match tokio::time::timeout(args.timeout, call).await {
+    let call = call_inner(channel, shared, n, log, &mut delivered);
+    match tokio::time::timeout(shared.args.timeout, call).await {
         Ok(r) => r,
         Err(_) => Err(tonic::Status::deadline_exceeded(format!(
             "no answer within --timeout {} ({delivered} ids received)",
-            humantime::format_duration(args.timeout)
+            humantime::format_duration(shared.args.timeout)
         ))),
     }
 }
 
-async fn call_inner(
-    client: &mut pb::id_service_client::IdServiceClient<Channel>,
-    args: &Args,
-    log: &mut IdLog,
+/// Reads a stream to its end (or the run's deadline, which ends it as a
+/// success with what it delivered), feeding each message's ids to the log.
+async fn drain<T>(
+    mut stream: tonic::Streaming<T>,
     deadline: Option<Instant>,
+    ids_of: impl Fn(&T) -> Vec<u64>,
+    log: &mut IdLog,
     delivered: &mut u64,
 ) -> Result<u64, tonic::Status> {
-    match args.call {
-        CallKind::Unary => {
-            let mut req = tonic::Request::new(pb::NextIdsRequest { count: args.count });
-            req.set_timeout(args.timeout);
+    let mut last = None;
+    loop {
+        let next = match deadline {
+            Some(d) => tokio::select! {
+                m = stream.message() => m?,
+                _ = tokio::time::sleep_until(d) => None,
+            },
+            None => stream.message().await?,
+        };
+        let Some(msg) = next else { break };
+        let ids = ids_of(&msg);
+        *delivered += ids.len() as u64;
+        last = log.record(last, &ids);
+    }
+    Ok(*delivered)
+}
+
+async fn call_inner(
+    channel: &Channel,
+    shared: &Shared,
+    n: u64,
+    log: &mut IdLog,
+    delivered: &mut u64,
+) -> Result<u64, tonic::Status> {
+    let args = &shared.args;
+    match &shared.call {
+        Call::Unary => {
+            let mut client = pb::id_service_client::IdServiceClient::new(channel.clone())
+                .max_decoding_message_size(64 * 1024 * 1024);
+            let req = with_metadata(pb::NextIdsRequest { count: args.count }, shared);
             let ids = client.next_ids(req).await?.into_inner().ids;
             log.record(None, &ids);
             Ok(ids.len() as u64)
         }
-        CallKind::Stream => {
-            let mut req = tonic::Request::new(pb::StreamIdsRequest {
-                total: u64::from(args.count),
-                batch_size: args.batch_size,
-            });
-            req.set_timeout(args.timeout);
-            let mut stream = client.stream_ids(req).await?.into_inner();
-            let mut last = None;
-            loop {
-                let next = match deadline {
-                    Some(d) => tokio::select! {
-                        m = stream.message() => m?,
-                        _ = tokio::time::sleep_until(d) => None,
-                    },
-                    None => stream.message().await?,
-                };
-                let Some(batch) = next else { break };
-                *delivered += batch.ids.len() as u64;
-                last = log.record(last, &batch.ids);
+        Call::Stream => {
+            let mut client = pb::id_service_client::IdServiceClient::new(channel.clone())
+                .max_decoding_message_size(64 * 1024 * 1024);
+            let req = with_metadata(
+                pb::StreamIdsRequest {
+                    total: u64::from(args.count),
+                    batch_size: args.batch_size,
+                },
+                shared,
+            );
+            let stream = client.stream_ids(req).await?.into_inner();
+            drain(
+                stream,
+                shared.deadline,
+                |b: &pb::IdBatch| b.ids.clone(),
+                log,
+                delivered,
+            )
+            .await
+        }
+        Call::Dynamic(d) => {
+            let messages = match &d.fixed {
+                Some(m) => m.clone(),
+                None => {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(n);
+                    let json = d.template.render(n, &mut rng);
+                    dynamic::messages_from_json(
+                        &d.method.input(),
+                        &json,
+                        d.method.is_client_streaming(),
+                    )
+                    .map_err(|e| tonic::Status::invalid_argument(format!("request {n}: {e:#}")))?
+                }
+            };
+            let mut grpc = tonic::client::Grpc::new(channel.clone())
+                .max_decoding_message_size(64 * 1024 * 1024);
+            grpc.ready()
+                .await
+                .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
+            let codec = DynamicCodec::new(d.method.output());
+            let path = d.path.clone();
+            match (
+                d.method.is_client_streaming(),
+                d.method.is_server_streaming(),
+            ) {
+                (false, false) => {
+                    let msg = messages
+                        .into_iter()
+                        .next()
+                        .unwrap_or_else(|| DynamicMessage::new(d.method.input()));
+                    let resp = grpc
+                        .unary(with_metadata(msg, shared), path, codec)
+                        .await?
+                        .into_inner();
+                    let ids = dynamic::ids_of(&resp);
+                    log.record(None, &ids);
+                    Ok(ids.len() as u64)
+                }
+                (false, true) => {
+                    let msg = messages
+                        .into_iter()
+                        .next()
+                        .unwrap_or_else(|| DynamicMessage::new(d.method.input()));
+                    let stream = grpc
+                        .server_streaming(with_metadata(msg, shared), path, codec)
+                        .await?
+                        .into_inner();
+                    drain(stream, shared.deadline, dynamic::ids_of, log, delivered).await
+                }
+                (true, false) => {
+                    let req = with_metadata(tokio_stream::iter(messages), shared);
+                    let resp = grpc.client_streaming(req, path, codec).await?.into_inner();
+                    let ids = dynamic::ids_of(&resp);
+                    log.record(None, &ids);
+                    Ok(ids.len() as u64)
+                }
+                (true, true) => {
+                    let req = with_metadata(tokio_stream::iter(messages), shared);
+                    let stream = grpc.streaming(req, path, codec).await?.into_inner();
+                    drain(stream, shared.deadline, dynamic::ids_of, log, delivered).await
+                }
             }
-            Ok(*delivered)
         }
     }
 }
 
-async fn worker(
-    channel: Channel,
-    args: Arc<Args>,
-    started: Arc<AtomicU64>,
-    deadline: Option<Instant>,
-) -> anyhow::Result<WorkerResult> {
-    let mut client = pb::id_service_client::IdServiceClient::new(channel)
-        .max_decoding_message_size(64 * 1024 * 1024);
+async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) -> anyhow::Result<WorkerResult> {
     let mut result = WorkerResult {
-        log: IdLog::new(args.check),
+        log: IdLog::new(shared.args.check),
         latency_us: new_histogram()?,
         codes: BTreeMap::new(),
         errors: BTreeMap::new(),
         ids: 0,
+        details: Vec::new(),
     };
+    let keep_details = shared.args.format == Format::Csv;
     loop {
-        match deadline {
-            Some(d) if Instant::now() >= d => break,
-            None if started.fetch_add(1, Ordering::Relaxed) >= args.total => break,
-            _ => {}
+        if shared.over() {
+            break;
+        }
+        // A worker above the concurrency schedule's value waits its turn.
+        if f64::from(index) >= shared.concurrency.at(shared.t0.elapsed()).round() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if shared.deadline.is_none()
+                && shared.started.load(Ordering::Relaxed) >= shared.args.total
+            {
+                break;
+            }
+            continue;
+        }
+        shared.pace().await;
+        let n = shared.started.fetch_add(1, Ordering::Relaxed);
+        if shared.deadline.is_none() && n >= shared.args.total {
+            break;
+        }
+        if shared.over() {
+            break;
         }
         let t0 = Instant::now();
-        let outcome = one_call(&mut client, &args, &mut result.log, deadline).await;
-        let us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
-        result.latency_us.saturating_record(us.max(1));
+        let outcome = one_call(&channel, &shared, n, &mut result.log).await;
+        let us = u64::try_from(t0.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        result.latency_us.saturating_record(us);
         let code = match outcome {
-            Ok(n) => {
-                result.ids += n;
+            Ok(ids) => {
+                result.ids += ids;
                 tonic::Code::Ok
             }
             Err(status) => {
@@ -180,47 +498,244 @@ async fn worker(
             }
         };
         *result.codes.entry(format!("{code:?}")).or_default() += 1;
+        if keep_details {
+            result.details.push(CallRecord {
+                offset_ms: (t0 - shared.t0).as_secs_f64() * 1000.0,
+                latency_us: us,
+                code,
+            });
+        }
+        shared.done.fetch_add(1, Ordering::Relaxed);
     }
     Ok(result)
+}
+
+/// The endpoint for `target` with the TLS options.
+fn endpoint(args: &Args) -> anyhow::Result<Endpoint> {
+    let raw = args.host.as_deref().unwrap_or(&args.target);
+    let tls_options = args.tls || args.cacert.is_some() || args.cert.is_some();
+    let https =
+        raw.starts_with("https://") || (!raw.contains("://") && tls_options && !args.insecure);
+    let url = match raw.split_once("://") {
+        Some((_, rest)) if https => format!("https://{rest}"),
+        Some(_) => raw.to_owned(),
+        None if https => format!("https://{raw}"),
+        None => format!("http://{raw}"),
+    };
+    let mut ep = Endpoint::from_shared(url.clone())
+        .with_context(|| format!("invalid target {raw:?}: use host:port or http(s)://host:port"))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    if https && !args.insecure {
+        let mut tls = ClientTlsConfig::new().with_native_roots();
+        if let Some(ca) = &args.cacert {
+            let pem =
+                std::fs::read(ca).with_context(|| format!("reading --cacert {}", ca.display()))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
+            let cert = std::fs::read(cert)
+                .with_context(|| format!("reading --cert {}", cert.display()))?;
+            let key =
+                std::fs::read(key).with_context(|| format!("reading --key {}", key.display()))?;
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &args.cname {
+            tls = tls.domain_name(name.clone());
+        }
+        ep = ep.tls_config(tls).context("TLS settings")?;
+    }
+    Ok(ep)
+}
+
+async fn connect(ep: &Endpoint, wait: Option<Duration>) -> anyhow::Result<Channel> {
+    let until = wait.map(|w| Instant::now() + w);
+    loop {
+        match ep.connect().await {
+            Ok(c) => return Ok(c),
+            Err(e) if until.is_some_and(|u| Instant::now() < u) => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot connect to {}", ep.uri())),
+        }
+    }
+}
+
+async fn resolve_call(args: &Args, channel: &Channel) -> anyhow::Result<Call> {
+    match args.call.as_str() {
+        "unary" => return Ok(Call::Unary),
+        "stream" => return Ok(Call::Stream),
+        _ => {}
+    }
+    let pool = if args.proto.is_empty() {
+        let (service, _) = dynamic::split_call(&args.call)?;
+        dynamic::pool_from_reflection(channel.clone(), service).await?
+    } else {
+        dynamic::pool_from_protos(&args.proto, &args.import_path)?
+    };
+    let method = dynamic::find_method(&pool, &args.call)?;
+    let path = http::uri::PathAndQuery::from_str(&format!(
+        "/{}/{}",
+        method.parent_service().full_name(),
+        method.name()
+    ))
+    .context("method path")?;
+    let json = match (&args.data, &args.data_file) {
+        (Some(d), _) => d.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading --data-file {}", f.display()))?,
+        (None, None) => "{}".to_owned(),
+    };
+    let template = Template::parse(&json, &dynamic::call_info(&method))?;
+    // Check the request once up front, so a typo fails before the run.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0);
+    let first = dynamic::messages_from_json(
+        &method.input(),
+        &template.render(0, &mut rng),
+        method.is_client_streaming(),
+    )?;
+    let fixed = template.is_static().then_some(first);
+    Ok(Call::Dynamic(DynCall {
+        method,
+        path,
+        template,
+        fixed,
+    }))
+}
+
+fn progress(shared: &Arc<Shared>) -> Option<tokio::task::JoinHandle<()>> {
+    let long = shared
+        .args
+        .duration
+        .is_some_and(|d| d > Duration::from_secs(2))
+        || shared.args.total > 10_000;
+    if shared.args.no_progress || !long {
+        return None;
+    }
+    let (len, by_time) = match shared.args.duration {
+        Some(d) => (d.as_millis() as u64, true),
+        None => (shared.args.total, false),
+    };
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {percent}% {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let shared = shared.clone();
+    Some(tokio::spawn(async move {
+        loop {
+            let done = shared.done.load(Ordering::Relaxed);
+            bar.set_position(if by_time {
+                shared.t0.elapsed().as_millis() as u64
+            } else {
+                done
+            });
+            bar.set_message(format!("{done} calls"));
+            if shared.over() || (!by_time && done >= shared.args.total) {
+                bar.finish_and_clear();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }))
 }
 
 async fn run(args: Args) -> anyhow::Result<bool> {
     if args.concurrency == 0 || args.connections == 0 {
         bail!("--concurrency and --connections must be at least 1");
     }
-    let target = if args.target.contains("://") {
-        args.target.clone()
-    } else {
-        format!("http://{}", args.target)
-    };
+    if args.rps < 0.0 {
+        bail!("--rps must not be negative");
+    }
+    let ep = endpoint(&args)?;
+    let ready_started = Instant::now();
     let mut channels = Vec::new();
     for _ in 0..args.connections {
-        let channel = Endpoint::from_shared(target.clone())
-            .with_context(|| format!("invalid --target {target}: use http://host:port"))?
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-            .with_context(|| format!("cannot connect to {target}"))?;
-        channels.push(channel);
+        channels.push(connect(&ep, args.wait_ready).await?);
     }
-    let args = Arc::new(args);
-    let started = Arc::new(AtomicU64::new(0));
-    let t0 = Instant::now();
-    let deadline = args.duration.map(|d| t0 + d);
+    let call = resolve_call(&args, &channels[0]).await?;
+    let metadata = parse_metadata(args.metadata.as_deref())?;
+    let rate = (args.load_schedule != Shape::Const || args.rps > 0.0).then(|| {
+        schedule(
+            args.load_schedule,
+            args.load_start.unwrap_or(args.rps),
+            args.load_step,
+            args.load_end,
+            args.load_step_duration,
+            args.load_max_duration,
+        )
+    });
+    let concurrency = schedule(
+        args.concurrency_schedule,
+        f64::from(args.concurrency_start.unwrap_or(args.concurrency)),
+        args.concurrency_step as f64,
+        args.concurrency_end.map(f64::from),
+        args.concurrency_step_duration,
+        args.concurrency_max_duration,
+    );
+    let workers = match concurrency.peak(args.duration) {
+        Some(p) => p.round().max(1.0) as u32,
+        None => bail!("an unbounded concurrency schedule needs --concurrency-end, --concurrency-max-duration or -z"),
+    };
+    let mut shared = Shared {
+        args,
+        call,
+        metadata,
+        started: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        t0: Instant::now(),
+        deadline: None,
+        rate,
+        concurrency,
+        next_slot: Mutex::new(0.0),
+    };
+    if let Some(wait) = shared.args.wait_ready {
+        let until = ready_started + wait;
+        let mut log = IdLog::new(false);
+        loop {
+            match one_call(&channels[0], &shared, 0, &mut log).await {
+                Ok(_) => break,
+                // Any definite answer but "not now" means the server is up.
+                Err(e)
+                    if !matches!(
+                        e.code(),
+                        tonic::Code::Unavailable
+                            | tonic::Code::DeadlineExceeded
+                            | tonic::Code::Unknown
+                    ) =>
+                {
+                    break
+                }
+                Err(e) if Instant::now() >= until => {
+                    bail!(
+                        "no successful call within --wait-ready {}: {e}",
+                        humantime::format_duration(wait)
+                    )
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "server answered after {:.1} ms",
+            ready_started.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+    shared.t0 = Instant::now();
+    shared.deadline = shared.args.duration.map(|d| shared.t0 + d);
+    let shared = Arc::new(shared);
+    let bar = progress(&shared);
     let mut tasks = Vec::new();
-    for i in 0..args.concurrency {
-        let channel = channels[(i % args.connections) as usize].clone();
-        tasks.push(tokio::spawn(worker(
-            channel,
-            args.clone(),
-            started.clone(),
-            deadline,
-        )));
+    for i in 0..workers {
+        let channel = channels[(i % shared.args.connections) as usize].clone();
+        tasks.push(tokio::spawn(worker(i, channel, shared.clone())));
     }
     let mut logs = Vec::new();
     let mut latency = new_histogram()?;
     let mut codes: BTreeMap<String, u64> = BTreeMap::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut details = Vec::new();
     let mut ids = 0;
     for t in tasks {
         let r = t.await.context("worker panicked")??;
@@ -232,20 +747,38 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             *errors.entry(error).or_default() += n;
         }
         ids += r.ids;
+        details.extend(r.details);
         logs.push(r.log);
     }
-    let elapsed = t0.elapsed();
-    let checked = args.check.then(|| check(logs));
-    let call = match args.call {
-        CallKind::Unary => "unary",
-        CallKind::Stream => "stream",
+    let elapsed = shared.t0.elapsed();
+    if let Some(bar) = bar {
+        bar.abort();
+    }
+    let checked = shared.args.check.then(|| check(logs));
+    let mut report = Report::new(
+        &shared.args.call,
+        elapsed,
+        ids,
+        &latency,
+        codes,
+        errors,
+        checked,
+    );
+    details.sort_by(|a, b| a.offset_ms.total_cmp(&b.offset_ms));
+    report.details = details;
+    let text = match shared.args.format {
+        Format::Summary => report.to_text(),
+        Format::Json => report.to_json(),
+        Format::Csv => report.to_csv(),
+        Format::Html => report.to_html(),
+        Format::Prometheus => report.to_prometheus(),
     };
-    let report = Report::new(call, elapsed, ids, &latency, codes, errors, checked);
-    let text = match args.format {
-        Format::Text => report.to_text(),
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
-    };
-    std::io::stdout().write_all(text.as_bytes())?;
+    match &shared.args.output {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => std::io::stdout().write_all(text.as_bytes())?,
+    }
     if report.all_failed() {
         bail!("every call failed (see the error distribution)");
     }
@@ -271,5 +804,129 @@ fn main() -> ExitCode {
             let _ = writeln!(std::io::stderr(), "snowkeep-bench: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("snowkeep-bench").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn ghz_style_arguments_parse() {
+        let a = parse(&[
+            "--call",
+            "snowkeep.v1.IdService/NextIds",
+            "-d",
+            r#"{"count":1}"#,
+            "-c",
+            "50",
+            "-z",
+            "30s",
+            "--rps",
+            "1000",
+            "-t",
+            "2s",
+            "-m",
+            r#"{"x-team":"ids"}"#,
+            "-O",
+            "html",
+            "-o",
+            "out.html",
+            "localhost:50051",
+        ]);
+        assert_eq!(a.host.as_deref(), Some("localhost:50051"));
+        assert_eq!(a.concurrency, 50);
+        assert_eq!(a.duration, Some(Duration::from_secs(30)));
+        assert_eq!(a.timeout, Duration::from_secs(2));
+        assert_eq!(a.rps, 1000.0);
+        assert_eq!(a.format, Format::Html);
+        assert_eq!(parse(&["-O", "text"]).format, Format::Summary);
+    }
+
+    #[test]
+    fn schedules_parse_into_their_shapes() {
+        let a = parse(&[
+            "--load-schedule",
+            "step",
+            "--load-start",
+            "100",
+            "--load-step",
+            "50",
+            "--load-end",
+            "300",
+            "--load-step-duration",
+            "5s",
+            "--concurrency-schedule",
+            "line",
+            "--concurrency-start",
+            "2",
+            "--concurrency-step",
+            "1",
+            "--concurrency-end",
+            "10",
+        ]);
+        let rate = schedule(
+            a.load_schedule,
+            a.load_start.unwrap(),
+            a.load_step,
+            a.load_end,
+            a.load_step_duration,
+            None,
+        );
+        assert_eq!(rate.at(Duration::from_secs(11)), 200.0);
+        let c = schedule(
+            a.concurrency_schedule,
+            2.0,
+            1.0,
+            Some(10.0),
+            a.concurrency_step_duration,
+            None,
+        );
+        assert_eq!(c.peak(None), Some(10.0));
+        assert_eq!(c.at(Duration::from_secs(3)), 5.0);
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        let bad = |args: &[&str]| {
+            Args::try_parse_from(std::iter::once("snowkeep-bench").chain(args.iter().copied()))
+                .is_err()
+        };
+        assert!(bad(&["-z", "soon"]));
+        assert!(bad(&["--cert", "c.pem"])); // needs --key
+        assert!(bad(&["-d", "{}", "-D", "req.json"]));
+        assert!(bad(&["-O", "xml"]));
+    }
+
+    #[test]
+    fn targets_pick_plaintext_or_tls() {
+        let uri = |args: &[&str]| endpoint(&parse(args)).unwrap().uri().to_string();
+        assert_eq!(uri(&["localhost:50051"]), "http://localhost:50051/");
+        assert_eq!(
+            uri(&["--target", "https://ids.example:443"]),
+            "https://ids.example:443/"
+        );
+        assert_eq!(
+            uri(&["--tls", "ids.example:8443"]),
+            "https://ids.example:8443/"
+        );
+        assert_eq!(
+            uri(&["--tls", "--insecure", "ids.example:8443"]),
+            "http://ids.example:8443/"
+        );
+    }
+
+    #[test]
+    fn metadata_is_a_json_object_of_ascii_strings() {
+        let md = parse_metadata(Some(r#"{"X-Team":"ids","trace":"1"}"#)).unwrap();
+        assert_eq!(md.get("x-team").unwrap(), "ids");
+        assert_eq!(md.len(), 2);
+        assert!(parse_metadata(Some("[1]")).is_err());
+        assert!(parse_metadata(Some(r#"{"bad key":"v"}"#)).is_err());
+        assert!(parse_metadata(None).unwrap().is_empty());
     }
 }

@@ -1,0 +1,165 @@
+//! snowkeep-floor: the gRPC floor of a machine. It serves snowkeep's
+//! `IdService` with responses of the same size as snowkeep's and no work
+//! behind them (the ids are a precomputed run 1..=count), plus server
+//! reflection, so `snowkeep-bench` can measure what tonic alone costs here.
+//!
+//! Its ids repeat from call to call, so `--check` against it reports
+//! duplicates; with `--descending` each batch is also in descending order.
+//! Both are on purpose: it is the checker's test target as well.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use snowkeep_proto::v1 as pb;
+use tokio_stream::Stream;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status};
+
+/// Largest batch served, as snowkeep's own limit.
+const MAX_BATCH: u32 = 100_000;
+
+/// A no-work IdService for measuring the gRPC floor.
+#[derive(Debug, Parser)]
+#[command(name = "snowkeep-floor", version, about)]
+struct Args {
+    /// Address to serve on.
+    #[arg(long, default_value = "127.0.0.1:50061")]
+    listen: SocketAddr,
+    /// Serve each batch in descending order (for the checker's tests).
+    #[arg(long)]
+    descending: bool,
+    /// PEM certificate to serve TLS with (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+struct Floor {
+    ids: Arc<Vec<u64>>,
+}
+
+impl Floor {
+    fn batch(&self, count: u32) -> Result<Vec<u64>, Status> {
+        if count == 0 || count > MAX_BATCH {
+            return Err(Status::invalid_argument(format!(
+                "count must be 1..={MAX_BATCH}, got {count}"
+            )));
+        }
+        Ok(self.ids[..count as usize].to_vec())
+    }
+}
+
+type IdStream = Pin<Box<dyn Stream<Item = Result<pb::IdBatch, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::id_service_server::IdService for Floor {
+    async fn next_ids(
+        &self,
+        request: Request<pb::NextIdsRequest>,
+    ) -> Result<Response<pb::NextIdsResponse>, Status> {
+        let ids = self.batch(request.into_inner().count)?;
+        Ok(Response::new(pb::NextIdsResponse { ids }))
+    }
+
+    type StreamIdsStream = IdStream;
+
+    async fn stream_ids(
+        &self,
+        request: Request<pb::StreamIdsRequest>,
+    ) -> Result<Response<IdStream>, Status> {
+        let req = request.into_inner();
+        let batch = if req.batch_size == 0 {
+            1000
+        } else {
+            req.batch_size
+        };
+        self.batch(batch)?;
+        let ids = self.ids.clone();
+        let mut left = if req.total == 0 { u64::MAX } else { req.total };
+        let stream = async_stream_batches(ids, batch, move || {
+            let n = left.min(u64::from(batch));
+            left -= n;
+            n
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Yields batches of the sizes `next` gives until it gives 0.
+fn async_stream_batches(
+    ids: Arc<Vec<u64>>,
+    _batch: u32,
+    mut next: impl FnMut() -> u64 + Send + 'static,
+) -> impl Stream<Item = Result<pb::IdBatch, Status>> + Send {
+    futures_util::stream::poll_fn(move |_| {
+        let n = next();
+        std::task::Poll::Ready((n > 0).then(|| {
+            Ok(pb::IdBatch {
+                ids: ids[..n as usize].to_vec(),
+            })
+        }))
+    })
+}
+
+async fn serve(args: Args) -> anyhow::Result<()> {
+    let mut ids: Vec<u64> = (1..=u64::from(MAX_BATCH)).collect();
+    if args.descending {
+        ids.reverse();
+    }
+    let floor = Floor { ids: Arc::new(ids) };
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(snowkeep_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("reflection service")?;
+    let mut builder = Server::builder().tcp_nodelay(true);
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let cert = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+        let key = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))
+            .context("TLS settings")?;
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    builder
+        .add_service(pb::id_service_server::IdServiceServer::new(floor))
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            async {
+                let _ = tokio::signal::ctrl_c().await;
+            },
+        )
+        .await
+        .context("serving")
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "snowkeep-floor: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "snowkeep-floor: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! The bench as a user runs it: the real `snowkeep-bench` binary against the
+//! real `snowkeep-floor` test server (plain, descending, TLS), by reflection
+//! and by `.proto` files, in every output format.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+struct Floor {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+fn floor(extra: &[&str]) -> Floor {
+    let addr = free_addr();
+    let child = Command::new(env!("CARGO_BIN_EXE_snowkeep-floor"))
+        .args(["--listen", &addr])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Floor { child, addr }
+}
+
+/// Runs the bench against `addr` (waiting up to 10 s for it) with `args`.
+fn bench(addr: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_snowkeep-bench"))
+        .arg(addr)
+        .args(["--wait-ready", "10s"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn proto_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto")
+}
+
+#[test]
+fn calls_any_method_by_reflection_with_a_json_request() {
+    let f = floor(&[]);
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "snowkeep.v1.IdService/NextIds",
+            "-d",
+            r#"{"count": 5}"#,
+            "-n",
+            "10",
+            "-c",
+            "2",
+            "-O",
+            "json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["count"], 10);
+    assert_eq!(v["ids"], 50);
+    assert_eq!(v["status_codes"]["Ok"], 10);
+    assert_eq!(v["call"], "snowkeep.v1.IdService/NextIds");
+}
+
+#[test]
+fn server_streaming_by_reflection_counts_every_message() {
+    let f = floor(&[]);
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "snowkeep.v1.IdService.StreamIds",
+            "-d",
+            r#"{"total": 2000, "batch_size": 500}"#,
+            "-n",
+            "3",
+            "-c",
+            "1",
+            "-O",
+            "json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["ids"], 6000);
+}
+
+#[test]
+fn proto_files_replace_reflection_and_templates_vary_each_request() {
+    let f = floor(&[]);
+    let proto = proto_dir().join("snowkeep/v1/id.proto");
+    let out = bench(
+        &f.addr,
+        &[
+            "--proto",
+            proto.to_str().unwrap(),
+            "-i",
+            proto_dir().to_str().unwrap(),
+            "--call",
+            "snowkeep.v1.IdService/NextIds",
+            // Request 0 asks for 0 ids, which the server refuses.
+            "-d",
+            r#"{"count": {{.RequestNumber}}}"#,
+            "-n",
+            "4",
+            "-c",
+            "1",
+            "-O",
+            "json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["ids"], 1 + 2 + 3);
+    assert_eq!(v["status_codes"]["Ok"], 3);
+    assert_eq!(v["status_codes"]["InvalidArgument"], 1);
+    assert_eq!(
+        v["errors"]["InvalidArgument: count must be 1..=100000, got 0"],
+        1
+    );
+}
+
+#[test]
+fn the_checker_catches_an_injected_duplicate_and_an_order_violation() {
+    // The floor repeats 1..=count on every call: 3 calls of 5 ids hold 10 repeats.
+    let f = floor(&[]);
+    let out = bench(
+        &f.addr,
+        &[
+            "--call", "unary", "--count", "5", "-n", "3", "-c", "1", "--check", "-O", "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let c = &json(&out)["check"];
+    assert_eq!(
+        (
+            c["ids"].as_u64(),
+            c["duplicates"].as_u64(),
+            c["order_violations"].as_u64()
+        ),
+        (Some(15), Some(10), Some(0))
+    );
+
+    // Descending batches: 4 violations in a batch of 5, none repeated.
+    let f = floor(&["--descending"]);
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "snowkeep.v1.IdService/NextIds",
+            "-d",
+            r#"{"count": 5}"#,
+            "-n",
+            "1",
+            "--check",
+            "-O",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let c = &json(&out)["check"];
+    assert_eq!(
+        (c["duplicates"].as_u64(), c["order_violations"].as_u64()),
+        (Some(0), Some(4))
+    );
+}
+
+#[test]
+fn every_output_format() {
+    let f = floor(&[]);
+    let run = |format: &str| {
+        let out = bench(
+            &f.addr,
+            &[
+                "--call", "unary", "--count", "2", "-n", "6", "-c", "2", "-O", format,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{format}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let summary = run("summary");
+    assert!(
+        summary.contains("Summary (unary):\n  Count:\t6\n"),
+        "{summary}"
+    );
+    assert!(summary.contains("[Ok]\t6 responses"), "{summary}");
+    let csv = run("csv");
+    assert_eq!(csv.lines().count(), 7, "{csv}");
+    assert_eq!(csv.lines().next(), Some("offset_ms,duration_ms,status"));
+    assert!(csv.lines().skip(1).all(|l| l.ends_with(",Ok")), "{csv}");
+    let html = run("html");
+    assert!(
+        html.starts_with("<!DOCTYPE html>") && html.contains("<svg"),
+        "{html}"
+    );
+    let prom = run("prometheus");
+    assert!(
+        prom.contains("snowkeep_bench_calls_total{call=\"unary\",code=\"Ok\"} 6\n"),
+        "{prom}"
+    );
+    assert!(
+        prom.contains("snowkeep_bench_ids_total{call=\"unary\"} 12\n"),
+        "{prom}"
+    );
+    let out_file = tempfile::NamedTempFile::new().unwrap();
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "unary",
+            "-n",
+            "1",
+            "-O",
+            "json",
+            "-o",
+            out_file.path().to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success() && out.stdout.is_empty());
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_file.path()).unwrap()).unwrap();
+    assert_eq!(v["count"], 1);
+}
+
+#[test]
+fn tls_with_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert, pem_key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, key.cert.pem()).unwrap();
+    std::fs::write(&pem_key, key.signing_key.serialize_pem()).unwrap();
+    let f = floor(&[
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        pem_key.to_str().unwrap(),
+    ]);
+    let out = bench(
+        &f.addr,
+        &[
+            "--cacert",
+            cert.to_str().unwrap(),
+            "--cname",
+            "localhost",
+            "--call",
+            "unary",
+            "--count",
+            "3",
+            "-n",
+            "2",
+            "-O",
+            "json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["ids"], 6);
+    // Plaintext against the TLS port fails every call, with exit code 1.
+    let out = Command::new(env!("CARGO_BIN_EXE_snowkeep-bench"))
+        .args([&f.addr, "--call", "unary", "-n", "1", "--timeout", "2s"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn a_rate_limit_spreads_the_calls() {
+    let f = floor(&[]);
+    let out = bench(
+        &f.addr,
+        &[
+            "--call", "unary", "--rps", "40", "-n", "21", "-c", "4", "-O", "json",
+        ],
+    );
+    assert!(out.status.success());
+    let v = json(&out);
+    assert_eq!(v["count"], 21);
+    // 21 calls at 40/s are 20 gaps of 25 ms: at least 0.5 s.
+    assert!(v["total_seconds"].as_f64().unwrap() >= 0.5, "{v}");
+}
+
+#[test]
+fn an_unknown_method_names_the_known_ones_and_exits_1() {
+    let f = floor(&[]);
+    let out = bench(&f.addr, &["--call", "snowkeep.v1.IdService/Nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "method \"Nope\" not found in snowkeep.v1.IdService; known: NextIds, StreamIds"
+        ),
+        "{err}"
+    );
+}
