@@ -318,7 +318,7 @@ impl EmbeddedGenerator {
 
     /// One id.
     pub async fn next_id(&self) -> Result<u64, GenerateError> {
-        Ok(self.set.next_ids(1).await?[0])
+        self.set.next_id().await
     }
 
     /// `n` strictly ascending ids, spread over the held machine ids.

@@ -205,18 +205,30 @@ impl Generator {
     pub async fn fill(&self, count: u64, mut sink: impl FnMut(Taken)) -> Result<(), GenerateError> {
         let mut left = count;
         while left > 0 {
-            match self.try_take(left)? {
-                Step::Ids(t) => {
-                    left -= t.count;
-                    sink(t);
-                }
+            let t = self.take_run(left).await?;
+            left -= t.count;
+            sink(t);
+        }
+        Ok(())
+    }
+
+    /// One id: the embedded generator's hot path, with no batch allocated.
+    pub async fn next_id(&self) -> Result<u64, GenerateError> {
+        Ok(self.take_run(1).await?.first)
+    }
+
+    /// Takes a run of up to `want` ids, waiting out sequence exhaustion and
+    /// small backwards clock steps.
+    async fn take_run(&self, want: u64) -> Result<Taken, GenerateError> {
+        loop {
+            match self.try_take(want)? {
+                Step::Ids(t) => return Ok(t),
                 // Sub-millisecond: yield instead of sleeping, since tokio's timer
                 // granularity (1 ms) would halve throughput at the layout limit.
                 Step::SequenceExhausted => tokio::task::yield_now().await,
                 Step::ClockBackward { wait } => tokio::time::sleep(wait).await,
             }
         }
-        Ok(())
     }
 
     /// Blocks issuance behind the sequence lock and returns the last timestamp

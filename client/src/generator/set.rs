@@ -50,13 +50,25 @@ impl GeneratorSet {
     /// A ready generator, round-robin; the first one when none is ready (its
     /// error then says why issuance is stopped).
     pub fn pick(&self) -> Arc<Generator> {
+        self.pick_ref().clone()
+    }
+
+    fn pick_ref(&self) -> &Arc<Generator> {
         let n = self.generators.len();
+        if n == 1 {
+            // No choice to make: skip the readiness check and its clock reads.
+            return &self.generators[0];
+        }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         (0..n)
             .map(|i| &self.generators[(start + i) % n])
             .find(|g| g.is_ready())
             .unwrap_or(&self.generators[0])
-            .clone()
+    }
+
+    /// One id, from one machine id (round-robin over the ready ones).
+    pub async fn next_id(&self) -> Result<u64, GenerateError> {
+        self.pick_ref().next_id().await
     }
 
     /// Returns `count` strictly ascending ids. Batches above one millisecond's
@@ -66,11 +78,11 @@ impl GeneratorSet {
         // Small batches (the common case) go to one machine id: decide that
         // before checking every generator's readiness, which reads the clock.
         if self.generators.len() == 1 || count <= self.layout().sequences_per_ms() {
-            return self.pick().next_ids(count).await;
+            return self.pick_ref().next_ids(count).await;
         }
         let ready: Vec<&Arc<Generator>> = self.generators.iter().filter(|g| g.is_ready()).collect();
         if ready.len() <= 1 {
-            return self.pick().next_ids(count).await;
+            return self.pick_ref().next_ids(count).await;
         }
         let k = ready.len() as u64;
         let parts = ready.iter().enumerate().map(|(i, g)| {

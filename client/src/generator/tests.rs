@@ -56,6 +56,20 @@ fn machine_5_at_ts_1000_issues_reference_ids() {
     );
 }
 
+#[tokio::test]
+async fn next_id_issues_the_same_reference_ids_one_at_a_time() {
+    let (g, clock, _) = generator_at(1000, grant(5, 0, 10_000));
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        got.push(g.next_id().await.unwrap());
+    }
+    assert_eq!(got, (4_194_309_120..=4_194_309_125).collect::<Vec<_>>());
+    // Past the millisecond's sequence it moves on with the clock.
+    g.try_take(1018).unwrap();
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(g.next_id().await, Ok(((1001 << 12) | 5) << 10));
+}
+
 #[test]
 fn the_1025th_id_on_machine_0_moves_to_the_next_ms() {
     let (g, clock, _) = generator_at(1000, grant(0, 0, 10_000));

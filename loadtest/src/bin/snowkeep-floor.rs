@@ -119,7 +119,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .register_encoded_file_descriptor_set(snowkeep_proto::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("reflection service")?;
-    let mut builder = Server::builder().tcp_nodelay(true);
+    let mut builder = Server::builder();
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let cert = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
         let key = std::fs::read(key).with_context(|| format!("reading {}", key.display()))?;
@@ -134,7 +134,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .add_service(pb::id_service_server::IdServiceServer::new(floor))
         .add_service(reflection)
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            // The same socket options as snowkeep-server: no Nagle delay.
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             async {
                 let _ = tokio::signal::ctrl_c().await;
             },
