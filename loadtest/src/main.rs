@@ -357,7 +357,13 @@ async fn call_inner(
         Call::Unary => {
             let mut client = pb::id_service_client::IdServiceClient::new(channel.clone())
                 .max_decoding_message_size(64 * 1024 * 1024);
-            let req = with_metadata(pb::NextIdsRequest { count: args.count }, shared);
+            let req = with_metadata(
+                pb::NextIdsRequest {
+                    count: args.count,
+                    ..Default::default()
+                },
+                shared,
+            );
             let ids = client.next_ids(req).await?.into_inner().ids;
             log.record(None, &ids);
             Ok(ids.len() as u64)

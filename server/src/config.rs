@@ -119,6 +119,36 @@ pub struct Args {
     /// Log format.
     #[arg(long, env = "SNOWKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
+    /// `host:port` where peer servers reach this server's gRPC port, registered
+    /// in etcd for the peer clock check. Default: --listen, or HOSTNAME:PORT
+    /// when --listen is a wildcard address (on Kubernetes, set it to
+    /// `$(POD_IP):50051`).
+    #[arg(long, env = "SNOWKEEP_ADVERTISE_ADDRESS")]
+    pub advertise_address: Option<String>,
+    /// How often to measure the clock offset to every peer server of the
+    /// namespace (NTP-style, through InfoService.GetInfo); 0s turns it off.
+    #[arg(long, env = "SNOWKEEP_PEER_SKEW_INTERVAL", default_value = DEFAULT_PEER_SKEW_INTERVAL, value_parser = humantime::parse_duration)]
+    pub peer_skew_interval: Duration,
+    /// Peer clock offset above which a warning is logged.
+    #[arg(long, env = "SNOWKEEP_PEER_SKEW_WARN", default_value = DEFAULT_PEER_SKEW_WARN, value_parser = humantime::parse_duration)]
+    pub peer_skew_warn: Duration,
+}
+
+/// Default period of the peer clock check.
+pub const DEFAULT_PEER_SKEW_INTERVAL: &str = "30s";
+/// Default peer offset that logs a warning (the SnowkeepPeerClockSkew alert's
+/// threshold too).
+pub const DEFAULT_PEER_SKEW_WARN: &str = "500ms";
+
+/// Settings of the peer clock check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSkewConfig {
+    /// `host:port` registered for peers to call.
+    pub advertise_address: String,
+    /// Period of the check; zero turns it off.
+    pub interval: Duration,
+    /// Offset that logs a warning.
+    pub warn: Duration,
 }
 
 /// Log output format.
@@ -176,6 +206,8 @@ pub struct ServerConfig {
     pub on_lease_lost: OnLeaseLost,
     /// Lease API durations and skew threshold.
     pub lease_api: LeaseApiConfig,
+    /// Peer registration and clock check.
+    pub peer_skew: PeerSkewConfig,
 }
 
 /// Settings of the Lease API for embedded requesters.
@@ -391,6 +423,13 @@ impl TryFrom<Args> for ServerConfig {
                 renewed_lease: args.renewed_lease_duration,
                 skew_threshold: args.client_skew_threshold,
             },
+            peer_skew: PeerSkewConfig {
+                advertise_address: args
+                    .advertise_address
+                    .unwrap_or_else(|| advertise_default(args.listen)),
+                interval: args.peer_skew_interval,
+                warn: args.peer_skew_warn,
+            },
         })
     }
 }
@@ -410,6 +449,17 @@ fn parse_range(text: &str, max: u32) -> Option<Range<u32>> {
     let (start, end) = text.split_once("..")?;
     let (start, end): (u32, u32) = (start.trim().parse().ok()?, end.trim().parse().ok()?);
     (start < end && end <= max).then_some(start..end)
+}
+
+/// The address peers use when none is configured: `listen` itself, or this
+/// host's name with its port when `listen` is a wildcard address.
+fn advertise_default(listen: SocketAddr) -> String {
+    if listen.ip().is_unspecified() {
+        let host = gethostname::gethostname().to_string_lossy().into_owned();
+        format!("{host}:{}", listen.port())
+    } else {
+        listen.to_string()
+    }
 }
 
 /// `host:pid:random-suffix` (spec/000: a random suffix keeps two containers that

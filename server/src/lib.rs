@@ -36,6 +36,7 @@ pub mod etcd;
 pub mod lease;
 pub mod local;
 pub mod metrics;
+pub mod peers;
 pub mod run;
 pub mod service;
 pub mod shutdown;

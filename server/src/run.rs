@@ -2,6 +2,7 @@
 //! shutdown of HOUSE-STYLE §2.5 / DESIGN §3: health NOT_SERVING → stop
 //! accepting → streams end → drain in-flight requests (bounded) → release.
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use snowkeep_client::{Generator, GeneratorMetrics, GeneratorSet, SystemClock};
@@ -134,6 +135,8 @@ pub async fn run(
                 fence_horizon: config.fence_horizon,
                 max_fence_wait: config.max_fence_wait,
                 request_timeout: request_timeout(config.lease_ttl),
+                advertise_address: (!config.peer_skew.interval.is_zero())
+                    .then(|| config.peer_skew.advertise_address.clone()),
             }),
         ),
         StoreConfig::Embedded { state_dir } => {
@@ -198,6 +201,14 @@ pub async fn run(
 
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
+    let peers = Arc::new(OnceLock::new());
+    tracker.spawn(crate::peers::run(
+        config.peer_skew.clone(),
+        ns.clone(),
+        peers.clone(),
+        clock.clone(),
+        shutdown.clone(),
+    ));
     let mut lease_task = {
         let (clock, ns, layout) = (clock.clone(), ns.clone(), config.layout);
         let (shutdown, release, access) = (shutdown.clone(), release.clone(), access.clone());
@@ -213,13 +224,21 @@ pub async fn run(
                 (None, None) => unreachable!("one of the two stores is configured"),
             };
             access.connected(&store);
+            if let Store::Etcd(s) = &store {
+                let _ = peers.set(s.peer_directory());
+            }
             LeaseManager::new(store, layout, ns, clock, timing, slots)
                 .run(release)
                 .await
         })
     };
     let (routes, reporter) = service::router(
-        IdHandler::new(generators.clone(), ns.clone(), shutdown.clone()),
+        IdHandler::new(
+            generators.clone(),
+            ns.clone(),
+            clock.clone(),
+            shutdown.clone(),
+        ),
         InfoHandler::new(
             generators.clone(),
             clock.clone(),

@@ -142,9 +142,15 @@ impl RemoteClient {
 
     /// `n` strictly ascending ids from one server (1 to 100000).
     pub async fn next_ids(&self, n: u32) -> Result<Vec<u64>, ClientError> {
-        self.with_retries(|mut c| async move { c.next_ids(pb::NextIdsRequest { count: n }).await })
+        self.with_retries(|mut c| async move {
+            c.next_ids(pb::NextIdsRequest {
+                count: n,
+                ..Default::default()
+            })
             .await
-            .map(|r| r.ids)
+        })
+        .await
+        .map(|r| r.ids)
     }
 
     /// A stream of ascending batches from one server (`total` 0 = until

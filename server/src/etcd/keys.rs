@@ -8,6 +8,7 @@
 //! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
 //! | `/snowkeep/v1/ns/{namespace}/requester/{requester}` | `id:floor,…` of an embedded requester's machine ids | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/skew/{requester}` | last client clock skew seen, ms (server − client) | yes, its own |
+//! | `/snowkeep/v1/ns/{namespace}/peer/{instance_id}` | the server's advertised `host:port` (peer clock check) | yes, the server's |
 //!
 //! An embedded requester's holder keys hold `requester/{requester}`, which can
 //! never equal a server's instance id (no `/` in `host:pid:suffix`).
@@ -72,6 +73,16 @@ pub fn requester_holder(requester: &str) -> String {
 /// The last clock skew seen from a requester.
 pub fn skew(namespace: &str, requester: &str) -> String {
     format!("{ROOT}{namespace}/skew/{requester}")
+}
+
+/// The prefix of the namespace's peer keys.
+pub fn peer_prefix(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/peer/")
+}
+
+/// The peer key of one server instance.
+pub fn peer(namespace: &str, instance_id: &str) -> String {
+    format!("{ROOT}{namespace}/peer/{instance_id}")
 }
 
 /// Parses the machine id from a key under `prefix`; `None` for a foreign key.

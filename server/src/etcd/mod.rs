@@ -57,6 +57,9 @@ pub struct EtcdSettings {
     pub max_fence_wait: Duration,
     /// Timeout of one etcd request.
     pub request_timeout: Duration,
+    /// `host:port` registered under the namespace's peer keys with each
+    /// lease, for the peer clock check; `None` registers nothing.
+    pub advertise_address: Option<String>,
 }
 
 /// Clients for each endpoint, rotating to the next after a failure. Clones
@@ -461,6 +464,7 @@ impl EtcdStore {
                     revision,
                 };
                 info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), "claimed machine ids");
+                self.register_peer(lease_id).await;
                 Ok(claim)
             }
             Err(e) => {
@@ -781,6 +785,39 @@ impl EtcdStore {
         }
     }
 
+    /// Registers this server as a peer of the namespace (its advertised
+    /// address) under `lease_id`, so the key goes when the lease does. Best
+    /// effort: the peer clock check is telemetry, never a reason to refuse.
+    async fn register_peer(&mut self, lease_id: i64) {
+        let Some(address) = self.settings.advertise_address.clone() else {
+            return;
+        };
+        let key = keys::peer(self.ns(), &self.settings.instance_id);
+        let put = self
+            .endpoints
+            .call("register peer", self.settings.request_timeout, |mut c| {
+                let (key, address) = (key.clone(), address.clone());
+                async move {
+                    c.put(key, address, Some(PutOptions::new().with_lease(lease_id)))
+                        .await
+                }
+            })
+            .await;
+        if let Err(e) = put {
+            warn!(namespace = %self.ns(), error = %crate::DisplayChain(&e), "could not register for the peer clock check");
+        }
+    }
+
+    /// The namespace's peer directory, on its own copy of the endpoint clients.
+    pub fn peer_directory(&self) -> PeerDirectory {
+        PeerDirectory {
+            endpoints: self.endpoints.clone(),
+            namespace: self.settings.namespace.clone(),
+            instance_id: self.settings.instance_id.clone(),
+            timeout: self.settings.request_timeout,
+        }
+    }
+
     /// A reader of this store's namespace capacity that can live elsewhere
     /// (the InfoService handler), on its own copy of the endpoint clients.
     pub fn capacity_reader(&self) -> CapacityReader {
@@ -790,6 +827,46 @@ impl EtcdStore {
             range: self.settings.machine_id_range.clone(),
             timeout: self.settings.request_timeout,
         }
+    }
+}
+
+/// Lists the other servers registered under a namespace's peer keys.
+#[derive(Clone)]
+pub struct PeerDirectory {
+    endpoints: Endpoints,
+    namespace: String,
+    instance_id: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for PeerDirectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerDirectory")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeerDirectory {
+    /// `(instance id, host:port)` of every registered server but this one.
+    pub async fn others(&mut self) -> Result<Vec<(String, String)>, LeaseError> {
+        let prefix = keys::peer_prefix(&self.namespace);
+        let resp = self
+            .endpoints
+            .call("list peers", self.timeout, |mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let instance = kv.key_str().ok()?.strip_prefix(&prefix)?.to_owned();
+                let address = kv.value_str().ok()?.to_owned();
+                (instance != self.instance_id).then_some((instance, address))
+            })
+            .collect())
     }
 }
 

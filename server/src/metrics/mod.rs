@@ -51,11 +51,73 @@ pub const CLOCK_SKEW_SECONDS: &str = "snowkeep_clock_skew_seconds";
 pub const CLOCK_SKEW_REJECTIONS_TOTAL: &str = "snowkeep_clock_skew_rejections_total";
 /// 1 while ids can be issued, else 0; label `namespace` (mirrors gRPC health).
 pub const ISSUANCE_READY: &str = "snowkeep_issuance_ready";
+/// Largest absolute clock offset to a peer server in the last measuring
+/// round, seconds (0 with no peers); label `namespace`.
+pub const PEER_CLOCK_OFFSET_MAX_SECONDS: &str = "snowkeep_peer_clock_offset_max_seconds";
+
+/// Every metric of the catalog with its Prometheus type, as scraped: the
+/// dashboards, the alert rules and the catalog test hold to this list.
+pub const CATALOG: &[(&str, &str)] = &[
+    (BUILD_INFO, "gauge"),
+    (GRPC_REQUESTS_TOTAL, "counter"),
+    (GRPC_REQUEST_DURATION_SECONDS, "histogram"),
+    (GRPC_REQUESTS_IN_FLIGHT, "gauge"),
+    (IDS_ISSUED_TOTAL, "counter"),
+    (LEASE_RENEWALS_TOTAL, "counter"),
+    (LEASE_RENEWAL_DURATION_SECONDS, "histogram"),
+    (LEASE_REMAINING_SECONDS, "gauge"),
+    (LEASE_LOSSES_TOTAL, "counter"),
+    (MACHINE_IDS_HELD, "gauge"),
+    (NAMESPACE_MACHINE_IDS, "gauge"),
+    (FENCE_HEADROOM_SECONDS, "gauge"),
+    (FENCE_ADVANCES_TOTAL, "counter"),
+    (FENCE_WAITS_TOTAL, "counter"),
+    (FENCE_WAIT_DURATION_SECONDS, "histogram"),
+    (SEQUENCE_EXHAUSTED_TOTAL, "counter"),
+    (CLOCK_BACKWARD_STEPS_TOTAL, "counter"),
+    (CLOCK_SKEW_SECONDS, "histogram"),
+    (CLOCK_SKEW_REJECTIONS_TOTAL, "counter"),
+    (ISSUANCE_READY, "gauge"),
+    (PEER_CLOCK_OFFSET_MAX_SECONDS, "gauge"),
+];
+
+/// Where a clock skew was observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkewSource {
+    /// Reported by a caller (Lease API, `NextIds.client_time_unix_ms`).
+    Client,
+    /// Measured to a peer server.
+    Peer,
+}
+
+impl SkewSource {
+    /// The `source` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkewSource::Client => "client",
+            SkewSource::Peer => "peer",
+        }
+    }
+}
+
+/// Records an observed clock skew of `skew_ms` (either sign) from `source`.
+pub fn record_skew(source: SkewSource, skew_ms: i64) {
+    metrics::histogram!(CLOCK_SKEW_SECONDS, "source" => source.as_str())
+        .record(skew_ms.unsigned_abs() as f64 / 1000.0);
+}
 
 /// Histogram buckets for every `_seconds` histogram, in seconds.
 const SECONDS_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
+];
+
+/// Buckets of [`CLOCK_SKEW_SECONDS`], in seconds: from NTP-grade to the Lease
+/// API's threshold (600 s by default) and past it, so alerts can count
+/// observations above half the threshold (`le="300"`) and above it (`le="600"`).
+const SKEW_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0, 3600.0,
 ];
 
 /// Describes every metric (unit and help) for the installed recorder.
@@ -153,6 +215,11 @@ pub fn describe_all() {
         Unit::Seconds,
         "Absolute clock skew observed: client-reported (Lease API) or to peers."
     );
+    describe_gauge!(
+        PEER_CLOCK_OFFSET_MAX_SECONDS,
+        Unit::Seconds,
+        "Largest absolute clock offset to a peer server in the last measuring round (NTP-style, half the round trip)."
+    );
     describe_counter!(
         CLOCK_SKEW_REJECTIONS_TOTAL,
         Unit::Count,
@@ -177,6 +244,8 @@ pub fn install(addr: SocketAddr) -> Result<(), BuildError> {
     PrometheusBuilder::new()
         .with_http_listener(addr)
         .with_recommended_naming(true)
+        // A full-name matcher wins over a suffix one (the exporter sorts them).
+        .set_buckets_for_metric(Matcher::Full(CLOCK_SKEW_SECONDS.into()), SKEW_BUCKETS)?
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
         .install()?;
     describe_all();

@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use snowkeep_client::GeneratorSet;
+use snowkeep_client::{GeneratorSet, SharedClock};
 use snowkeep_proto::v1 as pb;
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
@@ -17,12 +17,22 @@ use crate::metrics as m;
 pub const DEFAULT_STREAM_BATCH: u32 = 1000;
 
 /// Serves `snowkeep.v1.IdService`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct IdHandler {
     generators: Arc<GeneratorSet>,
     namespace: String,
+    /// For the skew of callers that send their time.
+    clock: SharedClock,
     /// Cancelled at shutdown: open streams end.
     shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for IdHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdHandler")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
 }
 
 impl IdHandler {
@@ -30,11 +40,13 @@ impl IdHandler {
     pub fn new(
         generators: Arc<GeneratorSet>,
         namespace: String,
+        clock: SharedClock,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
             generators,
             namespace,
+            clock,
             shutdown,
         }
     }
@@ -48,7 +60,13 @@ impl pb::id_service_server::IdService for IdHandler {
         &self,
         request: Request<pb::NextIdsRequest>,
     ) -> Result<Response<pb::NextIdsResponse>, Status> {
-        let count = request.into_inner().count;
+        let req = request.into_inner();
+        let count = req.count;
+        if req.client_time_unix_ms != 0 {
+            let server = i64::try_from(self.clock.unix_ms()).unwrap_or(i64::MAX);
+            let client = i64::try_from(req.client_time_unix_ms).unwrap_or(i64::MAX);
+            m::record_skew(m::SkewSource::Client, server.saturating_sub(client));
+        }
         if count == 0 || count > MAX_BATCH {
             return Err(ApiError::count(count).into());
         }

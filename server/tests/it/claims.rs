@@ -26,6 +26,7 @@ fn settings(
         fence_horizon: Duration::from_secs(3),
         max_fence_wait: Duration::from_secs(10),
         request_timeout: Duration::from_secs(5),
+        advertise_address: None,
     }
 }
 

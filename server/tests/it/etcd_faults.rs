@@ -32,7 +32,7 @@ async fn stopping_etcd_stops_issuance_within_the_ttl_and_it_resumes_after() {
             let mut c = client.clone();
             async move {
                 matches!(
-                    c.next_ids(snowkeep_proto::v1::NextIdsRequest { count: 1 }).await,
+                    c.next_ids(snowkeep_proto::v1::NextIdsRequest { count: 1, ..Default::default() }).await,
                     Err(s) if s.code() == Code::Unavailable
                 )
             }

@@ -203,7 +203,10 @@ async fn one_dead_member_of_three_does_not_interrupt_issuance() {
     let (mut ok, mut failed) = (0u32, Vec::new());
     while tokio::time::Instant::now() < until {
         match ids
-            .next_ids(snowkeep_proto::v1::NextIdsRequest { count: 100 })
+            .next_ids(snowkeep_proto::v1::NextIdsRequest {
+                count: 100,
+                ..Default::default()
+            })
             .await
         {
             Ok(_) => ok += 1,

@@ -35,7 +35,10 @@ async fn deleting_a_holder_and_its_fence_under_a_live_holder_repeats_no_id() {
         let until = tokio::time::Instant::now() + Duration::from_secs(6);
         while tokio::time::Instant::now() < until {
             if let Ok(r) = client_a
-                .next_ids(snowkeep_proto::v1::NextIdsRequest { count: 500 })
+                .next_ids(snowkeep_proto::v1::NextIdsRequest {
+                    count: 500,
+                    ..Default::default()
+                })
                 .await
             {
                 sink.lock().await.extend(r.into_inner().ids);

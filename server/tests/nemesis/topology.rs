@@ -19,20 +19,6 @@ pub const NAMESPACE: &str = "nemesis";
 /// longer than 2 s.
 pub const TTL: Duration = Duration::from_secs(5);
 
-/// libfaketime's preload library (Debian's libfaketime, multi-threaded
-/// build); panics naming the package when it is missing.
-fn libfaketime() -> String {
-    let path = format!(
-        "/usr/lib/{}-linux-gnu/faketime/libfaketimeMT.so.1",
-        std::env::consts::ARCH
-    );
-    assert!(
-        std::path::Path::new(&path).exists(),
-        "{path} not found: install Debian's faketime package (scripts/ensure-deps --etcd does)"
-    );
-    path
-}
-
 /// A wall clock for a server process, through libfaketime.
 #[derive(Clone, Debug)]
 pub enum WallClock {
@@ -192,7 +178,7 @@ pub fn spawn(args: &[&str], clock: &WallClock) -> ServerProcess {
         WallClock::Real => vec![],
         WallClock::Offset(offset) => vec![
             ("LD_PRELOAD", {
-                lib = libfaketime();
+                lib = crate::support::libfaketime();
                 &lib
             }),
             ("FAKETIME", offset),
@@ -200,7 +186,7 @@ pub fn spawn(args: &[&str], clock: &WallClock) -> ServerProcess {
         ],
         WallClock::File(path) => {
             file = path.to_string_lossy().into_owned();
-            lib = libfaketime();
+            lib = crate::support::libfaketime();
             vec![
                 ("LD_PRELOAD", &lib),
                 ("FAKETIME_TIMESTAMP_FILE", &file),

@@ -69,7 +69,10 @@ pub async fn unary(
         ));
         while !stop.is_cancelled() && !target.has_changed().unwrap_or(true) {
             match client
-                .next_ids(pb::NextIdsRequest { count: UNARY_COUNT })
+                .next_ids(pb::NextIdsRequest {
+                    count: UNARY_COUNT,
+                    ..Default::default()
+                })
                 .await
             {
                 Ok(r) => {

@@ -4,6 +4,22 @@
 pub mod etcd;
 pub mod server;
 
+/// libfaketime's preload library (Debian's `faketime` package, multi-threaded
+/// build) for running a server with its wall clock offset; panics naming the
+/// package when it is missing.
+#[allow(dead_code)] // used by some test binaries only
+pub fn libfaketime() -> String {
+    let path = format!(
+        "/usr/lib/{}-linux-gnu/faketime/libfaketimeMT.so.1",
+        std::env::consts::ARCH
+    );
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} not found: install Debian's faketime package (scripts/ensure-deps --etcd does)"
+    );
+    path
+}
+
 use std::time::Duration;
 
 /// Returns a TCP port free on 127.0.0.1, never the same twice in this test

@@ -172,7 +172,10 @@ impl ServerProcess {
     pub async fn next_ids(&self, count: u32) -> Result<Vec<u64>, tonic::Status> {
         self.ids()
             .await
-            .next_ids(pb::NextIdsRequest { count })
+            .next_ids(pb::NextIdsRequest {
+                count,
+                ..Default::default()
+            })
             .await
             .map(|r| r.into_inner().ids)
     }

@@ -1,0 +1,130 @@
+//! The peer clock check: every server registers its advertised address under
+//! its namespace in etcd, bound to its lease ([`crate::etcd::EtcdStore`]
+//! does that at each claim), and this task measures its clock offset to every
+//! other registered server, NTP-style: it reads its clock, calls
+//! `InfoService.GetInfo` (which carries the peer's wall clock), reads its
+//! clock again, and takes the peer's time minus the midpoint of the round
+//! trip. Offsets go to `snowkeep_clock_skew_seconds{source="peer"}` and the
+//! round's largest to `snowkeep_peer_clock_offset_max_seconds`; past the
+//! warning threshold a warning is logged.
+//!
+//! Why it matters: fences are wall-clock times, so a server whose clock is
+//! behind its peers waits out their fences after a failover (DESIGN §2), and
+//! one ahead makes others wait.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use snowkeep_client::SharedClock;
+use snowkeep_proto::v1 as pb;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, warn};
+
+use crate::config::PeerSkewConfig;
+use crate::etcd::PeerDirectory;
+use crate::metrics as m;
+
+/// Timeout of one GetInfo to a peer; a slower answer says little about clocks.
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One measurement: the peer's clock minus ours at the midpoint of the call,
+/// ms, from our wall time before (`t0`) and after (`t1`) the call and the
+/// peer's wall time (`peer`), all Unix ms.
+pub fn offset_ms(t0: u64, peer: u64, t1: u64) -> i64 {
+    let mid = (i128::from(t0) + i128::from(t1)) / 2;
+    i64::try_from(i128::from(peer) - mid).unwrap_or(i64::MAX)
+}
+
+/// Measures the offset to `channel`'s server; `None` when it does not answer
+/// in time.
+async fn measure(channel: Channel, clock: &SharedClock) -> Option<i64> {
+    let mut client = pb::info_service_client::InfoServiceClient::new(channel);
+    let t0 = clock.unix_ms();
+    let resp = tokio::time::timeout(CALL_TIMEOUT, client.get_info(pb::GetInfoRequest {}))
+        .await
+        .ok()?
+        .ok()?;
+    let t1 = clock.unix_ms();
+    Some(offset_ms(t0, resp.into_inner().server_time_unix_ms, t1))
+}
+
+/// Runs the check every `config.interval` until `shutdown`, once `directory`
+/// is set (the store connected). Does nothing when the interval is zero.
+pub async fn run(
+    config: PeerSkewConfig,
+    namespace: String,
+    directory: Arc<OnceLock<PeerDirectory>>,
+    clock: SharedClock,
+    shutdown: CancellationToken,
+) {
+    if config.interval.is_zero() {
+        return;
+    }
+    let max_gauge =
+        metrics::gauge!(m::PEER_CLOCK_OFFSET_MAX_SECONDS, "namespace" => namespace.clone());
+    let mut channels: HashMap<String, Channel> = HashMap::new();
+    let mut tick = tokio::time::interval(config.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(mut dir) = directory.get().cloned() else {
+            continue;
+        };
+        let peers = match dir.others().await {
+            Ok(p) => p,
+            Err(e) => {
+                debug!(error = %crate::DisplayChain(&e), "could not list peers for the clock check");
+                continue;
+            }
+        };
+        channels.retain(|address, _| peers.iter().any(|(_, a)| a == address));
+        let mut largest: i64 = 0;
+        for (instance, address) in &peers {
+            let channel = match channels.get(address) {
+                Some(c) => c.clone(),
+                None => match Endpoint::from_shared(format!("http://{address}")) {
+                    Ok(e) => {
+                        let c = e.connect_timeout(CALL_TIMEOUT).connect_lazy();
+                        channels.insert(address.clone(), c.clone());
+                        c
+                    }
+                    Err(_) => {
+                        debug!(peer = %instance, %address, "unusable peer address");
+                        continue;
+                    }
+                },
+            };
+            let Some(offset) = measure(channel, &clock).await else {
+                debug!(peer = %instance, %address, "peer did not answer the clock check");
+                continue;
+            };
+            m::record_skew(m::SkewSource::Peer, offset);
+            if offset.unsigned_abs() > largest.unsigned_abs() {
+                largest = offset;
+            }
+            if u128::from(offset.unsigned_abs()) > config.warn.as_millis() {
+                warn!(peer = %instance, %address, offset_ms = offset, threshold = ?config.warn, "clock offset to a peer server is over the threshold; check NTP on both hosts");
+            }
+        }
+        max_gauge.set(largest.unsigned_abs() as f64 / 1000.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_offset_is_taken_at_the_midpoint_of_the_round_trip() {
+        // Peer 2 s ahead, 10 ms round trip: it answered at our 1005.
+        assert_eq!(offset_ms(1_000, 3_005, 1_010), 2_000);
+        // Peer 1.5 s behind.
+        assert_eq!(offset_ms(10_000, 8_502, 10_004), -1_500);
+        assert_eq!(offset_ms(0, 0, 0), 0);
+    }
+}

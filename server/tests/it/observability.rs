@@ -1,0 +1,499 @@
+//! The metrics catalog against live servers, clock-skew telemetry, and the
+//! deploy/ files: every dashboard query and alert rule parses and names only
+//! catalog metrics, promtool and amtool accept the rules, their unit tests
+//! and the Alertmanager example, the YAML is valid, and a real Prometheus
+//! scraping two live servers evaluates a dashboard query and an alert.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use promql_parser::parser::Expr;
+use promql_parser::util::{walk_expr, ExprVisitor};
+use snowkeep_client::{Clock, SystemClock};
+use snowkeep_proto::v1 as pb;
+use snowkeep_server::metrics::CATALOG;
+
+use crate::support::etcd::EtcdProcess;
+use crate::support::server::{scrape, ServerProcess};
+use crate::support::{eventually, free_port, libfaketime};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `name → type` of every `snowkeep_` family in a scrape, from its `# TYPE`
+/// lines; panics on a family without `# HELP`.
+fn families(scrape: &str) -> BTreeMap<String, String> {
+    let helped: BTreeSet<&str> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(name, _)| name.starts_with("snowkeep_"))
+        .map(|(name, kind)| {
+            assert!(helped.contains(name), "{name} has no # HELP");
+            (name.to_owned(), kind.to_owned())
+        })
+        .collect()
+}
+
+fn catalog() -> BTreeMap<String, String> {
+    CATALOG
+        .iter()
+        .map(|(n, k)| ((*n).to_owned(), (*k).to_owned()))
+        .collect()
+}
+
+/// Starts a server that waits out its first fence, issues by unary (with a
+/// client time) and stream, and checks its peer's clock every second.
+async fn busy_server(etcd: &EtcdProcess, ns: &str) -> ServerProcess {
+    let s = ServerProcess::on_etcd(&etcd.endpoint(), ns, &["--peer-skew-interval", "1s"]);
+    s.wait_serving(Duration::from_secs(20)).await;
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_scrape_holds_exactly_the_catalog_and_promtool_accepts_it() {
+    let etcd = EtcdProcess::start().await;
+    let a = busy_server(&etcd, "catalog").await;
+    let _b = busy_server(&etcd, "catalog").await;
+    let mut ids = a.ids().await;
+    let client_time = SystemClock.unix_ms() - 1_000;
+    ids.next_ids(pb::NextIdsRequest {
+        count: 5_000,
+        client_time_unix_ms: client_time,
+    })
+    .await
+    .unwrap();
+    let mut stream = ids
+        .stream_ids(pb::StreamIdsRequest {
+            total: 3_000,
+            batch_size: 1_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    while stream.message().await.unwrap().is_some() {}
+    // A renewal (TTL 2 s) and a peer measurement (every 1 s) have happened.
+    let port = a.metrics_port;
+    eventually(
+        "a renewal and a peer clock check",
+        Duration::from_secs(10),
+        || async move {
+            let s = scrape(port).await;
+            s.contains("snowkeep_lease_renewal_duration_seconds_count")
+                && s.contains("snowkeep_clock_skew_seconds_count{source=\"peer\"}")
+        },
+    )
+    .await;
+    let text = scrape(a.metrics_port).await;
+    assert_eq!(families(&text), catalog(), "scrape families vs the catalog");
+
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/ensure-deps --etcd installs it)");
+    use std::io::Write;
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_time_on_next_ids_lands_in_the_skew_histogram_buckets() {
+    let etcd = EtcdProcess::start().await;
+    let s = ServerProcess::on_etcd(&etcd.endpoint(), "skew", &[]);
+    s.wait_serving(Duration::from_secs(20)).await;
+    // 400 s behind: above half the default threshold (300 s), below it (600 s).
+    let client_time = SystemClock.unix_ms() - 400_000;
+    let resp = s
+        .ids()
+        .await
+        .next_ids(pb::NextIdsRequest {
+            count: 3,
+            client_time_unix_ms: client_time,
+        })
+        .await
+        .unwrap();
+    assert_eq!(resp.into_inner().ids.len(), 3, "skew never refuses NextIds");
+    let series =
+        |le: &str| format!("snowkeep_clock_skew_seconds_bucket{{source=\"client\",le=\"{le}\"}}");
+    assert_eq!(s.metric(&series("300")).await, 0.0);
+    assert_eq!(s.metric(&series("600")).await, 1.0);
+    assert_eq!(
+        s.metric("snowkeep_clock_skew_seconds_count{source=\"client\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_two_seconds_ahead_shows_in_both_servers_peer_offset() {
+    let etcd = EtcdProcess::start().await;
+    let args = [
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--namespace",
+        "peers",
+        "--lease-ttl",
+        "2s",
+        "--peer-skew-interval",
+        "1s",
+    ];
+    let real = ServerProcess::spawn(&args);
+    let lib = libfaketime();
+    let ahead = ServerProcess::spawn_env(
+        &args,
+        &[
+            ("LD_PRELOAD", &lib),
+            ("FAKETIME", "+2"),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    real.wait_serving(Duration::from_secs(20)).await;
+    ahead.wait_serving(Duration::from_secs(20)).await;
+    for s in [&real, &ahead] {
+        let port = s.metrics_port;
+        eventually(
+            "a 2 s peer offset",
+            Duration::from_secs(15),
+            || async move {
+                let v = scrape(port)
+                    .await
+                    .lines()
+                    .find_map(|l| {
+                        l.strip_prefix(
+                            "snowkeep_peer_clock_offset_max_seconds{namespace=\"peers\"} ",
+                        )
+                        .and_then(|v| v.parse::<f64>().ok())
+                    })
+                    .unwrap_or(0.0);
+                (1.8..2.2).contains(&v)
+            },
+        )
+        .await;
+    }
+    assert!(
+        real.log()
+            .contains("clock offset to a peer server is over the threshold"),
+        "no warning logged:\n{}",
+        real.log()
+    );
+}
+
+/// Collects the metric names an expression selects.
+struct Names(BTreeSet<String>);
+
+impl ExprVisitor for Names {
+    type Error = ();
+    fn pre_visit(&mut self, e: &Expr) -> Result<bool, ()> {
+        let name = match e {
+            Expr::VectorSelector(vs) => vs.name.clone(),
+            Expr::MatrixSelector(ms) => ms.vs.name.clone(),
+            _ => None,
+        };
+        self.0.extend(name);
+        Ok(true)
+    }
+}
+
+/// Parses `expr` (with Grafana's variables filled in) and checks that every
+/// metric it names is in the catalog (a histogram's `_bucket`, `_count` and
+/// `_sum` series included).
+fn check_names(what: &str, expr: &str) {
+    let expr = expr
+        .replace("$__rate_interval", "1m")
+        .replace("$namespace", ".*");
+    let ast = promql_parser::parser::parse(&expr).unwrap_or_else(|e| panic!("{what}: {e}\n{expr}"));
+    let mut names = Names(BTreeSet::new());
+    walk_expr(&mut names, &ast).unwrap();
+    assert!(!names.0.is_empty(), "{what} names no metric: {expr}");
+    let cat = catalog();
+    for n in names.0 {
+        let base = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| {
+                n.strip_suffix(s)
+                    .filter(|b| cat.get(*b).is_some_and(|k| k == "histogram"))
+            })
+            .unwrap_or(&n);
+        assert!(
+            cat.contains_key(base),
+            "{what} names {n}, which is not in the catalog"
+        );
+    }
+}
+
+#[test]
+fn every_dashboard_query_and_alert_parses_and_names_only_catalog_metrics() {
+    let dir = repo().join("deploy/grafana/dashboards");
+    let mut dashboards = 0;
+    let mut queries = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        dashboards += 1;
+        for panel in json["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let what = format!("{} / {}", path.display(), panel["title"]);
+                check_names(&what, target["expr"].as_str().unwrap());
+                queries += 1;
+            }
+        }
+    }
+    assert_eq!(dashboards, 4, "overview, leases, capacity, clocks");
+    assert!(queries >= 24, "{queries} queries");
+    // The rule file: promtool parses its expressions (test below); here every
+    // metric name in it must be a catalog one.
+    let rules =
+        std::fs::read_to_string(repo().join("deploy/prometheus/rules/snowkeep.rules.yml")).unwrap();
+    let alerts = rules
+        .lines()
+        .filter(|l| l.trim_start().starts_with("- alert:"))
+        .count();
+    let mut names = 0;
+    for (i, _) in rules.match_indices("snowkeep_") {
+        let name: String = rules[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        check_names("the alert rules", &name);
+        names += 1;
+    }
+    assert!(names >= 12, "{names} metric names in the rules");
+    assert_eq!(alerts, 9);
+}
+
+fn run_ok(program: &str, args: &[&str], package: &str) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{program}: {e} (Debian package {package}; scripts/ensure-deps --etcd installs it)"
+            )
+        });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{program} {args:?} failed:\n{text}");
+    text
+}
+
+#[test]
+fn promtool_checks_and_tests_every_rule_and_amtool_the_alertmanager_example() {
+    let out = run_ok(
+        "promtool",
+        &[
+            "check",
+            "rules",
+            "deploy/prometheus/rules/snowkeep.rules.yml",
+        ],
+        "prometheus",
+    );
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+    let out = run_ok(
+        "promtool",
+        &["test", "rules", "deploy/prometheus/tests/snowkeep.test.yml"],
+        "prometheus",
+    );
+    assert!(out.contains("SUCCESS"), "{out}");
+    // Every alert has at least one unit test case.
+    let tests =
+        std::fs::read_to_string(repo().join("deploy/prometheus/tests/snowkeep.test.yml")).unwrap();
+    let rules =
+        std::fs::read_to_string(repo().join("deploy/prometheus/rules/snowkeep.rules.yml")).unwrap();
+    for alert in rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+    {
+        assert!(
+            tests.contains(&format!("alertname: {alert}")),
+            "no promtool test for {alert}"
+        );
+    }
+    run_ok(
+        "promtool",
+        &[
+            "check",
+            "config",
+            "--syntax-only",
+            "deploy/prometheus/prometheus.yml",
+        ],
+        "prometheus",
+    );
+    let out = run_ok(
+        "amtool",
+        &["check-config", "deploy/prometheus/alertmanager.yml"],
+        "prometheus-alertmanager",
+    );
+    assert!(out.contains("SUCCESS"), "{out}");
+    assert!(out.contains("2 receivers"), "{out}");
+}
+
+#[test]
+fn every_yaml_file_under_deploy_is_valid() {
+    run_ok(
+        "yamllint",
+        &["--strict", "-c", "deploy/.yamllint", "deploy"],
+        "yamllint",
+    );
+    // The kustomization lists exactly the manifests beside it.
+    let dir = repo().join("deploy/kubernetes");
+    let kustomization = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    let listed: BTreeSet<String> = kustomization
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- "))
+        .filter(|l| l.ends_with(".yaml"))
+        .map(str::to_owned)
+        .collect();
+    let present: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, present);
+    // Each manifest against the Kubernetes API schemas (strict: no unknown
+    // fields). The ServiceMonitor is a CRD without a bundled schema.
+    let files: Vec<String> = present
+        .iter()
+        .map(|f| format!("deploy/kubernetes/{f}"))
+        .collect();
+    let mut args = vec!["-m", "kubernetes_validate", "--strict"];
+    args.extend(files.iter().map(String::as_str));
+    let out = run_ok(
+        "python3",
+        &args,
+        "python3, with kubernetes-validate from PyPI",
+    );
+    assert_eq!(out.matches(" passed for resource ").count(), 8, "{out}");
+}
+
+struct Prometheus(Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn query(port: u16, expr: &str) -> serde_json::Value {
+    let url = format!("http://127.0.0.1:{port}/api/v1/query");
+    let expr = expr.to_owned();
+    tokio::task::spawn_blocking(move || {
+        ureq::get(&url)
+            .query("query", &expr)
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_json::<serde_json::Value>().ok())
+            .unwrap_or(serde_json::Value::Null)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scraping_two_servers_evaluates_a_dashboard_query_and_an_alert() {
+    let etcd = EtcdProcess::start().await;
+    // A range of two machine ids held by two servers: no free capacity.
+    let extra = ["--machine-id-range", "0..2"];
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), "prom", &extra);
+    let b = ServerProcess::on_etcd(&etcd.endpoint(), "prom", &extra);
+    a.wait_serving(Duration::from_secs(20)).await;
+    b.wait_serving(Duration::from_secs(20)).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let rules = repo().join("deploy/prometheus/rules/snowkeep.rules.yml");
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: snowkeep\n    static_configs:\n      - targets: ['127.0.0.1:{}', '127.0.0.1:{}']\n",
+        rules.canonicalize().unwrap().display(),
+        a.metrics_port,
+        b.metrics_port
+    );
+    std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+    let port = free_port();
+    let _prom = Prometheus(
+        Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+            .spawn()
+            .expect("prometheus (Debian's prometheus package)"),
+    );
+
+    // The overview dashboard's "Ready instances" query, as Grafana sends it.
+    let overview: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo().join("deploy/grafana/dashboards/overview.json")).unwrap(),
+    )
+    .unwrap();
+    let ready = overview["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["title"] == "Ready instances")
+        .unwrap()["targets"][0]["expr"]
+        .as_str()
+        .unwrap()
+        .replace("$namespace", ".*");
+    eventually(
+        "Prometheus to see two ready servers",
+        Duration::from_secs(60),
+        || {
+            let ready = ready.clone();
+            async move {
+                let v = query(port, &ready).await;
+                v["data"]["result"][0]["metric"]["namespace"] == "prom"
+                    && v["data"]["result"][0]["value"][1] == "2"
+            }
+        },
+    )
+    .await;
+
+    // The capacity alert's rule, evaluated by Prometheus itself: pending
+    // (its `for` is 5 m) with the namespace's label and a 0 free share.
+    eventually(
+        "SnowkeepCapacityLow pending",
+        Duration::from_secs(30),
+        || async move {
+            let v = query(port, "ALERTS{alertname=\"SnowkeepCapacityLow\"}").await;
+            let r = &v["data"]["result"][0]["metric"];
+            r["alertstate"] == "pending" && r["namespace"] == "prom" && r["severity"] == "warning"
+        },
+    )
+    .await;
+    // And not for a namespace with room.
+    let v = query(port, "ALERTS{alertname=\"SnowkeepIssuanceNotReady\"}").await;
+    assert_eq!(v["data"]["result"], serde_json::json!([]), "{v}");
+}
