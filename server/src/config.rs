@@ -132,6 +132,10 @@ pub struct Args {
     /// Peer clock offset above which a warning is logged.
     #[arg(long, env = "SNOWKEEP_PEER_SKEW_WARN", default_value = DEFAULT_PEER_SKEW_WARN, value_parser = humantime::parse_duration)]
     pub peer_skew_warn: Duration,
+    /// OTLP/gRPC collector to export traces to, e.g. `http://otel-collector:4317`;
+    /// no trace export without it.
+    #[arg(long, env = "SNOWKEEP_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Default period of the peer clock check.

@@ -40,6 +40,7 @@ pub mod peers;
 pub mod run;
 pub mod service;
 pub mod shutdown;
+pub mod telemetry;
 
 pub use run::{run, ServeError};
 

@@ -4,25 +4,14 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use snowkeep_server::config::{Args, LogFormat, ServerConfig};
-use snowkeep_server::{metrics, run, shutdown, DisplayChain};
+use std::io::Write;
+
+use snowkeep_server::config::{Args, ServerConfig};
+use snowkeep_server::{metrics, run, shutdown, telemetry, DisplayChain};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
-use tracing_subscriber::EnvFilter;
 
 const EX_USAGE: u8 = 64;
-
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_env("SNOWKEEP_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Plain => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
 
 fn main() -> ExitCode {
     let args = match Args::try_parse() {
@@ -38,7 +27,32 @@ fn main() -> ExitCode {
             };
         }
     };
-    init_logging(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "snowkeep-server: cannot start the tokio runtime: {e}"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    // The OTLP exporter runs on the runtime, so telemetry starts inside it.
+    let telemetry = match runtime
+        .block_on(async { telemetry::init(args.log_format, args.otlp_endpoint.as_deref()) })
+    {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "snowkeep-server: invalid --otlp-endpoint: {e}"
+            );
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     let (listen, metrics_listen) = (args.listen, args.metrics_listen);
     let config = match ServerConfig::try_from(args) {
         Ok(c) => c,
@@ -47,17 +61,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            error!(error = %e, "cannot start the tokio runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         if let Err(e) = metrics::install(metrics_listen) {
             error!(address = %metrics_listen, error = %DisplayChain(&e), "cannot serve metrics");
             return ExitCode::FAILURE;
@@ -89,5 +93,8 @@ fn main() -> ExitCode {
                 }
             }
         }
-    })
+    });
+    // Flush spans while the runtime the exporter runs on still lives.
+    telemetry.shutdown();
+    code
 }

@@ -258,6 +258,17 @@ pub async fn run(
     ));
     let mut server = tracker.spawn(
         tonic::transport::Server::builder()
+            // One span per call, named after the method (exported over OTLP
+            // with --otlp-endpoint).
+            .trace_fn(|req| {
+                let path = req.uri().path();
+                tracing::info_span!(
+                    "grpc",
+                    otel.name = path,
+                    rpc.system = "grpc",
+                    rpc.method = path
+                )
+            })
             .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
             .add_routes(routes)
             .serve_with_incoming_shutdown(

@@ -497,3 +497,87 @@ async fn prometheus_scraping_two_servers_evaluates_a_dashboard_query_and_an_aler
     let v = query(port, "ALERTS{alertname=\"SnowkeepIssuanceNotReady\"}").await;
     assert_eq!(v["data"]["result"], serde_json::json!([]), "{v}");
 }
+
+mod otlp {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+
+    /// An OTLP trace receiver keeping `(service.name, span name)` pairs.
+    #[derive(Clone, Default)]
+    pub struct Collector(pub Arc<Mutex<Vec<(String, String)>>>);
+
+    #[tonic::async_trait]
+    impl TraceService for Collector {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let mut seen = self.0.lock().unwrap();
+            for rs in request.into_inner().resource_spans {
+                let service = rs
+                    .resource
+                    .iter()
+                    .flat_map(|r| &r.attributes)
+                    .find(|a| a.key == "service.name")
+                    .and_then(|a| a.value.as_ref())
+                    .map(|v| format!("{:?}", v.value))
+                    .unwrap_or_default();
+                for ss in rs.scope_spans {
+                    for span in ss.spans {
+                        seen.push((service.clone(), span.name));
+                    }
+                }
+            }
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    /// Serves the collector on `port`.
+    pub fn serve(collector: Collector, port: u16) {
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(collector))
+                .serve(([127, 0, 0, 1], port).into()),
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_otlp_endpoint_every_call_is_exported_as_a_span() {
+    let collector = otlp::Collector::default();
+    let port = free_port();
+    otlp::serve(collector.clone(), port);
+    let etcd = EtcdProcess::start().await;
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let s = ServerProcess::on_etcd(&etcd.endpoint(), "traces", &["--otlp-endpoint", &endpoint]);
+    s.wait_serving(Duration::from_secs(20)).await;
+    for _ in 0..3 {
+        s.next_ids(10).await.unwrap();
+    }
+    let seen = collector.0.clone();
+    // The batch processor exports every 5 s by default.
+    eventually(
+        "three NextIds spans at the collector",
+        Duration::from_secs(15),
+        || {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(svc, name)| {
+                        svc.contains("snowkeep-server") && name == "/snowkeep.v1.IdService/NextIds"
+                    })
+                    .count()
+                    == 3
+            }
+        },
+    )
+    .await;
+}
