@@ -166,6 +166,16 @@ impl Report {
         }
     }
 
+    /// Calls in the fullest histogram bucket, at least 1 (bars scale to it).
+    fn widest_bucket(&self) -> u64 {
+        self.histogram
+            .iter()
+            .map(|b| b.count)
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    }
+
     /// True when at least one call was made and none succeeded.
     pub fn all_failed(&self) -> bool {
         self.count > 0 && self.status_codes.get("Ok").copied().unwrap_or(0) == 0
@@ -185,13 +195,7 @@ impl Report {
             self.ids,
             self.ids_per_second,
         );
-        let widest = self
-            .histogram
-            .iter()
-            .map(|b| b.count)
-            .max()
-            .unwrap_or(0)
-            .max(1);
+        let widest = self.widest_bucket();
         for b in &self.histogram {
             let bar = "∎".repeat((b.count * 40 / widest) as usize);
             let _ = writeln!(out, "  {:>10.3} [{}]\t|{bar}", b.mark_ms, b.count);
@@ -342,13 +346,7 @@ impl Report {
     /// A self-contained HTML page: the summary, the latency histogram as an
     /// inline SVG, percentiles, status codes, errors and the check.
     pub fn to_html(&self) -> String {
-        let widest = self
-            .histogram
-            .iter()
-            .map(|b| b.count)
-            .max()
-            .unwrap_or(0)
-            .max(1);
+        let widest = self.widest_bucket();
         let (w, h, bar_h) = (640.0, 24.0 * self.histogram.len().max(1) as f64, 20.0);
         let mut svg = format!(
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{h}" role="img" aria-label="latency histogram">"#,

@@ -56,6 +56,17 @@ fn json(out: &Output) -> serde_json::Value {
     })
 }
 
+/// The JSON report of a run that must have succeeded.
+fn ok_json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(out)
+}
+
 fn proto_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto")
 }
@@ -78,12 +89,7 @@ fn calls_any_method_by_reflection_with_a_json_request() {
             "json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = json(&out);
+    let v = ok_json(&out);
     assert_eq!(v["count"], 10);
     assert_eq!(v["ids"], 50);
     assert_eq!(v["status_codes"]["Ok"], 10);
@@ -108,12 +114,7 @@ fn server_streaming_by_reflection_counts_every_message() {
             "json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(json(&out)["ids"], 6000);
+    assert_eq!(ok_json(&out)["ids"], 6000);
 }
 
 #[test]
@@ -140,12 +141,7 @@ fn proto_files_replace_reflection_and_templates_vary_each_request() {
             "json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v = json(&out);
+    let v = ok_json(&out);
     assert_eq!(v["ids"], 1 + 2 + 3);
     assert_eq!(v["status_codes"]["Ok"], 3);
     assert_eq!(v["status_codes"]["InvalidArgument"], 1);
@@ -291,12 +287,7 @@ fn tls_with_a_private_ca() {
             "json",
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(json(&out)["ids"], 6);
+    assert_eq!(ok_json(&out)["ids"], 6);
     // Plaintext against the TLS port fails every call, with exit code 1.
     let out = Command::new(env!("CARGO_BIN_EXE_snowkeep-bench"))
         .args([&f.addr, "--call", "unary", "-n", "1", "--timeout", "2s"])
