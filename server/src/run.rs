@@ -262,7 +262,9 @@ pub async fn run(
             // with --otlp-endpoint).
             .trace_fn(|req| {
                 let path = req.uri().path();
-                tracing::info_span!(
+                // DEBUG: off for the logs by default (no cost per call),
+                // on for the OTLP layer, whose filter lets it through.
+                tracing::debug_span!(
                     "grpc",
                     otel.name = path,
                     rpc.system = "grpc",

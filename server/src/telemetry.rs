@@ -77,9 +77,11 @@ pub fn init(
                 .build(),
         )
         .build();
+    // The per-call spans are DEBUG so the logs never pay for them; traces
+    // take them whatever SNOWKEEP_LOG says.
     let traces = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("snowkeep-server"))
-        .with_filter(filter());
+        .with_filter(EnvFilter::new("info,snowkeep_server=debug"));
     tracing_subscriber::registry()
         .with(logs)
         .with(traces)
