@@ -785,6 +785,17 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         None => std::io::stdout().write_all(text.as_bytes())?,
     }
+    // CSV rows have no place for the verdict: say it on stderr too.
+    if let (Some(c), Format::Csv) = (&report.check, shared.args.format) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "check: {} ids, {} duplicates, {} order violations: {}",
+            c.ids,
+            c.duplicates,
+            c.order_violations,
+            if c.passed() { "PASS" } else { "FAIL" }
+        );
+    }
     if report.all_failed() {
         bail!("every call failed (see the error distribution)");
     }

@@ -325,3 +325,64 @@ fn an_unknown_method_names_the_known_ones_and_exits_1() {
         "{err}"
     );
 }
+
+#[test]
+fn client_streaming_and_bidi_calls_send_a_json_array_of_messages() {
+    let f = floor(&[]);
+    let data = r#"[{"count": 2}, {"count": 3}]"#;
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "snowkeep.floor.v1.FloorService/CollectIds",
+            "-d",
+            data,
+            "-n",
+            "2",
+            "-c",
+            "1",
+            "-O",
+            "json",
+        ],
+    );
+    let v = ok_json(&out);
+    assert_eq!(
+        (v["count"].as_u64(), v["ids"].as_u64()),
+        (Some(2), Some(10))
+    );
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "snowkeep.floor.v1.FloorService/EchoIds",
+            "-d",
+            data,
+            "-n",
+            "3",
+            "-c",
+            "1",
+            "-O",
+            "json",
+        ],
+    );
+    let v = ok_json(&out);
+    assert_eq!(
+        (v["count"].as_u64(), v["ids"].as_u64()),
+        (Some(3), Some(15))
+    );
+    // A single object is a stream of one message.
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "snowkeep.floor.v1.FloorService/CollectIds",
+            "-d",
+            r#"{"count": 4}"#,
+            "-n",
+            "1",
+            "-O",
+            "json",
+        ],
+    );
+    assert_eq!(ok_json(&out)["ids"], 4);
+}

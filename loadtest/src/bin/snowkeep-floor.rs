@@ -5,7 +5,9 @@
 //!
 //! Its ids repeat from call to call, so `--check` against it reports
 //! duplicates; with `--descending` each batch is also in descending order.
-//! Both are on purpose: it is the checker's test target as well.
+//! Both are on purpose: it is the checker's test target as well. It also
+//! serves `snowkeep.floor.v1.FloorService`, a client-streaming and a bidi
+//! method, for the bench's tests of those call kinds.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -20,6 +22,13 @@ use snowkeep_proto::v1 as pb;
 use tokio_stream::Stream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
+
+/// The floor's own test service (client-streaming and bidi methods).
+#[allow(missing_docs, clippy::all)]
+mod floor_pb {
+    tonic::include_proto!("snowkeep.floor.v1");
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("floor_descriptor");
+}
 
 /// Largest batch served, as snowkeep's own limit.
 const MAX_BATCH: u32 = 100_000;
@@ -93,6 +102,44 @@ impl pb::id_service_server::IdService for Floor {
     }
 }
 
+#[tonic::async_trait]
+impl floor_pb::floor_service_server::FloorService for Floor {
+    async fn collect_ids(
+        &self,
+        request: Request<tonic::Streaming<pb::NextIdsRequest>>,
+    ) -> Result<Response<pb::NextIdsResponse>, Status> {
+        let mut requests = request.into_inner();
+        let mut total: u32 = 0;
+        while let Some(r) = requests.message().await? {
+            total = total.saturating_add(r.count);
+        }
+        let ids = self.batch(total)?;
+        Ok(Response::new(pb::NextIdsResponse { ids }))
+    }
+
+    type EchoIdsStream = IdStream;
+
+    async fn echo_ids(
+        &self,
+        request: Request<tonic::Streaming<pb::NextIdsRequest>>,
+    ) -> Result<Response<IdStream>, Status> {
+        let requests = request.into_inner();
+        let ids = self.ids.clone();
+        let stream = futures_util::StreamExt::map(requests, move |r| {
+            let count = r?.count;
+            if count == 0 || count > MAX_BATCH {
+                return Err(Status::invalid_argument(format!(
+                    "count must be 1..={MAX_BATCH}, got {count}"
+                )));
+            }
+            Ok(pb::IdBatch {
+                ids: ids[..count as usize].to_vec(),
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
 /// Yields batches of the sizes `next` gives until it gives 0.
 fn async_stream_batches(
     ids: Arc<Vec<u64>>,
@@ -114,9 +161,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if args.descending {
         ids.reverse();
     }
-    let floor = Floor { ids: Arc::new(ids) };
+    let ids = Arc::new(ids);
+    let floor = Floor { ids: ids.clone() };
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(snowkeep_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(floor_pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("reflection service")?;
     let mut builder = Server::builder();
@@ -132,6 +181,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     builder
         .add_service(pb::id_service_server::IdServiceServer::new(floor))
+        .add_service(floor_pb::floor_service_server::FloorServiceServer::new(
+            Floor { ids },
+        ))
         .add_service(reflection)
         .serve_with_incoming_shutdown(
             // The same socket options as snowkeep-server: no Nagle delay.
