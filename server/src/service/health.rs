@@ -1,6 +1,10 @@
 //! gRPC health follows the *issuance* condition, not "process up": SERVING
 //! exactly while the generator holds a grant (DESIGN §4), NOT_SERVING from the
 //! moment shutdown starts. The `snowkeep_issuance_ready` gauge mirrors it.
+//!
+//! `snowkeep.v1.InfoService` alone answers "process up": SERVING from start
+//! until shutdown, whatever issuance does. It is the liveness probe's service,
+//! so an etcd outage or a clock step makes pods unready, never restarted.
 
 use std::sync::Arc;
 
@@ -15,7 +19,10 @@ use crate::metrics as m;
 /// How often readiness is re-checked between grant changes.
 const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// Service names whose status is reported: "" (the whole server) and IdService.
+/// The health service name that means "the process is up" (liveness).
+pub const LIVENESS_SERVICE: &str = "snowkeep.v1.InfoService";
+
+/// Service names whose status follows issuance: "" (the whole server) and IdService.
 const SERVICES: [&str; 2] = ["", "snowkeep.v1.IdService"];
 
 async fn set(reporter: &HealthReporter, status: ServingStatus, namespace: &str) {
@@ -40,6 +47,9 @@ pub async fn follow_issuance(
     namespace: String,
     shutdown: CancellationToken,
 ) {
+    reporter
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+        .await;
     loop {
         let status = if generators.is_ready() {
             ServingStatus::Serving
@@ -56,4 +66,7 @@ pub async fn follow_issuance(
         }
     }
     set(&reporter, ServingStatus::NotServing, &namespace).await;
+    reporter
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::NotServing)
+        .await;
 }

@@ -207,6 +207,11 @@ async fn health_turns_not_serving_as_soon_as_calls_are_refused() {
         took <= Duration::from_millis(400),
         "health lagged by {took:?}"
     );
+    // Liveness (InfoService) stays SERVING: an unready pod is not restarted.
+    assert_eq!(
+        server.health_of("snowkeep.v1.InfoService").await,
+        Some(ServingStatus::Serving)
+    );
     etcd.resume();
     server.wait_serving(Duration::from_secs(30)).await;
 }

@@ -141,6 +141,11 @@ impl ServerProcess {
 
     /// The health status of IdService, `None` when the server does not answer.
     pub async fn health(&self) -> Option<ServingStatus> {
+        self.health_of("snowkeep.v1.IdService").await
+    }
+
+    /// The health status of `service`, `None` when the server does not answer.
+    pub async fn health_of(&self, service: &str) -> Option<ServingStatus> {
         let channel = Channel::from_shared(self.url())
             .expect("uri")
             .connect_timeout(Duration::from_millis(300))
@@ -150,7 +155,7 @@ impl ServerProcess {
             .ok()?;
         let resp = HealthClient::new(channel)
             .check(HealthCheckRequest {
-                service: "snowkeep.v1.IdService".into(),
+                service: service.into(),
             })
             .await
             .ok()?;
