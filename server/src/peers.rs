@@ -84,6 +84,7 @@ pub async fn run(
         };
         channels.retain(|address, _| peers.iter().any(|(_, a)| a == address));
         let mut largest: i64 = 0;
+        let mut answered = 0;
         for (instance, address) in &peers {
             let channel = match channels.get(address) {
                 Some(c) => c.clone(),
@@ -103,7 +104,8 @@ pub async fn run(
                 debug!(peer = %instance, %address, "peer did not answer the clock check");
                 continue;
             };
-            m::record_skew(m::SkewSource::Peer, offset);
+            answered += 1;
+            m::record_skew(&namespace, m::SkewSource::Peer, offset);
             if offset.unsigned_abs() > largest.unsigned_abs() {
                 largest = offset;
             }
@@ -111,7 +113,11 @@ pub async fn run(
                 warn!(peer = %instance, %address, offset_ms = offset, threshold = ?config.warn, "clock offset to a peer server is over the threshold; check NTP on both hosts");
             }
         }
-        max_gauge.set(largest.unsigned_abs() as f64 / 1000.0);
+        // No peers: no offset. Peers that all failed to answer leave the last
+        // figure standing rather than clearing a real skew.
+        if peers.is_empty() || answered > 0 {
+            max_gauge.set(largest.unsigned_abs() as f64 / 1000.0);
+        }
     }
 }
 

@@ -45,7 +45,9 @@ pub const FENCE_WAIT_DURATION_SECONDS: &str = "snowkeep_fence_wait_duration_seco
 pub const SEQUENCE_EXHAUSTED_TOTAL: &str = "snowkeep_sequence_exhausted_total";
 /// Backwards clock steps; label `outcome` = `waited`|`halted`.
 pub const CLOCK_BACKWARD_STEPS_TOTAL: &str = "snowkeep_clock_backward_steps_total";
-/// Absolute clock skew observed; label `source` = `client`|`peer`.
+/// Absolute clock skew observed; labels `namespace`, `source` = `client`
+/// (Lease API requesters) | `caller` (NextIds callers that send their time) |
+/// `peer` (other servers).
 pub const CLOCK_SKEW_SECONDS: &str = "snowkeep_clock_skew_seconds";
 /// Lease API Acquires refused for client clock skew.
 pub const CLOCK_SKEW_REJECTIONS_TOTAL: &str = "snowkeep_clock_skew_rejections_total";
@@ -84,8 +86,11 @@ pub const CATALOG: &[(&str, &str)] = &[
 /// Where a clock skew was observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SkewSource {
-    /// Reported by a caller (Lease API, `NextIds.client_time_unix_ms`).
+    /// An embedded requester, through the Lease API (its Acquire is refused
+    /// past the threshold: the client-skew alerts watch this one).
     Client,
+    /// A `NextIds` caller that sent `client_time_unix_ms` (recorded only).
+    Caller,
     /// Measured to a peer server.
     Peer,
 }
@@ -95,14 +100,16 @@ impl SkewSource {
     pub fn as_str(self) -> &'static str {
         match self {
             SkewSource::Client => "client",
+            SkewSource::Caller => "caller",
             SkewSource::Peer => "peer",
         }
     }
 }
 
-/// Records an observed clock skew of `skew_ms` (either sign) from `source`.
-pub fn record_skew(source: SkewSource, skew_ms: i64) {
-    metrics::histogram!(CLOCK_SKEW_SECONDS, "source" => source.as_str())
+/// Records an observed clock skew of `skew_ms` (either sign) from `source`
+/// in `namespace`.
+pub fn record_skew(namespace: &str, source: SkewSource, skew_ms: i64) {
+    metrics::histogram!(CLOCK_SKEW_SECONDS, "namespace" => namespace.to_owned(), "source" => source.as_str())
         .record(skew_ms.unsigned_abs() as f64 / 1000.0);
 }
 
@@ -213,7 +220,7 @@ pub fn describe_all() {
     describe_histogram!(
         CLOCK_SKEW_SECONDS,
         Unit::Seconds,
-        "Absolute clock skew observed: client-reported (Lease API) or to peers."
+        "Absolute clock skew observed, by source: Lease API clients, NextIds callers that send their time, or peer servers."
     );
     describe_gauge!(
         PEER_CLOCK_OFFSET_MAX_SECONDS,

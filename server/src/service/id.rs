@@ -65,7 +65,11 @@ impl pb::id_service_server::IdService for IdHandler {
         if req.client_time_unix_ms != 0 {
             let server = i64::try_from(self.clock.unix_ms()).unwrap_or(i64::MAX);
             let client = i64::try_from(req.client_time_unix_ms).unwrap_or(i64::MAX);
-            m::record_skew(m::SkewSource::Client, server.saturating_sub(client));
+            m::record_skew(
+                &self.namespace,
+                m::SkewSource::Caller,
+                server.saturating_sub(client),
+            );
         }
         if count == 0 || count > MAX_BATCH {
             return Err(ApiError::count(count).into());

@@ -78,7 +78,7 @@ impl LeaseHandler {
         let server = self.clock.unix_ms();
         let skew_ms =
             i64::try_from(server).unwrap_or(i64::MAX) - i64::try_from(client).unwrap_or(i64::MAX);
-        m::record_skew(m::SkewSource::Client, skew_ms);
+        m::record_skew(namespace, m::SkewSource::Client, skew_ms);
         leases
             // Kept a first lease + grace at most, whatever the call, so a flood
             // of calls from unknown requesters cannot pile up 48 h leases.

@@ -88,12 +88,32 @@ async fn a_live_scrape_holds_exactly_the_catalog_and_promtool_accepts_it() {
         || async move {
             let s = scrape(port).await;
             s.contains("snowkeep_lease_renewal_duration_seconds_count")
-                && s.contains("snowkeep_clock_skew_seconds_count{source=\"peer\"}")
+                && s.contains(
+                    "snowkeep_clock_skew_seconds_count{namespace=\"catalog\",source=\"peer\"}",
+                )
         },
     )
     .await;
     let text = scrape(a.metrics_port).await;
     assert_eq!(families(&text), catalog(), "scrape families vs the catalog");
+    // Every label a dashboard query filters on is on the series it selects:
+    // a filter on a missing label leaves the panel empty.
+    for (what, names) in dashboard_selectors() {
+        for (name, labels) in names {
+            let series: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter(|l| l.split(['{', ' ']).next() == Some(name.as_str()))
+                .collect();
+            assert!(!series.is_empty(), "{what}: no {name} series in the scrape");
+            for label in labels.iter().filter(|l| *l != "__name__") {
+                assert!(
+                    series.iter().all(|l| l.contains(&format!("{label}=\""))),
+                    "{what}: {name} has no label {label}: {series:?}"
+                );
+            }
+        }
+    }
 
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
@@ -135,12 +155,13 @@ async fn a_client_time_on_next_ids_lands_in_the_skew_histogram_buckets() {
         .await
         .unwrap();
     assert_eq!(resp.into_inner().ids.len(), 3, "skew never refuses NextIds");
-    let series =
-        |le: &str| format!("snowkeep_clock_skew_seconds_bucket{{source=\"client\",le=\"{le}\"}}");
+    let series = |le: &str| {
+        format!("snowkeep_clock_skew_seconds_bucket{{namespace=\"skew\",source=\"caller\",le=\"{le}\"}}")
+    };
     assert_eq!(s.metric(&series("300")).await, 0.0);
     assert_eq!(s.metric(&series("600")).await, 1.0);
     assert_eq!(
-        s.metric("snowkeep_clock_skew_seconds_count{source=\"client\"}")
+        s.metric("snowkeep_clock_skew_seconds_count{namespace=\"skew\",source=\"caller\"}")
             .await,
         1.0
     );
@@ -200,69 +221,105 @@ async fn a_peer_two_seconds_ahead_shows_in_both_servers_peer_offset() {
     );
 }
 
-/// Collects the metric names an expression selects.
-struct Names(BTreeSet<String>);
+/// Collects the metric names an expression selects, with the labels each
+/// selector matches on.
+struct Names(BTreeMap<String, BTreeSet<String>>);
 
 impl ExprVisitor for Names {
     type Error = ();
     fn pre_visit(&mut self, e: &Expr) -> Result<bool, ()> {
-        let name = match e {
-            Expr::VectorSelector(vs) => vs.name.clone(),
-            Expr::MatrixSelector(ms) => ms.vs.name.clone(),
-            _ => None,
+        let vs = match e {
+            Expr::VectorSelector(vs) => vs,
+            Expr::MatrixSelector(ms) => &ms.vs,
+            _ => return Ok(true),
         };
-        self.0.extend(name);
+        if let Some(name) = &vs.name {
+            self.0
+                .entry(name.clone())
+                .or_default()
+                .extend(vs.matchers.matchers.iter().map(|m| m.name.clone()));
+        }
         Ok(true)
     }
+}
+
+/// The metrics (and the labels matched on them) that every dashboard query
+/// selects, Grafana's variables filled in.
+fn dashboard_selectors() -> Vec<(String, BTreeMap<String, BTreeSet<String>>)> {
+    let dir = repo().join("deploy/grafana/dashboards");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for panel in json["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let what = format!("{} / {}", path.display(), panel["title"]);
+                let expr = target["expr"].as_str().unwrap();
+                out.push((what.clone(), selectors(&what, expr)));
+            }
+        }
+    }
+    out
+}
+
+fn selectors(what: &str, expr: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let expr = expr
+        .replace("$__rate_interval", "1m")
+        .replace("$namespace", ".*");
+    let ast = promql_parser::parser::parse(&expr).unwrap_or_else(|e| panic!("{what}: {e}\n{expr}"));
+    let mut names = Names(BTreeMap::new());
+    walk_expr(&mut names, &ast).unwrap();
+    names.0
 }
 
 /// Parses `expr` (with Grafana's variables filled in) and checks that every
 /// metric it names is in the catalog (a histogram's `_bucket`, `_count` and
 /// `_sum` series included).
 fn check_names(what: &str, expr: &str) {
-    let expr = expr
-        .replace("$__rate_interval", "1m")
-        .replace("$namespace", ".*");
-    let ast = promql_parser::parser::parse(&expr).unwrap_or_else(|e| panic!("{what}: {e}\n{expr}"));
-    let mut names = Names(BTreeSet::new());
-    walk_expr(&mut names, &ast).unwrap();
-    assert!(!names.0.is_empty(), "{what} names no metric: {expr}");
+    let names = selectors(what, expr);
+    assert!(!names.is_empty(), "{what} names no metric: {expr}");
     let cat = catalog();
-    for n in names.0 {
-        let base = ["_bucket", "_count", "_sum"]
-            .iter()
-            .find_map(|s| {
-                n.strip_suffix(s)
-                    .filter(|b| cat.get(*b).is_some_and(|k| k == "histogram"))
-            })
-            .unwrap_or(&n);
+    for n in names.keys() {
         assert!(
-            cat.contains_key(base),
+            cat.contains_key(base_name(n)),
             "{what} names {n}, which is not in the catalog"
         );
     }
 }
 
+/// The catalog name of a series name (a histogram's `_bucket`, `_count` and
+/// `_sum` stripped).
+fn base_name(n: &str) -> &str {
+    let cat = catalog();
+    ["_bucket", "_count", "_sum"]
+        .iter()
+        .find_map(|s| {
+            n.strip_suffix(s)
+                .filter(|b| cat.get(*b).is_some_and(|k| k == "histogram"))
+        })
+        .unwrap_or(n)
+}
+
 #[test]
 fn every_dashboard_query_and_alert_parses_and_names_only_catalog_metrics() {
-    let dir = repo().join("deploy/grafana/dashboards");
-    let mut dashboards = 0;
-    let mut queries = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let json: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        dashboards += 1;
-        for panel in json["panels"].as_array().unwrap() {
-            for target in panel["targets"].as_array().unwrap() {
-                let what = format!("{} / {}", path.display(), panel["title"]);
-                check_names(&what, target["expr"].as_str().unwrap());
-                queries += 1;
-            }
+    let queries = dashboard_selectors();
+    let dashboards: BTreeSet<&str> = queries
+        .iter()
+        .map(|(what, _)| what.split(" / ").next().unwrap())
+        .collect();
+    assert_eq!(dashboards.len(), 4, "overview, leases, capacity, clocks");
+    assert!(queries.len() >= 24, "{} queries", queries.len());
+    let cat = catalog();
+    for (what, names) in &queries {
+        assert!(!names.is_empty(), "{what} names no metric");
+        for n in names.keys() {
+            assert!(
+                cat.contains_key(base_name(n)),
+                "{what} names {n}, which is not in the catalog"
+            );
         }
     }
-    assert_eq!(dashboards, 4, "overview, leases, capacity, clocks");
-    assert!(queries >= 24, "{queries} queries");
     // The rule file: promtool parses its expressions (test below); here every
     // metric name in it must be a catalog one.
     let rules =
