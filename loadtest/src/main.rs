@@ -40,7 +40,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 /// gRPC load tester and id checker.
 #[derive(Debug, Parser)]
-#[command(name = "snowkeep-bench", version, about)]
+#[command(name = "snowkeep-bench", version, about, allow_negative_numbers = true)]
 struct Args {
     /// Server address, `host:port` (ghz's positional form); overrides --target.
     host: Option<String>,
@@ -53,7 +53,8 @@ struct Args {
     #[arg(long, default_value = "unary")]
     call: String,
     /// snowkeep shortcuts: ids per call, `NextIds.count` or the
-    /// `StreamIds.total` of each stream (0 streams until --duration or --timeout).
+    /// `StreamIds.total` of each stream (0: endless streams, each ended by
+    /// --duration or by --timeout, and counted as served with what it sent).
     #[arg(long, default_value_t = 100)]
     count: u32,
     /// snowkeep shortcuts: ids per streamed message (`StreamIds.batch_size`).
@@ -214,12 +215,22 @@ struct Shared {
     concurrency: Schedule,
     /// Next free call slot of the rate schedule, seconds since `t0`.
     next_slot: Mutex<f64>,
+    /// Latency of every call, µs: one histogram for all workers (one each
+    /// would cost 160 kB a worker).
+    latency_us: Mutex<Histogram<u64>>,
+    /// Workers allowed to call now (the concurrency schedule), refreshed by
+    /// a ticker while the schedule changes.
+    level: tokio::sync::watch::Receiver<u32>,
 }
+
+/// Most workers a run may start (each holds a task and a channel).
+const MAX_WORKERS: u32 = 10_000;
+/// Lowest nonzero rate: one call a day.
+const MIN_RATE: f64 = 1.0 / 86_400.0;
 
 /// What one worker measured.
 struct WorkerResult {
     log: IdLog,
-    latency_us: Histogram<u64>,
     codes: BTreeMap<String, u64>,
     errors: BTreeMap<String, u64>,
     ids: u64,
@@ -262,6 +273,9 @@ fn parse_metadata(json: Option<&str>) -> anyhow::Result<MetadataMap> {
     let obj: BTreeMap<String, String> =
         serde_json::from_str(json).context("--metadata must be a JSON object of strings")?;
     for (k, v) in obj {
+        if !v.chars().all(|c| c.is_ascii_graphic() || c == ' ') {
+            bail!("--metadata: the value of {k:?} must be printable ASCII");
+        }
         let key = MetadataKey::from_str(&k.to_ascii_lowercase())
             .with_context(|| format!("--metadata: {k:?} is not a valid header name"))?;
         let value = MetadataValue::from_str(&v)
@@ -280,20 +294,44 @@ fn with_metadata<T>(msg: T, shared: &Shared) -> tonic::Request<T> {
 
 impl Shared {
     /// Waits for the rate schedule's next free slot (none without a rate).
-    async fn pace(&self) {
-        let Some(rate) = self.rate else { return };
-        let now = self.t0.elapsed().as_secs_f64();
-        let r = rate.at(self.t0.elapsed());
-        if r <= 0.0 {
-            return;
+    /// False when no slot will come before the run ends: the schedule fell to
+    /// 0 for good, or the next slot lies past `-z`.
+    async fn pace(&self) -> bool {
+        let Some(rate) = self.rate else { return true };
+        loop {
+            let elapsed = self.t0.elapsed().as_secs_f64();
+            // Each slot is spaced by the rate at that slot's own time, so a
+            // falling schedule is followed and not what it was when reserved.
+            let reserved = {
+                let mut next = self.next_slot.lock().unwrap_or_else(|p| p.into_inner());
+                let slot = next.max(elapsed);
+                let r = Duration::try_from_secs_f64(slot).map_or(0.0, |t| rate.at(t));
+                if r > 0.0 {
+                    *next = slot + 1.0 / r;
+                    Some(slot)
+                } else {
+                    None
+                }
+            };
+            let Some(slot) = reserved else {
+                if !rate.rises() || self.over() {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            let Some(at) = Duration::try_from_secs_f64(slot)
+                .ok()
+                .and_then(|d| self.t0.checked_add(d))
+            else {
+                return false;
+            };
+            if self.deadline.is_some_and(|d| at >= d) {
+                return false;
+            }
+            tokio::time::sleep_until(at).await;
+            return true;
         }
-        let slot = {
-            let mut next = self.next_slot.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = next.max(now);
-            *next = slot + 1.0 / r;
-            slot
-        };
-        tokio::time::sleep_until(self.t0 + Duration::from_secs_f64(slot)).await;
     }
 
     fn over(&self) -> bool {
@@ -301,22 +339,26 @@ impl Shared {
     }
 }
 
-/// One call under the per-call timeout; returns the ids it delivered.
+/// One call under the per-call timeout: the ids it delivered (also when it
+/// failed part-way) and its outcome. An endless snowkeep stream (`--count 0`)
+/// ended by the timeout is served, as the help promises.
 async fn one_call(
     channel: &Channel,
     shared: &Shared,
     n: u64,
     log: &mut IdLog,
-) -> Result<u64, tonic::Status> {
+) -> (u64, Result<(), tonic::Status>) {
     let mut delivered = 0;
     let call = call_inner(channel, shared, n, log, &mut delivered);
-    match tokio::time::timeout(shared.args.timeout, call).await {
-        Ok(r) => r,
+    let outcome = match tokio::time::timeout(shared.args.timeout, call).await {
+        Ok(r) => r.map(|_| ()),
+        Err(_) if matches!(shared.call, Call::Stream) && shared.args.count == 0 => Ok(()),
         Err(_) => Err(tonic::Status::deadline_exceeded(format!(
             "no answer within --timeout {} ({delivered} ids received)",
             humantime::format_duration(shared.args.timeout)
         ))),
-    }
+    };
+    (delivered, outcome)
 }
 
 /// Reads a stream to its end (or the run's deadline, which ends it as a
@@ -366,7 +408,8 @@ async fn call_inner(
             );
             let ids = client.next_ids(req).await?.into_inner().ids;
             log.record(None, &ids);
-            Ok(ids.len() as u64)
+            *delivered = ids.len() as u64;
+            Ok(*delivered)
         }
         Call::Stream => {
             let mut client = pb::id_service_client::IdServiceClient::new(channel.clone())
@@ -424,7 +467,8 @@ async fn call_inner(
                         .into_inner();
                     let ids = dynamic::ids_of(&resp);
                     log.record(None, &ids);
-                    Ok(ids.len() as u64)
+                    *delivered = ids.len() as u64;
+                    Ok(*delivered)
                 }
                 (false, true) => {
                     let msg = messages
@@ -442,7 +486,8 @@ async fn call_inner(
                     let resp = grpc.client_streaming(req, path, codec).await?.into_inner();
                     let ids = dynamic::ids_of(&resp);
                     log.record(None, &ids);
-                    Ok(ids.len() as u64)
+                    *delivered = ids.len() as u64;
+                    Ok(*delivered)
                 }
                 (true, true) => {
                     let req = with_metadata(tokio_stream::iter(messages), shared);
@@ -454,31 +499,41 @@ async fn call_inner(
     }
 }
 
-async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) -> anyhow::Result<WorkerResult> {
+async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) -> WorkerResult {
     let mut result = WorkerResult {
         log: IdLog::new(shared.args.check),
-        latency_us: new_histogram()?,
         codes: BTreeMap::new(),
         errors: BTreeMap::new(),
         ids: 0,
         details: Vec::new(),
     };
     let keep_details = shared.args.format == Format::Csv;
+    let mut level = shared.level.clone();
     loop {
         if shared.over() {
             break;
         }
-        // A worker above the concurrency schedule's value waits its turn.
-        if f64::from(index) >= shared.concurrency.at(shared.t0.elapsed()).round() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            if shared.deadline.is_none()
-                && shared.started.load(Ordering::Relaxed) >= shared.args.total
-            {
+        // A worker above the concurrency schedule's value waits for it to
+        // rise, and stops when it never will.
+        if index >= *level.borrow_and_update() {
+            if !shared.concurrency.rises() {
                 break;
+            }
+            let wake = async {
+                match shared.deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = level.changed() => if changed.is_err() { break },
+                _ = wake => break,
             }
             continue;
         }
-        shared.pace().await;
+        if !shared.pace().await {
+            break;
+        }
         let n = shared.started.fetch_add(1, Ordering::Relaxed);
         if shared.deadline.is_none() && n >= shared.args.total {
             break;
@@ -487,16 +542,18 @@ async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) -> anyhow::Re
             break;
         }
         let t0 = Instant::now();
-        let outcome = one_call(&channel, &shared, n, &mut result.log).await;
+        let (ids, outcome) = one_call(&channel, &shared, n, &mut result.log).await;
         let us = u64::try_from(t0.elapsed().as_micros())
             .unwrap_or(u64::MAX)
             .max(1);
-        result.latency_us.saturating_record(us);
+        shared
+            .latency_us
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .saturating_record(us);
+        result.ids += ids;
         let code = match outcome {
-            Ok(ids) => {
-                result.ids += ids;
-                tonic::Code::Ok
-            }
+            Ok(()) => tonic::Code::Ok,
             Err(status) => {
                 let key = format!("{:?}: {}", status.code(), status.message());
                 *result.errors.entry(key).or_default() += 1;
@@ -513,7 +570,7 @@ async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) -> anyhow::Re
         }
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
-    Ok(result)
+    result
 }
 
 /// The endpoint for `target` with the TLS options.
@@ -576,7 +633,17 @@ async fn resolve_call(args: &Args, channel: &Channel) -> anyhow::Result<Call> {
     }
     let pool = if args.proto.is_empty() {
         let (service, _) = dynamic::split_call(&args.call)?;
-        dynamic::pool_from_reflection(channel.clone(), service).await?
+        tokio::time::timeout(
+            args.timeout,
+            dynamic::pool_from_reflection(channel.clone(), service),
+        )
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "server reflection gave no answer within --timeout {}; pass --proto instead",
+                humantime::format_duration(args.timeout)
+            )
+        })??
     } else {
         dynamic::pool_from_protos(&args.proto, &args.import_path)?
     };
@@ -651,8 +718,23 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if args.concurrency == 0 || args.connections == 0 {
         bail!("--concurrency and --connections must be at least 1");
     }
-    if args.rps < 0.0 {
-        bail!("--rps must not be negative");
+    for (flag, rate) in [
+        ("--rps", Some(args.rps)),
+        ("--load-start", args.load_start),
+        ("--load-end", args.load_end),
+    ] {
+        match rate {
+            Some(r) if !r.is_finite() || r < 0.0 => {
+                bail!("{flag} must be a number of calls per second, 0 or more")
+            }
+            Some(r) if r > 0.0 && r < MIN_RATE => {
+                bail!("{flag} {r} is below one call a day; use 0 for no limit")
+            }
+            _ => {}
+        }
+    }
+    if args.concurrency_start == Some(0) {
+        bail!("--concurrency-start must be at least 1");
     }
     let ep = endpoint(&args)?;
     let ready_started = Instant::now();
@@ -681,9 +763,14 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         args.concurrency_max_duration,
     );
     let workers = match concurrency.peak(args.duration) {
+        Some(p) if p.round() > f64::from(MAX_WORKERS) => bail!(
+            "the concurrency schedule reaches {p:.0} workers; at most {MAX_WORKERS} are allowed"
+        ),
         Some(p) => p.round().max(1.0) as u32,
         None => bail!("an unbounded concurrency schedule needs --concurrency-end, --concurrency-max-duration or -z"),
     };
+    let (level_tx, level) =
+        tokio::sync::watch::channel(concurrency.at(Duration::ZERO).round() as u32);
     let mut shared = Shared {
         args,
         call,
@@ -695,13 +782,15 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         rate,
         concurrency,
         next_slot: Mutex::new(0.0),
+        latency_us: Mutex::new(new_histogram()?),
+        level,
     };
     if let Some(wait) = shared.args.wait_ready {
         let until = ready_started + wait;
         let mut log = IdLog::new(false);
         loop {
-            match one_call(&channels[0], &shared, 0, &mut log).await {
-                Ok(_) => break,
+            match one_call(&channels[0], &shared, 0, &mut log).await.1 {
+                Ok(()) => break,
                 // Any definite answer but "not now" means the server is up.
                 Err(e)
                     if !matches!(
@@ -732,20 +821,32 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     shared.deadline = shared.args.duration.map(|d| shared.t0 + d);
     let shared = Arc::new(shared);
     let bar = progress(&shared);
+    // The concurrency schedule's value, for workers waiting their turn.
+    let ticker = (!matches!(shared.concurrency, Schedule::Const { .. })).then(|| {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                let now = shared.concurrency.at(shared.t0.elapsed()).round() as u32;
+                level_tx.send_if_modified(|l| std::mem::replace(l, now) != now);
+                if shared.over() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    });
     let mut tasks = Vec::new();
     for i in 0..workers {
         let channel = channels[(i % shared.args.connections) as usize].clone();
         tasks.push(tokio::spawn(worker(i, channel, shared.clone())));
     }
     let mut logs = Vec::new();
-    let mut latency = new_histogram()?;
     let mut codes: BTreeMap<String, u64> = BTreeMap::new();
     let mut errors: BTreeMap<String, u64> = BTreeMap::new();
     let mut details = Vec::new();
     let mut ids = 0;
     for t in tasks {
-        let r = t.await.context("worker panicked")??;
-        latency.add(&r.latency_us).context("merge histograms")?;
+        let r = t.await.context("worker panicked")?;
         for (code, n) in r.codes {
             *codes.entry(code).or_default() += n;
         }
@@ -760,6 +861,14 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(bar) = bar {
         bar.abort();
     }
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    let latency = shared
+        .latency_us
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let checked = shared.args.check.then(|| check(logs));
     let mut report = Report::new(
         &shared.args.call,
@@ -796,14 +905,37 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             if c.passed() { "PASS" } else { "FAIL" }
         );
     }
+    if let Some(c) = checked {
+        if c.ids == 0 {
+            let _ = writeln!(
+                std::io::stderr(),
+                "check: no ids were checked (the responses carry no `ids` or `packed_ids` field)"
+            );
+        }
+        // A failed check says more than failed calls: it wins the exit code.
+        if !c.passed() {
+            return Ok(false);
+        }
+    }
     if report.all_failed() {
         bail!("every call failed (see the error distribution)");
     }
-    Ok(checked.is_none_or(|c| c.passed()))
+    Ok(true)
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    // Usage errors exit 1, like connection errors; 2 is kept for a failed check.
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

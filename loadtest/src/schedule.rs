@@ -78,6 +78,15 @@ impl Schedule {
         v.max(0.0)
     }
 
+    /// True when the value can still grow later in a run (a rising step or
+    /// line); a constant or falling schedule never gives back what it has not.
+    pub fn rises(&self) -> bool {
+        match *self {
+            Schedule::Const { .. } => false,
+            Schedule::Step { step, .. } | Schedule::Line { step, .. } => step > 0.0,
+        }
+    }
+
     /// The largest value the schedule reaches within `run` (or ever, when it
     /// is bounded); `None` for an unbounded rise over an unbounded run.
     pub fn peak(&self, run: Option<Duration>) -> Option<f64> {
@@ -113,6 +122,20 @@ mod tests {
     use super::*;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn only_rising_schedules_rise() {
+        assert!(!Schedule::Const { start: 5.0 }.rises());
+        let line = |step| Schedule::Line {
+            start: 5.0,
+            step,
+            end: None,
+            max_duration: None,
+        };
+        assert!(line(1.0).rises());
+        assert!(!line(-1.0).rises());
+        assert!(!line(0.0).rises());
+    }
 
     #[test]
     fn const_is_flat() {

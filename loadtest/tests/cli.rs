@@ -386,3 +386,116 @@ fn client_streaming_and_bidi_calls_send_a_json_array_of_messages() {
     );
     assert_eq!(ok_json(&out)["ids"], 4);
 }
+
+/// Runs the bench with `args` only (no --wait-ready), with a 30 s limit.
+fn bench_raw(args: &[&str]) -> Output {
+    Command::new("timeout")
+        .arg("30")
+        .arg(env!("CARGO_BIN_EXE_snowkeep-bench"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn rates_and_schedules_end_with_the_run_and_never_hang() {
+    let f = floor(&[]);
+    bench(&f.addr, &["--call", "unary", "-n", "1"]); // the floor is up
+                                                     // One slot every 2 s within a 1 s run: the first call only, then -z ends it.
+    let out = bench_raw(&[
+        &f.addr, "--call", "unary", "--rps", "0.5", "-z", "1s", "-c", "3", "-O", "json",
+    ]);
+    let v = ok_json(&out);
+    assert_eq!(v["count"], 1);
+    assert!(v["total_seconds"].as_f64().unwrap() < 2.0, "{v}");
+    // A rate falling to 0 in 1 s stops the calls then, well before -z (20 s).
+    let out = bench_raw(&[
+        &f.addr,
+        "--call",
+        "unary",
+        "-z",
+        "20s",
+        "-c",
+        "2",
+        "--load-schedule",
+        "line",
+        "--load-start",
+        "20",
+        "--load-step",
+        "-20",
+        "-O",
+        "json",
+    ]);
+    let v = ok_json(&out);
+    let count = v["count"].as_u64().unwrap();
+    // The line's integral is 10 calls; slots near the end are sparse.
+    assert!((8..=12).contains(&count), "{v}");
+    assert!(v["total_seconds"].as_f64().unwrap() < 5.0, "{v}");
+    // A falling concurrency stops the workers above it; -n still ends the run.
+    let out = bench_raw(&[
+        &f.addr,
+        "--call",
+        "unary",
+        "-n",
+        "50",
+        "--concurrency-schedule",
+        "step",
+        "--concurrency-start",
+        "4",
+        "--concurrency-step",
+        "-1",
+        "--concurrency-end",
+        "1",
+        "--concurrency-step-duration",
+        "100ms",
+        "-O",
+        "json",
+    ]);
+    assert_eq!(ok_json(&out)["count"], 50);
+}
+
+#[test]
+fn bad_arguments_exit_1_with_a_reason() {
+    let f = floor(&[]);
+    for (args, reason) in [
+        (vec!["--bogus"], "unexpected argument"),
+        (vec!["-n", "abc"], "invalid value"),
+        (
+            vec!["--concurrency-start", "0", "-n", "5"],
+            "--concurrency-start must be at least 1",
+        ),
+        (vec!["-c", "20000", "-n", "1"], "at most 10000 are allowed"),
+        (vec!["--rps", "1e-300", "-n", "5"], "below one call a day"),
+        (
+            vec!["-m", r#"{"x-a":"é"}"#, "-n", "1"],
+            "must be printable ASCII",
+        ),
+    ] {
+        let mut all = vec![f.addr.as_str(), "--call", "unary"];
+        all.extend(args.iter().copied());
+        let out = bench_raw(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(reason), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_server_that_never_answers_reflection_times_out() {
+    // Accepts connections and never says a word.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming() {
+            held.push(c);
+        }
+    });
+    let out = bench_raw(&[&addr, "--call", "foo.Bar/Baz", "-n", "1", "-t", "1s"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("server reflection gave no answer within --timeout 1s"),
+        "{err}"
+    );
+}
