@@ -813,7 +813,8 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         let _ = writeln!(
             std::io::stderr(),
-            "server answered after {:.1} ms",
+            "{} answered after {:.1} ms",
+            ep.uri(),
             ready_started.elapsed().as_secs_f64() * 1000.0
         );
     }

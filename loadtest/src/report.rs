@@ -128,9 +128,10 @@ impl Report {
     ) -> Self {
         let count = status_codes.values().sum();
         let secs = elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
-        // Values as recorded (the low edge of their histogram bucket, exact
-        // below 2.048 ms and within 0.1 % above).
-        let ms = |v: u64| latency_us.lowest_equivalent(v) as f64 / 1000.0;
+        // hdrhistogram's values: exact below 2.048 ms, within 0.1 % above; the
+        // slowest and the percentiles are the high edge of their bucket, so
+        // the mean (bucket middles) never exceeds the slowest.
+        let ms = |v: u64| v as f64 / 1000.0;
         let q = |x: f64| ms(latency_us.value_at_quantile(x));
         let empty = latency_us.is_empty();
         Self {
@@ -440,7 +441,7 @@ fn buckets(h: &Histogram<u64>) -> Vec<Bucket> {
         let from = prev.map_or(0, |p| p + 1);
         let count = h.count_between(from, mark);
         out.push(Bucket {
-            mark_ms: h.lowest_equivalent(mark) as f64 / 1000.0,
+            mark_ms: h.highest_equivalent(mark) as f64 / 1000.0,
             count,
             frequency: count as f64 / total,
         });
@@ -514,6 +515,33 @@ mod tests {
         assert_eq!(r.histogram.iter().map(|b| b.count).sum::<u64>(), 5);
         assert_eq!(r.histogram.last().unwrap().mark_ms, 1.0);
         assert!(!r.all_failed());
+    }
+
+    #[test]
+    fn the_average_never_exceeds_the_slowest_above_the_exact_range() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+        h.record(979_460).unwrap();
+        let r = Report::new(
+            "s",
+            Duration::from_secs(1),
+            0,
+            &h,
+            BTreeMap::new(),
+            BTreeMap::new(),
+            None,
+        );
+        assert!(
+            r.average_ms <= r.slowest_ms,
+            "{} > {}",
+            r.average_ms,
+            r.slowest_ms
+        );
+        assert!(
+            r.fastest_ms <= r.average_ms,
+            "{} > {}",
+            r.fastest_ms,
+            r.average_ms
+        );
     }
 
     #[test]

@@ -138,7 +138,7 @@ pub enum LeaseError {
         value: String,
     },
     /// Another process holds the embedded store's state file lock.
-    #[error("state file {path} is locked by another snowkeep process; the embedded store runs as one instance only (stop the other server, or give this one another --state-dir)")]
+    #[error("state file {path} is locked by another snowkeep process; the embedded store runs as one instance only (stop the other one: two embedded servers, even on different --state-dir, hold the same machine id and issue equal ids; run more than one instance on etcd with --etcd-endpoints)")]
     StateLocked {
         /// The state file.
         path: String,

@@ -65,11 +65,16 @@ async fn a_second_server_on_the_same_state_dir_refuses_to_start() {
         second.wait_exit(Duration::from_secs(15)).await.code(),
         Some(1)
     );
+    let log = second.log();
     assert!(
-        second
-            .log()
-            .contains("is locked by another snowkeep process"),
-        "log:\n{}",
-        second.log()
+        log.contains("is locked by another snowkeep process"),
+        "log:\n{log}"
+    );
+    // The advice must never be a second embedded server elsewhere: it would
+    // hold the same machine id and issue equal ids.
+    assert!(
+        log.contains("even on different --state-dir, hold the same machine id")
+            && log.contains("--etcd-endpoints"),
+        "log:\n{log}"
     );
 }

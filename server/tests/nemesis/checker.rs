@@ -243,8 +243,50 @@ impl Verdict {
         self.rows.iter().map(f).sum()
     }
 
-    /// The results as a Markdown table.
+    /// The results as Markdown: one row per fault kind (runs summed, worst
+    /// figures kept), then one row per run.
     pub fn table(&self) -> String {
+        let mut kinds: Vec<(String, Vec<&Row>)> = Vec::new();
+        for r in &self.rows {
+            match kinds.iter_mut().find(|(k, _)| *k == r.fault) {
+                Some((_, rows)) => rows.push(r),
+                None => kinds.push((r.fault.clone(), vec![r])),
+            }
+        }
+        let ms = |d: Duration| format!("{} ms", d.as_millis());
+        let mut out = String::from(
+            "| fault | runs | ids checked | duplicates | order violations | above fence | zombie ids | max unavailability | max recovery after heal |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        for (kind, rows) in &kinds {
+            let sum = |f: fn(&Row) -> u64| rows.iter().map(|r| f(r)).sum::<u64>();
+            let unavailable = rows
+                .iter()
+                .map(|r| r.max_unavailable)
+                .max()
+                .unwrap_or_default();
+            let recovery = rows
+                .iter()
+                .map(|r| r.max_recovery)
+                .try_fold(Duration::ZERO, |m, r| r.map(|r| m.max(r)));
+            out.push_str(&format!(
+                "| {kind} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                rows.len(),
+                sum(|r| r.ids),
+                sum(|r| r.duplicates),
+                sum(|r| r.order_violations),
+                sum(|r| r.fence_violations),
+                sum(|r| r.zombie_ids),
+                ms(unavailable),
+                recovery.map_or("never".into(), ms),
+            ));
+        }
+        out.push_str("\nEach run:\n\n");
+        out.push_str(&self.runs_table());
+        out
+    }
+
+    /// One row per run.
+    fn runs_table(&self) -> String {
         let mut out = String::from(
             "| fault | ids checked | duplicates | order violations | above fence | zombie ids | max unavailability | max recovery after heal |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
         );
@@ -546,6 +588,21 @@ mod tests {
         });
         let v = check(&rec, &[w], &layout(), 1);
         assert_eq!(v.rows[1].zombie_ids, 1);
+    }
+
+    #[test]
+    fn the_table_sums_the_runs_of_each_fault_kind() {
+        let rec = recorder();
+        let a = rec.source("a unary", "a");
+        push(&rec, a, 0, 150, vec![id(900, 1, 0)]);
+        push(&rec, a, 1, 250, vec![id(900, 1, 1), id(900, 1, 2)]);
+        let windows = [window("f", 100, 120, 200), window("f", 200, 220, 300)];
+        let table = check(&rec, &windows, &layout(), 1).table();
+        assert!(
+            table.contains("| f | 2 | 3 | 0 | 0 | 0 | 0 | 0 ms | 0 ms |"),
+            "{table}"
+        );
+        assert!(table.contains("Each run:"), "{table}");
     }
 
     #[test]
