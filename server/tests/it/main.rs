@@ -14,3 +14,4 @@ mod observability;
 mod release;
 mod support;
 mod tampering;
+mod tools;

@@ -5,7 +5,7 @@
 //! scraping two live servers evaluates a dashboard query and an alert.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::ffi::OsStr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -18,10 +18,7 @@ use snowkeep_server::metrics::CATALOG;
 use crate::support::etcd::EtcdProcess;
 use crate::support::server::{scrape, ServerProcess};
 use crate::support::{eventually, free_port, libfaketime};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use crate::tools::{self, repo};
 
 /// `name → type` of every `snowkeep_` family in a scrape, from its `# TYPE`
 /// lines; panics on a family without `# HELP`.
@@ -338,22 +335,24 @@ fn every_dashboard_query_and_alert_parses_and_names_only_catalog_metrics() {
     assert_eq!(alerts, 9);
 }
 
-fn run_ok(program: &str, args: &[&str], package: &str) -> String {
+/// Runs `program` in the repository root and returns its output; panics when
+/// it is missing (naming what installs it) or fails.
+fn run_ok(program: impl AsRef<OsStr>, args: &[&str], package: &str) -> String {
+    let program = program.as_ref();
+    let shown = program.to_string_lossy();
     let out = Command::new(program)
         .args(args)
         .current_dir(repo())
         .output()
         .unwrap_or_else(|e| {
-            panic!(
-                "{program}: {e} (Debian package {package}; scripts/ensure-deps --etcd installs it)"
-            )
+            panic!("{shown}: {e} ({package}; scripts/ensure-deps --etcd installs it)")
         });
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "{program} {args:?} failed:\n{text}");
+    assert!(out.status.success(), "{shown} {args:?} failed:\n{text}");
     text
 }
 
@@ -366,13 +365,13 @@ fn promtool_checks_and_tests_every_rule_and_amtool_the_alertmanager_example() {
             "rules",
             "deploy/prometheus/rules/snowkeep.rules.yml",
         ],
-        "prometheus",
+        "Debian package prometheus",
     );
     assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
     let out = run_ok(
         "promtool",
         &["test", "rules", "deploy/prometheus/tests/snowkeep.test.yml"],
-        "prometheus",
+        "Debian package prometheus",
     );
     assert!(out.contains("SUCCESS"), "{out}");
     // Every alert has at least one unit test case.
@@ -397,12 +396,12 @@ fn promtool_checks_and_tests_every_rule_and_amtool_the_alertmanager_example() {
             "--syntax-only",
             "deploy/prometheus/prometheus.yml",
         ],
-        "prometheus",
+        "Debian package prometheus",
     );
     let out = run_ok(
         "amtool",
         &["check-config", "deploy/prometheus/alertmanager.yml"],
-        "prometheus-alertmanager",
+        "Debian package prometheus-alertmanager",
     );
     assert!(out.contains("SUCCESS"), "{out}");
     assert!(out.contains("2 receivers"), "{out}");
@@ -413,7 +412,7 @@ fn every_yaml_file_under_deploy_is_valid() {
     run_ok(
         "yamllint",
         &["--strict", "-c", "deploy/.yamllint", "deploy"],
-        "yamllint",
+        "Debian package yamllint",
     );
     // The kustomization lists exactly the manifests beside it.
     let dir = repo().join("deploy/kubernetes");
@@ -438,10 +437,12 @@ fn every_yaml_file_under_deploy_is_valid() {
         .collect();
     let mut args = vec!["-m", "kubernetes_validate", "--strict"];
     args.extend(files.iter().map(String::as_str));
+    // Debian's own python3 refuses `pip install`: kubernetes-validate lives
+    // in the virtual environment that scripts/ensure-deps makes.
     let out = run_ok(
-        "python3",
+        tools::python(),
         &args,
-        "python3, with kubernetes-validate from PyPI",
+        "kubernetes-validate in the virtual environment target/py",
     );
     assert_eq!(out.matches(" passed for resource ").count(), 8, "{out}");
 }
