@@ -1,8 +1,8 @@
 //! Paths of the tools the tests run that `scripts/ensure-deps --etcd` installs
 //! into folders of the repository rather than system-wide: Python with
 //! kubernetes-validate, grpcio and grpcio-tools in a virtual environment at
-//! `target/py` (Debian refuses `pip install` into its own Python). Each helper
-//! panics, naming the fix, when its tool is missing.
+//! `target/py` (Debian refuses `pip install` into its own Python), and buf at
+//! `target/node`. Each helper panics, naming the fix, when its tool is missing.
 
 use std::path::PathBuf;
 
@@ -28,5 +28,13 @@ pub fn python() -> PathBuf {
     installed(
         "target/py/bin/python",
         "the Python of the virtual environment with kubernetes-validate, grpcio and grpcio-tools",
+    )
+}
+
+/// buf, the protobuf linter and compiler: `<repo>/target/node/node_modules/.bin/buf`.
+pub fn buf() -> PathBuf {
+    installed(
+        "target/node/node_modules/.bin/buf",
+        "buf, from the npm package @bufbuild/buf",
     )
 }
