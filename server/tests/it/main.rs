@@ -11,6 +11,8 @@ mod issuance;
 mod lease;
 mod lease_api;
 mod observability;
+mod protos;
 mod release;
 mod support;
 mod tampering;
+mod tools;

@@ -5,7 +5,7 @@
 //! scraping two live servers evaluates a dashboard query and an alert.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::ffi::OsStr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -18,10 +18,7 @@ use snowkeep_server::metrics::CATALOG;
 use crate::support::etcd::EtcdProcess;
 use crate::support::server::{scrape, ServerProcess};
 use crate::support::{eventually, free_port, libfaketime};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use crate::tools::{self, repo};
 
 /// `name → type` of every `snowkeep_` family in a scrape, from its `# TYPE`
 /// lines; panics on a family without `# HELP`.
@@ -335,25 +332,27 @@ fn every_dashboard_query_and_alert_parses_and_names_only_catalog_metrics() {
         names += 1;
     }
     assert!(names >= 12, "{names} metric names in the rules");
-    assert_eq!(alerts, 9);
+    assert_eq!(alerts, 12);
 }
 
-fn run_ok(program: &str, args: &[&str], package: &str) -> String {
+/// Runs `program` in the repository root and returns its output; panics when
+/// it is missing (naming what installs it) or fails.
+fn run_ok(program: impl AsRef<OsStr>, args: &[&str], package: &str) -> String {
+    let program = program.as_ref();
+    let shown = program.to_string_lossy();
     let out = Command::new(program)
         .args(args)
         .current_dir(repo())
         .output()
         .unwrap_or_else(|e| {
-            panic!(
-                "{program}: {e} (Debian package {package}; scripts/ensure-deps --etcd installs it)"
-            )
+            panic!("{shown}: {e} ({package}; scripts/ensure-deps --etcd installs it)")
         });
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "{program} {args:?} failed:\n{text}");
+    assert!(out.status.success(), "{shown} {args:?} failed:\n{text}");
     text
 }
 
@@ -366,13 +365,13 @@ fn promtool_checks_and_tests_every_rule_and_amtool_the_alertmanager_example() {
             "rules",
             "deploy/prometheus/rules/snowkeep.rules.yml",
         ],
-        "prometheus",
+        "Debian package prometheus",
     );
-    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 12 rules found"), "{out}");
     let out = run_ok(
         "promtool",
         &["test", "rules", "deploy/prometheus/tests/snowkeep.test.yml"],
-        "prometheus",
+        "Debian package prometheus",
     );
     assert!(out.contains("SUCCESS"), "{out}");
     // Every alert has at least one unit test case.
@@ -397,12 +396,12 @@ fn promtool_checks_and_tests_every_rule_and_amtool_the_alertmanager_example() {
             "--syntax-only",
             "deploy/prometheus/prometheus.yml",
         ],
-        "prometheus",
+        "Debian package prometheus",
     );
     let out = run_ok(
         "amtool",
         &["check-config", "deploy/prometheus/alertmanager.yml"],
-        "prometheus-alertmanager",
+        "Debian package prometheus-alertmanager",
     );
     assert!(out.contains("SUCCESS"), "{out}");
     assert!(out.contains("2 receivers"), "{out}");
@@ -413,7 +412,7 @@ fn every_yaml_file_under_deploy_is_valid() {
     run_ok(
         "yamllint",
         &["--strict", "-c", "deploy/.yamllint", "deploy"],
-        "yamllint",
+        "Debian package yamllint",
     );
     // The kustomization lists exactly the manifests beside it.
     let dir = repo().join("deploy/kubernetes");
@@ -438,12 +437,126 @@ fn every_yaml_file_under_deploy_is_valid() {
         .collect();
     let mut args = vec!["-m", "kubernetes_validate", "--strict"];
     args.extend(files.iter().map(String::as_str));
+    // Debian's own python3 refuses `pip install`: kubernetes-validate lives
+    // in the virtual environment that scripts/ensure-deps makes.
     let out = run_ok(
-        "python3",
+        tools::python(),
         &args,
-        "python3, with kubernetes-validate from PyPI",
+        "kubernetes-validate in the virtual environment target/py",
     );
     assert_eq!(out.matches(" passed for resource ").count(), 8, "{out}");
+}
+
+/// The GitHub anchor of a Markdown heading's text: lower case, spaces to `-`,
+/// every other character but letters, digits, `-` and `_` dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `runbook_base` external label of deploy/prometheus/prometheus.yml: the
+/// one setting every alert's runbook link starts with.
+fn runbook_base() -> String {
+    let config = std::fs::read_to_string(repo().join("deploy/prometheus/prometheus.yml")).unwrap();
+    let bases: Vec<&str> = config
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("runbook_base: "))
+        .collect();
+    assert_eq!(
+        bases.len(),
+        1,
+        "one runbook_base in prometheus.yml: {bases:?}"
+    );
+    bases[0].trim_matches('"').to_owned()
+}
+
+#[test]
+fn every_alert_links_its_own_runbook_heading_through_the_one_runbook_base() {
+    // The base is absolute: the repository's docs/operations.md.
+    let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let repository = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("repository = "))
+        .expect("workspace repository")
+        .trim_matches('"');
+    let base = runbook_base();
+    assert_eq!(base, format!("{repository}/blob/main/docs/operations.md"));
+    assert!(base.starts_with("https://"), "{base}");
+
+    let runbook = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
+    let anchors: BTreeSet<String> = runbook
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect();
+    // Each alert, with every runbook_url between its `- alert:` and the next.
+    let rules =
+        std::fs::read_to_string(repo().join("deploy/prometheus/rules/snowkeep.rules.yml")).unwrap();
+    let mut links: Vec<(String, Vec<String>)> = Vec::new();
+    for line in rules.lines().map(str::trim) {
+        if let Some(alert) = line.strip_prefix("- alert: ") {
+            links.push((alert.to_owned(), Vec::new()));
+        } else if let Some(url) = line.strip_prefix("runbook_url: ") {
+            links
+                .last_mut()
+                .expect("a runbook_url before the first alert")
+                .1
+                .push(url.trim_matches('"').to_owned());
+        }
+    }
+    assert_eq!(links.len(), 12);
+    for (alert, urls) in &links {
+        assert_eq!(urls.len(), 1, "{alert} has {} runbook_url", urls.len());
+        let fragment = urls[0]
+            .strip_prefix("{{ $externalLabels.runbook_base }}#")
+            .unwrap_or_else(|| {
+                panic!(
+                    "{alert}'s runbook_url does not start with runbook_base: {}",
+                    urls[0]
+                )
+            });
+        assert_eq!(fragment, alert.to_lowercase(), "{alert}'s anchor");
+        assert!(
+            anchors.contains(fragment),
+            "{alert}: docs/operations.md has no heading with anchor #{fragment}"
+        );
+        assert!(
+            runbook.contains(&format!("\n### {alert}\n")),
+            "docs/operations.md has no section ### {alert}"
+        );
+    }
+    // The promtool cases render the links with that same base, so their
+    // expected runbook_url values are exactly what an operator is sent.
+    let tests =
+        std::fs::read_to_string(repo().join("deploy/prometheus/tests/snowkeep.test.yml")).unwrap();
+    let groups = tests
+        .lines()
+        .filter(|l| l.starts_with("  - name: "))
+        .count();
+    let labelled = tests
+        .lines()
+        .filter(|l| l.trim() == format!("external_labels: {{ runbook_base: \"{base}\" }}"))
+        .count();
+    assert_eq!(
+        labelled, groups,
+        "every promtool group sets runbook_base to {base}"
+    );
+    let expected: Vec<&str> = tests
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("runbook_url: "))
+        .collect();
+    assert!(expected.len() >= 12, "{expected:?}");
+    for url in expected {
+        assert!(url.starts_with(&format!("\"{base}#")), "{url}");
+    }
 }
 
 struct Prometheus(Child);
@@ -482,8 +595,9 @@ async fn prometheus_scraping_two_servers_evaluates_a_dashboard_query_and_an_aler
 
     let dir = tempfile::tempdir().unwrap();
     let rules = repo().join("deploy/prometheus/rules/snowkeep.rules.yml");
+    let base = runbook_base();
     let config = format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: snowkeep\n    static_configs:\n      - targets: ['127.0.0.1:{}', '127.0.0.1:{}']\n",
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n  external_labels:\n    runbook_base: {base}\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: snowkeep\n    static_configs:\n      - targets: ['127.0.0.1:{}', '127.0.0.1:{}']\n",
         rules.canonicalize().unwrap().display(),
         a.metrics_port,
         b.metrics_port
@@ -547,9 +661,62 @@ async fn prometheus_scraping_two_servers_evaluates_a_dashboard_query_and_an_aler
         },
     )
     .await;
-    // And not for a namespace with room.
-    let v = query(port, "ALERTS{alertname=\"SnowkeepIssuanceNotReady\"}").await;
-    assert_eq!(v["data"]["result"], serde_json::json!([]), "{v}");
+    // And not for a namespace with room. The same evaluation found both
+    // targets up and exposing snowkeep's metrics.
+    for alert in [
+        "SnowkeepIssuanceNotReady",
+        "SnowkeepTargetDown",
+        "SnowkeepTargetsAbsent",
+        "SnowkeepMetricsAbsent",
+    ] {
+        let v = query(port, &format!("ALERTS{{alertname=\"{alert}\"}}")).await;
+        assert_eq!(v["data"]["result"], serde_json::json!([]), "{alert}: {v}");
+    }
+
+    // kill -9 one server: its target goes down and SnowkeepTargetDown goes
+    // pending for it alone (it fires after its `for`, 1 m; the promtool case
+    // covers that), with the runbook link built from runbook_base.
+    b.signal("KILL");
+    let down = format!("127.0.0.1:{}", b.metrics_port);
+    let alerts = format!("http://127.0.0.1:{port}/api/v1/alerts");
+    let target_down = || {
+        let alerts = alerts.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                ureq::get(&alerts)
+                    .call()
+                    .ok()
+                    .and_then(|mut r| r.body_mut().read_json::<serde_json::Value>().ok())
+                    .unwrap_or(serde_json::Value::Null)
+            })
+            .await
+            .unwrap()["data"]["alerts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|a| a["labels"]["alertname"] == "SnowkeepTargetDown")
+                .cloned()
+                .collect::<Vec<serde_json::Value>>()
+        }
+    };
+    eventually(
+        "SnowkeepTargetDown pending for the killed server",
+        Duration::from_secs(30),
+        || async { !target_down().await.is_empty() },
+    )
+    .await;
+    let pending = target_down().await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    let alert = &pending[0];
+    assert_eq!(alert["state"], "pending", "{alert}");
+    assert_eq!(alert["labels"]["instance"], down.as_str(), "{alert}");
+    assert_eq!(alert["labels"]["job"], "snowkeep", "{alert}");
+    assert_eq!(alert["labels"]["severity"], "critical", "{alert}");
+    assert_eq!(
+        alert["annotations"]["runbook_url"],
+        format!("{base}#snowkeeptargetdown").as_str(),
+        "{alert}"
+    );
 }
 
 mod otlp {
