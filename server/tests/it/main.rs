@@ -12,5 +12,6 @@ mod lease;
 mod lease_api;
 mod observability;
 mod release;
+mod streams;
 mod support;
 mod tampering;
