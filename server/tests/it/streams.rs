@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use snowkeep_client::Layout;
+use snowkeep_client::{ClientError, Layout, RemoteClient, RemoteConfig};
 use snowkeep_proto::v1 as pb;
 use tonic::{Code, Streaming};
 
@@ -179,4 +179,81 @@ async fn a_clock_stepped_back_mid_stream_ends_it_unavailable_with_the_exact_coun
         "{message}"
     );
     assert_strictly_ascending(&received);
+}
+
+/// An `IdService` like a server from before early ends were reported: its
+/// streams end with OK after 3000 ids, whatever `total` asked.
+struct EndsShortWithOk;
+
+#[tonic::async_trait]
+impl pb::id_service_server::IdService for EndsShortWithOk {
+    async fn next_ids(
+        &self,
+        _: tonic::Request<pb::NextIdsRequest>,
+    ) -> Result<tonic::Response<pb::NextIdsResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("streams only"))
+    }
+
+    type StreamIdsStream =
+        futures_util::stream::Iter<std::vec::IntoIter<Result<pb::IdBatch, tonic::Status>>>;
+
+    async fn stream_ids(
+        &self,
+        _: tonic::Request<pb::StreamIdsRequest>,
+    ) -> Result<tonic::Response<Self::StreamIdsStream>, tonic::Status> {
+        let batches = (0..3u64)
+            .map(|b| {
+                Ok(pb::IdBatch {
+                    ids: (b * 1000 + 1..=b * 1000 + 1000).collect(),
+                })
+            })
+            .collect::<Vec<_>>();
+        Ok(tonic::Response::new(futures_util::stream::iter(batches)))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_remote_client_reports_a_stream_ended_short_with_ok_as_an_error() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::id_service_server::IdServiceServer::new(EndsShortWithOk))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let client = RemoteClient::new(&[url], RemoteConfig::default()).unwrap();
+
+    let mut stream = client.stream_ids(10_000, 1000).await.unwrap();
+    let mut received = Vec::new();
+    let err = loop {
+        match stream.message().await {
+            Ok(Some(batch)) => received.extend(batch.ids),
+            Ok(None) => panic!("a short stream looked whole after {} ids", received.len()),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(
+            err,
+            ClientError::ShortStream {
+                received: 3000,
+                total: 10_000
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the server ended the stream after 3000 of 10000 ids with OK; ask for the remaining 7000 ids again"
+    );
+    assert_eq!(received, (1..=3000).collect::<Vec<u64>>());
+    assert_eq!(stream.received(), 3000);
+
+    // A stream that gets all it asked for still ends with Ok(None).
+    let mut whole = client.stream_ids(3000, 1000).await.unwrap();
+    let mut n = 0;
+    while let Some(batch) = whole.message().await.unwrap() {
+        n += batch.ids.len();
+    }
+    assert_eq!(n, 3000);
 }
