@@ -128,6 +128,16 @@ pub enum ClientError {
     /// The embedded generator stopped issuing for good.
     #[error("issuance stopped: {0}")]
     Stopped(StopReason),
+    /// A finite `StreamIds` stream ended with OK before it delivered the
+    /// `total` ids asked for (a server older than the one that says so with
+    /// an error status). Ask for the rest again.
+    #[error("the server ended the stream after {received} of {total} ids with OK; ask for the remaining {} ids again", total.saturating_sub(*received))]
+    ShortStream {
+        /// Ids received.
+        received: u64,
+        /// Ids asked for.
+        total: u64,
+    },
 }
 
 impl ClientError {
@@ -146,7 +156,9 @@ impl ClientError {
                     | tonic::Code::NotFound
                     | tonic::Code::Cancelled
             ),
-            ClientError::Resolve { .. } | ClientError::PoolEmpty { .. } => true,
+            ClientError::Resolve { .. }
+            | ClientError::PoolEmpty { .. }
+            | ClientError::ShortStream { .. } => true,
             ClientError::InvalidEndpoint { .. }
             | ClientError::NoServers
             | ClientError::BadLayout(_)

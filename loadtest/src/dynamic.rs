@@ -214,6 +214,19 @@ pub fn ids_of(msg: &DynamicMessage) -> Vec<u64> {
     Vec::new()
 }
 
+/// The ids a `snowkeep.v1.IdService.StreamIds` request asks for: its
+/// `total` when above 0. `None` for an unbounded stream and for every other
+/// method, whose responses have no known total.
+pub fn stream_total(method: &MethodDescriptor, request: &DynamicMessage) -> Option<u64> {
+    if method.full_name() != "snowkeep.v1.IdService.StreamIds" {
+        return None;
+    }
+    request
+        .get_field_by_name("total")
+        .and_then(|v| v.as_u64())
+        .filter(|&t| t > 0)
+}
+
 /// A tonic codec for dynamic messages of one method.
 #[derive(Debug, Clone)]
 pub struct DynamicCodec {
@@ -313,5 +326,21 @@ mod tests {
         let mut resp = DynamicMessage::new(m.output());
         resp.set_field_by_name("ids", Value::List(vec![Value::U64(5), Value::U64(9)]));
         assert_eq!(ids_of(&resp), vec![5, 9]);
+    }
+
+    #[test]
+    fn only_a_snowkeep_stream_request_has_a_total() {
+        let pool = snowkeep_pool();
+        let stream = find_method(&pool, "snowkeep.v1.IdService/StreamIds").unwrap();
+        let total = |json: &str| {
+            let msgs = messages_from_json(&stream.input(), json, false).unwrap();
+            stream_total(&stream, &msgs[0])
+        };
+        assert_eq!(total(r#"{"total": 5000, "batch_size": 10}"#), Some(5000));
+        assert_eq!(total(r#"{"total": 0}"#), None);
+        assert_eq!(total("{}"), None);
+        let unary = find_method(&pool, "snowkeep.v1.IdService/NextIds").unwrap();
+        let msgs = messages_from_json(&unary.input(), r#"{"count": 3}"#, false).unwrap();
+        assert_eq!(stream_total(&unary, &msgs[0]), None);
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! The checker keeps every id it is given. Order is checked per call (a unary
 //! batch or a whole stream must be strictly ascending); uniqueness is checked
-//! over all ids of the run at the end (sort, then look at neighbours).
+//! over all ids of the run at the end (sort, then look at neighbours). A
+//! finite stream that delivered fewer ids than it asked for is a short
+//! stream, counted with the ids it is missing, whatever its status.
 
 use serde::Serialize;
 
@@ -15,11 +17,14 @@ pub mod template;
 
 pub use report::{CallRecord, Report};
 
-/// Ids collected by one worker, with the order violations it saw.
+/// Ids collected by one worker, with the order violations and short
+/// streams it saw.
 #[derive(Debug, Default)]
 pub struct IdLog {
     ids: Vec<u64>,
     order_violations: u64,
+    short_streams: u64,
+    missing_ids: u64,
     keep: bool,
 }
 
@@ -48,6 +53,25 @@ impl IdLog {
         }
         last
     }
+
+    /// Records a finite stream that ended after `delivered` of the `asked`
+    /// ids; nothing when it delivered them all.
+    pub fn record_stream_end(&mut self, asked: u64, delivered: u64) {
+        if delivered < asked {
+            self.short_streams += 1;
+            self.missing_ids += asked - delivered;
+        }
+    }
+
+    /// Finite streams that ended short of their total.
+    pub fn short_streams(&self) -> u64 {
+        self.short_streams
+    }
+
+    /// Ids those short streams did not deliver.
+    pub fn missing_ids(&self) -> u64 {
+        self.missing_ids
+    }
 }
 
 /// The outcome of checking all ids of a run.
@@ -59,18 +83,44 @@ pub struct CheckResult {
     pub duplicates: u64,
     /// Ids not greater than the one before them in the same call.
     pub order_violations: u64,
+    /// Finite streams that delivered fewer ids than they asked for, whatever
+    /// their final status.
+    pub short_streams: u64,
+    /// Ids those short streams asked for and did not deliver.
+    pub missing_ids: u64,
 }
 
 impl CheckResult {
-    /// True when no duplicate and no order violation was found.
+    /// True when no duplicate, no order violation and no short stream was
+    /// found.
     pub fn passed(&self) -> bool {
-        self.duplicates == 0 && self.order_violations == 0
+        self.duplicates == 0 && self.order_violations == 0 && self.short_streams == 0
+    }
+
+    /// The one-line verdict: `3000 ids, 0 duplicates, 0 order violations:
+    /// PASS`, with `, 1 short stream missing 7000 ids` before the verdict
+    /// when streams ended short.
+    pub fn summary(&self) -> String {
+        let short = match self.short_streams {
+            0 => String::new(),
+            1 => format!(", 1 short stream missing {} ids", self.missing_ids),
+            n => format!(", {n} short streams missing {} ids", self.missing_ids),
+        };
+        format!(
+            "{} ids, {} duplicates, {} order violations{short}: {}",
+            self.ids,
+            self.duplicates,
+            self.order_violations,
+            if self.passed() { "PASS" } else { "FAIL" }
+        )
     }
 }
 
 /// Merges the workers' logs and counts duplicates.
 pub fn check(logs: Vec<IdLog>) -> CheckResult {
     let order_violations = logs.iter().map(|l| l.order_violations).sum();
+    let short_streams = logs.iter().map(|l| l.short_streams).sum();
+    let missing_ids = logs.iter().map(|l| l.missing_ids).sum();
     let mut all: Vec<u64> = Vec::with_capacity(logs.iter().map(|l| l.ids.len()).sum());
     for log in logs {
         all.extend(log.ids);
@@ -81,6 +131,8 @@ pub fn check(logs: Vec<IdLog>) -> CheckResult {
         ids: all.len() as u64,
         duplicates,
         order_violations,
+        short_streams,
+        missing_ids,
     }
 }
 
@@ -99,7 +151,9 @@ mod tests {
             CheckResult {
                 ids: 5,
                 duplicates: 0,
-                order_violations: 0
+                order_violations: 0,
+                short_streams: 0,
+                missing_ids: 0,
             }
         );
     }
@@ -116,7 +170,9 @@ mod tests {
             CheckResult {
                 ids: 6,
                 duplicates: 1,
-                order_violations: 0
+                order_violations: 0,
+                short_streams: 0,
+                missing_ids: 0,
             }
         );
         assert!(!r.passed());
@@ -136,8 +192,36 @@ mod tests {
             CheckResult {
                 ids: 7,
                 duplicates: 1,
-                order_violations: 2
+                order_violations: 2,
+                short_streams: 0,
+                missing_ids: 0,
             }
+        );
+    }
+
+    #[test]
+    fn a_short_stream_fails_the_check_and_counts_what_is_missing() {
+        let mut a = IdLog::new(true);
+        a.record(None, &[1, 2, 3]);
+        a.record_stream_end(10, 3);
+        a.record_stream_end(5, 5); // whole: not short
+        let mut b = IdLog::new(false);
+        b.record_stream_end(4, 0);
+        let r = check(vec![a, b]);
+        assert_eq!(
+            r,
+            CheckResult {
+                ids: 3,
+                duplicates: 0,
+                order_violations: 0,
+                short_streams: 2,
+                missing_ids: 11,
+            }
+        );
+        assert!(!r.passed());
+        assert_eq!(
+            r.summary(),
+            "3 ids, 0 duplicates, 0 order violations, 2 short streams missing 11 ids: FAIL"
         );
     }
 }

@@ -12,8 +12,11 @@
 //! concurrency schedule, per-call `--timeout`, `-m` metadata, TLS or
 //! plaintext. Output as summary, json, csv, html or prometheus. `--check`
 //! keeps every id (snowkeep's `ids`, or ferroid's `packed_ids`) and checks
-//! uniqueness and per-call order. Exit code 2 when the check fails, 1 on a
-//! usage or connection error or when every call failed.
+//! uniqueness and per-call order, and that every finite `StreamIds` stream
+//! delivered its `total`. A finite stream that ended short is a failed call
+//! even when its status was OK (`ShortStream` in the status distribution).
+//! Exit code 2 when the check fails, 1 on a usage or connection error or
+//! when every call failed.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -30,6 +33,7 @@ use hdrhistogram::Histogram;
 use prost_reflect::{DynamicMessage, MethodDescriptor};
 use rand::SeedableRng;
 use snowkeep_bench::dynamic::{self, DynamicCodec};
+use snowkeep_bench::report::SHORT_STREAM;
 use snowkeep_bench::schedule::Schedule;
 use snowkeep_bench::template::Template;
 use snowkeep_bench::{check, CallRecord, IdLog, Report};
@@ -150,7 +154,9 @@ struct Args {
     /// Server name to verify the certificate against (default: the host).
     #[arg(long)]
     cname: Option<String>,
-    /// Keep every id and check uniqueness and per-call order.
+    /// Keep every id and check uniqueness, per-call order, and that every
+    /// finite StreamIds stream delivered all the ids it asked for (exit code
+    /// 2 otherwise).
     #[arg(long)]
     check: bool,
     /// Output format.
@@ -339,26 +345,48 @@ impl Shared {
     }
 }
 
-/// One call under the per-call timeout: the ids it delivered (also when it
-/// failed part-way) and its outcome. An endless snowkeep stream (`--count 0`)
-/// ended by the timeout is served, as the help promises.
+/// What one call delivered, against what it asked for.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Ids received (also when the call failed part-way).
+    delivered: u64,
+    /// The `total` of a finite snowkeep stream; `None` for every other call.
+    asked: Option<u64>,
+    /// The run's end (`-z`) stopped the bench reading the stream: a stream
+    /// the bench cut is not short.
+    cut_by_run_end: bool,
+}
+
+impl Progress {
+    /// The `total` of a finite stream that ended (by the server, an error
+    /// or --timeout) before delivering it.
+    fn short_of(&self) -> Option<u64> {
+        self.asked
+            .filter(|&asked| self.delivered < asked && !self.cut_by_run_end)
+    }
+}
+
+/// One call under the per-call timeout: what it delivered and its outcome.
+/// An endless snowkeep stream (`--count 0`) ended by the timeout is served,
+/// as the help promises.
 async fn one_call(
     channel: &Channel,
     shared: &Shared,
     n: u64,
     log: &mut IdLog,
-) -> (u64, Result<(), tonic::Status>) {
-    let mut delivered = 0;
-    let call = call_inner(channel, shared, n, log, &mut delivered);
+) -> (Progress, Result<(), tonic::Status>) {
+    let mut progress = Progress::default();
+    let call = call_inner(channel, shared, n, log, &mut progress);
     let outcome = match tokio::time::timeout(shared.args.timeout, call).await {
-        Ok(r) => r.map(|_| ()),
+        Ok(r) => r,
         Err(_) if matches!(shared.call, Call::Stream) && shared.args.count == 0 => Ok(()),
         Err(_) => Err(tonic::Status::deadline_exceeded(format!(
-            "no answer within --timeout {} ({delivered} ids received)",
-            humantime::format_duration(shared.args.timeout)
+            "no answer within --timeout {} ({} ids received)",
+            humantime::format_duration(shared.args.timeout),
+            progress.delivered
         ))),
     };
-    (delivered, outcome)
+    (progress, outcome)
 }
 
 /// Reads a stream to its end (or the run's deadline, which ends it as a
@@ -368,23 +396,26 @@ async fn drain<T>(
     deadline: Option<Instant>,
     ids_of: impl Fn(&T) -> Vec<u64>,
     log: &mut IdLog,
-    delivered: &mut u64,
-) -> Result<u64, tonic::Status> {
+    progress: &mut Progress,
+) -> Result<(), tonic::Status> {
     let mut last = None;
     loop {
         let next = match deadline {
             Some(d) => tokio::select! {
                 m = stream.message() => m?,
-                _ = tokio::time::sleep_until(d) => None,
+                _ = tokio::time::sleep_until(d) => {
+                    progress.cut_by_run_end = true;
+                    None
+                }
             },
             None => stream.message().await?,
         };
         let Some(msg) = next else { break };
         let ids = ids_of(&msg);
-        *delivered += ids.len() as u64;
+        progress.delivered += ids.len() as u64;
         last = log.record(last, &ids);
     }
-    Ok(*delivered)
+    Ok(())
 }
 
 async fn call_inner(
@@ -392,8 +423,8 @@ async fn call_inner(
     shared: &Shared,
     n: u64,
     log: &mut IdLog,
-    delivered: &mut u64,
-) -> Result<u64, tonic::Status> {
+    progress: &mut Progress,
+) -> Result<(), tonic::Status> {
     let args = &shared.args;
     match &shared.call {
         Call::Unary => {
@@ -408,8 +439,8 @@ async fn call_inner(
             );
             let ids = client.next_ids(req).await?.into_inner().ids;
             log.record(None, &ids);
-            *delivered = ids.len() as u64;
-            Ok(*delivered)
+            progress.delivered = ids.len() as u64;
+            Ok(())
         }
         Call::Stream => {
             let mut client = pb::id_service_client::IdServiceClient::new(channel.clone())
@@ -421,13 +452,14 @@ async fn call_inner(
                 },
                 shared,
             );
+            progress.asked = (args.count > 0).then_some(u64::from(args.count));
             let stream = client.stream_ids(req).await?.into_inner();
             drain(
                 stream,
                 shared.deadline,
                 |b: &pb::IdBatch| b.ids.clone(),
                 log,
-                delivered,
+                progress,
             )
             .await
         }
@@ -467,32 +499,33 @@ async fn call_inner(
                         .into_inner();
                     let ids = dynamic::ids_of(&resp);
                     log.record(None, &ids);
-                    *delivered = ids.len() as u64;
-                    Ok(*delivered)
+                    progress.delivered = ids.len() as u64;
+                    Ok(())
                 }
                 (false, true) => {
                     let msg = messages
                         .into_iter()
                         .next()
                         .unwrap_or_else(|| DynamicMessage::new(d.method.input()));
+                    progress.asked = dynamic::stream_total(&d.method, &msg);
                     let stream = grpc
                         .server_streaming(with_metadata(msg, shared), path, codec)
                         .await?
                         .into_inner();
-                    drain(stream, shared.deadline, dynamic::ids_of, log, delivered).await
+                    drain(stream, shared.deadline, dynamic::ids_of, log, progress).await
                 }
                 (true, false) => {
                     let req = with_metadata(tokio_stream::iter(messages), shared);
                     let resp = grpc.client_streaming(req, path, codec).await?.into_inner();
                     let ids = dynamic::ids_of(&resp);
                     log.record(None, &ids);
-                    *delivered = ids.len() as u64;
-                    Ok(*delivered)
+                    progress.delivered = ids.len() as u64;
+                    Ok(())
                 }
                 (true, true) => {
                     let req = with_metadata(tokio_stream::iter(messages), shared);
                     let stream = grpc.streaming(req, path, codec).await?.into_inner();
-                    drain(stream, shared.deadline, dynamic::ids_of, log, delivered).await
+                    drain(stream, shared.deadline, dynamic::ids_of, log, progress).await
                 }
             }
         }
@@ -542,7 +575,7 @@ async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) -> WorkerResu
             break;
         }
         let t0 = Instant::now();
-        let (ids, outcome) = one_call(&channel, &shared, n, &mut result.log).await;
+        let (progress, outcome) = one_call(&channel, &shared, n, &mut result.log).await;
         let us = u64::try_from(t0.elapsed().as_micros())
             .unwrap_or(u64::MAX)
             .max(1);
@@ -551,16 +584,30 @@ async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) -> WorkerResu
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .saturating_record(us);
-        result.ids += ids;
-        let code = match outcome {
-            Ok(()) => tonic::Code::Ok,
-            Err(status) => {
+        result.ids += progress.delivered;
+        let short_of = progress.short_of();
+        if let Some(asked) = short_of {
+            result.log.record_stream_end(asked, progress.delivered);
+        }
+        let code = match (outcome, short_of) {
+            (Ok(()), None) => "Ok".to_owned(),
+            // A server that ends a stream early with OK (older snowkeep
+            // servers at shutdown) must not pass for a whole stream.
+            (Ok(()), Some(asked)) => {
+                let key = format!(
+                    "{SHORT_STREAM}: the server ended the stream with OK after {} of {asked} ids",
+                    progress.delivered
+                );
+                *result.errors.entry(key).or_default() += 1;
+                SHORT_STREAM.to_owned()
+            }
+            (Err(status), _) => {
                 let key = format!("{:?}: {}", status.code(), status.message());
                 *result.errors.entry(key).or_default() += 1;
-                status.code()
+                format!("{:?}", status.code())
             }
         };
-        *result.codes.entry(format!("{code:?}")).or_default() += 1;
+        *result.codes.entry(code.clone()).or_default() += 1;
         if keep_details {
             result.details.push(CallRecord {
                 offset_ms: (t0 - shared.t0).as_secs_f64() * 1000.0,
@@ -870,6 +917,8 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
+    let short_streams = logs.iter().map(IdLog::short_streams).sum();
+    let missing_ids = logs.iter().map(IdLog::missing_ids).sum();
     let checked = shared.args.check.then(|| check(logs));
     let mut report = Report::new(
         &shared.args.call,
@@ -882,6 +931,8 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     );
     details.sort_by(|a, b| a.offset_ms.total_cmp(&b.offset_ms));
     report.details = details;
+    report.short_streams = short_streams;
+    report.missing_ids = missing_ids;
     let text = match shared.args.format {
         Format::Summary => report.to_text(),
         Format::Json => report.to_json(),
@@ -895,16 +946,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         None => std::io::stdout().write_all(text.as_bytes())?,
     }
-    // CSV rows have no place for the verdict: say it on stderr too.
-    if let (Some(c), Format::Csv) = (&report.check, shared.args.format) {
-        let _ = writeln!(
-            std::io::stderr(),
-            "check: {} ids, {} duplicates, {} order violations: {}",
-            c.ids,
-            c.duplicates,
-            c.order_violations,
-            if c.passed() { "PASS" } else { "FAIL" }
-        );
+    // CSV rows have no place for the verdict, and a failed check should not
+    // hide in a file: say it on stderr too.
+    if let Some(c) = &report.check {
+        if shared.args.format == Format::Csv || !c.passed() {
+            let _ = writeln!(std::io::stderr(), "check: {}", c.summary());
+        }
     }
     if let Some(c) = checked {
         if c.ids == 0 {
@@ -1068,6 +1115,25 @@ mod tests {
             uri(&["--tls", "--insecure", "ids.example:8443"]),
             "http://ids.example:8443/"
         );
+    }
+
+    #[test]
+    fn only_a_finite_stream_that_ended_before_its_total_is_short() {
+        let p = |asked, delivered, cut_by_run_end| {
+            Progress {
+                delivered,
+                asked,
+                cut_by_run_end,
+            }
+            .short_of()
+        };
+        assert_eq!(p(Some(5000), 2000, false), Some(5000));
+        assert_eq!(p(Some(5000), 0, false), Some(5000));
+        assert_eq!(p(Some(5000), 5000, false), None);
+        // The bench stopped reading at the run's end: not the server's doing.
+        assert_eq!(p(Some(5000), 2000, true), None);
+        // Unary calls, unbounded streams and other methods have no total.
+        assert_eq!(p(None, 0, false), None);
     }
 
     #[test]

@@ -11,20 +11,21 @@ use serde::Serialize;
 
 use crate::CheckResult;
 
+/// The status-distribution entry of a finite stream that the server ended
+/// with OK before it delivered the ids asked for: a failed call, kept apart
+/// from `Ok`.
+pub const SHORT_STREAM: &str = "ShortStream";
+
 /// One finished call, kept for the CSV output.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CallRecord {
     /// When the call started, ms since the run began.
     pub offset_ms: f64,
     /// How long it took, µs.
     pub latency_us: u64,
-    /// Its final status.
-    #[serde(serialize_with = "code_name")]
-    pub code: tonic::Code,
-}
-
-fn code_name<S: serde::Serializer>(c: &tonic::Code, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&format!("{c:?}"))
+    /// Its entry in the status distribution: the final gRPC code (`Ok`,
+    /// `Unavailable`, ...) or [`SHORT_STREAM`].
+    pub code: String,
 }
 
 /// Latency percentiles, ms.
@@ -103,8 +104,14 @@ pub struct Report {
     pub latency: Latency,
     /// Ten bars from the fastest to the slowest call.
     pub histogram: Vec<Bucket>,
-    /// Calls by final gRPC status (`Ok`, `Unavailable`, …).
+    /// Calls by final gRPC status (`Ok`, `Unavailable`, …); a finite stream
+    /// ended with OK before its total counts as `ShortStream`, not `Ok`.
     pub status_codes: BTreeMap<String, u64>,
+    /// Finite streams that delivered fewer ids than asked, whatever their
+    /// status.
+    pub short_streams: u64,
+    /// Ids those streams did not deliver.
+    pub missing_ids: u64,
     /// Failed calls by `code: message`, as the server (or the client) said it.
     pub errors: BTreeMap<String, u64>,
     /// Checker result, when `--check` was given.
@@ -161,6 +168,8 @@ impl Report {
             },
             histogram: buckets(latency_us),
             status_codes,
+            short_streams: 0,
+            missing_ids: 0,
             errors,
             check,
             details: Vec::new(),
@@ -209,6 +218,13 @@ impl Report {
         for (code, n) in &self.status_codes {
             let _ = writeln!(out, "  [{code}]\t{n} responses");
         }
+        if self.short_streams > 0 {
+            let _ = writeln!(
+                out,
+                "\nShort streams:\t{} ({} ids missing)",
+                self.short_streams, self.missing_ids
+            );
+        }
         if !self.errors.is_empty() {
             out.push_str("\nError distribution:\n");
             for (error, n) in &self.errors {
@@ -216,14 +232,7 @@ impl Report {
             }
         }
         if let Some(c) = &self.check {
-            let _ = writeln!(
-                out,
-                "\nCheck: {} ids, {} duplicates, {} order violations: {}",
-                c.ids,
-                c.duplicates,
-                c.order_violations,
-                if c.passed() { "PASS" } else { "FAIL" }
-            );
+            let _ = writeln!(out, "\nCheck: {}", c.summary());
         }
         out
     }
@@ -239,7 +248,7 @@ impl Report {
         for r in &self.details {
             let _ = writeln!(
                 out,
-                "{:.3},{:.3},{:?}",
+                "{:.3},{:.3},{}",
                 r.offset_ms,
                 r.latency_us as f64 / 1000.0,
                 r.code
@@ -340,6 +349,24 @@ impl Report {
                     c.order_violations
                 )],
             );
+            metric(
+                "snowkeep_bench_check_short_streams",
+                "gauge",
+                "Finite streams that delivered fewer ids than asked.",
+                vec![format!(
+                    "snowkeep_bench_check_short_streams{{call=\"{call}\"}} {}",
+                    c.short_streams
+                )],
+            );
+            metric(
+                "snowkeep_bench_check_missing_ids",
+                "gauge",
+                "Ids that short streams asked for and did not deliver.",
+                vec![format!(
+                    "snowkeep_bench_check_missing_ids{{call=\"{call}\"}} {}",
+                    c.missing_ids
+                )],
+            );
         }
         out
     }
@@ -385,6 +412,10 @@ impl Report {
             ("Requests/sec", format!("{:.2}", self.rps)),
             ("Ids", self.ids.to_string()),
             ("Ids/sec", format!("{:.0}", self.ids_per_second)),
+            (
+                "Short streams",
+                format!("{} ({} ids missing)", self.short_streams, self.missing_ids),
+            ),
         ] {
             summary.push_str(&row(k, v));
         }
@@ -401,12 +432,9 @@ impl Report {
         }
         let check = self.check.map_or(String::new(), |c| {
             format!(
-                "<h2>Check</h2><p class=\"{}\">{} ids, {} duplicates, {} order violations: {}</p>",
+                "<h2>Check</h2><p class=\"{}\">{}</p>",
                 if c.passed() { "pass" } else { "fail" },
-                c.ids,
-                c.duplicates,
-                c.order_violations,
-                if c.passed() { "PASS" } else { "FAIL" }
+                escape_html(&c.summary())
             )
         });
         format!(
@@ -478,6 +506,8 @@ mod tests {
             ids: 400,
             duplicates: 0,
             order_violations: 0,
+            short_streams: 0,
+            missing_ids: 0,
         };
         let mut r = Report::new(
             "snowkeep.v1.IdService/NextIds",
@@ -492,12 +522,12 @@ mod tests {
             CallRecord {
                 offset_ms: 0.0,
                 latency_us: 1_000,
-                code: tonic::Code::Ok,
+                code: "Ok".into(),
             },
             CallRecord {
                 offset_ms: 1.5,
                 latency_us: 10_000,
-                code: tonic::Code::Unavailable,
+                code: "Unavailable".into(),
             },
         ];
         r
@@ -559,6 +589,59 @@ mod tests {
         ] {
             assert!(text.contains(part), "missing {part:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn short_streams_show_in_every_format() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+        h.record(1_000).unwrap();
+        let check = CheckResult {
+            ids: 2000,
+            duplicates: 0,
+            order_violations: 0,
+            short_streams: 1,
+            missing_ids: 3000,
+        };
+        let mut r = Report::new(
+            "stream",
+            Duration::from_secs(1),
+            2000,
+            &h,
+            BTreeMap::from([(SHORT_STREAM.to_owned(), 1u64)]),
+            BTreeMap::new(),
+            Some(check),
+        );
+        r.short_streams = 1;
+        r.missing_ids = 3000;
+        r.details = vec![CallRecord {
+            offset_ms: 0.0,
+            latency_us: 1_000,
+            code: SHORT_STREAM.into(),
+        }];
+        assert!(r.all_failed());
+        let text = r.to_text();
+        for part in [
+            "[ShortStream]\t1 responses",
+            "Short streams:\t1 (3000 ids missing)",
+            "Check: 2000 ids, 0 duplicates, 0 order violations, 1 short stream missing 3000 ids: FAIL",
+        ] {
+            assert!(text.contains(part), "missing {part:?} in\n{text}");
+        }
+        assert_eq!(
+            r.to_csv(),
+            "offset_ms,duration_ms,status\n0.000,1.000,ShortStream\n"
+        );
+        let prom = r.to_prometheus();
+        for line in [
+            "snowkeep_bench_calls_total{call=\"stream\",code=\"ShortStream\"} 1\n",
+            "snowkeep_bench_check_short_streams{call=\"stream\"} 1\n",
+            "snowkeep_bench_check_missing_ids{call=\"stream\"} 3000\n",
+        ] {
+            assert!(prom.contains(line), "missing {line:?} in\n{prom}");
+        }
+        let html = r.to_html();
+        assert!(html.contains("<tr><th>Short streams</th><td>1 (3000 ids missing)</td></tr>"));
+        assert!(html.contains("class=\"fail\""));
     }
 
     #[test]

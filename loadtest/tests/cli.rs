@@ -499,3 +499,120 @@ fn a_server_that_never_answers_reflection_times_out() {
         "{err}"
     );
 }
+
+#[test]
+fn a_stream_cut_short_fails_the_check_and_shows_in_the_status_distribution() {
+    let stream = [
+        "--call",
+        "stream",
+        "--count",
+        "5000",
+        "--batch-size",
+        "5000",
+        "-n",
+        "1",
+        "--check",
+    ];
+    // A whole stream passes.
+    let f = floor(&[]);
+    let mut args = stream.to_vec();
+    args.extend(["-O", "json"]);
+    let v = ok_json(&bench(&f.addr, &args));
+    assert_eq!(v["status_codes"]["Ok"], 1);
+    assert_eq!(
+        (
+            v["check"]["short_streams"].as_u64(),
+            v["short_streams"].as_u64()
+        ),
+        (Some(0), Some(0))
+    );
+
+    // A server that ends the stream with OK after 2000 ids (snowkeep servers
+    // did at shutdown): a failed call, and the check fails with exit code 2.
+    let f = floor(&["--cut-streams-after", "2000"]);
+    let out = bench(&f.addr, &args);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json(&out);
+    assert_eq!(v["status_codes"], serde_json::json!({"ShortStream": 1}));
+    assert_eq!(
+        v["errors"],
+        serde_json::json!({"ShortStream: the server ended the stream with OK after 2000 of 5000 ids": 1})
+    );
+    assert_eq!(
+        (v["short_streams"].as_u64(), v["missing_ids"].as_u64()),
+        (Some(1), Some(3000))
+    );
+    let c = &v["check"];
+    assert_eq!(
+        (
+            c["ids"].as_u64(),
+            c["duplicates"].as_u64(),
+            c["order_violations"].as_u64(),
+            c["short_streams"].as_u64(),
+            c["missing_ids"].as_u64()
+        ),
+        (Some(2000), Some(0), Some(0), Some(1), Some(3000))
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).lines().last().unwrap(),
+        "check: 2000 ids, 0 duplicates, 0 order violations, 1 short stream missing 3000 ids: FAIL"
+    );
+    // The summary says it too.
+    let out = bench(&f.addr, &stream);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for part in [
+        "[ShortStream]\t1 responses",
+        "Short streams:\t1 (3000 ids missing)",
+        "[1]\tShortStream: the server ended the stream with OK after 2000 of 5000 ids",
+        "Check: 2000 ids, 0 duplicates, 0 order violations, 1 short stream missing 3000 ids: FAIL",
+    ] {
+        assert!(text.contains(part), "missing {part:?} in\n{text}");
+    }
+    // The same stream called by name, with the request as JSON.
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "snowkeep.v1.IdService/StreamIds",
+            "-d",
+            r#"{"total": 5000, "batch_size": 5000}"#,
+            "-n",
+            "1",
+            "--check",
+            "-O",
+            "json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let v = json(&out);
+    assert_eq!(v["status_codes"], serde_json::json!({"ShortStream": 1}));
+    assert_eq!(v["check"]["missing_ids"], 3000);
+
+    // Ended with UNAVAILABLE after 2000 ids, as snowkeep-server does now: the
+    // real code in the distribution, and still a failed check.
+    let f = floor(&[
+        "--cut-streams-after",
+        "2000",
+        "--cut-streams-with",
+        "unavailable",
+    ]);
+    bench(&f.addr, &["--call", "unary", "-n", "1"]); // the floor is up
+    let mut raw = vec![f.addr.as_str()];
+    raw.extend(args.iter().copied());
+    let out = bench_raw(&raw);
+    assert_eq!(out.status.code(), Some(2));
+    let v = json(&out);
+    assert_eq!(v["status_codes"], serde_json::json!({"Unavailable": 1}));
+    assert_eq!(
+        v["errors"],
+        serde_json::json!({"Unavailable: stream ended early: 2000 of 5000 ids sent; the floor cuts every stream after 2000 ids": 1})
+    );
+    assert_eq!(
+        (
+            v["check"]["short_streams"].as_u64(),
+            v["check"]["missing_ids"].as_u64()
+        ),
+        (Some(1), Some(3000))
+    );
+}

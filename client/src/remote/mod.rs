@@ -2,9 +2,11 @@
 //! round-robin and retrying a retryable failure (UNAVAILABLE, a transport
 //! error) on the next server with backoff, so one server going away costs a
 //! retry, not a failed call. [`IdPool`] prefetches in the background so
-//! `next_id()` is a local pop.
+//! `next_id()` is a local pop. [`IdStream`] counts a stream's ids, so one
+//! that ends before its total is an error, never a short success.
 
 mod pool;
+mod stream;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,6 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::debug;
 
 pub use pool::{IdPool, PoolConfig};
+pub use stream::IdStream;
 
 use crate::error::ClientError;
 
@@ -154,17 +157,18 @@ impl RemoteClient {
     }
 
     /// A stream of ascending batches from one server (`total` 0 = until
-    /// dropped); a failure mid-stream ends it with the error (not retried,
-    /// since the caller has consumed part of it).
-    pub async fn stream_ids(
-        &self,
-        total: u64,
-        batch_size: u32,
-    ) -> Result<tonic::Streaming<pb::IdBatch>, ClientError> {
-        self.with_retries(|mut c| async move {
-            c.stream_ids(pb::StreamIdsRequest { total, batch_size })
-                .await
-        })
-        .await
+    /// dropped; `batch_size` ids per batch, 1 to 100000, 0 = 1000). Opening
+    /// it is retried like any call. A stream that ends before `total` ids
+    /// ends with an error, never with `Ok(None)` (see [`IdStream`]); that is
+    /// not retried, since the caller has consumed part of it: ask for the
+    /// remaining `total - received()` ids again.
+    pub async fn stream_ids(&self, total: u64, batch_size: u32) -> Result<IdStream, ClientError> {
+        let batches = self
+            .with_retries(|mut c| async move {
+                c.stream_ids(pb::StreamIdsRequest { total, batch_size })
+                    .await
+            })
+            .await?;
+        Ok(IdStream::new(batches, total))
     }
 }

@@ -4,8 +4,11 @@
 //! reflection, so `snowkeep-bench` can measure what tonic alone costs here.
 //!
 //! Its ids repeat from call to call, so `--check` against it reports
-//! duplicates; with `--descending` each batch is also in descending order.
-//! Both are on purpose: it is the checker's test target as well. It also
+//! duplicates; with `--descending` each batch is also in descending order;
+//! with `--cut-streams-after N` every stream ends after N ids, with OK (as
+//! snowkeep servers did at shutdown before they reported early ends) or with
+//! `--cut-streams-with unavailable`. All on purpose: it is the checker's
+//! test target as well. It also
 //! serves `snowkeep.floor.v1.FloorService`, a client-streaming and a bidi
 //! method, for the bench's tests of those call kinds.
 
@@ -43,6 +46,13 @@ struct Args {
     /// Serve each batch in descending order (for the checker's tests).
     #[arg(long)]
     descending: bool,
+    /// End every stream after this many ids, however many it asked for (for
+    /// the checker's tests of short streams).
+    #[arg(long)]
+    cut_streams_after: Option<u64>,
+    /// The status a stream cut by --cut-streams-after ends with.
+    #[arg(long, value_enum, default_value_t = CutStatus::Ok, requires = "cut_streams_after")]
+    cut_streams_with: CutStatus,
     /// PEM certificate to serve TLS with (with --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -51,8 +61,19 @@ struct Args {
     tls_key: Option<PathBuf>,
 }
 
+/// How a stream cut by `--cut-streams-after` ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CutStatus {
+    /// OK, as if the stream were whole.
+    Ok,
+    /// UNAVAILABLE, counting the ids sent, as snowkeep-server does.
+    Unavailable,
+}
+
 struct Floor {
     ids: Arc<Vec<u64>>,
+    /// `--cut-streams-after` and `--cut-streams-with`.
+    cut: Option<(u64, CutStatus)>,
 }
 
 impl Floor {
@@ -92,12 +113,29 @@ impl pb::id_service_server::IdService for Floor {
         };
         self.batch(batch)?;
         let ids = self.ids.clone();
-        let mut left = if req.total == 0 { u64::MAX } else { req.total };
+        let asked = if req.total == 0 { u64::MAX } else { req.total };
+        let (mut left, end) = match self.cut {
+            Some((after, status)) if after < asked => {
+                let end = (status == CutStatus::Unavailable).then(|| {
+                    let sent = match req.total {
+                        0 => format!("stream ended: {after} ids sent"),
+                        total => format!("stream ended early: {after} of {total} ids sent"),
+                    };
+                    Status::unavailable(format!(
+                        "{sent}; the floor cuts every stream after {after} ids"
+                    ))
+                });
+                (after, end)
+            }
+            _ => (asked, None),
+        };
         let stream = async_stream_batches(ids, batch, move || {
             let n = left.min(u64::from(batch));
             left -= n;
             n
         });
+        let stream =
+            futures_util::StreamExt::chain(stream, futures_util::stream::iter(end.map(Err)));
         Ok(Response::new(Box::pin(stream)))
     }
 }
@@ -162,7 +200,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         ids.reverse();
     }
     let ids = Arc::new(ids);
-    let floor = Floor { ids: ids.clone() };
+    let cut = args.cut_streams_after.map(|n| (n, args.cut_streams_with));
+    let floor = Floor {
+        ids: ids.clone(),
+        cut,
+    };
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(snowkeep_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(floor_pb::FILE_DESCRIPTOR_SET)
@@ -182,7 +224,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     builder
         .add_service(pb::id_service_server::IdServiceServer::new(floor))
         .add_service(floor_pb::floor_service_server::FloorServiceServer::new(
-            Floor { ids },
+            Floor { ids, cut },
         ))
         .add_service(reflection)
         .serve_with_incoming_shutdown(

@@ -3,13 +3,13 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use snowkeep_client::{GeneratorSet, SharedClock};
+use snowkeep_client::{Generator, GeneratorSet, MachineId, SharedClock, Taken};
 use snowkeep_proto::v1 as pb;
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::status::ApiError;
+use super::status::{ApiError, StreamEnd};
 use crate::config::MAX_BATCH;
 use crate::metrics as m;
 
@@ -23,7 +23,7 @@ pub struct IdHandler {
     namespace: String,
     /// For the skew of callers that send their time.
     clock: SharedClock,
-    /// Cancelled at shutdown: open streams end.
+    /// Cancelled at shutdown: open streams end with UNAVAILABLE.
     shutdown: CancellationToken,
 }
 
@@ -86,6 +86,10 @@ impl pb::id_service_server::IdService for IdHandler {
 
     type StreamIdsStream = IdStream;
 
+    /// Streams `total` ids (0 = until cancelled) in batches of `batch_size`.
+    /// A stream that ends before `total` (or an unbounded one that ends at
+    /// all) ends with a non-OK status whose message counts the ids sent; see
+    /// [`ApiError::StreamEnded`].
     async fn stream_ids(
         &self,
         request: Request<pb::StreamIdsRequest>,
@@ -102,45 +106,331 @@ impl pb::id_service_server::IdService for IdHandler {
                 .into())
             }
         };
-        let remaining = if req.total == 0 { u64::MAX } else { req.total };
-        let issued = metrics::counter!(m::IDS_ISSUED_TOTAL, "namespace" => self.namespace.clone(), "method" => "StreamIds");
-        // One machine id per stream: ids of several machine ids interleaved in
-        // time could not ascend across batches.
-        let state = (
-            self.generators.pick(),
-            self.shutdown.clone(),
-            remaining,
-            false,
-        );
+        let state = StreamState {
+            // One machine id per stream: ids of several machine ids
+            // interleaved in time could not ascend across batches.
+            generator: self.generators.pick(),
+            shutdown: self.shutdown.clone(),
+            issued: metrics::counter!(m::IDS_ISSUED_TOTAL, "namespace" => self.namespace.clone(), "method" => "StreamIds"),
+            total: req.total,
+            batch,
+            sent: 0,
+            machine_id: None,
+            ended: false,
+        };
         // Generation happens only when tonic polls for the next message, i.e.
         // when HTTP/2 flow control lets it send: a slow reader slows issuance.
-        let stream =
-            futures_util::stream::unfold(state, move |(generator, shutdown, remaining, failed)| {
-                let issued = issued.clone();
-                async move {
-                    if remaining == 0 || failed || shutdown.is_cancelled() {
-                        return None;
-                    }
-                    let n = remaining.min(u64::from(batch));
-                    let result = tokio::select! {
-                        _ = shutdown.cancelled() => return None,
-                        r = generator.next_ids(n) => r,
-                    };
-                    match result {
-                        Ok(ids) => {
-                            issued.increment(n);
-                            Some((
-                                Ok(pb::IdBatch { ids }),
-                                (generator, shutdown, remaining - n, false),
-                            ))
-                        }
-                        Err(e) => Some((
-                            Err(ApiError::from(e).into()),
-                            (generator, shutdown, 0, true),
-                        )),
-                    }
-                }
-            });
+        let stream = futures_util::stream::unfold(state, |mut state| async move {
+            let item = state.next_batch().await?;
+            Some((item, state))
+        });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// One `StreamIds` call in progress.
+struct StreamState {
+    /// The generator of the one machine id the stream draws from.
+    generator: Arc<Generator>,
+    /// Cancelled at shutdown.
+    shutdown: CancellationToken,
+    /// `snowkeep_ids_issued_total{method="StreamIds"}`.
+    issued: metrics::Counter,
+    /// Ids asked for; 0 = until cancelled.
+    total: u64,
+    /// Ids per message.
+    batch: u32,
+    /// Ids handed to tonic in whole batches so far: exactly what the client
+    /// receives before the end status.
+    sent: u64,
+    /// The machine id of the first batch; every later batch must carry it.
+    machine_id: Option<MachineId>,
+    /// True once the end status has been yielded.
+    ended: bool,
+}
+
+impl StreamState {
+    /// The next message: a batch, the end status of a stream that ends
+    /// early, or `None` once the stream is over (OK after `total` ids).
+    async fn next_batch(&mut self) -> Option<Result<pb::IdBatch, Status>> {
+        if self.ended {
+            return None;
+        }
+        let want = if self.total == 0 {
+            u64::from(self.batch)
+        } else {
+            (self.total - self.sent).min(u64::from(self.batch))
+        };
+        if want == 0 {
+            return None;
+        }
+        if self.shutdown.is_cancelled() {
+            return Some(Err(self.end(StreamEnd::Shutdown)));
+        }
+        // The lease can be lost and the slot re-claimed on another machine id
+        // between two polls (a slow reader). The stream must not change
+        // machine id, or its ids might not ascend: such a batch is dropped (a
+        // gap, never a reuse) and the stream ends. Each run the generator
+        // hands over is stamped under one grant, so checking runs is exact.
+        let layout = self.generator.layout();
+        let mut pinned = self.machine_id;
+        let mut moved = None;
+        let mut ids = Vec::with_capacity(usize::try_from(want).unwrap_or(0));
+        let sink = |t: Taken| {
+            if let Some(run) = layout.decode(t.first).map(|d| d.machine_id) {
+                let from = *pinned.get_or_insert(run);
+                if run != from && moved.is_none() {
+                    moved = Some(StreamEnd::MachineIdChanged { from, to: run });
+                }
+            }
+            ids.extend(t.first..t.first + t.count);
+        };
+        let result = tokio::select! {
+            biased;
+            _ = self.shutdown.cancelled() => Err(StreamEnd::Shutdown),
+            r = self.generator.fill(want, sink) => r.map_err(StreamEnd::Generate),
+        };
+        if let Err(cause) = result.and(moved.map_or(Ok(()), Err)) {
+            return Some(Err(self.end(cause)));
+        }
+        self.machine_id = pinned;
+        self.sent += want;
+        self.issued.increment(want);
+        Some(Ok(pb::IdBatch { ids }))
+    }
+
+    /// The end status for `cause`, after which the stream yields nothing.
+    fn end(&mut self, cause: StreamEnd) -> Status {
+        self.ended = true;
+        ApiError::StreamEnded {
+            sent: self.sent,
+            total: self.total,
+            cause,
+        }
+        .into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use snowkeep_client::generator::DEFAULT_MAX_BACKWARD_WAIT;
+    use snowkeep_client::layout::DEFAULT_EPOCH_UNIX_MS as EPOCH;
+    use snowkeep_client::{GeneratorMetrics, Grant, Layout, ManualClock, Millis};
+    use snowkeep_proto::v1::id_service_server::IdService;
+    use tokio::sync::watch;
+    use tokio_stream::StreamExt;
+    use tonic::Code;
+
+    use super::*;
+
+    struct Fixture {
+        handler: IdHandler,
+        clock: Arc<ManualClock>,
+        grant: watch::Sender<Option<Grant>>,
+        shutdown: CancellationToken,
+    }
+
+    /// A handler over one generator on `layout`, holding machine id 5 with
+    /// fence `fence`, its clock at layout ms 1000.
+    fn fixture(layout: Layout, fence: u64) -> Fixture {
+        let clock = ManualClock::new(layout.epoch_unix_ms() + 1000);
+        let (grant, rx) = watch::channel(Some(grant_of(5, fence)));
+        let generator = Generator::new(
+            layout,
+            clock.clone(),
+            rx,
+            DEFAULT_MAX_BACKWARD_WAIT,
+            GeneratorMetrics::default(),
+        );
+        let shutdown = CancellationToken::new();
+        let handler = IdHandler::new(
+            GeneratorSet::new(vec![generator]),
+            "test".into(),
+            clock.clone(),
+            shutdown.clone(),
+        );
+        Fixture {
+            handler,
+            clock,
+            grant,
+            shutdown,
+        }
+    }
+
+    fn grant_of(machine_id: u16, fence: u64) -> Grant {
+        Grant {
+            machine_id: MachineId(machine_id),
+            floor: Millis(0),
+            fence: Millis(fence),
+            deadline: None,
+        }
+    }
+
+    async fn open(f: &Fixture, total: u64, batch_size: u32) -> IdStream {
+        f.handler
+            .stream_ids(Request::new(pb::StreamIdsRequest { total, batch_size }))
+            .await
+            .expect("stream opens")
+            .into_inner()
+    }
+
+    /// The next batch; panics on anything else.
+    async fn batch(s: &mut IdStream) -> Vec<u64> {
+        match s.next().await {
+            Some(Ok(b)) => b.ids,
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    /// The end status; panics on a batch, and checks nothing follows it.
+    async fn end_status(s: &mut IdStream) -> Status {
+        let status = match s.next().await {
+            Some(Err(status)) => status,
+            other => panic!("expected the end status, got {other:?}"),
+        };
+        assert!(s.next().await.is_none(), "the stream goes on after its end");
+        status
+    }
+
+    /// The 1024 ids of machine id 5 at layout ms `ts` (default layout).
+    fn ms_of_ids(ts: u64) -> Vec<u64> {
+        let first = (ts << 22) | (5 << 10);
+        (first..first + 1024).collect()
+    }
+
+    #[tokio::test]
+    async fn a_finite_stream_ends_ok_after_exactly_total_ids() {
+        let f = fixture(Layout::default(), 1_000_000);
+        let mut s = open(&f, 2500, 1000).await;
+        let mut got = Vec::new();
+        while let Some(item) = s.next().await {
+            got.push(item.expect("no error").ids.len());
+            f.clock.advance(Duration::from_millis(1));
+        }
+        assert_eq!(got, vec![1000, 1000, 500]);
+    }
+
+    #[tokio::test]
+    async fn a_clock_stepped_back_mid_stream_ends_it_unavailable_with_the_count() {
+        let f = fixture(Layout::default(), 1_000_000);
+        let mut s = open(&f, 10 * 1024, 1024).await;
+        let mut received = Vec::new();
+        for ts in 1000..1003 {
+            let ids = batch(&mut s).await;
+            assert_eq!(ids, ms_of_ids(ts));
+            received.extend(ids);
+            f.clock.advance(Duration::from_millis(1));
+        }
+        // Back by 1 s from the last stamped ms (1002): more than the 100 ms
+        // that are waited out.
+        f.clock.set_unix_ms(EPOCH + 2);
+        let status = end_status(&mut s).await;
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "stream ended early: 3072 of 10240 ids sent; clock stepped back by 1s, more than \
+             the 100ms that is waited out; ask for the remaining 7168 ids on another snowkeep \
+             server, or on this one once it is ready again"
+        );
+        assert_eq!(received.len(), 3072);
+    }
+
+    #[tokio::test]
+    async fn a_lease_lost_mid_stream_ends_it_unavailable_with_the_count() {
+        let f = fixture(Layout::default(), 1_000_000);
+        let mut s = open(&f, 5000, 1024).await;
+        assert_eq!(batch(&mut s).await, ms_of_ids(1000));
+        f.clock.advance(Duration::from_millis(1));
+        f.grant.send_replace(None);
+        let status = end_status(&mut s).await;
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "stream ended early: 1024 of 5000 ids sent; no valid machine-id lease is held; \
+             ask for the remaining 3976 ids on another snowkeep server, or on this one once \
+             it is ready again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_never_changes_machine_id_when_its_lease_is_claimed_again_elsewhere() {
+        let f = fixture(Layout::default(), 1_000_000);
+        let mut s = open(&f, 5000, 1024).await;
+        assert_eq!(batch(&mut s).await, ms_of_ids(1000));
+        f.clock.advance(Duration::from_millis(1));
+        // Lost and claimed again on machine id 9 while the stream waited:
+        // the next batch would be machine id 9's, so it is never sent.
+        f.grant.send_replace(Some(grant_of(9, 1_000_000)));
+        let status = end_status(&mut s).await;
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "stream ended early: 1024 of 5000 ids sent; the lease on machine id 5 was lost \
+             and this server now issues from machine id 9; ask for the remaining 3976 ids on \
+             another snowkeep server, or on this one once it is ready again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_fence_not_raised_in_time_ends_the_stream_unavailable_with_the_count() {
+        let f = fixture(Layout::default(), 1001);
+        let mut s = open(&f, 4096, 1024).await;
+        for ts in 1000..1002 {
+            assert_eq!(batch(&mut s).await, ms_of_ids(ts));
+            f.clock.advance(Duration::from_millis(1));
+        }
+        let status = end_status(&mut s).await;
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "stream ended early: 2048 of 4096 ids sent; clock reached the persisted fence \
+             1001ms that has not been raised; ask for the remaining 2048 ids on another \
+             snowkeep server, or on this one once it is ready again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_layout_out_of_timestamps_ends_the_stream_failed_precondition() {
+        // 11 timestamp bits: the last timestamp is layout ms 2047.
+        let layout = Layout::new(11, 12, 40, EPOCH).unwrap();
+        let f = fixture(layout, 1_000_000);
+        let mut s = open(&f, 3000, 1000).await;
+        assert_eq!(batch(&mut s).await.len(), 1000);
+        f.clock.advance(Duration::from_millis(1048));
+        let status = end_status(&mut s).await;
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(
+            status.message(),
+            "stream ended early: 1000 of 3000 ids sent; clock is past the layout's last \
+             timestamp 2047ms"
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_ends_a_finite_and_an_unbounded_stream_unavailable_with_the_count() {
+        let f = fixture(Layout::default(), 1_000_000);
+        let mut finite = open(&f, 10_000, 1024).await;
+        assert_eq!(batch(&mut finite).await, ms_of_ids(1000));
+        f.clock.advance(Duration::from_millis(1));
+        let mut endless = open(&f, 0, 512).await;
+        let first = batch(&mut endless).await;
+        assert_eq!(first, ms_of_ids(1001)[..512]);
+        f.shutdown.cancel();
+        let status = end_status(&mut finite).await;
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "stream ended early: 1024 of 10000 ids sent; this server is shutting down; \
+             ask for the remaining 8976 ids on another snowkeep server"
+        );
+        let status = end_status(&mut endless).await;
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "stream ended: 512 ids sent; this server is shutting down; open a new stream on \
+             another snowkeep server"
+        );
     }
 }

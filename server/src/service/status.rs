@@ -1,6 +1,8 @@
-//! The one place errors become gRPC statuses (DESIGN §4), by exhaustive match.
+//! The one place errors become gRPC statuses, by exhaustive match: bad
+//! arguments are `INVALID_ARGUMENT`; no valid lease, a clock behind the fence
+//! or stepped back, and a server shutting down are `UNAVAILABLE` (retryable).
 
-use snowkeep_client::GenerateError;
+use snowkeep_client::{GenerateError, MachineId};
 use tonic::{Code, Status};
 use tracing::debug;
 
@@ -80,6 +82,91 @@ pub enum ApiError {
         /// Given.
         id: u64,
     },
+    /// A `StreamIds` call ended before it sent `total` ids (or, for an
+    /// unbounded stream, ended at all). The message names the ids sent, the
+    /// ids asked for and what to do; the code is the cause's.
+    #[error("{}", stream_ended_message(*sent, *total, cause))]
+    StreamEnded {
+        /// Ids sent to the client in whole batches before the end.
+        sent: u64,
+        /// Ids asked for (`StreamIdsRequest.total`); 0 = unbounded.
+        total: u64,
+        /// Why the stream ended.
+        cause: StreamEnd,
+    },
+}
+
+/// Why a stream ended before its `total`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The server is shutting down (SIGTERM or SIGINT, or a lost lease under
+    /// `--on-lease-lost exit`).
+    Shutdown,
+    /// The stream's machine id was lost and the server now holds another; a
+    /// stream never changes machine id, since its ids could then not ascend.
+    MachineIdChanged {
+        /// The machine id the stream drew from.
+        from: MachineId,
+        /// The machine id the server issues from now.
+        to: MachineId,
+    },
+    /// The generator refused (lease lost, clock stepped back, fence not
+    /// raised in time, ...).
+    Generate(GenerateError),
+}
+
+impl std::fmt::Display for StreamEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StreamEnd::Shutdown => write!(f, "this server is shutting down"),
+            StreamEnd::MachineIdChanged { from, to } => write!(
+                f,
+                "the lease on machine id {} was lost and this server now issues from machine id {}",
+                from.get(),
+                to.get()
+            ),
+            StreamEnd::Generate(g) => write!(f, "{g}"),
+        }
+    }
+}
+
+impl StreamEnd {
+    /// True when another server, or this one later, may serve the rest.
+    fn is_retryable(&self) -> bool {
+        match self {
+            StreamEnd::Shutdown | StreamEnd::MachineIdChanged { .. } => true,
+            StreamEnd::Generate(g) => g.is_retryable(),
+        }
+    }
+}
+
+/// `"stream ended early: 1000 of 5000 ids sent; <cause>; <remedy>"`, or for an
+/// unbounded stream (`total` 0) `"stream ended: 1000 ids sent; ..."`.
+fn stream_ended_message(sent: u64, total: u64, cause: &StreamEnd) -> String {
+    let ids = |n: u64| if n == 1 { "id" } else { "ids" };
+    let head = if total == 0 {
+        format!("stream ended: {sent} {} sent; {cause}", ids(sent))
+    } else {
+        format!(
+            "stream ended early: {sent} of {total} {} sent; {cause}",
+            ids(total)
+        )
+    };
+    let what = if total == 0 {
+        "open a new stream".to_owned()
+    } else {
+        let rest = total.saturating_sub(sent);
+        format!("ask for the remaining {rest} {}", ids(rest))
+    };
+    match cause {
+        StreamEnd::Shutdown => format!("{head}; {what} on another snowkeep server"),
+        c if c.is_retryable() => format!(
+            "{head}; {what} on another snowkeep server, or on this one once it is ready again"
+        ),
+        // Not retryable (the layout has no timestamps left): no server of
+        // this namespace can issue more.
+        _ => head,
+    }
 }
 
 impl ApiError {
@@ -123,15 +210,23 @@ fn code_of(err: &ApiError) -> Code {
             | LeaseError::DuplicateInstance { .. }
             | LeaseError::StateLocked { .. } => Code::Internal,
         },
-        ApiError::Generate(g) => match g {
-            GenerateError::NoGrant
-            | GenerateError::LeaseExpired
-            | GenerateError::ClockBehindFence { .. }
-            | GenerateError::FenceReached { .. }
-            | GenerateError::ClockSteppedBack { .. }
-            | GenerateError::ClockBeforeEpoch => Code::Unavailable,
-            GenerateError::LayoutExhausted { .. } => Code::FailedPrecondition,
+        ApiError::Generate(g) => generate_code(g),
+        ApiError::StreamEnded { cause, .. } => match cause {
+            StreamEnd::Shutdown | StreamEnd::MachineIdChanged { .. } => Code::Unavailable,
+            StreamEnd::Generate(g) => generate_code(g),
         },
+    }
+}
+
+fn generate_code(g: &GenerateError) -> Code {
+    match g {
+        GenerateError::NoGrant
+        | GenerateError::LeaseExpired
+        | GenerateError::ClockBehindFence { .. }
+        | GenerateError::FenceReached { .. }
+        | GenerateError::ClockSteppedBack { .. }
+        | GenerateError::ClockBeforeEpoch => Code::Unavailable,
+        GenerateError::LayoutExhausted { .. } => Code::FailedPrecondition,
     }
 }
 
@@ -155,7 +250,7 @@ impl From<ApiError> for Status {
 mod tests {
     use std::time::Duration;
 
-    use snowkeep_client::Millis;
+    use snowkeep_client::{MachineId, Millis};
 
     use super::*;
 
@@ -243,10 +338,109 @@ mod tests {
                 GenerateError::LayoutExhausted { max: Millis(1) }.into(),
                 Code::FailedPrecondition,
             ),
+            (ended(StreamEnd::Shutdown), Code::Unavailable),
+            (
+                ended(StreamEnd::MachineIdChanged {
+                    from: MachineId(1),
+                    to: MachineId(2),
+                }),
+                Code::Unavailable,
+            ),
+            (
+                ended(StreamEnd::Generate(GenerateError::NoGrant)),
+                Code::Unavailable,
+            ),
+            (
+                ended(StreamEnd::Generate(GenerateError::LeaseExpired)),
+                Code::Unavailable,
+            ),
+            (
+                ended(StreamEnd::Generate(GenerateError::ClockSteppedBack {
+                    by: Duration::ZERO,
+                    max: Duration::ZERO,
+                })),
+                Code::Unavailable,
+            ),
+            (
+                ended(StreamEnd::Generate(GenerateError::FenceReached {
+                    fence: Millis(1),
+                })),
+                Code::Unavailable,
+            ),
+            (
+                ended(StreamEnd::Generate(GenerateError::LayoutExhausted {
+                    max: Millis(1),
+                })),
+                Code::FailedPrecondition,
+            ),
         ];
         for (err, code) in table {
             assert_eq!(Status::from(err).code(), code);
         }
+    }
+
+    fn ended(cause: StreamEnd) -> ApiError {
+        ApiError::StreamEnded {
+            sent: 1000,
+            total: 5000,
+            cause,
+        }
+    }
+
+    #[test]
+    fn a_stream_that_ends_early_counts_sent_and_asked_and_says_what_to_do() {
+        let message = |sent, total, cause| {
+            Status::from(ApiError::StreamEnded { sent, total, cause })
+                .message()
+                .to_owned()
+        };
+        assert_eq!(
+            message(1000, 5000, StreamEnd::Shutdown),
+            "stream ended early: 1000 of 5000 ids sent; this server is shutting down; \
+             ask for the remaining 4000 ids on another snowkeep server"
+        );
+        assert_eq!(
+            message(0, 5000, StreamEnd::Generate(GenerateError::NoGrant)),
+            "stream ended early: 0 of 5000 ids sent; no valid machine-id lease is held; \
+             ask for the remaining 5000 ids on another snowkeep server, or on this one once it is ready again"
+        );
+        assert_eq!(
+            message(
+                2048,
+                3000,
+                StreamEnd::MachineIdChanged {
+                    from: MachineId(5),
+                    to: MachineId(9)
+                }
+            ),
+            "stream ended early: 2048 of 3000 ids sent; the lease on machine id 5 was lost \
+             and this server now issues from machine id 9; ask for the remaining 952 ids on \
+             another snowkeep server, or on this one once it is ready again"
+        );
+        // Not retryable: no remedy that would fail again.
+        assert_eq!(
+            message(
+                7,
+                9,
+                StreamEnd::Generate(GenerateError::LayoutExhausted { max: Millis(3) })
+            ),
+            "stream ended early: 7 of 9 ids sent; clock is past the layout's last timestamp 3ms"
+        );
+        // An unbounded stream (total 0) ended by shutdown says so too.
+        assert_eq!(
+            message(123_000, 0, StreamEnd::Shutdown),
+            "stream ended: 123000 ids sent; this server is shutting down; \
+             open a new stream on another snowkeep server"
+        );
+        assert_eq!(
+            message(
+                1,
+                0,
+                StreamEnd::Generate(GenerateError::FenceReached { fence: Millis(8) })
+            ),
+            "stream ended: 1 id sent; clock reached the persisted fence 8ms that has not been raised; \
+             open a new stream on another snowkeep server, or on this one once it is ready again"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod lease_api;
 mod observability;
 mod protos;
 mod release;
+mod streams;
 mod support;
 mod tampering;
 mod tools;
