@@ -54,8 +54,8 @@ pub enum ApiError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// A malformed namespace.
-    #[error("invalid namespace {namespace:?}: use 1-64 characters of A-Z a-z 0-9 _ . -")]
+    /// A namespace name that breaks [`crate::config::NAMESPACE_RULE`].
+    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::config::NAMESPACE_RULE)]
     InvalidNamespace {
         /// Given.
         namespace: String,
@@ -107,6 +107,7 @@ fn code_of(err: &ApiError) -> Code {
         ApiError::StoreNotConnected => Code::Unavailable,
         ApiError::Lease(e) => match e {
             LeaseError::UnknownNamespace { .. } => Code::NotFound,
+            LeaseError::InvalidNamespace { .. } => Code::InvalidArgument,
             LeaseError::NoFreeMachineId { .. } => Code::ResourceExhausted,
             // Not FAILED_PRECONDITION: clients retry that (a skew refusal
             // heals with NTP); another Acquire cannot fix a count mismatch.
