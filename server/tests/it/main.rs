@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod claims;
+mod client_skew;
 mod embedded;
 mod embedded_ranges;
 mod etcd_faults;
