@@ -9,6 +9,7 @@ mod client_skew;
 mod embedded;
 mod embedded_ranges;
 mod etcd_faults;
+mod instance_ids;
 mod issuance;
 mod lease;
 mod lease_api;
