@@ -6,6 +6,7 @@
 
 mod claims;
 mod client_skew;
+mod config_refusals;
 mod embedded;
 mod embedded_ranges;
 mod etcd_faults;
