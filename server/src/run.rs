@@ -264,6 +264,8 @@ pub async fn run(
             access.connected(&store);
             if let Store::Etcd(s) = &store {
                 let _ = peers.set(s.peer_directory());
+                // Advice only, so it neither delays nor stops the claim.
+                tokio::spawn(s.overlap_check().warn_once());
             }
             LeaseManager::new(store, layout, ns, clock, timing, slots)
                 .run(release)

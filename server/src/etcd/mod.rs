@@ -10,6 +10,7 @@
 
 mod instance;
 pub mod keys;
+pub mod overlap;
 pub mod requesters;
 
 use std::future::Future;

@@ -14,6 +14,7 @@ mod instance_ids;
 mod issuance;
 mod lease;
 mod lease_api;
+mod namespace_overlap;
 mod observability;
 mod release;
 mod support;
