@@ -34,6 +34,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let generator = EmbeddedGenerator::start(config, SystemClock::shared()).await?;
     println!("leased machine ids {:?}", generator.machine_ids());
+    // Give the machine ids back whatever happens while using them: returning
+    // early with `?` would leave them held until the lease ends (10 minutes
+    // after Acquire).
+    let used = use_ids(&generator).await;
+    let released = generator.shutdown().await;
+    println!("released {released} machine id(s)");
+    used
+}
+
+async fn use_ids(generator: &EmbeddedGenerator) -> Result<(), Box<dyn std::error::Error>> {
     let id = generator.next_id().await?;
     let d = generator.layout().decode(id).ok_or("decode")?;
     println!(
@@ -48,7 +58,5 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let n = 1_000_000;
     generator.next_ids(n).await?;
     println!("{n} ids in {:?} (no network hop)", t0.elapsed());
-    let released = generator.shutdown().await;
-    println!("released {released} machine id(s)");
     Ok(())
 }

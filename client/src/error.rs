@@ -110,12 +110,25 @@ pub enum ClientError {
         /// Granted.
         granted: usize,
     },
-    /// The local clock is so far behind the granted floor that the lease would
-    /// end before the generator could issue.
-    #[error("the local clock is {wait:?} behind the granted machine ids' floor, longer than the lease: sync this host with NTP")]
+    /// The local clock is further behind the granted floor (the previous
+    /// holders' fences, near the server's clock) than a start waits; the
+    /// machine ids were released.
+    #[error("the local clock is {wait:?} behind the granted machine ids' floor, more than the {max:?} a start waits: sync this host with NTP (or raise EmbeddedConfig::max_floor_wait); the machine ids were released")]
     ClockBehindFloor {
         /// How long until the clock would pass the floor.
-        wait: std::time::Duration,
+        wait: Duration,
+        /// The longest wait: `EmbeddedConfig::max_floor_wait`, or the time
+        /// left on the lease when that is shorter.
+        max: Duration,
+    },
+    /// The local clock is already past a granted fence (the lease's end by the
+    /// server's clock, plus a margin): this host's clock is ahead of the
+    /// server's by more than the lease covers, so no id could be stamped.
+    /// The machine ids were released.
+    #[error("the local clock is {past:?} past the granted fence, so no id could be stamped: this host's clock is ahead of the server's by more than the lease covers; sync it with NTP; the machine ids were released")]
+    ClockPastFence {
+        /// How far past the earliest granted fence the local clock is.
+        past: Duration,
     },
     /// No id arrived in time (every server failing, or none reachable).
     #[error("no id within {waited:?}; last error: {last_error}")]
@@ -166,6 +179,7 @@ impl ClientError {
             | ClientError::GrantExpired
             | ClientError::GrantCount { .. }
             | ClientError::ClockBehindFloor { .. }
+            | ClientError::ClockPastFence { .. }
             | ClientError::Stopped(_) => false,
         }
     }
@@ -195,4 +209,12 @@ pub enum StopReason {
     /// A renewal answered with machine ids the layout cannot hold.
     #[error("a renewal granted machine id {0} outside the layout")]
     BadRenewal(MachineId),
+    /// After a renewal the local clock was still past a granted fence: this
+    /// host's clock runs ahead of the server's by more than the renewed lease
+    /// covers. The machine ids were released.
+    #[error("the local clock is {past:?} past the renewed fence (ahead of the server's by more than the lease covers); the machine ids were released: sync this host with NTP")]
+    ClockPastFence {
+        /// How far past the earliest renewed fence the local clock was.
+        past: Duration,
+    },
 }

@@ -53,7 +53,8 @@ pub const MAX_BATCH: u32 = 100_000;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "snowkeep-server", version, about)]
 pub struct Args {
-    /// etcd client URLs (comma-separated), e.g. http://127.0.0.1:2379. Without
+    /// etcd client URLs (comma-separated), `http://host:port` or `host:port`,
+    /// e.g. http://127.0.0.1:2379 (no TLS yet: https:// is refused). Without
     /// it the server runs on the embedded single-instance store.
     #[arg(long, env = "SNOWKEEP_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
@@ -63,7 +64,8 @@ pub struct Args {
     /// Prometheus metrics listen address (GET /metrics).
     #[arg(long, env = "SNOWKEEP_METRICS_LISTEN", default_value = DEFAULT_METRICS_LISTEN)]
     pub metrics_listen: SocketAddr,
-    /// Namespace: an isolated pool of machine ids with one layout ([A-Za-z0-9_.-], 1-64 chars).
+    /// Namespace: an isolated pool of machine ids with one layout; 1-64
+    /// characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit.
     #[arg(long, env = "SNOWKEEP_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
     pub namespace: String,
     /// etcd lease TTL, whole seconds, at least 2s (e.g. 10s).
@@ -82,6 +84,8 @@ pub struct Args {
     pub machine_ids: u32,
     /// Machine ids this deployment may claim, START..END (END exclusive), so
     /// deployments with separate etcd clusters own disjoint ranges; default all.
+    /// The embedded store holds the first --machine-ids of it (5..6 means
+    /// machine id 5).
     #[arg(long, env = "SNOWKEEP_MACHINE_ID_RANGE")]
     pub machine_id_range: Option<String>,
     /// Id layout TIMESTAMP/MACHINE/SEQUENCE bits (sum 63), optional @EPOCH_UNIX_MS.
@@ -109,8 +113,9 @@ pub struct Args {
     /// at half of it).
     #[arg(long, env = "SNOWKEEP_RENEWED_LEASE_DURATION", default_value = DEFAULT_RENEWED_LEASE_DURATION, value_parser = humantime::parse_duration)]
     pub renewed_lease_duration: Duration,
-    /// Lease API: Acquire is refused when the client's clock is behind by more
-    /// than this (0 never refuses); half of it logs a warning.
+    /// Lease API: Acquire is refused when the client's clock is behind or
+    /// ahead of the server's by more than this (0 never refuses); half of it
+    /// logs a warning.
     #[arg(long, env = "SNOWKEEP_CLIENT_SKEW_THRESHOLD", default_value = DEFAULT_CLIENT_SKEW_THRESHOLD, value_parser = humantime::parse_duration)]
     pub client_skew_threshold: Duration,
     /// On a lost lease: re-claim (default) or exit with code 1.
@@ -231,10 +236,8 @@ pub enum ConfigError {
     /// Bad layout.
     #[error("invalid --layout (SNOWKEEP_LAYOUT)")]
     Layout(#[from] LayoutError),
-    /// Bad namespace.
-    #[error(
-        "invalid --namespace (SNOWKEEP_NAMESPACE) {0:?}: use 1-64 characters of A-Z a-z 0-9 _ . -"
-    )]
+    /// Bad namespace (see [`NAMESPACE_RULE`]).
+    #[error("invalid --namespace (SNOWKEEP_NAMESPACE) {0:?}: a namespace is {NAMESPACE_RULE}")]
     Namespace(String),
     /// Bad TTL.
     #[error("invalid --lease-ttl (SNOWKEEP_LEASE_TTL) {}: use whole seconds, at least 2s", humantime::format_duration(*.0))]
@@ -292,10 +295,30 @@ pub enum ConfigError {
         max: u32,
     },
     /// Bad etcd endpoint.
-    #[error(
-        "invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry {0:?}: use http://host:port"
-    )]
-    Endpoint(String),
+    #[error("invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry {entry:?}: {problem}")]
+    Endpoint {
+        /// The entry as given.
+        entry: String,
+        /// What is wrong with it.
+        problem: EndpointProblem,
+    },
+}
+
+/// What is wrong with an `--etcd-endpoints` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum EndpointProblem {
+    /// Nothing between two commas (or the whole value is empty).
+    #[error("the entry is empty (a doubled or trailing comma?); give etcd client URLs as http://host:port, comma-separated")]
+    Empty,
+    /// An `https://` URL: snowkeep has no TLS to etcd yet.
+    #[error("TLS to etcd (https://) is not supported yet; give a plaintext client URL, http://host:port")]
+    Tls,
+    /// Another scheme than `http://`.
+    #[error("only http:// client URLs are supported; use http://host:port")]
+    Scheme,
+    /// Not `host:port` with a port in 1-65535 and nothing after it.
+    #[error("not an etcd client URL; use http://host:port (or host:port): a host, a port from 1 to 65535, no user, path or query")]
+    Malformed,
 }
 
 impl TryFrom<Args> for ServerConfig {
@@ -383,13 +406,17 @@ impl TryFrom<Args> for ServerConfig {
                 state_dir: args.state_dir,
             }
         } else {
-            for e in &args.etcd_endpoints {
-                if !(e.starts_with("http://") || e.starts_with("https://")) || e.len() < 10 {
-                    return Err(ConfigError::Endpoint(e.clone()));
-                }
-            }
             StoreConfig::Etcd {
-                endpoints: args.etcd_endpoints,
+                endpoints: args
+                    .etcd_endpoints
+                    .iter()
+                    .map(|e| {
+                        parse_endpoint(e).map_err(|problem| ConfigError::Endpoint {
+                            entry: e.clone(),
+                            problem,
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
             }
         };
         let machine_id_range = match args.machine_id_range {
@@ -438,14 +465,48 @@ impl TryFrom<Args> for ServerConfig {
     }
 }
 
-/// True for a namespace name snowkeep accepts, in flags and in API calls
-/// alike: 1-64 characters of `A-Z a-z 0-9 _ . -` (it becomes part of etcd keys).
+/// The rule of namespace names, as messages state it (see [`is_valid_namespace`]).
+pub const NAMESPACE_RULE: &str = "1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit (so never \".\" or \"..\", and no \"/\")";
+
+/// True for a namespace name snowkeep accepts, in flags, in every store and
+/// in API calls alike: 1-64 characters of `A-Z a-z 0-9 . _ -`, the first a
+/// letter or a digit. The name becomes part of etcd keys and of the embedded
+/// store's file names, so `.`, `..` and `/` must never pass. Names are
+/// case-sensitive: `Orders` and `orders` are two namespaces.
 pub fn is_valid_namespace(namespace: &str) -> bool {
-    !namespace.is_empty()
-        && namespace.len() <= 64
-        && namespace
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+    let bytes = namespace.as_bytes();
+    (1..=64).contains(&bytes.len())
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
+}
+
+/// Checks one `--etcd-endpoints` entry and returns the client URL to use,
+/// `http://host:port` (a bare `host:port` gets `http://`, as etcdctl does).
+fn parse_endpoint(entry: &str) -> Result<String, EndpointProblem> {
+    let entry = entry.trim();
+    if entry.is_empty() {
+        return Err(EndpointProblem::Empty);
+    }
+    let rest = match entry.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
+            return Err(EndpointProblem::Tls)
+        }
+        Some(_) => return Err(EndpointProblem::Scheme),
+        None => entry,
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let authority: http::uri::Authority = rest.parse().map_err(|_| EndpointProblem::Malformed)?;
+    let well_formed = authority.as_str() == rest
+        && !rest.contains(['@', '/', '?', '#'])
+        && !authority.host().is_empty()
+        && authority.port_u16().is_some_and(|p| p != 0);
+    if !well_formed {
+        return Err(EndpointProblem::Malformed);
+    }
+    Ok(format!("http://{authority}"))
 }
 
 /// Parses `START..END` with `START < END <= max`.
@@ -538,10 +599,6 @@ mod tests {
             Err(ConfigError::LeaseTtl(_))
         ));
         assert!(matches!(
-            parse(&["--etcd-endpoints", "localhost:2379"]),
-            Err(ConfigError::Endpoint(_))
-        ));
-        assert!(matches!(
             parse(&["--machine-ids", "0"]),
             Err(ConfigError::MachineIds { got: 0, max: 42 })
         ));
@@ -578,5 +635,105 @@ mod tests {
             parse(&["--machine-id-range", "0..3", "--layout", "52/1/10"]),
             Err(ConfigError::MachineIdRange { max: 2, .. })
         ));
+    }
+
+    fn endpoint_problem(value: &str) -> Option<EndpointProblem> {
+        match parse(&["--etcd-endpoints", value]) {
+            Err(ConfigError::Endpoint { problem, .. }) => Some(problem),
+            Err(e) => panic!("{value:?}: unexpected {e}"),
+            Ok(_) => None,
+        }
+    }
+
+    #[test]
+    fn every_etcd_endpoint_is_checked_once_here() {
+        use EndpointProblem::*;
+        for (value, problem) in [
+            ("https://etcd:2379", Tls),
+            ("HTTPS://etcd:2379", Tls),
+            ("http://a:1,https://b:2", Tls),
+            ("unix:///run/etcd.sock", Scheme),
+            ("grpc://etcd:2379", Scheme),
+            ("", Empty),
+            ("http://a:1,,http://b:2", Empty),
+            ("http://a:1,", Empty),
+            ("garbage", Malformed),
+            ("http://", Malformed),
+            ("http://etcd", Malformed),
+            ("http://etcd:0", Malformed),
+            ("http://etcd:65536", Malformed),
+            ("http://etcd:2379/v3", Malformed),
+            ("http://user:pw@etcd:2379", Malformed),
+            ("http://etcd:2379?x=1", Malformed),
+            ("http://:2379", Malformed),
+            ("etcd :2379", Malformed),
+        ] {
+            assert_eq!(endpoint_problem(value), Some(problem), "{value:?}");
+        }
+        let c = parse(&[
+            "--etcd-endpoints",
+            "localhost:2379,http://10.0.0.1:2379/, http://[::1]:2380",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.store,
+            StoreConfig::Etcd {
+                endpoints: vec![
+                    "http://localhost:2379".into(),
+                    "http://10.0.0.1:2379".into(),
+                    "http://[::1]:2380".into()
+                ]
+            }
+        );
+    }
+
+    #[test]
+    fn an_endpoint_error_names_the_entry_and_the_remedy() {
+        let e = parse(&["--etcd-endpoints", "https://etcd:2379"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry \"https://etcd:2379\": TLS to etcd (https://) is not supported yet; give a plaintext client URL, http://host:port"
+        );
+    }
+
+    #[test]
+    fn namespaces_follow_one_rule() {
+        for good in [
+            "default",
+            "a",
+            "Orders",
+            "orders.v2",
+            "a_b-c",
+            "0",
+            &"x".repeat(64),
+        ] {
+            assert!(is_valid_namespace(good), "{good:?}");
+            let flag = format!("--namespace={good}");
+            assert_eq!(parse(&[&flag]).unwrap().namespace, good);
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "-x",
+            "_x",
+            "a/b",
+            "/",
+            "a b",
+            "é",
+            &"x".repeat(65),
+        ] {
+            assert!(!is_valid_namespace(bad), "{bad:?}");
+            let flag = format!("--namespace={bad}");
+            assert!(
+                matches!(parse(&[&flag]), Err(ConfigError::Namespace(n)) if n == bad),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            parse(&["--namespace", ".."]).unwrap_err().to_string(),
+            "invalid --namespace (SNOWKEEP_NAMESPACE) \"..\": a namespace is 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit (so never \".\" or \"..\", and no \"/\")"
+        );
     }
 }

@@ -1,14 +1,34 @@
-//! The embedded single-instance store: no etcd, machine ids `0..N`, and one
-//! fence (for all of them) persisted in a local state file so that a restart with the clock set back
-//! is detected (DESIGN §2.3 with the file as the store).
+//! The embedded single-instance store: no etcd. An operator assigns machine
+//! ids statically, one range per embedded server: the server holds the first
+//! `--machine-ids` of `--machine-id-range` (`5..6` means machine id 5; the
+//! default range starts at 0). Each machine id's fence is persisted in a
+//! local state file, so a restart with the clock set back is detected (the
+//! file plays etcd's part: a holder stamps only up to the fence it persisted,
+//! and a new holder only above it).
 //!
-//! `{state_dir}/{namespace}.state` holds the layout and the fence; it is
-//! replaced atomically (write, fsync, rename, fsync dir) on every fence
-//! change. `{namespace}.lock` is held with an exclusive lock for the life of
-//! the process, so a second server on the same state dir refuses to start.
-//! Nothing stops two servers on *different* state dirs: this mode must never
-//! run as more than one instance.
+//! `{state_dir}/{namespace}.state` holds the layout and one fence per machine
+//! id ever held from this file, so a restart with another range never starts
+//! from the fence of another machine id, and a later restart with the old
+//! range finds its fences again. It is replaced atomically (write, fsync,
+//! rename, fsync dir) on every fence change:
+//!
+//! ```text
+//! namespace default
+//! layout 41/12/10@1767225600000
+//! fence_ms 5 123456789
+//! ```
+//!
+//! A file written before fences were kept per machine id has one line
+//! `fence_ms F` for all the machine ids it served. Which ones is not recorded,
+//! so F stays the fence of every machine id the file does not list
+//! (`unlisted_fence_ms F`): at worst a restart waits, never reuses.
+//!
+//! `{namespace}.lock` is held with an exclusive lock for the life of the
+//! process, so a second server on the same state dir refuses to start.
+//! Nothing stops two servers on *different* state dirs: each embedded server
+//! of a namespace must have its own disjoint `--machine-id-range`.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -17,14 +37,19 @@ use snowkeep_client::{Layout, MachineId, Millis};
 
 use crate::lease::{Claim, HeldId, LeaseError};
 
-/// A fence kept in a local file.
+/// Fences kept in a local file, one per machine id.
 #[derive(Debug)]
 pub struct LocalStore {
     path: PathBuf,
     namespace: String,
     layout: Layout,
-    machine_ids: u16,
-    fence: Millis,
+    /// The machine ids this store hands out, in generator slot order.
+    machine_ids: Vec<MachineId>,
+    /// Every machine id the file records a fence for.
+    fences: BTreeMap<MachineId, Millis>,
+    /// The fence of every machine id not in `fences` (a file of the old
+    /// one-fence format), 0 otherwise.
+    unlisted: Millis,
     _lock: File,
 }
 
@@ -36,16 +61,26 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LeaseError + '_ {
 }
 
 impl LocalStore {
-    /// Opens (or creates) the state of `namespace` under `dir` for machine ids
-    /// `0..machine_ids` and takes its lock.
-    /// Errors with [`LeaseError::StateLocked`] when another process holds it and
-    /// [`LeaseError::LayoutMismatch`] when the file was written under another layout.
+    /// Opens (or creates) the state of `namespace` under `dir` for
+    /// `machine_ids` (the first `--machine-ids` of `--machine-id-range`, each
+    /// below the layout's `2^machine_bits`) and takes its lock.
+    ///
+    /// Errors: [`LeaseError::InvalidNamespace`] for a name that breaks
+    /// [`crate::config::NAMESPACE_RULE`] (it becomes a file name),
+    /// [`LeaseError::StateLocked`] when another process holds the lock,
+    /// [`LeaseError::LayoutMismatch`] when the file was written under another
+    /// layout, [`LeaseError::Corrupt`] for an unreadable file.
     pub fn open(
         dir: &Path,
         namespace: &str,
         layout: Layout,
-        machine_ids: u16,
+        machine_ids: &[MachineId],
     ) -> Result<Self, LeaseError> {
+        if !crate::config::is_valid_namespace(namespace) {
+            return Err(LeaseError::InvalidNamespace {
+                namespace: namespace.to_owned(),
+            });
+        }
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         // Absolute paths in messages: the server's working directory is not
         // always the one the operator thinks of.
@@ -67,30 +102,31 @@ impl LocalStore {
             Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
         }
         let path = dir.join(format!("{namespace}.state"));
-        let fence = match fs::read_to_string(&path) {
+        let (fences, unlisted) = match fs::read_to_string(&path) {
             Ok(text) => {
-                let (stored, fence) = parse_state(&text).ok_or_else(|| LeaseError::Corrupt {
+                let state = parse_state(&text).ok_or_else(|| LeaseError::Corrupt {
                     key: path.display().to_string(),
                     value: text.clone(),
                 })?;
-                if stored != layout {
+                if state.layout != layout {
                     return Err(LeaseError::LayoutMismatch {
                         namespace: namespace.to_owned(),
-                        stored,
+                        stored: state.layout,
                         configured: layout,
                     });
                 }
-                fence
+                (state.fences, state.unlisted)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Millis(0),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (BTreeMap::new(), Millis(0)),
             Err(e) => return Err(io_err(&path)(e)),
         };
         Ok(Self {
             path,
             namespace: namespace.to_owned(),
             layout,
-            machine_ids,
-            fence,
+            machine_ids: machine_ids.to_vec(),
+            fences,
+            unlisted,
             _lock: lock,
         })
     }
@@ -102,17 +138,28 @@ impl LocalStore {
 
     /// How many machine ids this store hands out.
     pub fn machine_ids(&self) -> u32 {
-        u32::from(self.machine_ids)
+        self.machine_ids.len() as u32
     }
 
-    /// Claims machine ids `0..N`, each with the persisted fence as its floor.
+    /// The persisted fence of `machine_id` (layout ms).
+    pub fn fence(&self, machine_id: MachineId) -> Millis {
+        self.fences
+            .get(&machine_id)
+            .copied()
+            .unwrap_or(self.unlisted)
+    }
+
+    /// Claims this store's machine ids, each with its own persisted fence as
+    /// its floor.
     pub fn claim(&mut self) -> Claim {
         Claim {
-            held: (0..self.machine_ids)
-                .map(|id| HeldId {
-                    machine_id: MachineId(id),
-                    floor: self.fence,
-                    fence: self.fence,
+            held: self
+                .machine_ids
+                .iter()
+                .map(|&machine_id| HeldId {
+                    machine_id,
+                    floor: self.fence(machine_id),
+                    fence: self.fence(machine_id),
                 })
                 .collect(),
             lease_id: None,
@@ -121,15 +168,24 @@ impl LocalStore {
         }
     }
 
-    /// Persists `fence` (durably) before it may be used.
-    pub fn write_fence(&mut self, fence: Millis) -> Result<(), LeaseError> {
+    /// Persists `fences[i]` as the fence of `claim.held[i]` (durably) before
+    /// any of them may be used; the fences of other machine ids are kept.
+    pub fn write_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
+        let mut next = self.fences.clone();
+        for (h, f) in claim.held.iter().zip(fences) {
+            next.insert(h.machine_id, *f);
+        }
         let tmp = self.path.with_extension("state.tmp");
-        let body = format!(
-            "# snowkeep embedded store; do not edit while the server runs\nnamespace {}\nlayout {}\nfence_ms {}\n",
-            self.namespace,
-            self.layout,
-            fence.get()
+        let mut body = format!(
+            "# snowkeep embedded store; do not edit while the server runs\nnamespace {}\nlayout {}\n",
+            self.namespace, self.layout,
         );
+        if self.unlisted > Millis(0) {
+            body.push_str(&format!("unlisted_fence_ms {}\n", self.unlisted.get()));
+        }
+        for (id, fence) in &next {
+            body.push_str(&format!("fence_ms {} {}\n", id.get(), fence.get()));
+        }
         let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
         file.write_all(body.as_bytes()).map_err(io_err(&tmp))?;
         file.sync_all().map_err(io_err(&tmp))?;
@@ -139,54 +195,173 @@ impl LocalStore {
                 .and_then(|d| d.sync_all())
                 .map_err(io_err(dir))?;
         }
-        self.fence = fence;
+        self.fences = next;
         Ok(())
     }
 }
 
-fn parse_state(text: &str) -> Option<(Layout, Millis)> {
+/// A parsed state file.
+struct State {
+    layout: Layout,
+    fences: BTreeMap<MachineId, Millis>,
+    unlisted: Millis,
+}
+
+fn parse_state(text: &str) -> Option<State> {
     let mut layout = None;
-    let mut fence = None;
+    let mut fences = BTreeMap::new();
+    let mut unlisted = Millis(0);
     for line in text.lines() {
-        match line.split_once(' ') {
-            Some(("layout", v)) => layout = v.trim().parse().ok(),
-            Some(("fence_ms", v)) => fence = v.trim().parse().ok().map(Millis),
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("layout"), Some(v), None, None) => layout = Some(v.parse().ok()?),
+            // The old format: one fence for every machine id the file served.
+            (Some("fence_ms" | "unlisted_fence_ms"), Some(v), None, None) => {
+                unlisted = unlisted.max(Millis(v.parse().ok()?))
+            }
+            (Some("fence_ms"), Some(id), Some(v), None) => {
+                fences.insert(MachineId(id.parse().ok()?), Millis(v.parse().ok()?));
+            }
+            (Some("fence_ms" | "unlisted_fence_ms" | "layout"), ..) => return None,
             _ => {}
         }
     }
-    Some((layout?, fence?))
+    Some(State {
+        layout: layout?,
+        fences,
+        unlisted,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn ids(range: std::ops::Range<u16>) -> Vec<MachineId> {
+        range.map(MachineId).collect()
+    }
+
+    fn floors(store: &mut LocalStore) -> Vec<(u16, u64)> {
+        store
+            .claim()
+            .held
+            .iter()
+            .map(|h| (h.machine_id.get(), h.floor.get()))
+            .collect()
+    }
+
     #[test]
     fn fence_survives_reopen_and_lock_excludes_a_second_store() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), 1).unwrap();
-        assert_eq!(store.claim().max_floor(), Millis(0));
-        store.write_fence(Millis(123_456)).unwrap();
+        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
+        let claim = store.claim();
+        assert_eq!(claim.max_floor(), Millis(0));
+        store.write_fences(&claim, &[Millis(123_456)]).unwrap();
         assert!(matches!(
-            LocalStore::open(dir.path(), "ns", Layout::default(), 1),
+            LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)),
             Err(LeaseError::StateLocked { .. })
         ));
         drop(store);
-        let mut again = LocalStore::open(dir.path(), "ns", Layout::default(), 1).unwrap();
+        let mut again = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
         assert_eq!(again.claim().max_floor(), Millis(123_456));
+    }
+
+    #[test]
+    fn holds_the_configured_machine_ids_each_with_its_own_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(5..7)).unwrap();
+        assert_eq!(floors(&mut store), vec![(5, 0), (6, 0)]);
+        let claim = store.claim();
+        store
+            .write_fences(&claim, &[Millis(1_000), Millis(2_000)])
+            .unwrap();
+        drop(store);
+
+        // Another range: machine id 9 never inherits 5's or 6's fence, and 6
+        // keeps its own.
+        let mut other = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(6..8)).unwrap();
+        assert_eq!(floors(&mut other), vec![(6, 2_000), (7, 0)]);
+        let claim = other.claim();
+        other
+            .write_fences(&claim, &[Millis(2_500), Millis(3_000)])
+            .unwrap();
+        drop(other);
+
+        // Back to the first range: 5's fence was kept through the other run.
+        let mut back = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(5..7)).unwrap();
+        assert_eq!(floors(&mut back), vec![(5, 1_000), (6, 2_500)]);
+        let text = std::fs::read_to_string(back.path()).unwrap();
+        assert!(
+            text.ends_with("fence_ms 5 1000\nfence_ms 6 2500\nfence_ms 7 3000\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_one_fence_state_file_fences_every_machine_id_until_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("ns.state"),
+            format!("namespace ns\nlayout {}\nfence_ms 777\n", Layout::default()),
+        )
+        .unwrap();
+        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(3..4)).unwrap();
+        assert_eq!(floors(&mut store), vec![(3, 777)]);
+        let claim = store.claim();
+        store.write_fences(&claim, &[Millis(900)]).unwrap();
+        drop(store);
+        let mut again = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..4)).unwrap();
+        assert_eq!(
+            floors(&mut again),
+            vec![(0, 777), (1, 777), (2, 777), (3, 900)]
+        );
     }
 
     #[test]
     fn refuses_a_state_file_of_another_layout() {
         let dir = tempfile::tempdir().unwrap();
-        LocalStore::open(dir.path(), "ns", Layout::default(), 1)
-            .unwrap()
-            .write_fence(Millis(5))
-            .unwrap();
+        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
+        let claim = store.claim();
+        store.write_fences(&claim, &[Millis(5)]).unwrap();
+        drop(store);
         let other: Layout = "40/13/10".parse().unwrap();
         assert!(matches!(
-            LocalStore::open(dir.path(), "ns", other, 1),
+            LocalStore::open(dir.path(), "ns", other, &ids(0..1)),
             Err(LeaseError::LayoutMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn refuses_an_unreadable_state_file() {
+        for body in [
+            "layout 41/12/10@1767225600000\nfence_ms x\n",
+            "layout 41/12/10@1767225600000\nfence_ms 5 1 2\n",
+            "layout 41/12/10@1767225600000\nfence_ms 70000 1\n",
+            "fence_ms 5 1\n",
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("ns.state"), body).unwrap();
+            assert!(
+                matches!(
+                    LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)),
+                    Err(LeaseError::Corrupt { .. })
+                ),
+                "{body:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_a_namespace_that_is_not_a_plain_file_name() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in [".", "..", "a/b", ""] {
+            assert!(
+                matches!(
+                    LocalStore::open(dir.path(), bad, Layout::default(), &ids(0..1)),
+                    Err(LeaseError::InvalidNamespace { .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -52,6 +52,8 @@ impl ServeError {
                 LeaseError::LayoutMismatch { .. }
                     | LeaseError::ClockBeforeEpoch { .. }
                     | LeaseError::LayoutExhausted { .. }
+                    | LeaseError::InvalidNamespace { .. }
+                    | LeaseError::DuplicateInstance { .. }
             )
         )
     }
@@ -60,6 +62,24 @@ impl ServeError {
 /// etcd request timeout for a lease TTL: a quarter of it, within [200 ms, 2 s].
 fn request_timeout(ttl: Duration) -> Duration {
     (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2))
+}
+
+/// The machine ids the embedded store holds: the first `--machine-ids` of
+/// `--machine-id-range`, `[start, end)`.
+fn embedded_range(config: &ServerConfig) -> std::ops::Range<u32> {
+    let start = config.machine_id_range.start;
+    start
+        ..start
+            .saturating_add(config.machine_ids)
+            .min(config.machine_id_range.end)
+}
+
+/// [`embedded_range`] as machine ids (config keeps them below 2^16).
+fn embedded_machine_ids(config: &ServerConfig) -> Vec<snowkeep_client::MachineId> {
+    embedded_range(config)
+        .filter_map(|id| u16::try_from(id).ok())
+        .map(snowkeep_client::MachineId)
+        .collect()
 }
 
 /// Connects to etcd, retrying with backoff until it answers; `None` when
@@ -99,6 +119,14 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    // Checked here too, for every store: `ServerConfig` can be built without
+    // the flags' validation, and the name becomes etcd keys and file names.
+    if !crate::config::is_valid_namespace(&config.namespace) {
+        return Err(LeaseError::InvalidNamespace {
+            namespace: config.namespace,
+        }
+        .into());
+    }
     let clock = SystemClock::shared();
     let unix_ms = clock.unix_ms();
     match config.layout.to_layout_ms(unix_ms) {
@@ -140,15 +168,25 @@ pub async fn run(
             }),
         ),
         StoreConfig::Embedded { state_dir } => {
-            let machine_ids = u16::try_from(config.machine_ids).unwrap_or(u16::MAX);
-            let local = LocalStore::open(state_dir, &config.namespace, config.layout, machine_ids)?;
-            warn!(state_file = %local.path().display(), "running on the embedded single-instance store: never run a second snowkeep-server for this namespace anywhere, or ids will collide; use --etcd-endpoints for more than one instance");
+            let local = LocalStore::open(
+                state_dir,
+                &config.namespace,
+                config.layout,
+                &embedded_machine_ids(&config),
+            )?;
+            let range = embedded_range(&config);
+            warn!(state_file = %local.path().display(), machine_ids = ?range, "running on the embedded single-instance store with machine ids {}..{}: every other snowkeep-server issuing ids of this namespace must hold machine ids outside them (on the embedded store, its own disjoint --machine-id-range), or ids will collide; use --etcd-endpoints to have machine ids assigned", range.start, range.end);
             (Some(local), None)
         }
     };
     let (store_kind, access) = match &etcd_settings {
         Some(_) => ("etcd", StoreAccess::etcd()),
-        None => ("embedded", StoreAccess::Embedded),
+        None => (
+            "embedded",
+            StoreAccess::Embedded {
+                machine_ids: embedded_range(&config),
+            },
+        ),
     };
     if std::process::id() == 1 && !config.stable_instance && etcd_settings.is_some() {
         warn!("running as PID 1 with a generated instance id: every restart claims a fresh machine id and the old one is freed only when its lease expires, so crash loops can drain the pool; set --instance-id (e.g. the pod name) to get the same machine id back");
@@ -226,6 +264,8 @@ pub async fn run(
             access.connected(&store);
             if let Store::Etcd(s) = &store {
                 let _ = peers.set(s.peer_directory());
+                // Advice only, so it neither delays nor stops the claim.
+                tokio::spawn(s.overlap_check().warn_once());
             }
             LeaseManager::new(store, layout, ns, clock, timing, slots)
                 .run(release)

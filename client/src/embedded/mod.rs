@@ -5,16 +5,22 @@
 //! It runs the same [`Generator`] code as the server. Its lease rules:
 //!
 //! * **start**: Acquire, retrying every 3 s doubling to 60 s with ±20% jitter
-//!   and logging the server's reason; fail fast when the grant's layout is
-//!   invalid, a machine id does not fit the machine bits, the count differs,
-//!   or the grant is already expired by the local clock; then wait for the
-//!   clock to pass the previous holders' fences (at most the server's
-//!   `--max-fence-wait`), so the generator issues as soon as it is returned.
+//!   and logging the server's reason (a clock off the server's by more than
+//!   its `--client-skew-threshold`, either way, is refused there); fail fast
+//!   when the grant's layout is invalid, a machine id does not fit the
+//!   machine bits, the count differs, the grant is already expired by the
+//!   local clock, the local clock is already past a granted fence (ahead of
+//!   the server's by more than the lease), or it is further behind the
+//!   granted floor than [`EmbeddedConfig::max_floor_wait`]. Every such
+//!   failure Releases the grant before returning the error, so nothing stays
+//!   held. Otherwise wait for the clock to pass the previous holders' fences,
+//!   so the generator issues as soon as it is returned.
 //! * **renew**: once right after start (proving the renew path early), then at
 //!   half the remaining lease; while behind, every `min(10 min, remaining/4)`
 //!   but never more often than every 5 s. A transport error or any error
 //!   status is retried; a renewal answering *no* machine ids, or other ones,
-//!   stops issuance for good ([`StopReason`]).
+//!   stops issuance for good ([`StopReason`]), and so does a renewal whose
+//!   fence the local clock is already past (then the ids are Released).
 //! * **deadline**: counted by the monotonic clock from when the request that
 //!   granted it was *sent*; past it the generators refuse on their own, and
 //!   the renewer stops issuance for good.
@@ -65,6 +71,13 @@ pub struct EmbeddedConfig {
     pub request_timeout: Duration,
     /// Send the local clock with Acquire/Renew so the server checks skew.
     pub send_client_time: bool,
+    /// Longest `start` waits for the local clock to pass the granted floor
+    /// (the previous holders' fences): a clock behind the server's by about
+    /// this much or more fails fast with [`ClientError::ClockBehindFloor`]
+    /// (after releasing the grant) instead of blocking silently. 30 s by
+    /// default, well above a healthy wait (at most the server's
+    /// `--max-fence-wait`, 10 s by default).
+    pub max_floor_wait: Duration,
 }
 
 impl EmbeddedConfig {
@@ -81,9 +94,13 @@ impl EmbeddedConfig {
             acquire_attempts: None,
             request_timeout: Duration::from_secs(10),
             send_client_time: true,
+            max_floor_wait: DEFAULT_MAX_FLOOR_WAIT,
         }
     }
 }
+
+/// Default [`EmbeddedConfig::max_floor_wait`].
+pub const DEFAULT_MAX_FLOOR_WAIT: Duration = Duration::from_secs(30);
 
 /// Renewal delays: never more often than this while behind ...
 const MIN_RETRY: Duration = Duration::from_secs(5);
@@ -94,6 +111,7 @@ const MAX_RETRY: Duration = Duration::from_secs(600);
 struct Shared {
     config: EmbeddedConfig,
     clock: SharedClock,
+    layout: Layout,
     client: pb::lease_service_client::LeaseServiceClient<Channel>,
     slots: Vec<watch::Sender<Option<Grant>>>,
     generators: Vec<Arc<Generator>>,
@@ -134,6 +152,26 @@ impl Shared {
                 "no answer from the Lease API in time",
             ))),
         }
+    }
+
+    /// How far the local clock is past the earliest fence of `grant`; `None`
+    /// while it is below every fence, so ids can be stamped.
+    fn past_fence(&self, grant: &pb::LeaseGrant) -> Option<Duration> {
+        past_fence(&self.layout, self.clock.unix_ms(), grant)
+    }
+
+    /// Withdraws the grants, drains the generators and Releases the machine
+    /// ids with the last timestamp stamped on each; returns how many the
+    /// server released (0 when the call failed, which is logged).
+    async fn release(&self, reason: StopReason) -> u32 {
+        self.stop(reason);
+        let mut last_used = HashMap::new();
+        for g in &self.generators {
+            if let Some((machine_id, last)) = g.drain() {
+                last_used.insert(u32::from(machine_id.get()), last.get());
+            }
+        }
+        release(&self.client, &self.config, last_used).await
     }
 
     /// Publishes `grant` (already checked) with the deadline counted from `sent`.
@@ -202,6 +240,41 @@ fn check_grant(grant: &pb::LeaseGrant, asked: u32) -> Result<Layout, ClientError
     Ok(layout)
 }
 
+/// How far the wall clock `unix_ms` is past the earliest fence of `grant`;
+/// `None` while it is at or below every fence.
+fn past_fence(layout: &Layout, unix_ms: u64, grant: &pb::LeaseGrant) -> Option<Duration> {
+    let now = layout.to_layout_ms(unix_ms)?.get();
+    let fence = grant.machine_ids.iter().map(|m| m.fence_ms).min()?;
+    (now > fence).then(|| Duration::from_millis(now - fence))
+}
+
+/// Releases every machine id the requester holds (`last_used_ms` by machine
+/// id, empty for a grant never used); returns how many the server released,
+/// 0 when the call failed (logged: the lease then ends by itself).
+async fn release(
+    client: &pb::lease_service_client::LeaseServiceClient<Channel>,
+    config: &EmbeddedConfig,
+    last_used_ms: HashMap<u32, u64>,
+) -> u32 {
+    let request = pb::ReleaseRequest {
+        requester: Some(config.requester.to_pb()),
+        namespace: config.namespace.clone(),
+        last_used_ms,
+    };
+    let mut client = client.clone();
+    match tokio::time::timeout(config.request_timeout, client.release(request)).await {
+        Ok(Ok(r)) => r.into_inner().released,
+        Ok(Err(status)) => {
+            warn!(namespace = %config.namespace, error = %ClientError::Status(status), "Release failed; the machine ids free themselves when the lease expires");
+            0
+        }
+        Err(_) => {
+            warn!(namespace = %config.namespace, timeout = ?config.request_timeout, "Release got no answer in time; the machine ids free themselves when the lease expires");
+            0
+        }
+    }
+}
+
 /// `base` ± `jitter` (a fraction), at random.
 fn jittered(base: Duration, jitter: f64) -> Duration {
     base.mul_f64(1.0 + rand::rng().random_range(-jitter..=jitter))
@@ -245,7 +318,47 @@ impl EmbeddedGenerator {
             tokio::time::sleep(wait).await;
             delay = (delay * 2).min(config.acquire_backoff.1);
         };
+        // From here on the server holds machine ids for us: every failure
+        // gives them back before it returns.
+        match Self::accept(config.clone(), clock, client.clone(), grant, sent).await {
+            Ok(generator) => Ok(generator),
+            Err(e) => {
+                let released = release(&client, &config, HashMap::new()).await;
+                warn!(namespace = %config.namespace, released, error = %e, "refused the grant and released it");
+                Err(e)
+            }
+        }
+    }
+
+    /// Checks a fresh grant, waits for the clock to pass its floor and starts
+    /// renewing; the caller releases the grant on failure.
+    async fn accept(
+        config: EmbeddedConfig,
+        clock: SharedClock,
+        client: pb::lease_service_client::LeaseServiceClient<Channel>,
+        grant: pb::LeaseGrant,
+        sent: Instant,
+    ) -> Result<Self, ClientError> {
         let layout = check_grant(&grant, config.machine_ids)?;
+        if let Some(past) = past_fence(&layout, clock.unix_ms(), &grant) {
+            return Err(ClientError::ClockPastFence { past });
+        }
+        let deadline = sent + Duration::from_millis(grant.expires_in_ms);
+        let max_floor = grant
+            .machine_ids
+            .iter()
+            .map(|m| m.floor_ms)
+            .max()
+            .unwrap_or(0);
+        let now = layout.to_layout_ms(clock.unix_ms()).unwrap_or_default();
+        let wait = Duration::from_millis((max_floor + 1).saturating_sub(now.get()));
+        // Never wait past the lease either: it would end before the first id.
+        let max = config
+            .max_floor_wait
+            .min(deadline.saturating_duration_since(clock.now()));
+        if wait > max {
+            return Err(ClientError::ClockBehindFloor { wait, max });
+        }
         let mut slots = Vec::new();
         let mut generators = Vec::new();
         for _ in 0..config.machine_ids {
@@ -267,6 +380,7 @@ impl EmbeddedGenerator {
         let shared = Arc::new(Shared {
             config,
             clock,
+            layout,
             client,
             slots,
             generators: generators.clone(),
@@ -275,39 +389,14 @@ impl EmbeddedGenerator {
         });
         shared.publish(&grant, sent);
         // Like a server with NOT_SERVING: hand the generator over only once the
-        // clock has passed every previous holder's fence (DESIGN §2.3), so the
-        // first next_id() issues instead of failing with ClockBehindFence.
-        let max_floor = grant
-            .machine_ids
-            .iter()
-            .map(|m| m.floor_ms)
-            .max()
-            .unwrap_or(0);
-        let now = layout
-            .to_layout_ms(shared.clock.unix_ms())
-            .unwrap_or_default();
-        if now.get() <= max_floor {
-            let wait = Duration::from_millis(max_floor - now.get() + 1);
-            let deadline = sent + Duration::from_millis(grant.expires_in_ms);
-            if shared.clock.now() + wait >= deadline {
-                // Waiting would outlive the lease: give the ids back untouched.
-                shared.stop(StopReason::ShutDown);
-                let request = pb::ReleaseRequest {
-                    requester: Some(shared.config.requester.to_pb()),
-                    namespace: shared.config.namespace.clone(),
-                    last_used_ms: HashMap::new(),
-                };
-                let mut client = shared.client.clone();
-                if let Err(e) = shared.call(client.release(request)).await {
-                    warn!(error = %e, "Release after refusing the grant failed; the lease expires by itself");
-                }
-                return Err(ClientError::ClockBehindFloor { wait });
-            }
-            info!(namespace = %shared.config.namespace, wait = ?wait, "waiting for the clock to pass the claimed machine ids' floor");
+        // clock has passed every previous holder's fence, so the first
+        // next_id() issues instead of failing with ClockBehindFence. The wait
+        // is bounded above.
+        if !wait.is_zero() {
+            info!(namespace = %shared.config.namespace, wait = ?wait, max = ?max, "waiting for the clock to pass the claimed machine ids' floor");
             tokio::time::sleep(wait).await;
         }
         info!(namespace = %shared.config.namespace, machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
-        let deadline = sent + Duration::from_millis(grant.expires_in_ms);
         let renewer = tokio::spawn(renew_loop(shared.clone(), deadline));
         Ok(Self {
             set: GeneratorSet::new(generators),
@@ -351,30 +440,15 @@ impl EmbeddedGenerator {
     /// Returns how many machine ids the server released.
     pub async fn shutdown(self) -> u32 {
         self.renewer.abort();
-        let already = self.shared.stopped();
-        self.shared.stop(StopReason::ShutDown);
-        let mut last_used = HashMap::new();
-        for g in &self.shared.generators {
-            if let Some((machine_id, last)) = g.drain() {
-                last_used.insert(u32::from(machine_id.get()), last.get());
+        if self.shared.stopped().is_some() {
+            // The lease is gone, or the renewer released it already.
+            self.shared.stop(StopReason::ShutDown);
+            for g in &self.shared.generators {
+                g.drain();
             }
-        }
-        if already.is_some() {
             return 0;
         }
-        let request = pb::ReleaseRequest {
-            requester: Some(self.shared.config.requester.to_pb()),
-            namespace: self.shared.config.namespace.clone(),
-            last_used_ms: last_used,
-        };
-        let mut client = self.shared.client.clone();
-        match self.shared.call(client.release(request)).await {
-            Ok(r) => r.released,
-            Err(e) => {
-                warn!(error = %e, "Release failed; the machine ids free themselves when the lease expires");
-                0
-            }
-        }
+        self.shared.release(StopReason::ShutDown).await
     }
 }
 
@@ -422,6 +496,13 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
                 }
                 if grant.expires_in_ms == 0 {
                     shared.stop(StopReason::Expired);
+                    return;
+                }
+                if let Some(past) = shared.past_fence(&grant) {
+                    // Stamping nothing while holding the machine ids helps no
+                    // one: give them back.
+                    let released = shared.release(StopReason::ClockPastFence { past }).await;
+                    warn!(namespace = %shared.config.namespace, released, "released the machine ids: the local clock is past the renewed fence");
                     return;
                 }
                 shared.publish(&grant, sent);

@@ -19,6 +19,11 @@ use snowkeep_client::MachineId;
 
 const ROOT: &str = "/snowkeep/v1/ns/";
 
+/// The prefix of every namespace's keys.
+pub fn namespaces_root() -> &'static str {
+    ROOT
+}
+
 /// The prefix of everything under a namespace.
 pub fn namespace_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/")

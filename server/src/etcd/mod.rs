@@ -8,7 +8,9 @@
 //! to the next endpoint after any failed request. The lease loop retries, so a
 //! dead member costs one retry, not a lost lease.
 
+mod instance;
 pub mod keys;
+pub mod overlap;
 pub mod requesters;
 
 use std::future::Future;
@@ -133,6 +135,8 @@ pub struct EtcdStore {
     keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     /// The endpoint position the keepalive stream was opened on.
     keeper_position: usize,
+    /// The last leases this process granted itself (see `instance`).
+    own_leases: Vec<i64>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -237,6 +241,9 @@ struct ClaimRequest<'a> {
     absent_floor: Millis,
     /// Machine ids whose fence is above this are skipped (`now + max_fence_wait`).
     max_floor: Millis,
+    /// Free machine ids to try first, after the ones the holder still holds
+    /// (a crashed predecessor's, under the same instance id).
+    prefer: &'a [MachineId],
 }
 
 impl ClaimRequest<'_> {
@@ -267,7 +274,7 @@ async fn claim_ids(
     for round in 0..CLAIM_ROUNDS {
         let view = read_pool(endpoints, timeout, ns).await?;
         let mut too_far = None;
-        let candidates: Vec<_> = rank_candidates(
+        let mut candidates: Vec<_> = rank_candidates(
             &view,
             want.range.clone(),
             want.holder,
@@ -284,6 +291,9 @@ async fn claim_ids(
             _ => true,
         })
         .collect();
+        // Stable: the ranking order stays within each group.
+        candidates
+            .sort_by_key(|c| c.kind != CandidateKind::Own && !want.prefer.contains(&c.machine_id));
         if let (true, Some((machine_id, fence))) = (candidates.is_empty(), too_far) {
             let ahead = Duration::from_millis(fence.get().saturating_sub(want.now.get()));
             let max = Duration::from_millis(want.max_floor.get().saturating_sub(want.now.get()));
@@ -391,6 +401,7 @@ impl EtcdStore {
             layout,
             keeper: None,
             keeper_position: 0,
+            own_leases: Vec::new(),
         };
         store.ensure_layout().await?;
         Ok(store)
@@ -442,7 +453,14 @@ impl EtcdStore {
     /// Grants a lease and claims `machine_ids` machine ids for it, with an
     /// atomic transaction per candidate. The fence returned as each floor is
     /// read *inside* the claiming transaction (DESIGN §2.3).
+    ///
+    /// First settles holder keys that name this instance id under another
+    /// process's lease (see the `instance` module): a crashed predecessor's
+    /// machine id is claimed back once its lease ends, and
+    /// [`LeaseError::DuplicateInstance`] stops this process when another live
+    /// one holds it.
     pub async fn claim(&mut self) -> Result<Claim, LeaseError> {
+        let prefer = self.settle_own_holders().await?;
         let timeout = self.settings.request_timeout;
         let ttl_secs = i64::try_from(self.settings.lease_ttl.as_secs()).unwrap_or(i64::MAX);
         self.keeper = None;
@@ -454,8 +472,9 @@ impl EtcdStore {
             })
             .await?;
         let lease_id = lease.id();
+        self.remember_lease(lease_id);
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
-        match self.claim_with_lease(lease_id).await {
+        match self.claim_with_lease(lease_id, &prefer).await {
             Ok((held, revision)) => {
                 let claim = Claim {
                     held,
@@ -481,7 +500,11 @@ impl EtcdStore {
         }
     }
 
-    async fn claim_with_lease(&mut self, lease_id: i64) -> Result<(Vec<HeldId>, i64), LeaseError> {
+    async fn claim_with_lease(
+        &mut self,
+        lease_id: i64,
+        prefer: &[MachineId],
+    ) -> Result<(Vec<HeldId>, i64), LeaseError> {
         let now = self
             .layout
             .to_layout_ms(self.clock.unix_ms())
@@ -500,8 +523,11 @@ impl EtcdStore {
             now,
             absent_floor,
             max_floor,
+            prefer,
         };
-        claim_ids(&mut self.endpoints, self.settings.request_timeout, want).await
+        let claimed = claim_ids(&mut self.endpoints, self.settings.request_timeout, want).await?;
+        self.check_no_older_twin(lease_id).await?;
+        Ok(claimed)
     }
 
     /// Raises the fence of every claimed machine id (`fences[i]` for

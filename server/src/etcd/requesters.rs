@@ -267,6 +267,7 @@ impl RequesterLeases {
             now,
             absent_floor,
             max_floor,
+            prefer: &[],
         };
         let claimed = claim_ids(&mut self.endpoints, self.timeout, want).await;
         let held = match claimed {

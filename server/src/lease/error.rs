@@ -58,6 +58,12 @@ pub enum LeaseError {
         /// The namespace.
         namespace: String,
     },
+    /// A namespace name that breaks [`crate::config::NAMESPACE_RULE`].
+    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::config::NAMESPACE_RULE)]
+    InvalidNamespace {
+        /// The name given.
+        namespace: String,
+    },
     /// A requester that holds machine ids asked for a different number.
     #[error("requester already holds {held} machine ids but asked for {asked}; Release them first or Acquire {held}")]
     CountMismatch {
@@ -107,8 +113,8 @@ pub enum LeaseError {
         /// The clock.
         unix_ms: u64,
     },
-    /// Another live process claimed our machine id under our instance id.
-    #[error("another live process took machine id {machine_id} under the same instance id {instance_id:?}: every live process needs its own --instance-id")]
+    /// Another live process holds a machine id under our instance id.
+    #[error("another live process holds machine id {machine_id} under the same instance id {instance_id:?}: two live processes must never share an --instance-id; give each its own (the pod name, say), or stop the other one first")]
     DuplicateInstance {
         /// The instance id.
         instance_id: String,
@@ -138,7 +144,7 @@ pub enum LeaseError {
         value: String,
     },
     /// Another process holds the embedded store's state file lock.
-    #[error("state file {path} is locked by another snowkeep process; the embedded store runs as one instance only (stop the other one: two embedded servers, even on different --state-dir, hold the same machine id and issue equal ids; run more than one instance on etcd with --etcd-endpoints)")]
+    #[error("state file {path} is locked by another snowkeep process; one embedded server runs per --state-dir and namespace (stop the other one, or give this one its own --state-dir and a --machine-id-range disjoint from every other embedded server's: servers with overlapping ranges issue equal ids; or run on etcd with --etcd-endpoints, which assigns machine ids)")]
     StateLocked {
         /// The state file.
         path: String,
@@ -169,6 +175,7 @@ impl LeaseError {
             | LeaseError::Io { .. } => true,
             LeaseError::NoFreeMachineId { .. }
             | LeaseError::UnknownNamespace { .. }
+            | LeaseError::InvalidNamespace { .. }
             | LeaseError::CountMismatch { .. }
             | LeaseError::LayoutMismatch { .. }
             | LeaseError::FenceTooFarAhead { .. }

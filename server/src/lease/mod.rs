@@ -115,7 +115,7 @@ impl Store {
     async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
         match self {
             Store::Etcd(s) => s.advance_fences(claim, fences).await,
-            Store::Local(s) => s.write_fence(fences.iter().copied().max().unwrap_or_default()),
+            Store::Local(s) => s.write_fences(claim, fences),
         }
     }
 
@@ -131,7 +131,7 @@ impl Store {
     async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
         match self {
             Store::Etcd(s) => s.release(claim, last_used).await,
-            Store::Local(s) => s.write_fence(last_used.iter().copied().max().unwrap_or_default()),
+            Store::Local(s) => s.write_fences(claim, last_used),
         }
     }
 

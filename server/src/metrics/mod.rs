@@ -53,6 +53,10 @@ pub const CLOCK_SKEW_SECONDS: &str = "snowkeep_clock_skew_seconds";
 pub const CLOCK_SKEW_REJECTIONS_TOTAL: &str = "snowkeep_clock_skew_rejections_total";
 /// 1 while ids can be issued, else 0; label `namespace` (mirrors gRPC health).
 pub const ISSUANCE_READY: &str = "snowkeep_issuance_ready";
+/// Other namespaces of the same etcd, with the same bit layout, that have
+/// used machine ids of this server's range (their ids can equal this
+/// namespace's); checked at start; label `namespace`.
+pub const NAMESPACE_OVERLAPS: &str = "snowkeep_namespace_overlaps";
 /// Largest absolute clock offset to a peer server in the last measuring
 /// round, seconds (0 with no peers); label `namespace`.
 pub const PEER_CLOCK_OFFSET_MAX_SECONDS: &str = "snowkeep_peer_clock_offset_max_seconds";
@@ -81,6 +85,7 @@ pub const CATALOG: &[(&str, &str)] = &[
     (CLOCK_SKEW_REJECTIONS_TOTAL, "counter"),
     (ISSUANCE_READY, "gauge"),
     (PEER_CLOCK_OFFSET_MAX_SECONDS, "gauge"),
+    (NAMESPACE_OVERLAPS, "gauge"),
 ];
 
 /// Where a clock skew was observed.
@@ -226,6 +231,11 @@ pub fn describe_all() {
         PEER_CLOCK_OFFSET_MAX_SECONDS,
         Unit::Seconds,
         "Largest absolute clock offset to a peer server in the last measuring round (NTP-style, half the round trip)."
+    );
+    describe_gauge!(
+        NAMESPACE_OVERLAPS,
+        Unit::Count,
+        "Other namespaces of this etcd with the same bit layout that have used machine ids of this server's range, so their ids can equal this namespace's (checked at start)."
     );
     describe_counter!(
         CLOCK_SKEW_REJECTIONS_TOTAL,

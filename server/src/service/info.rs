@@ -105,9 +105,13 @@ impl pb::info_service_server::InfoService for InfoHandler {
                 reader.range(),
             ),
             None => {
-                let total = self.generators.generators().len() as u32;
+                let range = match &self.access {
+                    StoreAccess::Embedded { machine_ids } => machine_ids.clone(),
+                    StoreAccess::Etcd(_) => 0..0,
+                };
+                let total = range.end - range.start;
                 let held = if self.generators.is_ready() { total } else { 0 };
-                (crate::lease::Capacity { total, held }, 0..total)
+                (crate::lease::Capacity { total, held }, range)
             }
         };
         Ok(Response::new(convert::capacity_to_pb(

@@ -14,7 +14,7 @@ use super::status::ApiError;
 use super::StoreAccess;
 use crate::config::LeaseApiConfig;
 use crate::etcd::requesters::{RequesterGrant, RequesterLeases, MAX_REQUESTER_IDS};
-use crate::lease::skew::{self, SkewVerdict};
+use crate::lease::skew::{self, SkewCall, SkewDirection, SkewVerdict};
 use crate::metrics as m;
 
 /// How long the last skew seen from a requester is kept beyond its lease
@@ -63,14 +63,15 @@ impl LeaseHandler {
         Ok((requester, leases, layout))
     }
 
-    /// Judges and records the client's clock skew; `Err` when Acquire must be refused.
+    /// Judges and records the client's clock skew; `Err` when `call` must be
+    /// refused (an Acquire from a clock off by more than the threshold, either way).
     async fn check_skew(
         &self,
         leases: &mut RequesterLeases,
         namespace: &str,
         requester: &str,
         client_time_unix_ms: Option<u64>,
-        acquire: bool,
+        call: SkewCall,
     ) -> Result<(), ApiError> {
         let Some(client) = client_time_unix_ms else {
             return Ok(());
@@ -89,7 +90,8 @@ impl LeaseHandler {
                 self.config.first_lease + SKEW_RECORD_GRACE,
             )
             .await;
-        match skew::judge(skew_ms, self.config.skew_threshold, acquire) {
+        let direction = SkewDirection::of(skew_ms);
+        match skew::judge(skew_ms, self.config.skew_threshold, call) {
             SkewVerdict::Fine => Ok(()),
             SkewVerdict::Warn => {
                 warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "client clock skew over half the threshold");
@@ -97,9 +99,10 @@ impl LeaseHandler {
             }
             SkewVerdict::Reject => {
                 metrics::counter!(m::CLOCK_SKEW_REJECTIONS_TOTAL).increment(1);
-                warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "refused Acquire: client clock behind the server");
-                Err(ApiError::ClientClockBehind {
-                    skew: Duration::from_millis(skew_ms.unsigned_abs()),
+                warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "refused Acquire: client clock {direction} the server by more than the threshold");
+                Err(ApiError::ClientClockSkew {
+                    skew: skew::magnitude(skew_ms),
+                    direction,
                     threshold: self.config.skew_threshold,
                 })
             }
@@ -132,7 +135,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             &req.namespace,
             &requester,
             req.client_time_unix_ms,
-            true,
+            SkewCall::Acquire,
         )
         .await?;
         let grant = leases
@@ -160,7 +163,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             &req.namespace,
             &requester,
             req.client_time_unix_ms,
-            false,
+            SkewCall::Renew,
         )
         .await?;
         let grant = leases

@@ -23,7 +23,10 @@ use status::ApiError;
 #[derive(Clone)]
 pub enum StoreAccess {
     /// The embedded store: no etcd, so no Lease API.
-    Embedded,
+    Embedded {
+        /// The machine ids this server holds, `[start, end)`.
+        machine_ids: std::ops::Range<u32>,
+    },
     /// etcd: filled in once the server has connected.
     Etcd(Arc<OnceLock<(CapacityReader, RequesterLeases)>>),
 }
@@ -45,7 +48,7 @@ impl StoreAccess {
     /// [`ApiError::StoreNotConnected`] before etcd answered.
     pub fn etcd_handles(&self) -> Result<Option<(CapacityReader, RequesterLeases)>, ApiError> {
         match self {
-            StoreAccess::Embedded => Ok(None),
+            StoreAccess::Embedded { .. } => Ok(None),
             StoreAccess::Etcd(cell) => cell
                 .get()
                 .cloned()

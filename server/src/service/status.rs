@@ -42,11 +42,13 @@ pub enum ApiError {
     /// The Lease API was called on a server without etcd.
     #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the embedded single-instance store")]
     LeaseApiNeedsEtcd,
-    /// The client's clock is behind the server's beyond the threshold.
-    #[error("client clock is {} behind the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
-    ClientClockBehind {
-        /// Skew (server − client).
+    /// The client's clock is off the server's, either way, beyond the threshold.
+    #[error("client clock is {} {direction} the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
+    ClientClockSkew {
+        /// How far off (see [`crate::lease::skew::magnitude`]).
         skew: std::time::Duration,
+        /// Which way.
+        direction: crate::lease::skew::SkewDirection,
         /// The threshold.
         threshold: std::time::Duration,
     },
@@ -56,8 +58,8 @@ pub enum ApiError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// A malformed namespace.
-    #[error("invalid namespace {namespace:?}: use 1-64 characters of A-Z a-z 0-9 _ . -")]
+    /// A namespace name that breaks [`crate::config::NAMESPACE_RULE`].
+    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::config::NAMESPACE_RULE)]
     InvalidNamespace {
         /// Given.
         namespace: String,
@@ -188,12 +190,11 @@ fn code_of(err: &ApiError) -> Code {
         | ApiError::InvalidNamespace { .. }
         | ApiError::InvalidLeaseCount { .. }
         | ApiError::InvalidMachineId { .. } => Code::InvalidArgument,
-        ApiError::ClientClockBehind { .. } | ApiError::LeaseApiNeedsEtcd => {
-            Code::FailedPrecondition
-        }
+        ApiError::ClientClockSkew { .. } | ApiError::LeaseApiNeedsEtcd => Code::FailedPrecondition,
         ApiError::StoreNotConnected => Code::Unavailable,
         ApiError::Lease(e) => match e {
             LeaseError::UnknownNamespace { .. } => Code::NotFound,
+            LeaseError::InvalidNamespace { .. } => Code::InvalidArgument,
             LeaseError::NoFreeMachineId { .. } => Code::ResourceExhausted,
             // Not FAILED_PRECONDITION: clients retry that (a skew refusal
             // heals with NTP); another Acquire cannot fix a count mismatch.
@@ -253,6 +254,7 @@ mod tests {
     use snowkeep_client::{MachineId, Millis};
 
     use super::*;
+    use crate::lease::skew::SkewDirection;
 
     #[test]
     fn each_error_maps_to_its_code() {
@@ -290,11 +292,26 @@ mod tests {
                 Code::AlreadyExists,
             ),
             (
-                ApiError::ClientClockBehind {
+                ApiError::ClientClockSkew {
                     skew: Duration::from_secs(900),
+                    direction: SkewDirection::Behind,
                     threshold: Duration::from_secs(600),
                 },
                 Code::FailedPrecondition,
+            ),
+            (
+                ApiError::ClientClockSkew {
+                    skew: Duration::from_secs(900),
+                    direction: SkewDirection::Ahead,
+                    threshold: Duration::from_secs(600),
+                },
+                Code::FailedPrecondition,
+            ),
+            (
+                ApiError::Lease(LeaseError::InvalidNamespace {
+                    namespace: ".".into(),
+                }),
+                Code::InvalidArgument,
             ),
             (ApiError::LeaseApiNeedsEtcd, Code::FailedPrecondition),
             (ApiError::StoreNotConnected, Code::Unavailable),
@@ -444,14 +461,24 @@ mod tests {
     }
 
     #[test]
-    fn a_skew_refusal_names_skew_threshold_and_remedy() {
-        let s = Status::from(ApiError::ClientClockBehind {
+    fn a_skew_refusal_names_skew_direction_threshold_and_remedy() {
+        let s = Status::from(ApiError::ClientClockSkew {
             skew: Duration::from_secs(900),
+            direction: SkewDirection::Behind,
             threshold: Duration::from_secs(600),
         });
         assert_eq!(
             s.message(),
             "client clock is 15m behind the server, over the 10m threshold: sync this host with NTP (chrony/ntpd), then retry"
+        );
+        let s = Status::from(ApiError::ClientClockSkew {
+            skew: Duration::from_secs(1200),
+            direction: SkewDirection::Ahead,
+            threshold: Duration::from_secs(600),
+        });
+        assert_eq!(
+            s.message(),
+            "client clock is 20m ahead of the server, over the 10m threshold: sync this host with NTP (chrony/ntpd), then retry"
         );
     }
 

@@ -70,10 +70,10 @@ async fn a_second_server_on_the_same_state_dir_refuses_to_start() {
         log.contains("is locked by another snowkeep process"),
         "log:\n{log}"
     );
-    // The advice must never be a second embedded server elsewhere: it would
-    // hold the same machine id and issue equal ids.
+    // The advice must never be a second embedded server elsewhere without
+    // its own machine ids: it would issue equal ids.
     assert!(
-        log.contains("even on different --state-dir, hold the same machine id")
+        log.contains("give this one its own --state-dir and a --machine-id-range disjoint from every other embedded server's")
             && log.contains("--etcd-endpoints"),
         "log:\n{log}"
     );

@@ -5,11 +5,16 @@
 #![allow(clippy::unwrap_used)]
 
 mod claims;
+mod client_skew;
+mod config_refusals;
 mod embedded;
+mod embedded_ranges;
 mod etcd_faults;
+mod instance_ids;
 mod issuance;
 mod lease;
 mod lease_api;
+mod namespace_overlap;
 mod observability;
 mod protos;
 mod release;

@@ -148,32 +148,6 @@ async fn a_fence_far_ahead_is_skipped_and_only_fatal_when_nothing_else_is_free()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_live_process_with_the_same_instance_id_stops_the_first_for_good() {
-    let etcd = EtcdProcess::start().await;
-    let same = ["--instance-id", "pod-0"];
-    let mut first = ServerProcess::on_etcd(&etcd.endpoint(), "twins", &same);
-    first.wait_serving(READY).await;
-    let second = ServerProcess::on_etcd(&etcd.endpoint(), "twins", &same);
-    second.wait_serving(READY).await;
-    // The second took pod-0's machine id over; the first must not take it
-    // back (they would trade it forever) but stop with a clear error.
-    assert_eq!(
-        first.wait_exit(Duration::from_secs(10)).await.code(),
-        Some(1)
-    );
-    assert!(
-        first.log().contains(
-            r#"under the same instance id "pod-0": every live process needs its own --instance-id"#
-        ),
-        "log:\n{}",
-        first.log()
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await; // longer than a fence advance period
-    assert_eq!(second.health().await, Some(ServingStatus::Serving));
-    assert_eq!(second.next_ids(10).await.unwrap().len(), 10);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_turns_not_serving_as_soon_as_calls_are_refused() {
     let etcd = EtcdProcess::start().await;
     // A lease TTL longer than the fence horizon: with etcd frozen, the clock

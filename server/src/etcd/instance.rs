@@ -1,0 +1,236 @@
+//! One live process per instance id.
+//!
+//! A holder key's value is the instance id that holds the machine id. When a
+//! server about to claim finds its own instance id on a holder key bound to a
+//! lease this process never had, the key belongs either to its predecessor
+//! that crashed (a stable instance restarting) or to another live process
+//! configured with the same `--instance-id`. Taking the key over would make
+//! which of the two survives a race, so the newcomer tells them apart first,
+//! before it claims anything, and never disturbs a live holder:
+//!
+//! * a live holder keeps its lease alive and keeps raising the machine id's
+//!   fence (every half fence horizon while it issues);
+//! * a crashed holder's lease expires within its TTL, and etcd deletes the
+//!   key with it.
+//!
+//! So the newcomer watches the machine id's holder and fence keys: the key
+//! going means the predecessor is gone, and that machine id becomes its
+//! first choice; the fence moving under the key means a live holder, and the
+//! newcomer stops with [`LeaseError::DuplicateInstance`] (exit 64). Past the
+//! lease's remaining TTL plus [`EXPIRY_SLACK`] without either, etcd is asked
+//! whether the lease still lives (it was renewed: a live holder).
+//!
+//! Two processes that start at the same moment both find nothing and both
+//! claim; [`EtcdStore::check_no_older_twin`] then stops the one whose claim
+//! committed later.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{EventType, GetOptions, WatchOptions};
+use snowkeep_client::MachineId;
+use tracing::{info, warn};
+
+use super::{keys, EtcdStore};
+use crate::lease::LeaseError;
+
+/// Wait past a predecessor lease's remaining TTL (whole seconds, rounded
+/// down) before asking etcd whether it still lives: etcd expires leases on a
+/// 500 ms tick.
+pub const EXPIRY_SLACK: Duration = Duration::from_secs(2);
+
+/// Leases of this process remembered, so that a re-claim after a lost lease
+/// takes its own holder keys back at once.
+pub(super) const OWN_LEASES_KEPT: usize = 16;
+
+/// A holder key that names this instance id.
+struct OwnKey {
+    machine_id: MachineId,
+    lease: i64,
+    create_revision: i64,
+}
+
+impl EtcdStore {
+    /// Remembers `lease_id` as one of this process's leases.
+    pub(super) fn remember_lease(&mut self, lease_id: i64) {
+        if self.own_leases.len() == OWN_LEASES_KEPT {
+            self.own_leases.remove(0);
+        }
+        self.own_leases.push(lease_id);
+    }
+
+    fn duplicate(&self, machine_id: MachineId) -> LeaseError {
+        LeaseError::DuplicateInstance {
+            instance_id: self.settings.instance_id.clone(),
+            machine_id,
+        }
+    }
+
+    /// The namespace's holder keys that name this instance id, and the
+    /// revision they were read at.
+    async fn own_holder_keys(&mut self) -> Result<(Vec<OwnKey>, i64), LeaseError> {
+        let prefix = keys::holder_prefix(self.ns());
+        let key = prefix.clone();
+        let resp = self
+            .endpoints
+            .call(
+                "read own holder keys",
+                self.settings.request_timeout,
+                |mut c| async move { c.get(key, Some(GetOptions::new().with_prefix())).await },
+            )
+            .await?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let own = resp
+            .kvs()
+            .iter()
+            .filter(|kv| kv.value() == self.settings.instance_id.as_bytes())
+            .filter_map(|kv| {
+                Some(OwnKey {
+                    machine_id: keys::machine_id_of(kv.key(), &prefix)?,
+                    lease: kv.lease(),
+                    create_revision: kv.create_revision(),
+                })
+            })
+            .collect();
+        Ok((own, revision))
+    }
+
+    /// Before a claim: settles every holder key that names this instance id
+    /// under a lease this process never had. Returns the machine ids whose
+    /// holder turned out gone (a crashed predecessor: claim them first);
+    /// [`LeaseError::DuplicateInstance`] when one turns out alive. Takes at
+    /// most the remaining TTL of each such lease plus [`EXPIRY_SLACK`].
+    pub(super) async fn settle_own_holders(&mut self) -> Result<Vec<MachineId>, LeaseError> {
+        let (own, revision) = self.own_holder_keys().await?;
+        let mut gone = Vec::new();
+        for key in own {
+            if self.own_leases.contains(&key.lease) {
+                continue;
+            }
+            if self.predecessor_lives(&key, revision).await? {
+                return Err(self.duplicate(key.machine_id));
+            }
+            info!(namespace = %self.ns(), machine_id = key.machine_id.get(), "the previous holder under this instance id is gone; claiming its machine id first");
+            gone.push(key.machine_id);
+        }
+        Ok(gone)
+    }
+
+    /// After a claim under `lease_id`: [`LeaseError::DuplicateInstance`] when
+    /// another process's holder key naming this instance id was created
+    /// before this claim's first key (two processes started together: the
+    /// later claim stops, the earlier one keeps running).
+    pub(super) async fn check_no_older_twin(&mut self, lease_id: i64) -> Result<(), LeaseError> {
+        let (own, _) = self.own_holder_keys().await?;
+        let Some(first_ours) = own
+            .iter()
+            .filter(|k| k.lease == lease_id)
+            .map(|k| k.create_revision)
+            .min()
+        else {
+            // Our keys are gone already; the holder watch reports that.
+            return Ok(());
+        };
+        match own
+            .iter()
+            .find(|k| !self.own_leases.contains(&k.lease) && k.create_revision < first_ours)
+        {
+            Some(twin) => Err(self.duplicate(twin.machine_id)),
+            None => Ok(()),
+        }
+    }
+
+    /// True when the holder of `key` (read at `revision`) is alive, false
+    /// once it is gone.
+    async fn predecessor_lives(&mut self, key: &OwnKey, revision: i64) -> Result<bool, LeaseError> {
+        let Some(remaining) = self.lease_remaining(key.lease).await? else {
+            return Ok(false);
+        };
+        let patience = remaining + EXPIRY_SLACK;
+        info!(namespace = %self.ns(), instance_id = %self.settings.instance_id, machine_id = key.machine_id.get(), lease_id = key.lease, wait = ?patience, "this instance id holds a machine id under another process's etcd lease: waiting until that lease ends (a crashed predecessor) or its fence moves (another live process with the same --instance-id)");
+        let deadline = self.clock.now() + patience;
+        if let Some(lives) = self.watch_predecessor(key, revision, deadline).await {
+            return Ok(lives);
+        }
+        // No telling event before the deadline (or the watch failed): by now
+        // an unrenewed lease has expired.
+        tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)).await;
+        Ok(self.lease_remaining(key.lease).await?.is_some())
+    }
+
+    /// The remaining TTL of `lease` (whole seconds), `None` once it expired.
+    async fn lease_remaining(&mut self, lease: i64) -> Result<Option<Duration>, LeaseError> {
+        let ttl = self
+            .endpoints
+            .call(
+                "predecessor lease ttl",
+                self.settings.request_timeout,
+                |mut c| async move { c.lease_time_to_live(lease, None).await },
+            )
+            .await?
+            .ttl();
+        Ok(u64::try_from(ttl).ok().map(Duration::from_secs))
+    }
+
+    /// Watches `key`'s holder and fence keys from `revision + 1` until
+    /// `deadline`: `Some(false)` when the holder key goes or changes hands,
+    /// `Some(true)` when the fence moves under it, `None` otherwise.
+    async fn watch_predecessor(
+        &mut self,
+        key: &OwnKey,
+        revision: i64,
+        deadline: Instant,
+    ) -> Option<bool> {
+        let holder = keys::holder(self.ns(), key.machine_id);
+        let fence = keys::fence(self.ns(), key.machine_id);
+        let prefix = keys::namespace_prefix(self.ns());
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        let opened = self
+            .endpoints
+            .call(
+                "watch predecessor",
+                self.settings.request_timeout,
+                |mut c| async move { c.watch(prefix, Some(opts)).await },
+            )
+            .await;
+        let mut stream = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %crate::DisplayChain(&e), "cannot watch the previous holder; deciding by its lease alone");
+                return None;
+            }
+        };
+        loop {
+            let left = deadline.saturating_duration_since(self.clock.now());
+            let resp = match tokio::time::timeout(left, stream.message()).await {
+                Ok(Ok(Some(resp))) if !resp.canceled() => resp,
+                _ => return None,
+            };
+            // One transaction's events arrive together: a clean release
+            // writes the fence and deletes the holder key at once, which is a
+            // departure, not a sign of life.
+            let mut fence_moved = false;
+            for event in resp.events() {
+                let Some(kv) = event.kv() else { continue };
+                if kv.key() == holder.as_bytes() {
+                    if event.event_type() == EventType::Delete
+                        || kv.value() != self.settings.instance_id.as_bytes()
+                    {
+                        return Some(false);
+                    }
+                    if kv.lease() != key.lease {
+                        // Rebound to yet another lease under this instance
+                        // id: a live process holds it.
+                        return Some(true);
+                    }
+                } else if kv.key() == fence.as_bytes() && event.event_type() == EventType::Put {
+                    fence_moved = true;
+                }
+            }
+            if fence_moved {
+                return Some(true);
+            }
+        }
+    }
+}

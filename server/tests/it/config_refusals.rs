@@ -1,0 +1,170 @@
+//! Configuration that used to be accepted and then ignored or mishandled is
+//! refused at start with exit code 64 and a message naming the rule; the
+//! Lease API refuses the same namespace names with INVALID_ARGUMENT.
+
+use std::time::Duration;
+
+use snowkeep_proto::v1 as pb;
+
+use crate::support::etcd::EtcdProcess;
+use crate::support::server::ServerProcess;
+
+const RULE: &str = r#"a namespace is 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit (so never "." or "..", and no "/")"#;
+
+/// Starts one server per `args` at once; asserts each exits 64 with its
+/// message in the log.
+async fn refused(cases: Vec<(Vec<String>, String)>) {
+    let mut servers: Vec<(ServerProcess, Vec<String>, String)> = cases
+        .into_iter()
+        .map(|(args, message)| {
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            (ServerProcess::spawn(&argv), args, message)
+        })
+        .collect();
+    for (server, args, message) in &mut servers {
+        let code = server.wait_exit(Duration::from_secs(15)).await.code();
+        let log = server.log();
+        assert_eq!(code, Some(64), "{args:?}: log:\n{log}");
+        assert!(
+            log.contains(message.as_str()),
+            "{args:?}: want {message}\nlog:\n{log}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_endpoint_that_is_not_http_host_port_refuses_to_start_with_64() {
+    let entry = |e: &str, problem: &str| {
+        format!(r#"invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry "{e}": {problem}"#)
+    };
+    let malformed = "not an etcd client URL; use http://host:port (or host:port): a host, a port from 1 to 65535, no user, path or query";
+    let empty = "the entry is empty (a doubled or trailing comma?); give etcd client URLs as http://host:port, comma-separated";
+    let cases = [
+        (
+            "https://127.0.0.1:2379",
+            entry(
+                "https://127.0.0.1:2379",
+                "TLS to etcd (https://) is not supported yet; give a plaintext client URL, http://host:port",
+            ),
+        ),
+        ("garbage", entry("garbage", malformed)),
+        ("", entry("", empty)),
+        ("http://127.0.0.1:2379,,http://127.0.0.1:2380", entry("", empty)),
+        (
+            "unix:///var/run/etcd.sock",
+            entry(
+                "unix:///var/run/etcd.sock",
+                "only http:// client URLs are supported; use http://host:port",
+            ),
+        ),
+    ];
+    refused(
+        cases
+            .into_iter()
+            .map(|(value, message)| (vec![format!("--etcd-endpoints={value}")], message))
+            .collect(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_outside_the_rule_refuses_to_start_with_64() {
+    let too_long = "n".repeat(65);
+    let cases: Vec<(Vec<String>, String)> = [".", "..", "a/b", "", too_long.as_str(), "-x"]
+        .into_iter()
+        .map(|ns| {
+            (
+                vec![format!("--namespace={ns}")],
+                format!(r#"invalid --namespace (SNOWKEEP_NAMESPACE) "{ns}": {RULE}"#),
+            )
+        })
+        .collect();
+    refused(cases).await;
+
+    // The variable takes the same rule; on etcd too (the check comes first).
+    let etcd = EtcdProcess::start().await;
+    let mut s = ServerProcess::spawn_env(
+        &["--etcd-endpoints", &etcd.endpoint()],
+        &[("SNOWKEEP_NAMESPACE", "..")],
+    );
+    assert_eq!(s.wait_exit(Duration::from_secs(15)).await.code(), Some(64));
+    assert!(s.log().contains(RULE), "log:\n{}", s.log());
+
+    // Upper case is allowed (names are case-sensitive): an existing namespace
+    // such as "Orders" keeps working.
+    let state = tempfile::tempdir().unwrap();
+    let s = ServerProcess::spawn(&[
+        "--namespace",
+        "Orders",
+        "--state-dir",
+        state.path().to_str().unwrap(),
+    ]);
+    s.wait_serving(Duration::from_secs(15)).await;
+    assert_eq!(s.info().await.namespace, "Orders");
+    assert!(state.path().join("Orders.state").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_api_refuses_a_namespace_outside_the_rule_with_invalid_argument() {
+    let etcd = EtcdProcess::start().await;
+    let server = ServerProcess::on_etcd(&etcd.endpoint(), "names", &[]);
+    server.wait_serving(Duration::from_secs(20)).await;
+    let mut api = pb::lease_service_client::LeaseServiceClient::new(server.channel().await);
+    let requester = pb::Requester {
+        host_id: "names-host".into(),
+        pid: 9,
+        start_unix_ms: 1,
+        nonce: "00000000000000aa".into(),
+    };
+    let too_long = "n".repeat(65);
+    for ns in [".", "..", "a/b", "", too_long.as_str(), "_x"] {
+        let want = format!("invalid namespace {ns:?}: {RULE}");
+        let check = |what: &str, status: tonic::Status| {
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{what} {ns:?}");
+            assert_eq!(status.message(), want, "{what} {ns:?}");
+        };
+        let acquire = api
+            .acquire(pb::AcquireRequest {
+                requester: Some(requester.clone()),
+                namespace: ns.into(),
+                count: 1,
+                client_time_unix_ms: None,
+            })
+            .await
+            .unwrap_err();
+        check("Acquire", acquire);
+        let renew = api
+            .renew(pb::RenewRequest {
+                requester: Some(requester.clone()),
+                namespace: ns.into(),
+                client_time_unix_ms: None,
+            })
+            .await
+            .unwrap_err();
+        check("Renew", renew);
+        let release = api
+            .release(pb::ReleaseRequest {
+                requester: Some(requester.clone()),
+                namespace: ns.into(),
+                last_used_ms: Default::default(),
+            })
+            .await
+            .unwrap_err();
+        check("Release", release);
+        let capacity = api
+            .capacity(pb::CapacityRequest {
+                namespace: ns.into(),
+            })
+            .await
+            .unwrap_err();
+        check("Capacity", capacity);
+    }
+    // A valid name that no server has used is unknown, not invalid.
+    let unknown = api
+        .capacity(pb::CapacityRequest {
+            namespace: "Orders".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+}
