@@ -183,4 +183,12 @@ pub enum StopReason {
     /// A renewal answered with machine ids the layout cannot hold.
     #[error("a renewal granted machine id {0} outside the layout")]
     BadRenewal(MachineId),
+    /// The namespace does not exist any more, or was created again since the
+    /// grant: etcd lost the state behind the lease (Check or Renew said so).
+    #[error("the namespace no longer exists as granted (etcd lost its state)")]
+    NamespaceGone,
+    /// etcd was restored from an older snapshot: the namespace is rolled back
+    /// until an operator confirms a floor (Check or Renew said so).
+    #[error("etcd was restored from an older snapshot; the namespace is rolled back")]
+    NamespaceRolledBack,
 }

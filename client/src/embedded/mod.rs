@@ -18,6 +18,11 @@
 //! * **deadline**: counted by the monotonic clock from when the request that
 //!   granted it was *sent*; past it the generators refuse on their own, and
 //!   the renewer stops issuance for good.
+//! * **check**: every `check_interval` (30 s) between renewals, ask the server
+//!   (`LeaseService.Check`) whether the lease still stands; "lease gone",
+//!   "namespace gone" (deleted or created again: etcd lost its state) or
+//!   "rolled back" (etcd restored from an older snapshot) stops issuance for
+//!   good at once. No answer changes nothing (outage tolerance).
 //! * **shutdown**: block issuance, drain the generators, then Release with the
 //!   last timestamp stamped on each machine id (skipped when the lease is
 //!   already gone; a failure is logged, never fatal).
@@ -33,7 +38,7 @@ use snowkeep_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use requester::Requester;
 
@@ -65,6 +70,12 @@ pub struct EmbeddedConfig {
     pub request_timeout: Duration,
     /// Send the local clock with Acquire/Renew so the server checks skew.
     pub send_client_time: bool,
+    /// How often to ask the server (`LeaseService.Check`) whether the lease
+    /// still stands, between renewals: the longest the generator goes on
+    /// issuing after etcd lost the state behind it (30 s by default). Zero
+    /// never checks. An unreachable server is no answer: issuing goes on
+    /// below the fence.
+    pub check_interval: Duration,
 }
 
 impl EmbeddedConfig {
@@ -81,9 +92,13 @@ impl EmbeddedConfig {
             acquire_attempts: None,
             request_timeout: Duration::from_secs(10),
             send_client_time: true,
+            check_interval: DEFAULT_CHECK_INTERVAL,
         }
     }
 }
+
+/// Default [`EmbeddedConfig::check_interval`].
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Renewal delays: never more often than this while behind ...
 const MIN_RETRY: Duration = Duration::from_secs(5);
@@ -98,6 +113,8 @@ struct Shared {
     slots: Vec<watch::Sender<Option<Grant>>>,
     generators: Vec<Arc<Generator>>,
     machine_ids: Vec<MachineId>,
+    /// The namespace incarnation of the grant (0: the server did not say).
+    incarnation: u64,
     stopped: Mutex<Option<StopReason>>,
 }
 
@@ -155,6 +172,7 @@ pub struct EmbeddedGenerator {
     set: Arc<GeneratorSet>,
     shared: Arc<Shared>,
     renewer: JoinHandle<()>,
+    checker: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for EmbeddedGenerator {
@@ -271,6 +289,7 @@ impl EmbeddedGenerator {
             slots,
             generators: generators.clone(),
             machine_ids,
+            incarnation: grant.namespace_incarnation,
             stopped: Mutex::new(None),
         });
         shared.publish(&grant, sent);
@@ -309,10 +328,12 @@ impl EmbeddedGenerator {
         info!(namespace = %shared.config.namespace, machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
         let deadline = sent + Duration::from_millis(grant.expires_in_ms);
         let renewer = tokio::spawn(renew_loop(shared.clone(), deadline));
+        let checker = tokio::spawn(check_loop(shared.clone()));
         Ok(Self {
             set: GeneratorSet::new(generators),
             shared,
             renewer,
+            checker,
         })
     }
 
@@ -351,6 +372,7 @@ impl EmbeddedGenerator {
     /// Returns how many machine ids the server released.
     pub async fn shutdown(self) -> u32 {
         self.renewer.abort();
+        self.checker.abort();
         let already = self.shared.stopped();
         self.shared.stop(StopReason::ShutDown);
         let mut last_used = HashMap::new();
@@ -381,6 +403,63 @@ impl EmbeddedGenerator {
 impl Drop for EmbeddedGenerator {
     fn drop(&mut self) {
         self.renewer.abort();
+        self.checker.abort();
+    }
+}
+
+/// The stop reason a "lease gone" answer gives (`Renew`'s `gone_reason`,
+/// `Check`'s `reason`); `None` for a valid lease or an unset reason.
+fn gone_reason(reason: i32) -> Option<StopReason> {
+    match pb::LeaseCheckReason::try_from(reason).ok()? {
+        pb::LeaseCheckReason::LeaseGone => Some(StopReason::LeaseGone),
+        pb::LeaseCheckReason::NamespaceGone => Some(StopReason::NamespaceGone),
+        pb::LeaseCheckReason::RolledBack => Some(StopReason::NamespaceRolledBack),
+        pb::LeaseCheckReason::Valid | pb::LeaseCheckReason::Unspecified => None,
+    }
+}
+
+/// Asks the server every `check_interval` whether the lease still stands and
+/// stops issuance at once when it does not. No answer (server unreachable,
+/// an older server without Check) changes nothing: the renewer and the fence
+/// rule as before.
+async fn check_loop(shared: Arc<Shared>) {
+    let every = shared.config.check_interval;
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(every).await;
+        if shared.stopped().is_some() {
+            return;
+        }
+        let request = pb::CheckRequest {
+            requester: Some(shared.config.requester.to_pb()),
+            namespace: shared.config.namespace.clone(),
+            namespace_incarnation: shared.incarnation,
+            machine_ids: shared
+                .machine_ids
+                .iter()
+                .map(|m| u32::from(m.get()))
+                .collect(),
+        };
+        let mut client = shared.client.clone();
+        match shared.call(client.check(request)).await {
+            Ok(answer) if answer.valid => {}
+            Ok(answer) => match gone_reason(answer.reason) {
+                Some(reason) => {
+                    warn!(namespace = %shared.config.namespace, detail = %answer.detail, "Check: the lease is gone");
+                    shared.stop(reason);
+                    return;
+                }
+                None => debug!(
+                    reason = answer.reason,
+                    "Check answered an unknown reason; ignored"
+                ),
+            },
+            Err(e) => {
+                debug!(namespace = %shared.config.namespace, error = %e, "Check failed; issuing on below the fence")
+            }
+        }
     }
 }
 
@@ -391,6 +470,9 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
     loop {
         let wake = next.min(deadline);
         tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
+        if shared.stopped().is_some() {
+            return;
+        }
         if shared.clock.now() >= deadline {
             shared.stop(StopReason::Expired);
             return;
@@ -400,11 +482,12 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
             requester: Some(shared.config.requester.to_pb()),
             namespace: shared.config.namespace.clone(),
             client_time_unix_ms: shared.client_time(),
+            namespace_incarnation: shared.incarnation,
         };
         let mut client = shared.client.clone();
         match shared.call(client.renew(request)).await {
             Ok(grant) if grant.machine_ids.is_empty() => {
-                shared.stop(StopReason::LeaseGone);
+                shared.stop(gone_reason(grant.gone_reason).unwrap_or(StopReason::LeaseGone));
                 return;
             }
             Ok(grant) => {

@@ -15,6 +15,7 @@ use super::StoreAccess;
 use crate::config::LeaseApiConfig;
 use crate::etcd::requesters::{RequesterGrant, RequesterLeases, MAX_REQUESTER_IDS};
 use crate::lease::skew::{self, SkewVerdict};
+use crate::lease::LeaseError;
 use crate::metrics as m;
 
 /// How long the last skew seen from a requester is kept beyond its lease
@@ -127,6 +128,12 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         }
         let (requester, mut leases, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
+        // Refused (FAILED_PRECONDITION) while etcd shows it lost writes.
+        let incarnation = leases
+            .namespace(&req.namespace)
+            .await
+            .map_err(ApiError::Lease)?
+            .incarnation;
         self.check_skew(
             &mut leases,
             &req.namespace,
@@ -145,7 +152,9 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             )
             .await
             .map_err(ApiError::Lease)?;
-        Ok(Response::new(self.grant_to_pb(grant)))
+        let mut grant = self.grant_to_pb(grant);
+        grant.namespace_incarnation = incarnation;
+        Ok(Response::new(grant))
     }
 
     async fn renew(
@@ -153,6 +162,10 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
         let req = request.into_inner();
+        let incarnation = match self.renew_standing(&req).await? {
+            Ok(incarnation) => incarnation,
+            Err(gone) => return Ok(Response::new(gone)),
+        };
         let (requester, mut leases, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
         self.check_skew(
@@ -172,7 +185,9 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             )
             .await
             .map_err(ApiError::Lease)?;
-        Ok(Response::new(self.grant_to_pb(grant)))
+        let mut grant = self.grant_to_pb(grant);
+        grant.namespace_incarnation = incarnation;
+        Ok(Response::new(grant))
     }
 
     async fn release(
@@ -216,5 +231,58 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             api: "snowkeep.v1".to_owned(),
         }))
+    }
+
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        let req = request.into_inner();
+        let requester = convert::requester_key(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        let check = self
+            .leases()?
+            .check(
+                &req.namespace,
+                &requester,
+                req.namespace_incarnation,
+                &req.machine_ids,
+            )
+            .await
+            .map_err(ApiError::Lease)?;
+        Ok(Response::new(convert::check_to_pb(check)))
+    }
+}
+
+impl LeaseHandler {
+    /// Before a Renew: the namespace's incarnation when the lease can stand,
+    /// or the answer "lease gone" when the namespace does not exist, is
+    /// another incarnation than the holder's, or is rolled back. An answer,
+    /// not an error status: holders retry errors and would go on issuing up
+    /// to their fence, a whole renewed lease ahead.
+    async fn renew_standing(
+        &self,
+        req: &pb::RenewRequest,
+    ) -> Result<Result<u64, pb::LeaseGrant>, ApiError> {
+        convert::requester_key(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        let gone = |reason| Err(convert::gone_grant(reason, None, self.clock.unix_ms()));
+        match self.leases()?.namespace(&req.namespace).await {
+            Ok(record)
+                if req.namespace_incarnation != 0
+                    && record.incarnation != 0
+                    && req.namespace_incarnation != record.incarnation =>
+            {
+                Ok(gone(pb::LeaseCheckReason::NamespaceGone))
+            }
+            Ok(record) => Ok(Ok(record.incarnation)),
+            Err(LeaseError::UnknownNamespace { .. }) => {
+                Ok(gone(pb::LeaseCheckReason::NamespaceGone))
+            }
+            Err(LeaseError::NamespaceRolledBack { .. }) => {
+                Ok(gone(pb::LeaseCheckReason::RolledBack))
+            }
+            Err(e) => Err(ApiError::Lease(e)),
+        }
     }
 }

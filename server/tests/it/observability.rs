@@ -175,6 +175,7 @@ async fn a_peer_two_seconds_ahead_shows_in_both_servers_peer_offset() {
         &etcd.endpoint(),
         "--namespace",
         "peers",
+        "--create-namespace",
         "--lease-ttl",
         "2s",
         "--peer-skew-interval",
