@@ -12,5 +12,6 @@ mod lease;
 mod lease_api;
 mod observability;
 mod release;
+mod rollback;
 mod support;
 mod tampering;
