@@ -444,7 +444,7 @@ fn every_yaml_file_under_deploy_is_valid() {
         &args,
         "python3, with kubernetes-validate from PyPI",
     );
-    assert_eq!(out.matches(" passed for resource ").count(), 8, "{out}");
+    assert_eq!(out.matches(" passed for resource ").count(), 9, "{out}");
 }
 
 struct Prometheus(Child);
