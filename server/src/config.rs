@@ -142,7 +142,7 @@ pub struct Args {
     /// on every replica, or a wiped etcd is silently re-created.
     #[arg(long, env = "SNOWKEEP_CREATE_NAMESPACE")]
     pub create_namespace: bool,
-    /// With --create-namespace: create the namespace, then exit 0 without
+    /// Create the namespace as --create-namespace does, then exit 0 without
     /// serving (an init step).
     #[arg(long, env = "SNOWKEEP_CREATE_NAMESPACE_ONLY")]
     pub create_namespace_only: bool,

@@ -520,3 +520,29 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gone_answer_maps_to_its_stop_reason_and_anything_else_to_none() {
+        let r = |reason: pb::LeaseCheckReason| gone_reason(reason as i32);
+        assert_eq!(
+            r(pb::LeaseCheckReason::LeaseGone),
+            Some(StopReason::LeaseGone)
+        );
+        assert_eq!(
+            r(pb::LeaseCheckReason::NamespaceGone),
+            Some(StopReason::NamespaceGone)
+        );
+        assert_eq!(
+            r(pb::LeaseCheckReason::RolledBack),
+            Some(StopReason::NamespaceRolledBack)
+        );
+        assert_eq!(r(pb::LeaseCheckReason::Valid), None);
+        // Older servers leave it unset; a newer server's unknown value is no answer.
+        assert_eq!(r(pb::LeaseCheckReason::Unspecified), None);
+        assert_eq!(gone_reason(99), None);
+    }
+}

@@ -120,7 +120,17 @@ impl NamespaceRecord {
         }
     }
 
-    /// The value stored in etcd.
+    /// Gives a record an older version wrote (incarnation 0) an incarnation,
+    /// as every record written from now on has one.
+    pub fn with_incarnation(mut self) -> Self {
+        if self.incarnation == 0 {
+            self.incarnation = new_incarnation();
+        }
+        self
+    }
+
+    /// The value stored in etcd. Write only records with an incarnation
+    /// ([`NamespaceRecord::with_incarnation`]): 0 does not parse back.
     pub fn encode(&self) -> String {
         let mut text = format!(
             "layout {}\nincarnation {:016x}\nstate {}\nacknowledged_gap {}\nfloor_ms {}\n",
@@ -400,6 +410,7 @@ async fn mark_rolled_back(
     let key = keys::layout(namespace);
     let at = rfc3339(unix_ms);
     error!(namespace, reason = %reason, runbook = RUNBOOK_RESTORE, "etcd lost writes: marking the namespace rolled back; no machine id is claimed in it until an operator confirms a floor");
+    record = record.with_incarnation();
     record.state = NamespaceState::RolledBack {
         at: at.clone(),
         reason: reason.clone(),
@@ -509,6 +520,7 @@ async fn confirm_existing(
     }
     let progress = progress(endpoints, timeout).await?;
     let was = record.state.clone();
+    let record = record.with_incarnation();
     let new = NamespaceRecord {
         state: NamespaceState::Ok,
         floor: record.floor.max(floor),
@@ -872,6 +884,23 @@ mod tests {
         assert_eq!(record.incarnation, 0);
         assert_eq!(record.state, NamespaceState::Ok);
         assert_eq!(record.acknowledged_gap, 0);
+    }
+
+    #[test]
+    fn an_older_record_gets_an_incarnation_before_it_is_written() {
+        let old = NamespaceRecord::parse(KEY, b"41/12/10@1767225600000").unwrap();
+        let mut marked = old.clone().with_incarnation();
+        assert_ne!(marked.incarnation, 0);
+        marked.state = NamespaceState::RolledBack {
+            at: "2026-12-01T10:00:00Z".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(
+            NamespaceRecord::parse(KEY, marked.encode().as_bytes()).unwrap(),
+            marked
+        );
+        // One that has an incarnation keeps it.
+        assert_eq!(marked.clone().with_incarnation(), marked);
     }
 
     #[test]

@@ -624,6 +624,30 @@ impl RequesterLeases {
             .map(|(record, _)| record)
     }
 
+    /// Refuses a new claim while the namespace's confirmed floor is further
+    /// ahead than `--max-fence-wait` ([`LeaseError::NamespaceFloorAhead`],
+    /// UNAVAILABLE: retry once the clock is within it).
+    pub fn check_floor(
+        &self,
+        namespace: &str,
+        record: &super::namespace::NamespaceRecord,
+    ) -> Result<(), LeaseError> {
+        let now = record
+            .layout
+            .to_layout_ms(self.clock.unix_ms())
+            .unwrap_or_default();
+        let ahead = Duration::from_millis(record.floor.get().saturating_sub(now.get()));
+        if ahead > self.max_fence_wait {
+            return Err(LeaseError::NamespaceFloorAhead {
+                namespace: namespace.to_owned(),
+                until: super::namespace::rfc3339(record.layout.to_unix_ms(record.floor)),
+                ahead,
+                max: self.max_fence_wait,
+            });
+        }
+        Ok(())
+    }
+
     /// Whether `requester`'s lease in `namespace` still stands, by reads only
     /// (the one write: marking the namespace rolled back when etcd shows a
     /// restore). `incarnation` 0 and an empty `machine_ids` skip those

@@ -128,12 +128,16 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         }
         let (requester, mut leases, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
-        // Refused (FAILED_PRECONDITION) while etcd shows it lost writes.
-        let incarnation = leases
+        // Refused (FAILED_PRECONDITION) while etcd shows it lost writes, and
+        // (UNAVAILABLE) while a confirmed floor is further than a claim waits.
+        let record = leases
             .namespace(&req.namespace)
             .await
-            .map_err(ApiError::Lease)?
-            .incarnation;
+            .map_err(ApiError::Lease)?;
+        leases
+            .check_floor(&req.namespace, &record)
+            .map_err(ApiError::Lease)?;
+        let incarnation = record.incarnation;
         self.check_skew(
             &mut leases,
             &req.namespace,

@@ -201,6 +201,20 @@ async fn a_wiped_etcd_stops_its_clients_and_is_recreated_only_on_purpose_above_t
         floor > client_fence,
         "floor {floor} <= client fence {client_fence}"
     );
+    // A server that would not wait that long says so and exits 1.
+    let mut impatient = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
+    assert_eq!(
+        impatient.wait_exit(Duration::from_secs(15)).await.code(),
+        Some(1)
+    );
+    assert!(
+        impatient
+            .log()
+            .contains("namespace \"wiped\" is fenced until")
+            && impatient.log().contains("more than --max-fence-wait 10s"),
+        "log:\n{}",
+        impatient.log()
+    );
 
     // A server on the client's very machine id issues only above the floor.
     let range = format!("{machine_id}..{}", machine_id + 1);
@@ -340,6 +354,23 @@ async fn an_etcd_restored_from_an_older_snapshot_is_refused_until_a_floor_is_con
     );
     let acknowledged: i64 = field(&record, "acknowledged_gap").parse().unwrap();
     assert!(acknowledged > 16, "acknowledged gap {acknowledged}");
+    // Acquire waits for the floor too: retryable UNAVAILABLE until then.
+    let early = api
+        .acquire(pb::AcquireRequest {
+            requester: Some(Requester::current().to_pb()),
+            namespace: ns.into(),
+            count: 1,
+            client_time_unix_ms: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(early.code(), tonic::Code::Unavailable);
+    assert!(
+        early
+            .message()
+            .contains("namespace \"restored\" is fenced until"),
+        "{early:?}"
+    );
 
     // A server on the client's machine id (free in the restored store) issues
     // only above the floor; A resumes by itself.
@@ -718,4 +749,54 @@ async fn a_client_whose_server_does_not_answer_checks_issues_on_below_its_fence(
     assert_eq!(client.stopped(), None);
     assert!(ids.len() >= 1000, "{} ids", ids.len());
     assert_unique(&[("client", &ids)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_versions_plain_layout_serves_and_gets_an_incarnation_on_purpose() {
+    let ns = "legacy";
+    let key = "/snowkeep/v1/ns/legacy/layout";
+    let etcd = EtcdProcess::start().await;
+    let mut client = etcd.client().await;
+    client
+        .put(key, "41/12/10@1767225600000", None)
+        .await
+        .unwrap();
+    let a = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
+    a.wait_serving(READY).await;
+    let mut api = pb::lease_service_client::LeaseServiceClient::new(a.channel().await);
+    let acquire = |who: &Requester| pb::AcquireRequest {
+        requester: Some(who.to_pb()),
+        namespace: ns.into(),
+        count: 1,
+        client_time_unix_ms: None,
+    };
+    let old = api
+        .acquire(acquire(&Requester::current()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(old.namespace_incarnation, 0, "no incarnation yet");
+    assert_eq!(
+        get(&etcd, key).await.as_deref(),
+        Some("41/12/10@1767225600000")
+    );
+
+    let mut setup = ServerProcess::joining(&etcd.endpoint(), ns, &["--create-namespace-only"]);
+    assert_eq!(
+        setup.wait_exit(Duration::from_secs(15)).await.code(),
+        Some(0)
+    );
+    let record = get(&etcd, key).await.unwrap();
+    assert_eq!(field(&record, "layout"), "41/12/10@1767225600000");
+    assert_eq!(field(&record, "state"), "ok");
+    let new = api
+        .acquire(acquire(&Requester::current()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        format!("{:016x}", new.namespace_incarnation),
+        field(&record, "incarnation")
+    );
+    assert_eq!(a.next_ids(1000).await.unwrap().len(), 1000);
 }
