@@ -54,7 +54,7 @@ use crate::layout::{Layout, MachineId, Millis};
 pub struct EmbeddedConfig {
     /// A snowkeep server running on etcd, `http://host:port`.
     pub endpoint: String,
-    /// The namespace (it must exist: a server has run with it).
+    /// The namespace (it must exist: created with `snowkeep-server --create-namespace`).
     pub namespace: String,
     /// Machine ids to hold (1 to 63); each adds 2^sequence_bits ids per ms.
     pub machine_ids: u32,
