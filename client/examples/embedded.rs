@@ -5,7 +5,7 @@
 //! cargo run -p snowkeep-client --example embedded -- http://127.0.0.1:50051 default
 //! ```
 //! The server must run on etcd (`--etcd-endpoints`), and the namespace must
-//! exist (the server's `--namespace`).
+//! exist (created once with `snowkeep-server --create-namespace-only`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use snowkeep_client::{EmbeddedConfig, EmbeddedGenerator, SystemClock};

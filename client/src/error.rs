@@ -217,4 +217,12 @@ pub enum StopReason {
         /// How far past the earliest renewed fence the local clock was.
         past: Duration,
     },
+    /// The namespace does not exist any more, or was created again since the
+    /// grant: etcd lost the state behind the lease (Check or Renew said so).
+    #[error("the namespace no longer exists as granted (etcd lost its state)")]
+    NamespaceGone,
+    /// etcd was restored from an older snapshot: the namespace is rolled back
+    /// until an operator confirms a floor (Check or Renew said so).
+    #[error("etcd was restored from an older snapshot; the namespace is rolled back")]
+    NamespaceRolledBack,
 }

@@ -11,6 +11,7 @@ use clap::Parser;
 use snowkeep_client::{Layout, LayoutError};
 use thiserror::Error;
 
+use crate::etcd::namespace::{FloorSpec, NamespaceSetup};
 use crate::lease::OnLeaseLost;
 
 /// Default gRPC listen address.
@@ -141,6 +142,25 @@ pub struct Args {
     /// no trace export without it.
     #[arg(long, env = "SNOWKEEP_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Create the namespace in etcd if it does not exist (no-op when it exists
+    /// with the same layout). Use it once, for a new namespace: never leave it
+    /// on every replica, or a wiped etcd is silently re-created.
+    #[arg(long, env = "SNOWKEEP_CREATE_NAMESPACE")]
+    pub create_namespace: bool,
+    /// Create the namespace as --create-namespace does, then exit 0 without
+    /// serving (an init step).
+    #[arg(long, env = "SNOWKEEP_CREATE_NAMESPACE_ONLY")]
+    pub create_namespace_only: bool,
+    /// One-shot, after etcd lost writes: every claim in the namespace starts
+    /// above this floor (+DURATION like +48h1m, or an RFC 3339 UTC time),
+    /// every holder starts over, the namespace is usable again; then exit 0.
+    /// See docs/operations.md.
+    #[arg(long, env = "SNOWKEEP_CONFIRM_NAMESPACE_FLOOR", value_parser = parse_floor)]
+    pub confirm_namespace_floor: Option<FloorSpec>,
+}
+
+fn parse_floor(text: &str) -> Result<FloorSpec, String> {
+    text.parse()
 }
 
 /// Default period of the peer clock check.
@@ -217,6 +237,10 @@ pub struct ServerConfig {
     pub lease_api: LeaseApiConfig,
     /// Peer registration and clock check.
     pub peer_skew: PeerSkewConfig,
+    /// Namespace creation or floor confirmation at connect (etcd only).
+    pub namespace_setup: NamespaceSetup,
+    /// Exit after [`ServerConfig::namespace_setup`] instead of serving.
+    pub setup_only: bool,
 }
 
 /// Settings of the Lease API for embedded requesters.
@@ -302,6 +326,9 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: EndpointProblem,
     },
+    /// A namespace flag without etcd, or an incomplete one-shot.
+    #[error("{0}")]
+    NamespaceSetup(&'static str),
 }
 
 /// What is wrong with an `--etcd-endpoints` entry.
@@ -419,6 +446,16 @@ impl TryFrom<Args> for ServerConfig {
                     .collect::<Result<_, _>>()?,
             }
         };
+        let namespace_setup = NamespaceSetup {
+            create: args.create_namespace || args.create_namespace_only,
+            confirm_floor: args.confirm_namespace_floor,
+        };
+        if matches!(store, StoreConfig::Embedded { .. })
+            && (namespace_setup.create || namespace_setup.confirm_floor.is_some())
+        {
+            return Err(ConfigError::NamespaceSetup("--create-namespace, --create-namespace-only and --confirm-namespace-floor apply to namespaces in etcd: add --etcd-endpoints (the embedded store creates its state file by itself)"));
+        }
+        let setup_only = args.create_namespace_only || namespace_setup.confirm_floor.is_some();
         let machine_id_range = match args.machine_id_range {
             None => 0..layout.machine_id_count(),
             Some(text) => parse_range(&text, layout.machine_id_count()).ok_or(
@@ -461,6 +498,8 @@ impl TryFrom<Args> for ServerConfig {
                 interval: args.peer_skew_interval,
                 warn: args.peer_skew_warn,
             },
+            namespace_setup,
+            setup_only,
         })
     }
 }
@@ -623,6 +662,35 @@ mod tests {
                 "{bad} must be refused"
             );
         }
+    }
+
+    #[test]
+    fn namespace_setup_flags_need_etcd_and_a_floor_makes_a_one_shot() {
+        let etcd = ["--etcd-endpoints", "http://a:1"];
+        let c = parse(&etcd).unwrap();
+        assert_eq!(c.namespace_setup, NamespaceSetup::default());
+        assert!(!c.setup_only);
+        let c = parse(&[etcd[0], etcd[1], "--create-namespace"]).unwrap();
+        assert!(c.namespace_setup.create && !c.setup_only);
+        let c = parse(&[etcd[0], etcd[1], "--create-namespace-only"]).unwrap();
+        assert!(c.namespace_setup.create && c.setup_only);
+        let c = parse(&[etcd[0], etcd[1], "--confirm-namespace-floor", "+48h1m"]).unwrap();
+        assert_eq!(
+            c.namespace_setup.confirm_floor,
+            Some(FloorSpec::After(Duration::from_secs(48 * 3600 + 60)))
+        );
+        assert!(!c.namespace_setup.create && c.setup_only);
+        for flag in ["--create-namespace", "--create-namespace-only"] {
+            let err = parse(&[flag]).unwrap_err().to_string();
+            assert!(err.starts_with("--create-namespace, --create-namespace-only and --confirm-namespace-floor apply to namespaces in etcd: add --etcd-endpoints"), "{err}");
+        }
+        let bad = Args::try_parse_from(["snowkeep-server", "--confirm-namespace-floor", "48h"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("use +DURATION (like +48h1m) or an RFC 3339 UTC time"),
+            "{bad}"
+        );
     }
 
     #[test]

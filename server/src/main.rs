@@ -61,6 +61,11 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
+    if config.setup_only {
+        let code = runtime.block_on(setup_only(config));
+        telemetry.shutdown();
+        return code;
+    }
     let code = runtime.block_on(async move {
         if let Err(e) = metrics::install(metrics_listen) {
             error!(address = %metrics_listen, error = %DisplayChain(&e), "cannot serve metrics");
@@ -97,4 +102,32 @@ fn main() -> ExitCode {
     // Flush spans while the runtime the exporter runs on still lives.
     telemetry.shutdown();
     code
+}
+
+/// `--create-namespace-only` / `--confirm-namespace-floor`: no listener, no
+/// metrics; 0 when done, 64 for bad configuration, 1 otherwise.
+async fn setup_only(config: ServerConfig) -> ExitCode {
+    let token = CancellationToken::new();
+    if let Err(e) = shutdown::cancel_on_signal(token.clone()) {
+        error!(error = %e, "cannot install signal handlers");
+        return ExitCode::FAILURE;
+    }
+    match run::setup_namespace(config, token).await {
+        Ok(true) => {
+            info!("namespace set up");
+            ExitCode::SUCCESS
+        }
+        Ok(false) => {
+            error!("interrupted before etcd answered: the namespace is unchanged");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            error!(error = %DisplayChain(&e), "namespace setup failed");
+            if e.is_usage() {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
 }

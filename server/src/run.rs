@@ -54,6 +54,9 @@ impl ServeError {
                     | LeaseError::LayoutExhausted { .. }
                     | LeaseError::InvalidNamespace { .. }
                     | LeaseError::DuplicateInstance { .. }
+                    | LeaseError::NamespaceNotCreated { .. }
+                    | LeaseError::CorruptNamespace { .. }
+                    | LeaseError::BadFloor { .. }
             )
         )
     }
@@ -112,6 +115,46 @@ async fn connect_etcd(
     }
 }
 
+/// The etcd store's settings for `config`.
+fn etcd_settings(config: &ServerConfig, endpoints: &[String]) -> EtcdSettings {
+    EtcdSettings {
+        endpoints: endpoints.to_vec(),
+        namespace: config.namespace.clone(),
+        instance_id: config.instance_id.clone(),
+        lease_ttl: config.lease_ttl,
+        machine_id_range: config.machine_id_range.clone(),
+        machine_ids: config.machine_ids,
+        fence_horizon: config.fence_horizon,
+        max_fence_wait: config.max_fence_wait,
+        request_timeout: request_timeout(config.lease_ttl),
+        advertise_address: (!config.peer_skew.interval.is_zero())
+            .then(|| config.peer_skew.advertise_address.clone()),
+        namespace_setup: config.namespace_setup.clone(),
+    }
+}
+
+/// The one-shot modes (`--create-namespace-only`, `--confirm-namespace-floor`):
+/// connects to etcd (waiting for it, like a server), creates the namespace or
+/// confirms its floor as `config.namespace_setup` says, and returns without
+/// claiming or serving anything. `Ok(true)` when done, `Ok(false)` when
+/// `shutdown` came first (or the store is not etcd, which config refuses).
+///
+/// Errors as [`run`] for the namespace: [`LeaseError::NamespaceNotCreated`],
+/// [`LeaseError::LayoutMismatch`], [`LeaseError::CorruptNamespace`],
+/// [`LeaseError::NamespaceRolledBack`] (creating only), [`LeaseError::BadFloor`].
+pub async fn setup_namespace(
+    config: ServerConfig,
+    shutdown: CancellationToken,
+) -> Result<bool, ServeError> {
+    let StoreConfig::Etcd { endpoints } = &config.store else {
+        return Ok(false);
+    };
+    let settings = etcd_settings(&config, endpoints);
+    info!(namespace = %config.namespace, endpoints = ?endpoints, create = config.namespace_setup.create, confirm_floor = ?config.namespace_setup.confirm_floor, "setting up the namespace, then exiting");
+    let connected = connect_etcd(settings, config.layout, SystemClock::shared(), &shutdown).await?;
+    Ok(connected.is_some())
+}
+
 /// Runs the server on `listener` until `shutdown` is cancelled (or the lease
 /// lifecycle fails), then drains and releases.
 pub async fn run(
@@ -151,22 +194,7 @@ pub async fn run(
     // connected by the lease task, so the server answers (NOT_SERVING,
     // UNAVAILABLE) while etcd is still coming up instead of hanging callers.
     let (local, etcd_settings) = match &config.store {
-        StoreConfig::Etcd { endpoints } => (
-            None,
-            Some(EtcdSettings {
-                endpoints: endpoints.clone(),
-                namespace: config.namespace.clone(),
-                instance_id: config.instance_id.clone(),
-                lease_ttl: config.lease_ttl,
-                machine_id_range: config.machine_id_range.clone(),
-                machine_ids: config.machine_ids,
-                fence_horizon: config.fence_horizon,
-                max_fence_wait: config.max_fence_wait,
-                request_timeout: request_timeout(config.lease_ttl),
-                advertise_address: (!config.peer_skew.interval.is_zero())
-                    .then(|| config.peer_skew.advertise_address.clone()),
-            }),
-        ),
+        StoreConfig::Etcd { endpoints } => (None, Some(etcd_settings(&config, endpoints))),
         StoreConfig::Embedded { state_dir } => {
             let local = LocalStore::open(
                 state_dir,

@@ -24,6 +24,11 @@
 //! * **deadline**: counted by the monotonic clock from when the request that
 //!   granted it was *sent*; past it the generators refuse on their own, and
 //!   the renewer stops issuance for good.
+//! * **check**: every `check_interval` (30 s) between renewals, ask the server
+//!   (`LeaseService.Check`) whether the lease still stands; "lease gone",
+//!   "namespace gone" (deleted or created again: etcd lost its state) or
+//!   "rolled back" (etcd restored from an older snapshot) stops issuance for
+//!   good at once. No answer changes nothing (outage tolerance).
 //! * **shutdown**: block issuance, drain the generators, then Release with the
 //!   last timestamp stamped on each machine id (skipped when the lease is
 //!   already gone; a failure is logged, never fatal).
@@ -39,7 +44,7 @@ use snowkeep_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use requester::Requester;
 
@@ -55,7 +60,7 @@ use crate::layout::{Layout, MachineId, Millis};
 pub struct EmbeddedConfig {
     /// A snowkeep server running on etcd, `http://host:port`.
     pub endpoint: String,
-    /// The namespace (it must exist: a server has run with it).
+    /// The namespace (it must exist: created with `snowkeep-server --create-namespace`).
     pub namespace: String,
     /// Machine ids to hold (1 to 63); each adds 2^sequence_bits ids per ms.
     pub machine_ids: u32,
@@ -78,6 +83,12 @@ pub struct EmbeddedConfig {
     /// default, well above a healthy wait (at most the server's
     /// `--max-fence-wait`, 10 s by default).
     pub max_floor_wait: Duration,
+    /// How often to ask the server (`LeaseService.Check`) whether the lease
+    /// still stands, between renewals: the longest the generator goes on
+    /// issuing after etcd lost the state behind it (30 s by default). Zero
+    /// never checks. An unreachable server is no answer: issuing goes on
+    /// below the fence.
+    pub check_interval: Duration,
 }
 
 impl EmbeddedConfig {
@@ -95,12 +106,15 @@ impl EmbeddedConfig {
             request_timeout: Duration::from_secs(10),
             send_client_time: true,
             max_floor_wait: DEFAULT_MAX_FLOOR_WAIT,
+            check_interval: DEFAULT_CHECK_INTERVAL,
         }
     }
 }
 
 /// Default [`EmbeddedConfig::max_floor_wait`].
 pub const DEFAULT_MAX_FLOOR_WAIT: Duration = Duration::from_secs(30);
+/// Default [`EmbeddedConfig::check_interval`].
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Renewal delays: never more often than this while behind ...
 const MIN_RETRY: Duration = Duration::from_secs(5);
@@ -116,6 +130,8 @@ struct Shared {
     slots: Vec<watch::Sender<Option<Grant>>>,
     generators: Vec<Arc<Generator>>,
     machine_ids: Vec<MachineId>,
+    /// The namespace incarnation of the grant (0: the server did not say).
+    incarnation: u64,
     stopped: Mutex<Option<StopReason>>,
 }
 
@@ -193,6 +209,7 @@ pub struct EmbeddedGenerator {
     set: Arc<GeneratorSet>,
     shared: Arc<Shared>,
     renewer: JoinHandle<()>,
+    checker: JoinHandle<()>,
 }
 
 impl std::fmt::Debug for EmbeddedGenerator {
@@ -385,6 +402,7 @@ impl EmbeddedGenerator {
             slots,
             generators: generators.clone(),
             machine_ids,
+            incarnation: grant.namespace_incarnation,
             stopped: Mutex::new(None),
         });
         shared.publish(&grant, sent);
@@ -398,10 +416,12 @@ impl EmbeddedGenerator {
         }
         info!(namespace = %shared.config.namespace, machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
         let renewer = tokio::spawn(renew_loop(shared.clone(), deadline));
+        let checker = tokio::spawn(check_loop(shared.clone()));
         Ok(Self {
             set: GeneratorSet::new(generators),
             shared,
             renewer,
+            checker,
         })
     }
 
@@ -440,6 +460,7 @@ impl EmbeddedGenerator {
     /// Returns how many machine ids the server released.
     pub async fn shutdown(self) -> u32 {
         self.renewer.abort();
+        self.checker.abort();
         if self.shared.stopped().is_some() {
             // The lease is gone, or the renewer released it already.
             self.shared.stop(StopReason::ShutDown);
@@ -455,6 +476,63 @@ impl EmbeddedGenerator {
 impl Drop for EmbeddedGenerator {
     fn drop(&mut self) {
         self.renewer.abort();
+        self.checker.abort();
+    }
+}
+
+/// The stop reason a "lease gone" answer gives (`Renew`'s `gone_reason`,
+/// `Check`'s `reason`); `None` for a valid lease or an unset reason.
+fn gone_reason(reason: i32) -> Option<StopReason> {
+    match pb::LeaseCheckReason::try_from(reason).ok()? {
+        pb::LeaseCheckReason::LeaseGone => Some(StopReason::LeaseGone),
+        pb::LeaseCheckReason::NamespaceGone => Some(StopReason::NamespaceGone),
+        pb::LeaseCheckReason::RolledBack => Some(StopReason::NamespaceRolledBack),
+        pb::LeaseCheckReason::Valid | pb::LeaseCheckReason::Unspecified => None,
+    }
+}
+
+/// Asks the server every `check_interval` whether the lease still stands and
+/// stops issuance at once when it does not. No answer (server unreachable,
+/// an older server without Check) changes nothing: the renewer and the fence
+/// rule as before.
+async fn check_loop(shared: Arc<Shared>) {
+    let every = shared.config.check_interval;
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(every).await;
+        if shared.stopped().is_some() {
+            return;
+        }
+        let request = pb::CheckRequest {
+            requester: Some(shared.config.requester.to_pb()),
+            namespace: shared.config.namespace.clone(),
+            namespace_incarnation: shared.incarnation,
+            machine_ids: shared
+                .machine_ids
+                .iter()
+                .map(|m| u32::from(m.get()))
+                .collect(),
+        };
+        let mut client = shared.client.clone();
+        match shared.call(client.check(request)).await {
+            Ok(answer) if answer.valid => {}
+            Ok(answer) => match gone_reason(answer.reason) {
+                Some(reason) => {
+                    warn!(namespace = %shared.config.namespace, detail = %answer.detail, "Check: the lease is gone");
+                    shared.stop(reason);
+                    return;
+                }
+                None => debug!(
+                    reason = answer.reason,
+                    "Check answered an unknown reason; ignored"
+                ),
+            },
+            Err(e) => {
+                debug!(namespace = %shared.config.namespace, error = %e, "Check failed; issuing on below the fence")
+            }
+        }
     }
 }
 
@@ -465,6 +543,9 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
     loop {
         let wake = next.min(deadline);
         tokio::time::sleep_until(tokio::time::Instant::from_std(wake)).await;
+        if shared.stopped().is_some() {
+            return;
+        }
         if shared.clock.now() >= deadline {
             shared.stop(StopReason::Expired);
             return;
@@ -474,11 +555,12 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
             requester: Some(shared.config.requester.to_pb()),
             namespace: shared.config.namespace.clone(),
             client_time_unix_ms: shared.client_time(),
+            namespace_incarnation: shared.incarnation,
         };
         let mut client = shared.client.clone();
         match shared.call(client.renew(request)).await {
             Ok(grant) if grant.machine_ids.is_empty() => {
-                shared.stop(StopReason::LeaseGone);
+                shared.stop(gone_reason(grant.gone_reason).unwrap_or(StopReason::LeaseGone));
                 return;
             }
             Ok(grant) => {
@@ -516,5 +598,31 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
                 next = shared.clock.now() + retry;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gone_answer_maps_to_its_stop_reason_and_anything_else_to_none() {
+        let r = |reason: pb::LeaseCheckReason| gone_reason(reason as i32);
+        assert_eq!(
+            r(pb::LeaseCheckReason::LeaseGone),
+            Some(StopReason::LeaseGone)
+        );
+        assert_eq!(
+            r(pb::LeaseCheckReason::NamespaceGone),
+            Some(StopReason::NamespaceGone)
+        );
+        assert_eq!(
+            r(pb::LeaseCheckReason::RolledBack),
+            Some(StopReason::NamespaceRolledBack)
+        );
+        assert_eq!(r(pb::LeaseCheckReason::Valid), None);
+        // Older servers leave it unset; a newer server's unknown value is no answer.
+        assert_eq!(r(pb::LeaseCheckReason::Unspecified), None);
+        assert_eq!(gone_reason(99), None);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! | key | value | bound to a lease |
 //! | --- | --- | --- |
-//! | `/snowkeep/v1/ns/{namespace}/layout` | layout, `41/12/10@1767225600000` | no |
+//! | `/snowkeep/v1/ns/{namespace}/layout` | the namespace record: layout, incarnation, state, floor ([`super::namespace`]); an older version's plain layout `41/12/10@1767225600000` still reads | no |
 //! | `/snowkeep/v1/ns/{namespace}/holder/{machine_id:05}` | holder's instance id | yes, the holder's |
 //! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
 //! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
@@ -29,7 +29,7 @@ pub fn namespace_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/")
 }
 
-/// The namespace's layout key.
+/// The namespace's record key (named for the layout it first held).
 pub fn layout(namespace: &str) -> String {
     format!("{ROOT}{namespace}/layout")
 }

@@ -11,6 +11,7 @@
 mod instance;
 pub mod keys;
 pub mod overlap;
+pub mod namespace;
 pub mod requesters;
 
 use std::future::Future;
@@ -62,6 +63,8 @@ pub struct EtcdSettings {
     /// `host:port` registered under the namespace's peer keys with each
     /// lease, for the peer clock check; `None` registers nothing.
     pub advertise_address: Option<String>,
+    /// Create the namespace, or confirm a floor, when connecting.
+    pub namespace_setup: namespace::NamespaceSetup,
 }
 
 /// Clients for each endpoint, rotating to the next after a failure. Clones
@@ -271,7 +274,12 @@ async fn claim_ids(
     let ns = want.namespace;
     let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
     let mut revision = 0;
-    for round in 0..CLAIM_ROUNDS {
+    'rounds: for round in 0..CLAIM_ROUNDS {
+        // The namespace record, read each round: a claim commits only while
+        // it is unchanged (not marked rolled back since), and every floor is
+        // at least the namespace floor an operator confirmed.
+        let record = namespace::ClaimGuard::read(endpoints, timeout, ns).await?;
+        let absent_floor = want.absent_floor.max(record.floor);
         let view = read_pool(endpoints, timeout, ns).await?;
         let mut too_far = None;
         let mut candidates: Vec<_> = rank_candidates(
@@ -284,8 +292,12 @@ async fn claim_ids(
         .into_iter()
         .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
         .filter(|c| match view.fences.get(&c.machine_id) {
-            Some(&f) if f > want.max_floor => {
-                too_far.get_or_insert((c.machine_id, f));
+            Some(&f) if f.max(record.floor) > want.max_floor => {
+                too_far.get_or_insert((c.machine_id, f.max(record.floor)));
+                false
+            }
+            None if record.floor > want.max_floor => {
+                too_far.get_or_insert((c.machine_id, record.floor));
                 false
             }
             _ => true,
@@ -321,15 +333,25 @@ async fn claim_ids(
                     Compare::create_revision(holder.clone(), CompareOp::Equal, 0)
                 }
             };
-            let txn = Txn::new().when([guard]).and_then([
-                TxnOp::put(
-                    holder,
-                    want.holder,
-                    Some(PutOptions::new().with_lease(want.lease_id)),
-                ),
-                TxnOp::get(fence.clone(), None),
-            ]);
+            let txn = Txn::new()
+                .when([guard, record.compare()])
+                .and_then([
+                    TxnOp::put(
+                        holder,
+                        want.holder,
+                        Some(PutOptions::new().with_lease(want.lease_id)),
+                    ),
+                    TxnOp::get(fence.clone(), None),
+                ])
+                .or_else([TxnOp::get(record.key.clone(), None)]);
             let resp = endpoints.txn("claim txn", timeout, txn).await?;
+            if !resp.succeeded() && record.changed(&resp) {
+                debug!(
+                    round,
+                    "the namespace record changed during the claim; reading it again"
+                );
+                continue 'rounds;
+            }
             if !resp.succeeded() {
                 debug!(
                     machine_id = candidate.machine_id.get(),
@@ -339,10 +361,10 @@ async fn claim_ids(
             }
             let floor = match resp.op_responses().get(1) {
                 Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
-                    Some(kv) => parse_fence(&fence, kv.value())?,
-                    None => want.absent_floor,
+                    Some(kv) => parse_fence(&fence, kv.value())?.max(record.floor),
+                    None => absent_floor,
                 },
-                _ => want.absent_floor,
+                _ => absent_floor,
             };
             revision = revision.max(resp.header().map(|h| h.revision()).unwrap_or(0));
             held.push(HeldId {
@@ -361,17 +383,12 @@ async fn claim_ids(
     })
 }
 
-fn first_value(resp: &etcd_client::TxnResponse) -> Option<Vec<u8>> {
-    resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    })
-}
-
 impl EtcdStore {
-    /// Connects (lazily: etcd-client connects on first use) and checks or
-    /// records the namespace's layout. Errors with
-    /// [`LeaseError::LayoutMismatch`] when the stored layout differs.
+    /// Connects (lazily: etcd-client connects on first use) and opens the
+    /// namespace as `settings.namespace_setup` says (create it, confirm a
+    /// floor, or check it is usable): errors with
+    /// [`LeaseError::NamespaceNotCreated`], [`LeaseError::LayoutMismatch`],
+    /// [`LeaseError::CorruptNamespace`] or [`LeaseError::NamespaceRolledBack`].
     pub async fn connect(
         settings: EtcdSettings,
         layout: Layout,
@@ -403,7 +420,7 @@ impl EtcdStore {
             keeper_position: 0,
             own_leases: Vec::new(),
         };
-        store.ensure_layout().await?;
+        store.open_namespace().await?;
         Ok(store)
     }
 
@@ -421,35 +438,6 @@ impl EtcdStore {
         self.endpoints.txn(op, timeout, txn).await
     }
 
-    async fn ensure_layout(&mut self) -> Result<(), LeaseError> {
-        let key = keys::layout(self.ns());
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), self.layout.to_string(), None)])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = self.txn("ensure layout", txn).await?;
-        if resp.succeeded() {
-            info!(namespace = %self.ns(), layout = %self.layout, "recorded the namespace layout in etcd");
-            return Ok(());
-        }
-        let stored_text = first_value(&resp).unwrap_or_default();
-        let stored: Layout =
-            String::from_utf8_lossy(&stored_text)
-                .parse()
-                .map_err(|_| LeaseError::Corrupt {
-                    key: key.clone(),
-                    value: String::from_utf8_lossy(&stored_text).into_owned(),
-                })?;
-        if stored != self.layout {
-            return Err(LeaseError::LayoutMismatch {
-                namespace: self.ns().to_owned(),
-                stored,
-                configured: self.layout,
-            });
-        }
-        Ok(())
-    }
-
     /// Grants a lease and claims `machine_ids` machine ids for it, with an
     /// atomic transaction per candidate. The fence returned as each floor is
     /// read *inside* the claiming transaction (DESIGN §2.3).
@@ -460,6 +448,8 @@ impl EtcdStore {
     /// [`LeaseError::DuplicateInstance`] stops this process when another live
     /// one holds it.
     pub async fn claim(&mut self) -> Result<Claim, LeaseError> {
+        // Before granting anything: the namespace may be claimed in.
+        self.guard_namespace().await?;
         let prefer = self.settle_own_holders().await?;
         let timeout = self.settings.request_timeout;
         let ttl_secs = i64::try_from(self.settings.lease_ttl.as_secs()).unwrap_or(i64::MAX);
@@ -474,7 +464,16 @@ impl EtcdStore {
         let lease_id = lease.id();
         self.remember_lease(lease_id);
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
-        match self.claim_with_lease(lease_id, &prefer).await {
+        let claimed = match self.claim_with_lease(lease_id, &prefer).await {
+            Err(LeaseError::UnknownNamespace { namespace }) => {
+                Err(LeaseError::NamespaceNotCreated {
+                    namespace,
+                    endpoints: self.settings.endpoints.join(","),
+                })
+            }
+            other => other,
+        };
+        match claimed {
             Ok((held, revision)) => {
                 let claim = Claim {
                     held,

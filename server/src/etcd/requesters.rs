@@ -132,12 +132,7 @@ impl RequesterLeases {
             .ok_or_else(|| LeaseError::UnknownNamespace {
                 namespace: namespace.to_owned(),
             })?;
-        String::from_utf8_lossy(kv.value())
-            .parse()
-            .map_err(|_| LeaseError::Corrupt {
-                key,
-                value: String::from_utf8_lossy(kv.value()).into_owned(),
-            })
+        Ok(super::namespace::NamespaceRecord::parse(&key, kv.value())?.layout)
     }
 
     async fn record(
@@ -594,6 +589,135 @@ impl RequesterLeases {
             .await;
         if let Err(e) = put {
             warn!(namespace, requester, error = %crate::DisplayChain(&e), "could not record the requester's clock skew");
+        }
+    }
+}
+
+/// What [`RequesterLeases::check`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseCheck {
+    /// The lease stands, with this much left at the server.
+    Valid {
+        /// Time left on the requester's etcd lease.
+        remaining: Duration,
+    },
+    /// The requester holds nothing, or other machine ids.
+    LeaseGone,
+    /// The namespace does not exist, or is another incarnation than the grant's.
+    NamespaceGone,
+    /// etcd was restored from an older snapshot: the namespace is rolled back.
+    RolledBack,
+}
+
+// The namespace record and the holder check (the rollback detection).
+impl RequesterLeases {
+    /// The namespace record, after the rollback check of every Lease API call
+    /// that claims, renews or checks: [`LeaseError::UnknownNamespace`] when
+    /// absent, [`LeaseError::NamespaceRolledBack`] when rolled back or found
+    /// restored now (then marked).
+    pub async fn namespace(
+        &mut self,
+        namespace: &str,
+    ) -> Result<super::namespace::NamespaceRecord, LeaseError> {
+        let unix_ms = self.clock.unix_ms();
+        super::namespace::guard(&mut self.endpoints, self.timeout, namespace, unix_ms)
+            .await
+            .map(|(record, _)| record)
+    }
+
+    /// Refuses a new claim while the namespace's confirmed floor is further
+    /// ahead than `--max-fence-wait` ([`LeaseError::NamespaceFloorAhead`],
+    /// UNAVAILABLE: retry once the clock is within it).
+    pub fn check_floor(
+        &self,
+        namespace: &str,
+        record: &super::namespace::NamespaceRecord,
+    ) -> Result<(), LeaseError> {
+        let now = record
+            .layout
+            .to_layout_ms(self.clock.unix_ms())
+            .unwrap_or_default();
+        let ahead = Duration::from_millis(record.floor.get().saturating_sub(now.get()));
+        if ahead > self.max_fence_wait {
+            return Err(LeaseError::NamespaceFloorAhead {
+                namespace: namespace.to_owned(),
+                until: super::namespace::rfc3339(record.layout.to_unix_ms(record.floor)),
+                ahead,
+                max: self.max_fence_wait,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `requester`'s lease in `namespace` still stands, by reads only
+    /// (the one write: marking the namespace rolled back when etcd shows a
+    /// restore). `incarnation` 0 and an empty `machine_ids` skip those
+    /// comparisons. Errors only when etcd does not answer or a record is
+    /// unreadable.
+    pub async fn check(
+        &mut self,
+        namespace: &str,
+        requester: &str,
+        incarnation: u64,
+        machine_ids: &[u32],
+    ) -> Result<LeaseCheck, LeaseError> {
+        let record = match self.namespace(namespace).await {
+            Ok(record) => record,
+            Err(LeaseError::UnknownNamespace { .. }) => return Ok(LeaseCheck::NamespaceGone),
+            Err(LeaseError::NamespaceRolledBack { .. }) => return Ok(LeaseCheck::RolledBack),
+            Err(e) => return Err(e),
+        };
+        if incarnation != 0 && record.incarnation != 0 && incarnation != record.incarnation {
+            return Ok(LeaseCheck::NamespaceGone);
+        }
+        let Some(held) = self.record(namespace, requester).await? else {
+            return Ok(LeaseCheck::LeaseGone);
+        };
+        if !machine_ids.is_empty() {
+            let mut asked: Vec<u32> = machine_ids.to_vec();
+            let mut have: Vec<u32> = held.ids.iter().map(|(id, _)| u32::from(id.get())).collect();
+            asked.sort_unstable();
+            have.sort_unstable();
+            if asked != have {
+                return Ok(LeaseCheck::LeaseGone);
+            }
+        }
+        // Every holder key still names this requester on its lease (one
+        // read-only transaction: no raft entry).
+        let holder = keys::requester_holder(requester);
+        let gets: Vec<TxnOp> = held
+            .ids
+            .iter()
+            .map(|(id, _)| TxnOp::get(keys::holder(namespace, *id), None))
+            .collect();
+        let resp = self
+            .endpoints
+            .txn("check holders", self.timeout, Txn::new().and_then(gets))
+            .await?;
+        let intact = resp.op_responses().into_iter().all(|r| match r {
+            etcd_client::TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.value() == holder.as_bytes() && kv.lease() == held.lease_id),
+            _ => false,
+        });
+        if !intact {
+            return Ok(LeaseCheck::LeaseGone);
+        }
+        // Unlike `remaining`, an etcd failure is an error here, never "gone".
+        let lease_id = held.lease_id;
+        let ttl = self
+            .endpoints
+            .call("lease ttl", self.timeout, |mut c| async move {
+                c.lease_time_to_live(lease_id, None).await
+            })
+            .await?
+            .ttl();
+        match u64::try_from(ttl) {
+            Ok(secs) if secs > 0 => Ok(LeaseCheck::Valid {
+                remaining: Duration::from_secs(secs),
+            }),
+            _ => Ok(LeaseCheck::LeaseGone),
         }
     }
 }

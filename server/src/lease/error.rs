@@ -17,6 +17,10 @@ pub enum LossReason {
     HolderChanged,
     /// No renewal succeeded before the local monotonic deadline.
     Deadline,
+    /// etcd lost writes (restored from an older snapshot): the namespace is
+    /// marked rolled back and nothing is held in it until an operator confirms
+    /// a floor.
+    RolledBack,
 }
 
 impl LossReason {
@@ -27,6 +31,7 @@ impl LossReason {
             LossReason::Revoked => "revoked",
             LossReason::HolderChanged => "holder_changed",
             LossReason::Deadline => "deadline",
+            LossReason::RolledBack => "rolled_back",
         }
     }
 }
@@ -52,8 +57,8 @@ pub enum LeaseError {
         /// Range end (exclusive).
         end: u32,
     },
-    /// No server has recorded a layout for this namespace yet.
-    #[error("namespace {namespace:?} does not exist: start a snowkeep-server with --namespace {namespace} first")]
+    /// The namespace has no record in etcd (Lease API callers get NOT_FOUND).
+    #[error("namespace {namespace:?} does not exist: an operator creates it once with snowkeep-server --create-namespace (see docs/operations.md#creating-a-namespace)")]
     UnknownNamespace {
         /// The namespace.
         namespace: String,
@@ -63,6 +68,56 @@ pub enum LeaseError {
     InvalidNamespace {
         /// The name given.
         namespace: String,
+    },
+    /// A server was started on a namespace that has no record in etcd, without
+    /// `--create-namespace`.
+    #[error("namespace {namespace:?} does not exist in etcd at {endpoints}: if it is new, start one server with --create-namespace; if etcd lost its state (wiped or restored from a backup), do not create it again: see docs/operations.md#when-etcd-lost-its-data")]
+    NamespaceNotCreated {
+        /// The namespace.
+        namespace: String,
+        /// The etcd endpoints asked, comma-separated.
+        endpoints: String,
+    },
+    /// The namespace record holds a value snowkeep cannot read.
+    #[error("unreadable namespace record at {key}: {value:?} ({problem}); repair it with etcdctl put {key} followed by the namespace's layout (like 41/12/10@1767225600000), see docs/operations.md#the-namespace-record")]
+    CorruptNamespace {
+        /// The record's key, in full.
+        key: String,
+        /// The value found.
+        value: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// etcd lost writes, so the namespace refuses every claim until an
+    /// operator confirms a floor.
+    #[error("namespace {namespace:?} is rolled back since {since}: {reason}. Ids issued before could be issued again, so no machine id is claimed in it until an operator confirms a timestamp floor with snowkeep-server --confirm-namespace-floor: see docs/operations.md#restoring-etcd-from-a-snapshot")]
+    NamespaceRolledBack {
+        /// The namespace.
+        namespace: String,
+        /// When it was detected, RFC 3339.
+        since: String,
+        /// What was detected.
+        reason: String,
+    },
+    /// The namespace's confirmed floor is further ahead than a server waits.
+    #[error("namespace {namespace:?} is fenced until {until} (a floor an operator confirmed after etcd lost state), {} from now, more than --max-fence-wait {}: servers claim once the clock is within --max-fence-wait of it (see docs/operations.md#choosing-the-floor)", humantime::format_duration(*ahead), humantime::format_duration(*max))]
+    NamespaceFloorAhead {
+        /// The namespace.
+        namespace: String,
+        /// The floor, RFC 3339.
+        until: String,
+        /// How far ahead of the clock it is.
+        ahead: Duration,
+        /// The configured maximum wait.
+        max: Duration,
+    },
+    /// A `--confirm-namespace-floor` that cannot be right.
+    #[error("--confirm-namespace-floor {floor} cannot be used: {problem}; the floor must lie after every timestamp any holder may have stamped: see docs/operations.md#choosing-the-floor")]
+    BadFloor {
+        /// The floor, RFC 3339.
+        floor: String,
+        /// What is wrong with it.
+        problem: String,
     },
     /// A requester that holds machine ids asked for a different number.
     #[error("requester already holds {held} machine ids but asked for {asked}; Release them first or Acquire {held}")]
@@ -182,7 +237,12 @@ impl LeaseError {
             | LeaseError::ClockBeforeEpoch { .. }
             | LeaseError::LayoutExhausted { .. }
             | LeaseError::DuplicateInstance { .. }
-            | LeaseError::StateLocked { .. } => false,
+            | LeaseError::StateLocked { .. }
+            | LeaseError::NamespaceNotCreated { .. }
+            | LeaseError::CorruptNamespace { .. }
+            | LeaseError::NamespaceRolledBack { .. }
+            | LeaseError::NamespaceFloorAhead { .. }
+            | LeaseError::BadFloor { .. } => false,
         }
     }
 }

@@ -150,6 +150,15 @@ impl Store {
         }
     }
 
+    /// Re-checks the namespace while holding (etcd: record and rollback
+    /// rule); the embedded store has no namespace record.
+    async fn check_namespace(&mut self) -> Result<(), LeaseError> {
+        match self {
+            Store::Etcd(s) => s.guard_namespace().await.map(|_| ()),
+            Store::Local(_) => Ok(()),
+        }
+    }
+
     async fn capacity(&mut self, holding: u32) -> Result<Capacity, LeaseError> {
         match self {
             Store::Etcd(s) => s.capacity().await,
@@ -265,6 +274,12 @@ impl LeaseManager {
                                 e,
                                 LeaseError::NoFreeMachineId { .. }
                                     | LeaseError::FenceTooFarAhead { .. }
+                                    // Until an operator fixes the namespace:
+                                    // NOT_SERVING, the reason logged each retry.
+                                    | LeaseError::NamespaceNotCreated { .. }
+                                    | LeaseError::CorruptNamespace { .. }
+                                    | LeaseError::NamespaceRolledBack { .. }
+                                    | LeaseError::NamespaceFloorAhead { .. }
                             )) =>
                 {
                     warn!(namespace = %self.namespace, error = %crate::DisplayChain(&e), retry_in = ?backoff, "claim failed");
@@ -318,7 +333,10 @@ impl LeaseManager {
                     metrics::counter!(m::LEASE_LOSSES_TOTAL, "reason" => reason.as_str())
                         .increment(1);
                     error!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), %reason, "machine-id lease lost; issuance stopped");
-                    if matches!(reason, LossReason::HolderChanged | LossReason::Revoked) {
+                    if matches!(
+                        reason,
+                        LossReason::HolderChanged | LossReason::Revoked | LossReason::RolledBack
+                    ) {
                         self.store.forget(&claim).await;
                     }
                     if self.timing.on_lease_lost == OnLeaseLost::Exit {
@@ -339,6 +357,8 @@ impl LeaseManager {
         let mut published = false;
         let mut waited_since: Option<Instant> = None;
         let mut next_capacity = start;
+        let mut next_namespace_check = start + renew_every;
+        let mut namespace_trouble = false;
         let mut holder_watch = self.store.watch_holders(&claim);
         loop {
             let now = self.clock.now();
@@ -423,6 +443,35 @@ impl LeaseManager {
                 }
                 continue;
             }
+            if now >= next_namespace_check {
+                next_namespace_check = now + renew_every;
+                match self.store.check_namespace().await {
+                    Ok(()) => namespace_trouble = false,
+                    Err(LeaseError::NamespaceRolledBack { .. }) => {
+                        return (claim, Held::Lost(LossReason::RolledBack))
+                    }
+                    Err(e @ LeaseError::LayoutMismatch { .. }) => return (claim, Held::Fatal(e)),
+                    // The record missing or unreadable while our holder keys
+                    // and fences stand: the claim is still ours and safe, so
+                    // keep issuing under it (a wipe takes the holder keys and
+                    // the lease too, which stops issuance at once); a new claim
+                    // waits for an operator.
+                    Err(
+                        e @ (LeaseError::NamespaceNotCreated { .. }
+                        | LeaseError::CorruptNamespace { .. }),
+                    ) => {
+                        if !namespace_trouble {
+                            error!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), error = %crate::DisplayChain(&e), "the namespace record is gone or unreadable; issuing on under the machine ids held, but no new claim until an operator repairs it");
+                        }
+                        namespace_trouble = true;
+                    }
+                    // etcd unreachable or slow: outage tolerance, as for renewals.
+                    Err(e) => {
+                        debug!(namespace = %self.namespace, error = %crate::DisplayChain(&e), "namespace check failed; retrying at the next one")
+                    }
+                }
+                continue;
+            }
             if now >= next_capacity {
                 next_capacity = now + CAPACITY_REFRESH;
                 let holding = if published {
@@ -443,7 +492,10 @@ impl LeaseManager {
                 continue;
             }
             self.publish_gauges(published.then_some(&claim));
-            let mut wake = fence_due.min(now + GAUGE_REFRESH).min(next_capacity);
+            let mut wake = fence_due
+                .min(now + GAUGE_REFRESH)
+                .min(next_capacity)
+                .min(next_namespace_check);
             if claim.lease_id.is_some() {
                 wake = wake.min(next_renew);
             }

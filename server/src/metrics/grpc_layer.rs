@@ -32,6 +32,7 @@ const KNOWN: &[(&str, &str)] = &[
     ("snowkeep.v1.LeaseService", "Release"),
     ("snowkeep.v1.LeaseService", "Capacity"),
     ("snowkeep.v1.LeaseService", "Version"),
+    ("snowkeep.v1.LeaseService", "Check"),
     ("grpc.health.v1.Health", "Check"),
     ("grpc.health.v1.Health", "Watch"),
     (

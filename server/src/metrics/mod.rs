@@ -26,7 +26,7 @@ pub const LEASE_RENEWALS_TOTAL: &str = "snowkeep_lease_renewals_total";
 pub const LEASE_RENEWAL_DURATION_SECONDS: &str = "snowkeep_lease_renewal_duration_seconds";
 /// Time left to the local monotonic lease deadline (0 when none is held).
 pub const LEASE_REMAINING_SECONDS: &str = "snowkeep_lease_remaining_seconds";
-/// Leases lost; label `reason` = `expired`|`revoked`|`holder_changed`|`deadline`.
+/// Leases lost; label `reason` = `expired`|`revoked`|`holder_changed`|`deadline`|`rolled_back`.
 pub const LEASE_LOSSES_TOTAL: &str = "snowkeep_lease_losses_total";
 /// Machine ids held by this instance with a valid grant; label `namespace`.
 pub const MACHINE_IDS_HELD: &str = "snowkeep_machine_ids_held";
@@ -248,7 +248,13 @@ pub fn describe_all() {
         metrics::counter!(LEASE_RENEWALS_TOTAL, "result" => result).increment(0);
         metrics::counter!(FENCE_ADVANCES_TOTAL, "result" => result).increment(0);
     }
-    for reason in ["expired", "revoked", "holder_changed", "deadline"] {
+    for reason in [
+        "expired",
+        "revoked",
+        "holder_changed",
+        "deadline",
+        "rolled_back",
+    ] {
         metrics::counter!(LEASE_LOSSES_TOTAL, "reason" => reason).increment(0);
     }
     metrics::counter!(FENCE_WAITS_TOTAL).increment(0);

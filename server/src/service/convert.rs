@@ -6,7 +6,7 @@ use std::ops::Range;
 use snowkeep_client::Layout;
 
 use super::status::ApiError;
-use crate::etcd::requesters::RequesterGrant;
+use crate::etcd::requesters::{LeaseCheck, RequesterGrant};
 use snowkeep_proto::v1 as pb;
 
 /// A layout as its protobuf message.
@@ -83,6 +83,12 @@ pub fn grant_to_pb(grant: RequesterGrant, server_time_unix_ms: u64) -> pb::Lease
         },
         layout: Some(layout_to_pb(&grant.layout)),
         server_time_unix_ms,
+        gone_reason: if grant.held.is_empty() {
+            pb::LeaseCheckReason::LeaseGone as i32
+        } else {
+            pb::LeaseCheckReason::Unspecified as i32
+        },
+        ..Default::default()
     }
 }
 
@@ -99,5 +105,51 @@ pub fn capacity_to_pb(
         free: c.free(),
         range_start: range.start,
         range_end: range.end,
+    }
+}
+
+/// A lease check's outcome as its protobuf message.
+pub fn check_to_pb(check: LeaseCheck) -> pb::CheckResponse {
+    let (reason, remaining_ms, detail) = match check {
+        LeaseCheck::Valid { remaining } => (
+            pb::LeaseCheckReason::Valid,
+            u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
+            "the lease stands",
+        ),
+        LeaseCheck::LeaseGone => (
+            pb::LeaseCheckReason::LeaseGone,
+            0,
+            "this requester holds no lease (or other machine ids) any more: stop issuing",
+        ),
+        LeaseCheck::NamespaceGone => (
+            pb::LeaseCheckReason::NamespaceGone,
+            0,
+            "the namespace does not exist any more, or was created again since the grant (etcd lost its state): stop issuing",
+        ),
+        LeaseCheck::RolledBack => (
+            pb::LeaseCheckReason::RolledBack,
+            0,
+            "etcd was restored from an older snapshot and the namespace is rolled back until an operator confirms a floor: stop issuing",
+        ),
+    };
+    pb::CheckResponse {
+        valid: reason == pb::LeaseCheckReason::Valid,
+        reason: reason as i32,
+        remaining_ms,
+        detail: detail.to_owned(),
+    }
+}
+
+/// The Renew answer "your lease is gone" (no machine ids), saying why.
+pub fn gone_grant(
+    reason: pb::LeaseCheckReason,
+    layout: Option<&Layout>,
+    server_time_unix_ms: u64,
+) -> pb::LeaseGrant {
+    pb::LeaseGrant {
+        layout: layout.map(layout_to_pb),
+        server_time_unix_ms,
+        gone_reason: reason as i32,
+        ..Default::default()
     }
 }

@@ -15,6 +15,7 @@ use super::StoreAccess;
 use crate::config::LeaseApiConfig;
 use crate::etcd::requesters::{RequesterGrant, RequesterLeases, MAX_REQUESTER_IDS};
 use crate::lease::skew::{self, SkewCall, SkewDirection, SkewVerdict};
+use crate::lease::LeaseError;
 use crate::metrics as m;
 
 /// How long the last skew seen from a requester is kept beyond its lease
@@ -130,6 +131,16 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         }
         let (requester, mut leases, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
+        // Refused (FAILED_PRECONDITION) while etcd shows it lost writes, and
+        // (UNAVAILABLE) while a confirmed floor is further than a claim waits.
+        let record = leases
+            .namespace(&req.namespace)
+            .await
+            .map_err(ApiError::Lease)?;
+        leases
+            .check_floor(&req.namespace, &record)
+            .map_err(ApiError::Lease)?;
+        let incarnation = record.incarnation;
         self.check_skew(
             &mut leases,
             &req.namespace,
@@ -148,7 +159,9 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             )
             .await
             .map_err(ApiError::Lease)?;
-        Ok(Response::new(self.grant_to_pb(grant)))
+        let mut grant = self.grant_to_pb(grant);
+        grant.namespace_incarnation = incarnation;
+        Ok(Response::new(grant))
     }
 
     async fn renew(
@@ -156,6 +169,10 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
         let req = request.into_inner();
+        let incarnation = match self.renew_standing(&req).await? {
+            Ok(incarnation) => incarnation,
+            Err(gone) => return Ok(Response::new(gone)),
+        };
         let (requester, mut leases, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
         self.check_skew(
@@ -175,7 +192,9 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             )
             .await
             .map_err(ApiError::Lease)?;
-        Ok(Response::new(self.grant_to_pb(grant)))
+        let mut grant = self.grant_to_pb(grant);
+        grant.namespace_incarnation = incarnation;
+        Ok(Response::new(grant))
     }
 
     async fn release(
@@ -219,5 +238,58 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             api: "snowkeep.v1".to_owned(),
         }))
+    }
+
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        let req = request.into_inner();
+        let requester = convert::requester_key(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        let check = self
+            .leases()?
+            .check(
+                &req.namespace,
+                &requester,
+                req.namespace_incarnation,
+                &req.machine_ids,
+            )
+            .await
+            .map_err(ApiError::Lease)?;
+        Ok(Response::new(convert::check_to_pb(check)))
+    }
+}
+
+impl LeaseHandler {
+    /// Before a Renew: the namespace's incarnation when the lease can stand,
+    /// or the answer "lease gone" when the namespace does not exist, is
+    /// another incarnation than the holder's, or is rolled back. An answer,
+    /// not an error status: holders retry errors and would go on issuing up
+    /// to their fence, a whole renewed lease ahead.
+    async fn renew_standing(
+        &self,
+        req: &pb::RenewRequest,
+    ) -> Result<Result<u64, pb::LeaseGrant>, ApiError> {
+        convert::requester_key(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        let gone = |reason| Err(convert::gone_grant(reason, None, self.clock.unix_ms()));
+        match self.leases()?.namespace(&req.namespace).await {
+            Ok(record)
+                if req.namespace_incarnation != 0
+                    && record.incarnation != 0
+                    && req.namespace_incarnation != record.incarnation =>
+            {
+                Ok(gone(pb::LeaseCheckReason::NamespaceGone))
+            }
+            Ok(record) => Ok(Ok(record.incarnation)),
+            Err(LeaseError::UnknownNamespace { .. }) => {
+                Ok(gone(pb::LeaseCheckReason::NamespaceGone))
+            }
+            Err(LeaseError::NamespaceRolledBack { .. }) => {
+                Ok(gone(pb::LeaseCheckReason::RolledBack))
+            }
+            Err(e) => Err(ApiError::Lease(e)),
+        }
     }
 }

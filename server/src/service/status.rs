@@ -200,6 +200,12 @@ fn code_of(err: &ApiError) -> Code {
             // heals with NTP); another Acquire cannot fix a count mismatch.
             LeaseError::CountMismatch { .. } => Code::AlreadyExists,
             LeaseError::LayoutExhausted { .. } => Code::FailedPrecondition,
+            // Until an operator confirms a floor (the message says how);
+            // clients retry FAILED_PRECONDITION with backoff.
+            LeaseError::NamespaceRolledBack { .. } => Code::FailedPrecondition,
+            LeaseError::NamespaceNotCreated { .. } => Code::NotFound,
+            LeaseError::NamespaceFloorAhead { .. } => Code::Unavailable,
+            LeaseError::CorruptNamespace { .. } | LeaseError::BadFloor { .. } => Code::Internal,
             LeaseError::FenceTooFarAhead { .. }
             | LeaseError::LeaseLost { .. }
             | LeaseError::Timeout { .. }
@@ -314,6 +320,14 @@ mod tests {
                 Code::InvalidArgument,
             ),
             (ApiError::LeaseApiNeedsEtcd, Code::FailedPrecondition),
+            (
+                ApiError::Lease(LeaseError::NamespaceRolledBack {
+                    namespace: "x".into(),
+                    since: "2026-12-01T10:00:00Z".into(),
+                    reason: "r".into(),
+                }),
+                Code::FailedPrecondition,
+            ),
             (ApiError::StoreNotConnected, Code::Unavailable),
             (
                 ApiError::InvalidRequester { reason: "x" },

@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use snowkeep_client::{Layout, SystemClock};
+use snowkeep_server::etcd::namespace::NamespaceSetup;
 use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
 use snowkeep_server::lease::LeaseError;
 
@@ -27,6 +28,10 @@ fn settings(
         max_fence_wait: Duration::from_secs(10),
         request_timeout: Duration::from_secs(5),
         advertise_address: None,
+        namespace_setup: NamespaceSetup {
+            create: true,
+            confirm_floor: None,
+        },
     }
 }
 

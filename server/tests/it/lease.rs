@@ -192,6 +192,7 @@ async fn one_dead_member_of_three_does_not_interrupt_issuance() {
         &etcd.endpoints(),
         "--namespace",
         "three",
+        "--create-namespace",
         "--lease-ttl",
         "5s",
     ]);

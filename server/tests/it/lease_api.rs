@@ -104,6 +104,7 @@ async fn acquire_renew_release_round_trip() {
         requester: Some(who.to_pb()),
         namespace: "api".into(),
         client_time_unix_ms: None,
+        ..Default::default()
     };
     let renewed = api.renew(renew.clone()).await.unwrap().into_inner();
     assert_eq!(ids_of(&renewed), ids_of(&grant));
@@ -229,6 +230,7 @@ async fn a_client_fifteen_minutes_behind_is_refused_on_acquire_and_only_warned_o
             requester: Some(who.to_pb()),
             namespace: "skew".into(),
             client_time_unix_ms: Some(behind),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -461,6 +463,7 @@ async fn concurrent_renewals_of_one_requester_never_void_its_lease() {
                         requester: Some(who.to_pb()),
                         namespace: "race".into(),
                         client_time_unix_ms: None,
+                        ..Default::default()
                     })
                     .await
                 } else {
@@ -607,6 +610,7 @@ async fn release_never_raises_a_fence_and_a_late_acquire_never_shortens_a_lease(
             requester: Some(who.to_pb()),
             namespace: "caps".into(),
             client_time_unix_ms: None,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -654,6 +658,7 @@ async fn the_lease_api_follows_the_server_off_a_dead_etcd_member() {
         &etcd.endpoints(),
         "--namespace",
         "api3",
+        "--create-namespace",
         "--lease-ttl",
         "5s",
     ]);

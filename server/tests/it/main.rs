@@ -19,6 +19,7 @@ mod observability;
 mod protos;
 mod release;
 mod streams;
+mod rollback;
 mod support;
 mod tampering;
 mod tools;

@@ -172,6 +172,7 @@ async fn a_peer_two_seconds_ahead_shows_in_both_servers_peer_offset() {
         &etcd.endpoint(),
         "--namespace",
         "peers",
+        "--create-namespace",
         "--lease-ttl",
         "2s",
         "--peer-skew-interval",
@@ -444,7 +445,7 @@ fn every_yaml_file_under_deploy_is_valid() {
         &args,
         "kubernetes-validate in the virtual environment target/py",
     );
-    assert_eq!(out.matches(" passed for resource ").count(), 8, "{out}");
+    assert_eq!(out.matches(" passed for resource ").count(), 9, "{out}");
 }
 
 /// The GitHub anchor of a Markdown heading's text: lower case, spaces to `-`,

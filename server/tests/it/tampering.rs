@@ -157,6 +157,7 @@ async fn health_turns_not_serving_as_soon_as_calls_are_refused() {
         &etcd.endpoint(),
         "--namespace",
         "health",
+        "--create-namespace",
         "--lease-ttl",
         "10s",
     ]);

@@ -112,6 +112,9 @@ impl Topology {
             "5s",
             "--instance-id",
             instance_id,
+            // A test harness on its own fresh etcd: every server may create
+            // the namespace (deployments create it once, see docs/operations.md).
+            "--create-namespace",
         ]
         .map(str::to_owned)
         .to_vec()

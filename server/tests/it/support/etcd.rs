@@ -16,6 +16,8 @@ struct Member {
     client_port: u16,
     peer_port: u16,
     dir: TempDir,
+    /// The data dir: `dir/data`, or a new one after a wipe or a restore.
+    data: PathBuf,
     child: Option<Child>,
     /// False after the first launch: a restart joins the existing cluster.
     fresh: bool,
@@ -29,6 +31,9 @@ impl Member {
         format!("http://127.0.0.1:{}", self.peer_port)
     }
 }
+
+/// The `--initial-cluster-token` of every test cluster.
+const CLUSTER_TOKEN: &str = "snowkeep-test";
 
 /// A running etcd cluster.
 pub struct EtcdProcess {
@@ -67,13 +72,17 @@ impl EtcdProcess {
     pub async fn cluster(n: usize) -> Self {
         let mut etcd = Self {
             members: (0..n)
-                .map(|i| Member {
-                    name: format!("m{i}"),
-                    client_port: free_port(),
-                    peer_port: free_port(),
-                    dir: tempfile::tempdir().expect("temp dir"),
-                    child: None,
-                    fresh: true,
+                .map(|i| {
+                    let dir = tempfile::tempdir().expect("temp dir");
+                    Member {
+                        name: format!("m{i}"),
+                        client_port: free_port(),
+                        peer_port: free_port(),
+                        data: dir.path().join("data"),
+                        dir,
+                        child: None,
+                        fresh: true,
+                    }
                 })
                 .collect(),
         };
@@ -105,7 +114,7 @@ impl EtcdProcess {
         let (client, peer) = (m.client_url(), m.peer_url());
         let child = Command::new(etcd_bin())
             .args(["--name", &m.name, "--data-dir"])
-            .arg(m.dir.path().join("data"))
+            .arg(&m.data)
             .args([
                 "--listen-client-urls",
                 &client,
@@ -119,7 +128,7 @@ impl EtcdProcess {
                 &peer,
             ])
             .args(["--initial-cluster", &initial_cluster])
-            .args(["--initial-cluster-token", "snowkeep-test"])
+            .args(["--initial-cluster-token", CLUSTER_TOKEN])
             .args([
                 "--initial-cluster-state",
                 if m.fresh { "new" } else { "existing" },
@@ -228,6 +237,80 @@ impl EtcdProcess {
         }
     }
 
+    /// Loses every member's data: kills them and starts a new, empty cluster
+    /// on the same ports (as after a disk loss, or `rm -rf` of the data dirs).
+    #[allow(dead_code)] // used by the rollback tests
+    pub async fn wipe(&mut self) {
+        self.kill();
+        for (i, m) in self.members.iter_mut().enumerate() {
+            m.data = m.dir.path().join(format!("wiped-{i}"));
+            m.fresh = true;
+        }
+        for i in 0..self.members.len() {
+            self.launch(i);
+        }
+        for i in 0..self.members.len() {
+            self.wait_healthy(i).await;
+        }
+    }
+
+    /// Runs `scripts/etcd-snapshot save` (the runbook's backup step) against
+    /// the first member, into `file`.
+    #[allow(dead_code)] // used by the rollback tests
+    pub fn snapshot_save(&self, file: &std::path::Path) {
+        run_script(&[
+            "save".as_ref(),
+            self.members[0].client_url().as_ref(),
+            file.as_os_str(),
+        ]);
+    }
+
+    /// The runbook's restore: kills every member, runs `scripts/etcd-snapshot
+    /// restore` of `file` into a new data dir for each, and starts them.
+    #[allow(dead_code)] // used by the rollback tests
+    pub async fn restore(&mut self, file: &std::path::Path) {
+        self.kill();
+        let initial_cluster = self.initial_cluster();
+        for (i, m) in self.members.iter_mut().enumerate() {
+            let data = m.dir.path().join(format!("restored-{i}"));
+            let peer = m.peer_url();
+            run_script(&[
+                "restore".as_ref(),
+                file.as_os_str(),
+                "--name".as_ref(),
+                m.name.as_ref(),
+                "--data-dir".as_ref(),
+                data.as_os_str(),
+                "--peer-url".as_ref(),
+                peer.as_ref(),
+                "--initial-cluster".as_ref(),
+                initial_cluster.as_ref(),
+                "--initial-cluster-token".as_ref(),
+                CLUSTER_TOKEN.as_ref(),
+            ]);
+            m.data = data;
+            m.fresh = false;
+        }
+        for i in 0..self.members.len() {
+            self.launch(i);
+        }
+        for i in 0..self.members.len() {
+            self.wait_healthy(i).await;
+        }
+    }
+
+    /// The first member's mvcc revision and raft applied index.
+    #[allow(dead_code)] // used by the rollback tests
+    pub async fn progress(&self) -> (i64, u64) {
+        let s = status(&self.members[0].client_url())
+            .await
+            .expect("etcd answers Status");
+        (
+            s.header().map(|h| h.revision()).unwrap_or(0),
+            s.raft_applied_index(),
+        )
+    }
+
     /// SIGSTOPs every member: etcd hangs without closing connections.
     pub fn pause(&self) {
         for m in &self.members {
@@ -247,6 +330,22 @@ impl Drop for EtcdProcess {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Runs `scripts/etcd-snapshot` with `args`; panics with its output on failure.
+fn run_script(args: &[&std::ffi::OsStr]) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/etcd-snapshot");
+    let out = Command::new(&script)
+        .args(args)
+        .output()
+        .expect("run scripts/etcd-snapshot");
+    assert!(
+        out.status.success(),
+        "scripts/etcd-snapshot {args:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// True when the member answers a Status request.

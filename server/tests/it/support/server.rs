@@ -56,8 +56,17 @@ impl ServerProcess {
         }
     }
 
-    /// Spawns a server on etcd `endpoint` in `namespace` with a 2 s lease TTL.
+    /// Spawns a server on etcd `endpoint` in `namespace` with a 2 s lease
+    /// TTL, creating the namespace if it does not exist (`--create-namespace`).
     pub fn on_etcd(endpoint: &str, namespace: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["--create-namespace"];
+        args.extend_from_slice(extra);
+        Self::joining(endpoint, namespace, &args)
+    }
+
+    /// Like [`ServerProcess::on_etcd`], but the namespace must exist already:
+    /// no `--create-namespace`, as every server but a namespace's first.
+    pub fn joining(endpoint: &str, namespace: &str, extra: &[&str]) -> Self {
         let mut args = vec![
             "--etcd-endpoints",
             endpoint,
