@@ -1,6 +1,11 @@
 //! Wiring: store → lease manager → generator → gRPC services, and the ordered
-//! shutdown of HOUSE-STYLE §2.5 / DESIGN §3: health NOT_SERVING → stop
-//! accepting → streams end → drain in-flight requests (bounded) → release.
+//! shutdown: health NOT_SERVING → stop accepting → streams end → drain
+//! in-flight requests (bounded) → release. A machine id is released only
+//! after the calls that could stamp ids under it are done.
+//!
+//! The gRPC server runs under [`crate::limits`]: connections come through a
+//! [`Listener`] (backoff on accept errors, a connection cap, silent
+//! connections closed), and tonic's builder sets the HTTP/2 keepalive.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -11,12 +16,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
 
 use crate::config::{ServerConfig, StoreConfig};
 use crate::etcd::{EtcdSettings, EtcdStore};
 use crate::lease::{LeaseError, LeaseManager, LeaseTiming, Slot, Store};
+use crate::limits::conn::{Listener, ListenerLimits};
 use crate::local::LocalStore;
 use crate::metrics as m;
 use crate::service::{
@@ -256,8 +261,30 @@ pub async fn run(
         ns,
         shutdown.clone(),
     ));
+    let limits = &config.limits;
+    if let Some(soft) = crate::limits::conn::open_file_limit() {
+        let needed = (limits.max_connections + crate::metrics::http::MAX_CONNECTIONS) as u64
+            + crate::limits::conn::OWN_DESCRIPTORS;
+        if needed > soft {
+            warn!(open_file_limit = soft, max_connections = limits.max_connections, "--max-connections {} plus 16 metrics connections and about {} descriptors of the server's own exceed the open-file limit {soft}: clients can exhaust the descriptors the server needs for etcd and its state; raise the limit (ulimit -n, LimitNOFILE) or lower --max-connections", limits.max_connections, crate::limits::conn::OWN_DESCRIPTORS);
+        }
+    }
+    let listener = Listener::new(
+        listener,
+        ListenerLimits {
+            name: "gRPC",
+            max_connections: limits.max_connections,
+            max_connections_flag: "--max-connections",
+            idle_timeout: limits.idle_timeout,
+            tcp_keepalive: limits.tcp_keepalive,
+        },
+        shutdown.clone(),
+    );
     let mut server = tracker.spawn(
         tonic::transport::Server::builder()
+            // Dead or paused clients are disconnected.
+            .http2_keepalive_interval(limits.http2_keepalive_interval)
+            .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
             // One span per call, named after the method (exported over OTLP
             // with --otlp-endpoint).
             .trace_fn(|req| {
@@ -273,11 +300,7 @@ pub async fn run(
             })
             .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
             .add_routes(routes)
-            .serve_with_incoming_shutdown(
-                // Without TCP_NODELAY small unary replies wait out delayed ACKs (~40 ms).
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown.clone().cancelled_owned(),
-            ),
+            .serve_with_incoming_shutdown(listener.incoming(), shutdown.clone().cancelled_owned()),
     );
     tracker.close();
 
@@ -303,7 +326,8 @@ pub async fn run(
             }
         },
     };
-    // Only now may the machine id be given back (DESIGN §3 release order).
+    // Only now may the machine id be given back: every call that could
+    // stamp ids under it is done.
     release.cancel();
     let lease_result = match lease_result {
         Some(r) => r,

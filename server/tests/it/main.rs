@@ -10,6 +10,7 @@ mod etcd_faults;
 mod issuance;
 mod lease;
 mod lease_api;
+mod limits;
 mod observability;
 mod release;
 mod support;
