@@ -279,7 +279,13 @@ pub async fn run(
         let needed = (limits.max_connections + crate::metrics::http::MAX_CONNECTIONS) as u64
             + crate::limits::conn::OWN_DESCRIPTORS;
         if needed > soft {
-            warn!(open_file_limit = soft, max_connections = limits.max_connections, "--max-connections {} plus 16 metrics connections and about {} descriptors of the server's own exceed the open-file limit {soft}: clients can exhaust the descriptors the server needs for etcd and its state; raise the limit (ulimit -n, LimitNOFILE) or lower --max-connections", limits.max_connections, crate::limits::conn::OWN_DESCRIPTORS);
+            warn!(
+                open_file_limit = soft,
+                max_connections = limits.max_connections,
+                metrics_connections = crate::metrics::http::MAX_CONNECTIONS,
+                own_descriptors = crate::limits::conn::OWN_DESCRIPTORS,
+                "--max-connections leaves too few file descriptors under the open-file limit: clients can exhaust those the server needs for etcd and its state; raise the limit (ulimit -n, LimitNOFILE) or lower --max-connections"
+            );
         }
     }
     let call_limits = CallLimits::new(limits);
@@ -347,9 +353,9 @@ pub async fn run(
             Err(_) => {
                 let (calls, connections) = (call_limits.in_progress(), open_connections.get());
                 if calls > 0 {
-                    warn!(grace_period = ?config.shutdown_grace_period, calls, connections, "drain timed out; aborting {calls} calls still in progress");
+                    warn!(grace_period = ?config.shutdown_grace_period, calls, connections, "drain timed out; aborting the calls still in progress");
                 } else {
-                    info!(grace_period = ?config.shutdown_grace_period, connections, "no call in progress; closing {connections} connections whose clients did not answer the HTTP/2 shutdown");
+                    info!(grace_period = ?config.shutdown_grace_period, connections, "no call in progress; closing the connections whose clients did not answer the HTTP/2 shutdown");
                 }
                 server.abort();
                 Ok(Ok(()))

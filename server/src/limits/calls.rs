@@ -8,7 +8,7 @@
 //!   `--max-open-streams` streams are in progress;
 //! * its **weight**, in bytes of the pool's share of `--max-call-memory` (a
 //!   quarter for unary calls, the rest for streams): the most memory the
-//!   call can make the server hold at once (see [`weigh`]).
+//!   call can make the server hold at once (see [`super::weight`]).
 //!
 //! A call that finds its pool full gets RESOURCE_EXHAUSTED at once, with the
 //! limit and what to do in the message: load is shed, never queued.
@@ -31,8 +31,6 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
-use prost::Message;
-use snowkeep_proto::v1 as pb;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tonic::Status;
@@ -41,27 +39,17 @@ use tracing::warn;
 
 use super::conn::{ConnCall, ConnInfo};
 use super::throttle::Throttle;
-use super::wire;
-use crate::config::{Limits, MAX_BATCH};
-use crate::service::id::DEFAULT_STREAM_BATCH;
+use super::weight::{weigh, GRPC_HEADER, NEXT_IDS, SMALL_RESPONSE, STREAM_IDS};
+use super::{status, LimitError};
+use crate::config::Limits;
 
-/// gRPC's length-prefix of every message, bytes.
-const GRPC_HEADER: usize = 5;
-/// tonic encodes response messages into chunks of at least this many bytes
-/// before handing them to hyper (its `yield_threshold`).
-const ENCODE_CHUNK: usize = 32 * 1024;
 /// Memory of a call besides its messages: the HTTP/2 stream, the tasks and
 /// tonic's state, bytes.
 const CALL_OVERHEAD: usize = 8 * 1024;
-/// Weight of the responses of methods other than IdService's: health,
-/// info, Lease API and reflection answers are a few KiB.
-const SMALL_RESPONSE: usize = 64 * 1024;
 /// The memory semaphores count in units of this many bytes (a permit count
 /// is a `u32`).
 const UNIT: usize = 1024;
 
-const NEXT_IDS: &str = "/snowkeep.v1.IdService/NextIds";
-const STREAM_IDS: &str = "/snowkeep.v1.IdService/StreamIds";
 /// Every method whose response is a stream: they take from the streams pool.
 pub const STREAMING_METHODS: &[&str] = &[
     STREAM_IDS,
@@ -125,35 +113,35 @@ impl Pool {
         }
     }
 
-    fn slot(&self) -> Result<OwnedSemaphorePermit, Status> {
-        self.slots.clone().try_acquire_owned().map_err(|_| {
-            Status::resource_exhausted(format!(
-                "this server already has {} {} in progress, its limit ({}); retry with backoff or call another snowkeep server",
-                self.max_slots,
-                self.kind.noun(),
-                self.kind.flag()
-            ))
-        })
+    fn slot(&self) -> Result<OwnedSemaphorePermit, LimitError> {
+        self.slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| LimitError::Busy {
+                calls: self.kind.noun(),
+                max: self.max_slots,
+                flag: self.kind.flag(),
+            })
     }
 
     /// Reserves `bytes` more for a call that already holds `held`.
-    fn reserve(&self, bytes: usize, held: usize) -> Result<OwnedSemaphorePermit, Status> {
+    fn reserve(&self, bytes: usize, held: usize) -> Result<OwnedSemaphorePermit, LimitError> {
         if bytes + held > self.max_memory {
-            return Err(Status::resource_exhausted(format!(
-                "this call needs {} bytes of server memory, more than the {} bytes this server gives all {} (a share of --max-call-memory); ask for fewer ids per call",
-                bytes + held,
-                self.max_memory,
-                self.kind.noun()
-            )));
+            return Err(LimitError::CallTooLarge {
+                calls: self.kind.noun(),
+                need: bytes + held,
+                pool: self.max_memory,
+            });
         }
         let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
-        self.memory.clone().try_acquire_many_owned(units).map_err(|_| {
-            Status::resource_exhausted(format!(
-                "this server's memory for {} is in use: {bytes} more bytes do not fit in its {} bytes (a share of --max-call-memory); retry with backoff or call another snowkeep server",
-                self.kind.noun(),
-                self.max_memory
-            ))
-        })
+        self.memory
+            .clone()
+            .try_acquire_many_owned(units)
+            .map_err(|_| LimitError::MemoryInUse {
+                calls: self.kind.noun(),
+                need: bytes,
+                pool: self.max_memory,
+            })
     }
 
     fn in_progress(&self) -> usize {
@@ -216,7 +204,7 @@ impl CallLimits {
         }
     }
 
-    fn shed(&self, path: &str, status: Status) -> http::Response<tonic::body::Body> {
+    fn shed(&self, path: &str, error: LimitError) -> http::Response<tonic::body::Body> {
         let held_back = self
             .0
             .shed_log
@@ -227,11 +215,11 @@ impl CallLimits {
             warn!(
                 method = path,
                 shed_since_last_log = held_back,
-                reason = status.message(),
+                reason = %error,
                 "shedding a call: RESOURCE_EXHAUSTED"
             );
         }
-        status.into_http()
+        status(error).into_http()
     }
 }
 
@@ -242,93 +230,6 @@ struct Hold {
     _slot: OwnedSemaphorePermit,
     memory: OwnedSemaphorePermit,
     _conn: Option<ConnCall>,
-}
-
-/// Weight in bytes of a call's response, from its request `frame` (one
-/// length-prefixed gRPC message): what the call can make the server hold at
-/// once. A request the handler will refuse weighs [`SMALL_RESPONSE`].
-///
-/// * `NextIds(count)`: the ids (8 bytes each) and their encoded message,
-///   both alive while tonic encodes.
-/// * `StreamIds(batch_size)`: one message generated, one waiting in hyper
-///   for the client's flow-control window and one in h2's send buffer; tonic
-///   packs small messages into chunks of [`ENCODE_CHUNK`] bytes.
-///
-/// # Errors
-/// RESOURCE_EXHAUSTED when one response message would be larger than
-/// `max_send` bytes: refused before any id is generated.
-pub fn weigh(path: &str, frame: &[u8], max_send: usize) -> Result<usize, Status> {
-    match path {
-        NEXT_IDS => {
-            let Some(req) = decode::<pb::NextIdsRequest>(frame) else {
-                return Ok(SMALL_RESPONSE);
-            };
-            if req.count == 0 || req.count > MAX_BATCH {
-                return Ok(SMALL_RESPONSE);
-            }
-            let n = req.count as usize;
-            let len = ids_message_len(n);
-            if len > max_send {
-                return Err(Status::resource_exhausted(format!(
-                    "{n} ids make a {len}-byte response message, over this server's limit of {max_send} bytes (--max-send-message-size); ask for at most {} ids per call",
-                    ids_fitting(max_send)
-                )));
-            }
-            Ok(8 * n + GRPC_HEADER + len)
-        }
-        STREAM_IDS => {
-            let Some(req) = decode::<pb::StreamIdsRequest>(frame) else {
-                return Ok(SMALL_RESPONSE);
-            };
-            let batch = match req.batch_size {
-                0 => DEFAULT_STREAM_BATCH,
-                b if b <= MAX_BATCH => b,
-                _ => return Ok(SMALL_RESPONSE),
-            };
-            let n = match req.total {
-                0 => batch as usize,
-                total => total.min(u64::from(batch)) as usize,
-            };
-            let len = ids_message_len(n);
-            if len > max_send {
-                return Err(Status::resource_exhausted(format!(
-                    "batch_size {n} makes {len}-byte messages, over this server's limit of {max_send} bytes (--max-send-message-size); use a batch_size of at most {}",
-                    ids_fitting(max_send)
-                )));
-            }
-            Ok(8 * n + 2 * (ENCODE_CHUNK + GRPC_HEADER + len))
-        }
-        _ => Ok(SMALL_RESPONSE),
-    }
-}
-
-/// The message of one uncompressed gRPC `frame`, when the frame is exactly that.
-fn decode<M: Message + Default>(frame: &[u8]) -> Option<M> {
-    let (&[0, a, b, c, d], body) = (frame.get(..GRPC_HEADER)?, frame.get(GRPC_HEADER..)?) else {
-        return None;
-    };
-    let len = u32::from_be_bytes([a, b, c, d]) as usize;
-    (body.len() == len).then(|| M::decode(body).ok())?
-}
-
-/// Bytes of a protobuf message holding `n` ids as its packed `fixed64`
-/// field 1 (`NextIdsResponse`, `IdBatch`), gRPC prefix excluded.
-pub fn ids_message_len(n: usize) -> usize {
-    if n == 0 {
-        return 0;
-    }
-    let payload = 8 * n as u64;
-    let varint = (64 - (payload | 1).leading_zeros() as usize).div_ceil(7);
-    1 + varint + 8 * n
-}
-
-/// The most ids whose message fits in `max` bytes.
-fn ids_fitting(max: usize) -> usize {
-    let mut n = max.saturating_sub(11) / 8;
-    while ids_message_len(n + 1) <= max {
-        n += 1;
-    }
-    n
 }
 
 /// Reads a unary call's request body: at most one message of `max_recv`
@@ -343,11 +244,14 @@ async fn read_request(mut body: tonic::body::Body, max_recv: usize) -> Result<By
         if let Some(&[_, a, b, c, d]) = buf.get(..GRPC_HEADER) {
             let len = u32::from_be_bytes([a, b, c, d]) as usize;
             if len > max_recv {
-                return Err(wire::request_too_large(len, max_recv));
+                return Err(status(LimitError::RequestTooLarge { len, max: max_recv }));
             }
         }
         if buf.len() > GRPC_HEADER + max_recv {
-            return Err(wire::request_too_large(buf.len() - GRPC_HEADER, max_recv));
+            return Err(status(LimitError::RequestTooLarge {
+                len: buf.len() - GRPC_HEADER,
+                max: max_recv,
+            }));
         }
     }
     Ok(buf.freeze())
@@ -420,7 +324,7 @@ where
             });
             let mut hold = match admitted {
                 Ok(hold) => hold,
-                Err(status) => return Ok(limits.shed(&path, status)),
+                Err(error) => return Ok(limits.shed(&path, error)),
             };
             let weight = if path == NEXT_IDS || path == STREAM_IDS {
                 let (parts, body) = request.into_parts();
@@ -430,7 +334,7 @@ where
                 };
                 let weight = match weigh(&path, &frame, limits.0.max_send) {
                     Ok(w) => w,
-                    Err(status) => return Ok(status.into_http()),
+                    Err(error) => return Ok(status(error).into_http()),
                 };
                 request = http::Request::from_parts(
                     parts,
@@ -442,7 +346,7 @@ where
             };
             match pool.reserve(weight, limits.0.base) {
                 Ok(more) => hold.memory.merge(more),
-                Err(status) => return Ok(limits.shed(&path, status)),
+                Err(error) => return Ok(limits.shed(&path, error)),
             }
             let response = inner.call(request).await?;
             let hold = Arc::new(hold);
@@ -517,6 +421,7 @@ mod tests {
     use std::convert::Infallible;
 
     use prost::Message;
+    use snowkeep_proto::v1 as pb;
     use tonic::Code;
     use tower::ServiceExt;
 
@@ -528,81 +433,6 @@ mod tests {
         out.extend_from_slice(&(body.len() as u32).to_be_bytes());
         out.extend_from_slice(&body);
         out
-    }
-
-    #[test]
-    fn ids_message_len_matches_prost() {
-        for n in [1usize, 2, 15, 16, 1000, 2047, 2048, 100_000] {
-            let msg = pb::NextIdsResponse {
-                ids: vec![u64::MAX; n],
-            };
-            assert_eq!(ids_message_len(n), msg.encoded_len(), "{n} ids");
-        }
-        assert_eq!(ids_message_len(100_000), 800_004);
-        assert_eq!(ids_fitting(800_004), 100_000);
-        assert_eq!(ids_fitting(800_003), 99_999);
-        assert_eq!(ids_fitting(64 * 1024), 8_191);
-    }
-
-    #[test]
-    fn weights_follow_the_request() {
-        let max = 1 << 20;
-        let next = |count| {
-            weigh(
-                NEXT_IDS,
-                &frame(&pb::NextIdsRequest {
-                    count,
-                    ..Default::default()
-                }),
-                max,
-            )
-        };
-        assert_eq!(next(1).unwrap(), 8 + 5 + 10);
-        assert_eq!(next(100_000).unwrap(), 800_000 + 5 + 800_004);
-        // Refused by the handler: nothing to weigh.
-        assert_eq!(next(0).unwrap(), SMALL_RESPONSE);
-        assert_eq!(next(100_001).unwrap(), SMALL_RESPONSE);
-        let stream = |total, batch_size| {
-            weigh(
-                STREAM_IDS,
-                &frame(&pb::StreamIdsRequest { total, batch_size }),
-                max,
-            )
-        };
-        // batch_size 0 means 1000.
-        assert_eq!(stream(0, 0).unwrap(), 8000 + 2 * (ENCODE_CHUNK + 5 + 8003));
-        assert_eq!(stream(10, 1000).unwrap(), 80 + 2 * (ENCODE_CHUNK + 5 + 82));
-        assert_eq!(
-            weigh(NEXT_IDS, b"\0\0\0\0\x02\xff\xff", max).unwrap(),
-            SMALL_RESPONSE
-        );
-        assert_eq!(
-            weigh("/snowkeep.v1.InfoService/GetInfo", b"", max).unwrap(),
-            SMALL_RESPONSE
-        );
-    }
-
-    #[test]
-    fn a_response_over_the_send_limit_is_refused_before_generating() {
-        let f = frame(&pb::NextIdsRequest {
-            count: 10_000,
-            ..Default::default()
-        });
-        let s = weigh(NEXT_IDS, &f, 64 * 1024).unwrap_err();
-        assert_eq!(s.code(), Code::ResourceExhausted);
-        assert_eq!(
-            s.message(),
-            "10000 ids make a 80004-byte response message, over this server's limit of 65536 bytes (--max-send-message-size); ask for at most 8191 ids per call"
-        );
-        let f = frame(&pb::StreamIdsRequest {
-            total: 0,
-            batch_size: 10_000,
-        });
-        let s = weigh(STREAM_IDS, &f, 64 * 1024).unwrap_err();
-        assert_eq!(
-            s.message(),
-            "batch_size 10000 makes 80004-byte messages, over this server's limit of 65536 bytes (--max-send-message-size); use a batch_size of at most 8191"
-        );
     }
 
     /// Every server-streaming method the server serves is in the streams
@@ -781,7 +611,7 @@ mod tests {
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert_eq!(
             status.message(),
-            wire::request_too_large(65536, 16384).message()
+            "the request message is 65536 bytes, over this server's limit of 16384 bytes (--max-recv-message-size)"
         );
         assert_eq!(limits.in_progress(), 0);
     }

@@ -52,7 +52,7 @@ const WARN_PERIOD: Duration = Duration::from_secs(10);
 pub struct ListenerLimits {
     /// Names the listener in logs (`gRPC`, `metrics`).
     pub name: &'static str,
-    /// Most open connections; the flag that sets it, for the log.
+    /// Most open connections.
     pub max_connections: usize,
     /// The flag (or constant) behind `max_connections`, named in the log.
     pub max_connections_flag: &'static str,
@@ -148,9 +148,9 @@ impl Accepting {
                             warn!(
                                 listener = self.limits.name,
                                 open,
+                                limit = self.limits.max_connections_flag,
                                 refused_since_last_log = held_back,
-                                "closing a new connection: {open} connections are open, the limit ({}); raise it or add servers",
-                                self.limits.max_connections_flag
+                                "closing a new connection: the connection limit is reached; raise it or add servers"
                             );
                         }
                         drop(stream);
@@ -168,8 +168,8 @@ impl Accepting {
                             %error,
                             retry_in = ?delay,
                             errors_since_last_log = held_back,
-                            "cannot accept connections; backing off (with EMFILE, raise the open-file limit or lower {})",
-                            self.limits.max_connections_flag
+                            limit = self.limits.max_connections_flag,
+                            "cannot accept connections; backing off (with EMFILE, raise the open-file limit or lower the connection limit)"
                         );
                     }
                     tokio::time::sleep(delay).await;

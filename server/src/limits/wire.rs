@@ -4,8 +4,9 @@
 //! tonic answers a request it cannot decode with INTERNAL (protobuf that does
 //! not parse, a body that ends inside a message, an unknown compression
 //! flag) and a message over a size limit with OUT_OF_RANGE. Both are the
-//! client's doing: [`WireStatusLayer`] turns them into INVALID_ARGUMENT and
-//! RESOURCE_EXHAUSTED, keeping tonic's detail and naming the flag to change.
+//! client's doing: [`WireStatusLayer`] turns them into a [`LimitError`]
+//! (INVALID_ARGUMENT or RESOURCE_EXHAUSTED), keeping tonic's detail and
+//! naming the flag to change.
 //! It rewrites the status of trailers-only responses (a request refused
 //! before the handler ran) and of trailers (a response message too large).
 //! It recognises tonic's errors by their fixed message prefixes; the
@@ -23,47 +24,36 @@ use http_body::{Body, Frame, SizeHint};
 use tonic::{Code, Status};
 use tower::{Layer, Service};
 
-/// The status for a request message of `len` bytes over `max`.
-pub fn request_too_large(len: usize, max: usize) -> Status {
-    Status::resource_exhausted(format!(
-        "the request message is {len} bytes, over this server's limit of {max} bytes (--max-recv-message-size)"
-    ))
-}
+use super::{status, LimitError};
 
-/// The status a client should get instead of `status`, when tonic produced
-/// `status` for a malformed or oversized message.
-pub fn fixed(status: &Status) -> Option<Status> {
+/// What tonic's `status` for a malformed or oversized message means, when
+/// it is one: the client's fault, with a client's code.
+pub fn fixed(status: &Status) -> Option<LimitError> {
     let msg = status.message();
     match status.code() {
         Code::Internal if msg.starts_with("failed to decode Protobuf message") => {
-            Some(Status::invalid_argument(format!(
-                "the request is not a valid protobuf message for this method ({msg}); build requests from snowkeep's .proto files"
-            )))
-        }
-        Code::Internal if msg == "Unexpected EOF decoding stream." => {
-            Some(Status::invalid_argument(
-                "the request body ends inside a gRPC message: its length prefix promises more bytes than were sent",
-            ))
-        }
-        Code::Internal
-            if msg.starts_with("protocol error: received message with invalid compression flag") =>
-        {
-            Some(Status::invalid_argument(format!(
-                "{msg}; a gRPC message starts with 0 (uncompressed) or 1 (compressed)"
-            )))
-        }
-        Code::OutOfRange if msg.starts_with("Error, decoded message length too large") => {
-            Some(match found_and_limit(msg) {
-                Some((len, max)) => request_too_large(len, max),
-                None => Status::resource_exhausted(format!(
-                    "the request message is over this server's limit (--max-recv-message-size): {msg}"
-                )),
+            Some(LimitError::InvalidMessage {
+                detail: msg.to_owned(),
             })
         }
+        Code::Internal if msg == "Unexpected EOF decoding stream." => {
+            Some(LimitError::TruncatedMessage)
+        }
+        Code::Internal => {
+            let rest = msg
+                .strip_prefix("protocol error: received message with invalid compression flag: ")?;
+            let digits = rest.split(|c: char| !c.is_ascii_digit()).next()?;
+            Some(LimitError::InvalidCompressionFlag {
+                flag: digits.parse().ok()?,
+            })
+        }
+        Code::OutOfRange if msg.starts_with("Error, decoded message length too large") => {
+            let (len, max) = found_and_limit(msg)?;
+            Some(LimitError::RequestTooLarge { len, max })
+        }
         Code::OutOfRange if msg.starts_with("Error, encoded message length too large") => {
-            Some(Status::resource_exhausted(format!(
-                "the response message would be over this server's limit (--max-send-message-size): {msg}; ask for less per call"
-            )))
+            let (len, max) = found_and_limit(msg)?;
+            Some(LimitError::ResponseTooLarge { len, max })
         }
         _ => None,
     }
@@ -78,16 +68,16 @@ fn found_and_limit(msg: &str) -> Option<(usize, usize)> {
 }
 
 /// Rewrites the status in `headers` (response headers or trailers) when
-/// [`fixed`] has a better one.
+/// [`fixed`] says what it means.
 fn fix_headers(headers: &mut HeaderMap) {
-    let Some(better) = Status::from_header_map(headers).as_ref().and_then(fixed) else {
+    let Some(error) = Status::from_header_map(headers).as_ref().and_then(fixed) else {
         return;
     };
     for name in ["grpc-status", "grpc-message", "grpc-status-details-bin"] {
         headers.remove(name);
     }
     // A status built from our own text always encodes.
-    let _ = better.add_header(headers);
+    let _ = status(error).add_header(headers);
 }
 
 /// Applies [`fixed`] to every response (see the module docs).
@@ -173,42 +163,40 @@ mod tests {
         let cases = [
             (
                 Status::internal("failed to decode Protobuf message: invalid wire type value: 7"),
+                LimitError::InvalidMessage {
+                    detail: "failed to decode Protobuf message: invalid wire type value: 7".into(),
+                },
                 Code::InvalidArgument,
             ),
             (
                 Status::internal("Unexpected EOF decoding stream."),
+                LimitError::TruncatedMessage,
                 Code::InvalidArgument,
             ),
             (
                 Status::internal("protocol error: received message with invalid compression flag: 7 (valid flags are 0 and 1), while sending request"),
+                LimitError::InvalidCompressionFlag { flag: 7 },
                 Code::InvalidArgument,
             ),
             (
                 Status::out_of_range("Error, decoded message length too large: found 70000 bytes, the limit is: 16384 bytes"),
+                LimitError::RequestTooLarge { len: 70000, max: 16384 },
                 Code::ResourceExhausted,
             ),
             (
-                Status::out_of_range("Error, encoded message length too large: found 80003 bytes, the limit is: 65536 bytes"),
+                Status::out_of_range("Error, encoded message length too large: found 80004 bytes, the limit is: 65536 bytes"),
+                LimitError::ResponseTooLarge { len: 80004, max: 65536 },
                 Code::ResourceExhausted,
             ),
         ];
-        for (status, code) in cases {
-            let better = fixed(&status).unwrap_or_else(|| panic!("{status:?} kept"));
-            assert_eq!(better.code(), code, "{status:?}");
+        for (tonic_status, error, code) in cases {
+            assert_eq!(
+                fixed(&tonic_status).as_ref(),
+                Some(&error),
+                "{tonic_status:?}"
+            );
+            assert_eq!(status(error).code(), code);
         }
-    }
-
-    #[test]
-    fn an_oversized_request_reads_the_same_as_the_read_ahead_refusal() {
-        let s = fixed(&Status::out_of_range(
-            "Error, decoded message length too large: found 70000 bytes, the limit is: 16384 bytes",
-        ))
-        .unwrap();
-        assert_eq!(s.message(), request_too_large(70000, 16384).message());
-        assert_eq!(
-            s.message(),
-            "the request message is 70000 bytes, over this server's limit of 16384 bytes (--max-recv-message-size)"
-        );
     }
 
     #[test]
@@ -216,6 +204,7 @@ mod tests {
         for status in [
             Status::internal("corrupt fence value in etcd"),
             Status::out_of_range("anything else"),
+            Status::out_of_range("Error, decoded message length too large: in a new wording"),
             Status::invalid_argument("count must be between 1 and 100000, got 0"),
             Status::internal("protocol error: received message with compressed-flag but no grpc-encoding was specified"),
         ] {

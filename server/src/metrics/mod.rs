@@ -1,7 +1,8 @@
 //! The metric catalog: every metric name snowkeep-server exports is a `pub
 //! const` here, described in [`describe_all`]. Dashboards and alert rules in
-//! `deploy/` use these names (HOUSE-STYLE §2.6). Labels take bounded values
-//! only: `namespace` (configured), enums with `as_str`, never ids or text.
+//! `deploy/` use these names, so renaming one breaks them. Labels take
+//! bounded values only: `namespace` (configured), enums with `as_str`, never
+//! ids or text. The scrape is served by [`http`].
 
 pub mod grpc_layer;
 pub mod http;
