@@ -157,11 +157,84 @@ pub struct Args {
     /// See docs/operations.md.
     #[arg(long, env = "SNOWKEEP_CONFIRM_NAMESPACE_FLOOR", value_parser = parse_floor)]
     pub confirm_namespace_floor: Option<FloorSpec>,
+    /// Most open client connections to the gRPC port; a connection beyond it
+    /// is closed at once.
+    #[arg(long, env = "SNOWKEEP_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: u32,
+    /// Most concurrent HTTP/2 streams (calls) one connection may open
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS); clients queue the rest.
+    #[arg(long, env = "SNOWKEEP_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS)]
+    pub http2_max_concurrent_streams: u32,
+    /// Most unary calls in progress on the whole server; more get
+    /// RESOURCE_EXHAUSTED. A call lasts until its response has left the process.
+    #[arg(long, env = "SNOWKEEP_MAX_CONCURRENT_CALLS", default_value_t = DEFAULT_MAX_CONCURRENT_CALLS)]
+    pub max_concurrent_calls: u32,
+    /// Most streaming calls (StreamIds, health Watch, reflection) open on the
+    /// whole server; more get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SNOWKEEP_MAX_OPEN_STREAMS", default_value_t = DEFAULT_MAX_OPEN_STREAMS)]
+    pub max_open_streams: u32,
+    /// Memory that calls in progress may reserve for their requests and the
+    /// responses not yet sent (bytes, or with KiB/MiB/GiB); a quarter is kept
+    /// for unary calls, the rest for streams. A call that finds no room gets
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SNOWKEEP_MAX_CALL_MEMORY", default_value = DEFAULT_MAX_CALL_MEMORY, value_parser = parse_size)]
+    pub max_call_memory: u64,
+    /// Largest request message accepted (bytes, or with KiB/MiB); larger ones
+    /// get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "SNOWKEEP_MAX_RECV_MESSAGE_SIZE", default_value = DEFAULT_MAX_RECV_MESSAGE_SIZE, value_parser = parse_size)]
+    pub max_recv_message_size: u64,
+    /// Largest response message sent (bytes, or with KiB/MiB); a call whose
+    /// response would be larger gets RESOURCE_EXHAUSTED. 100,000 ids take
+    /// 800,004 bytes.
+    #[arg(long, env = "SNOWKEEP_MAX_SEND_MESSAGE_SIZE", default_value = DEFAULT_MAX_SEND_MESSAGE_SIZE, value_parser = parse_size)]
+    pub max_send_message_size: u64,
+    /// Largest HTTP/2 header list of a request (bytes, or with KiB).
+    #[arg(long, env = "SNOWKEEP_HTTP2_MAX_HEADER_LIST_SIZE", default_value = DEFAULT_HTTP2_MAX_HEADER_LIST_SIZE, value_parser = parse_size)]
+    pub http2_max_header_list_size: u64,
+    /// How often the server pings each client over HTTP/2; 0s turns pings off.
+    #[arg(long, env = "SNOWKEEP_HTTP2_KEEPALIVE_INTERVAL", default_value = DEFAULT_HTTP2_KEEPALIVE_INTERVAL, value_parser = humantime::parse_duration)]
+    pub http2_keepalive_interval: Duration,
+    /// A connection whose client does not answer a ping within this is closed.
+    #[arg(long, env = "SNOWKEEP_HTTP2_KEEPALIVE_TIMEOUT", default_value = DEFAULT_HTTP2_KEEPALIVE_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub http2_keepalive_timeout: Duration,
+    /// A connection with no call in progress whose client has sent nothing
+    /// (not even a ping answer) for this long is closed; clients that answer
+    /// the keepalive pings stay connected.
+    #[arg(long, env = "SNOWKEEP_IDLE_TIMEOUT", default_value = DEFAULT_IDLE_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+    /// TCP keepalive idle time on accepted connections; 0s turns it off.
+    #[arg(long, env = "SNOWKEEP_TCP_KEEPALIVE", default_value = DEFAULT_TCP_KEEPALIVE, value_parser = humantime::parse_duration)]
+    pub tcp_keepalive: Duration,
 }
 
 fn parse_floor(text: &str) -> Result<FloorSpec, String> {
     text.parse()
 }
+
+/// Default most open gRPC connections.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
+/// Default most concurrent streams per HTTP/2 connection.
+pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 64;
+/// Default most unary calls in progress on the server.
+pub const DEFAULT_MAX_CONCURRENT_CALLS: u32 = 256;
+/// Default most streaming calls open on the server.
+pub const DEFAULT_MAX_OPEN_STREAMS: u32 = 128;
+/// Default memory calls in progress may reserve.
+pub const DEFAULT_MAX_CALL_MEMORY: &str = "64MiB";
+/// Default largest request message.
+pub const DEFAULT_MAX_RECV_MESSAGE_SIZE: &str = "16KiB";
+/// Default largest response message: room for 100,000 ids (800,004 bytes).
+pub const DEFAULT_MAX_SEND_MESSAGE_SIZE: &str = "1MiB";
+/// Default largest request header list (hyper's own default).
+pub const DEFAULT_HTTP2_MAX_HEADER_LIST_SIZE: &str = "16KiB";
+/// Default HTTP/2 ping interval.
+pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: &str = "20s";
+/// Default HTTP/2 ping answer timeout.
+pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: &str = "10s";
+/// Default idle (silent) connection timeout.
+pub const DEFAULT_IDLE_TIMEOUT: &str = "60s";
+/// Default TCP keepalive idle time.
+pub const DEFAULT_TCP_KEEPALIVE: &str = "60s";
 
 /// Default period of the peer clock check.
 pub const DEFAULT_PEER_SKEW_INTERVAL: &str = "30s";
@@ -241,6 +314,91 @@ pub struct ServerConfig {
     pub namespace_setup: NamespaceSetup,
     /// Exit after [`ServerConfig::namespace_setup`] instead of serving.
     pub setup_only: bool,
+    /// Bounds on connections, calls and messages.
+    pub limits: Limits,
+}
+
+/// Bounds on what clients can make the server hold: connections, calls,
+/// memory and message sizes, and when silent connections are closed. The
+/// defaults fit a 128 MiB memory limit (docs/operations.md has the sums).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Most open gRPC connections; one more is closed at once.
+    pub max_connections: usize,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on every connection.
+    pub http2_max_concurrent_streams: u32,
+    /// Most unary calls in progress server-wide.
+    pub max_concurrent_calls: usize,
+    /// Most streaming calls open server-wide.
+    pub max_open_streams: usize,
+    /// Bytes calls in progress may reserve: a quarter for unary calls, the
+    /// rest for streams.
+    pub max_call_memory: usize,
+    /// Largest request message, bytes.
+    pub max_recv_message_size: usize,
+    /// Largest response message, bytes.
+    pub max_send_message_size: usize,
+    /// Largest request header list, bytes.
+    pub http2_max_header_list_size: u32,
+    /// HTTP/2 ping interval; `None` sends no pings.
+    pub http2_keepalive_interval: Option<Duration>,
+    /// HTTP/2 ping answer timeout.
+    pub http2_keepalive_timeout: Duration,
+    /// A connection with no call in progress and nothing received for this
+    /// long is closed.
+    pub idle_timeout: Duration,
+    /// TCP keepalive idle time; `None` leaves TCP keepalive off.
+    pub tcp_keepalive: Option<Duration>,
+}
+
+impl Default for Limits {
+    /// The flags' defaults.
+    fn default() -> Self {
+        let size = |s: &str| parse_size(s).expect("valid default size") as usize;
+        let duration = |s: &str| humantime::parse_duration(s).expect("valid default duration");
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS as usize,
+            http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
+            max_concurrent_calls: DEFAULT_MAX_CONCURRENT_CALLS as usize,
+            max_open_streams: DEFAULT_MAX_OPEN_STREAMS as usize,
+            max_call_memory: size(DEFAULT_MAX_CALL_MEMORY),
+            max_recv_message_size: size(DEFAULT_MAX_RECV_MESSAGE_SIZE),
+            max_send_message_size: size(DEFAULT_MAX_SEND_MESSAGE_SIZE),
+            http2_max_header_list_size: size(DEFAULT_HTTP2_MAX_HEADER_LIST_SIZE) as u32,
+            http2_keepalive_interval: Some(duration(DEFAULT_HTTP2_KEEPALIVE_INTERVAL)),
+            http2_keepalive_timeout: duration(DEFAULT_HTTP2_KEEPALIVE_TIMEOUT),
+            idle_timeout: duration(DEFAULT_IDLE_TIMEOUT),
+            tcp_keepalive: Some(duration(DEFAULT_TCP_KEEPALIVE)),
+        }
+    }
+}
+
+/// Parses a size in bytes: digits with an optional `KiB`, `MiB` or `GiB`
+/// suffix (`16384`, `16KiB`, `64MiB`).
+///
+/// # Errors
+/// A message naming the accepted forms.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let multiplier: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => 0,
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|_| multiplier != 0)
+        .and_then(|n| n.checked_mul(multiplier))
+        .ok_or_else(|| {
+            format!("invalid size {text:?}: use a number of bytes, optionally with KiB, MiB or GiB (e.g. 64MiB)")
+        })
 }
 
 /// Settings of the Lease API for embedded requesters.
@@ -317,6 +475,18 @@ pub enum ConfigError {
         got: u32,
         /// Largest allowed.
         max: u32,
+    },
+    /// A count or size outside its range.
+    #[error("invalid {flag} {value}: use {min} to {max}")]
+    LimitOutOfRange {
+        /// The flag and its variable.
+        flag: &'static str,
+        /// Given.
+        value: u64,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
     },
     /// Bad etcd endpoint.
     #[error("invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry {entry:?}: {problem}")]
@@ -414,6 +584,7 @@ impl TryFrom<Args> for ServerConfig {
                 max_wait: args.max_fence_wait,
             });
         }
+        let limits = limits_from(&args)?;
         let stable_instance = args.instance_id.is_some();
         let instance_id = match args.instance_id {
             // No '/': embedded requesters' holder values start with
@@ -473,6 +644,7 @@ impl TryFrom<Args> for ServerConfig {
             });
         }
         Ok(ServerConfig {
+            limits,
             store,
             namespace: args.namespace,
             machine_ids: args.machine_ids,
@@ -502,6 +674,131 @@ impl TryFrom<Args> for ServerConfig {
             setup_only,
         })
     }
+}
+
+/// Checks the limit flags and builds [`Limits`].
+fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    for (flag, value, min, max) in [
+        (
+            "--max-connections (SNOWKEEP_MAX_CONNECTIONS)",
+            u64::from(args.max_connections),
+            1,
+            1_000_000,
+        ),
+        (
+            "--http2-max-concurrent-streams (SNOWKEEP_HTTP2_MAX_CONCURRENT_STREAMS)",
+            u64::from(args.http2_max_concurrent_streams),
+            1,
+            100_000,
+        ),
+        (
+            "--max-concurrent-calls (SNOWKEEP_MAX_CONCURRENT_CALLS)",
+            u64::from(args.max_concurrent_calls),
+            1,
+            1_000_000,
+        ),
+        (
+            "--max-open-streams (SNOWKEEP_MAX_OPEN_STREAMS)",
+            u64::from(args.max_open_streams),
+            1,
+            1_000_000,
+        ),
+        (
+            "--max-call-memory (SNOWKEEP_MAX_CALL_MEMORY)",
+            args.max_call_memory,
+            4 * MIB,
+            64 * GIB,
+        ),
+        (
+            "--max-recv-message-size (SNOWKEEP_MAX_RECV_MESSAGE_SIZE)",
+            args.max_recv_message_size,
+            KIB,
+            64 * MIB,
+        ),
+        (
+            "--max-send-message-size (SNOWKEEP_MAX_SEND_MESSAGE_SIZE)",
+            args.max_send_message_size,
+            KIB,
+            64 * MIB,
+        ),
+        (
+            "--http2-max-header-list-size (SNOWKEEP_HTTP2_MAX_HEADER_LIST_SIZE)",
+            args.http2_max_header_list_size,
+            KIB,
+            MIB,
+        ),
+    ] {
+        if !(min..=max).contains(&value) {
+            return Err(ConfigError::LimitOutOfRange {
+                flag,
+                value,
+                min,
+                max,
+            });
+        }
+    }
+    let (second, hour) = (Duration::from_secs(1), Duration::from_secs(3600));
+    for (flag, value, min) in [
+        (
+            "--http2-keepalive-timeout (SNOWKEEP_HTTP2_KEEPALIVE_TIMEOUT)",
+            args.http2_keepalive_timeout,
+            second,
+        ),
+        (
+            "--idle-timeout (SNOWKEEP_IDLE_TIMEOUT)",
+            args.idle_timeout,
+            Duration::from_millis(100),
+        ),
+    ] {
+        if !(min..=hour).contains(&value) {
+            return Err(ConfigError::OutOfRange {
+                flag,
+                value,
+                min,
+                max: hour,
+            });
+        }
+    }
+    for (flag, value) in [
+        (
+            "--http2-keepalive-interval (SNOWKEEP_HTTP2_KEEPALIVE_INTERVAL)",
+            args.http2_keepalive_interval,
+        ),
+        (
+            "--tcp-keepalive (SNOWKEEP_TCP_KEEPALIVE)",
+            args.tcp_keepalive,
+        ),
+    ] {
+        if !value.is_zero() && !(second..=hour).contains(&value) {
+            return Err(ConfigError::OutOfRange {
+                flag,
+                value,
+                min: second,
+                max: hour,
+            });
+        }
+    }
+    let off_if_zero = |d: Duration| (!d.is_zero()).then_some(d);
+    // The ranges above keep every value within usize and u32.
+    let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+    Ok(Limits {
+        max_connections: usize_of(args.max_connections.into()),
+        http2_max_concurrent_streams: args.http2_max_concurrent_streams,
+        max_concurrent_calls: usize_of(args.max_concurrent_calls.into()),
+        max_open_streams: usize_of(args.max_open_streams.into()),
+        max_call_memory: usize_of(args.max_call_memory),
+        max_recv_message_size: usize_of(args.max_recv_message_size),
+        max_send_message_size: usize_of(args.max_send_message_size),
+        http2_max_header_list_size: u32::try_from(args.http2_max_header_list_size)
+            .unwrap_or(u32::MAX),
+        http2_keepalive_interval: off_if_zero(args.http2_keepalive_interval),
+        http2_keepalive_timeout: args.http2_keepalive_timeout,
+        idle_timeout: args.idle_timeout,
+        tcp_keepalive: off_if_zero(args.tcp_keepalive),
+    })
 }
 
 /// The rule of namespace names, as messages state it (see [`is_valid_namespace`]).
@@ -691,6 +988,83 @@ mod tests {
             bad.contains("use +DURATION (like +48h1m) or an RFC 3339 UTC time"),
             "{bad}"
         );
+    }
+
+    #[test]
+    fn limits_default_to_the_documented_values() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.limits.max_connections, 256);
+        assert_eq!(c.limits.http2_max_concurrent_streams, 64);
+        assert_eq!(c.limits.max_concurrent_calls, 256);
+        assert_eq!(c.limits.max_open_streams, 128);
+        assert_eq!(c.limits.max_call_memory, 64 << 20);
+        assert_eq!(c.limits.max_recv_message_size, 16 << 10);
+        assert_eq!(c.limits.max_send_message_size, 1 << 20);
+        assert_eq!(c.limits.http2_max_header_list_size, 16 << 10);
+        assert_eq!(
+            c.limits.http2_keepalive_interval,
+            Some(Duration::from_secs(20))
+        );
+        assert_eq!(c.limits.http2_keepalive_timeout, Duration::from_secs(10));
+        assert_eq!(c.limits.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.limits.tcp_keepalive, Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn limits_parse_sizes_and_turn_keepalives_off_at_zero() {
+        let c = parse(&[
+            "--max-call-memory",
+            "8MiB",
+            "--max-recv-message-size",
+            "2048",
+            "--max-send-message-size",
+            "64KiB",
+            "--http2-keepalive-interval",
+            "0s",
+            "--tcp-keepalive",
+            "0s",
+            "--idle-timeout",
+            "500ms",
+        ])
+        .unwrap();
+        assert_eq!(c.limits.max_call_memory, 8 << 20);
+        assert_eq!(c.limits.max_recv_message_size, 2048);
+        assert_eq!(c.limits.max_send_message_size, 64 << 10);
+        assert_eq!(c.limits.http2_keepalive_interval, None);
+        assert_eq!(c.limits.tcp_keepalive, None);
+        assert_eq!(c.limits.idle_timeout, Duration::from_millis(500));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_size(" 12 "), Ok(12));
+        for bad in ["", "MiB", "12MB", "1.5MiB", "-1", "99999999999GiB"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn limits_out_of_range_are_refused_naming_the_flag() {
+        let err = parse(&["--max-open-streams", "0"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid --max-open-streams (SNOWKEEP_MAX_OPEN_STREAMS) 0: use 1 to 1000000"
+        );
+        assert!(matches!(
+            parse(&["--max-call-memory", "1MiB"]),
+            Err(ConfigError::LimitOutOfRange { min, .. }) if min == 4 << 20
+        ));
+        assert!(matches!(
+            parse(&["--max-recv-message-size", "100"]),
+            Err(ConfigError::LimitOutOfRange { min: 1024, .. })
+        ));
+        assert!(matches!(
+            parse(&["--http2-keepalive-interval", "10ms"]),
+            Err(ConfigError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            parse(&["--idle-timeout", "0s"]),
+            Err(ConfigError::OutOfRange { .. })
+        ));
+        assert!(Args::try_parse_from(["snowkeep-server", "--max-call-memory", "lots"]).is_err());
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! | [`local`] | the embedded single-instance store (a state file) |
 //! | [`lease`] | the lease lifecycle: `LeaseManager`, candidate ranking, client-skew rule, `LeaseError` |
 //! | [`service`] | gRPC adapters (IdService, InfoService, LeaseService), status mapping, health |
-//! | [`metrics`] | the metric catalog and the Prometheus exporter |
+//! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
+//! | [`limits`] | bounds on connections, calls, memory and messages under hostile or broken clients |
 //!
 //! Core flows (DESIGN §2–§3):
 //!
@@ -34,6 +35,7 @@
 pub mod config;
 pub mod etcd;
 pub mod lease;
+pub mod limits;
 pub mod local;
 pub mod metrics;
 pub mod peers;

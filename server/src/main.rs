@@ -67,9 +67,25 @@ fn main() -> ExitCode {
         return code;
     }
     let code = runtime.block_on(async move {
-        if let Err(e) = metrics::install(metrics_listen) {
-            error!(address = %metrics_listen, error = %DisplayChain(&e), "cannot serve metrics");
-            return ExitCode::FAILURE;
+        let handle = match metrics::install_recorder() {
+            Ok(h) => h,
+            Err(e) => {
+                error!(error = %DisplayChain(&e), "cannot install the metrics recorder");
+                return ExitCode::FAILURE;
+            }
+        };
+        match tokio::net::TcpListener::bind(metrics_listen).await {
+            // Never cancelled: metrics stay up through the drain.
+            Ok(l) => drop(tokio::spawn(metrics::http::serve(
+                l,
+                handle,
+                config.limits.idle_timeout,
+                CancellationToken::new(),
+            ))),
+            Err(e) => {
+                error!(address = %metrics_listen, error = %e, "cannot serve metrics");
+                return ExitCode::FAILURE;
+            }
         }
         let listener = match tokio::net::TcpListener::bind(listen).await {
             Ok(l) => l,

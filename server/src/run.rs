@@ -1,6 +1,12 @@
 //! Wiring: store → lease manager → generator → gRPC services, and the ordered
-//! shutdown of HOUSE-STYLE §2.5 / DESIGN §3: health NOT_SERVING → stop
-//! accepting → streams end → drain in-flight requests (bounded) → release.
+//! shutdown: health NOT_SERVING → stop accepting → streams end → drain
+//! in-flight requests (bounded) → release. A machine id is released only
+//! after the calls that could stamp ids under it are done.
+//!
+//! The gRPC server runs under [`crate::limits`]: connections come through a
+//! [`Listener`] (backoff on accept errors, a connection cap, silent
+//! connections closed), calls through [`CallLimits`] (slots and memory per
+//! pool), and tonic's builder sets the HTTP/2 bounds.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -11,12 +17,14 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
 
-use crate::config::{ServerConfig, StoreConfig};
+use crate::config::{Limits, ServerConfig, StoreConfig};
 use crate::etcd::{EtcdSettings, EtcdStore};
 use crate::lease::{LeaseError, LeaseManager, LeaseTiming, Slot, Store};
+use crate::limits::calls::CallLimits;
+use crate::limits::conn::{Listener, ListenerLimits};
+use crate::limits::wire::WireStatusLayer;
 use crate::local::LocalStore;
 use crate::metrics as m;
 use crate::service::{
@@ -60,6 +68,15 @@ impl ServeError {
             )
         )
     }
+}
+
+/// HTTP/2 receive windows (stream and connection), at least the largest
+/// request message: requests are small, and a connection can then hold at
+/// most this many bytes of request data the server has not read yet.
+fn receive_window(limits: &Limits) -> u32 {
+    u32::try_from(limits.max_recv_message_size + 5)
+        .unwrap_or(u32::MAX)
+        .max(65_535)
 }
 
 /// etcd request timeout for a lease TTL: a quarter of it, within [200 ms, 2 s].
@@ -316,6 +333,7 @@ pub async fn run(
             access.clone(),
         ),
         LeaseHandler::new(access, config.lease_api, clock.clone()),
+        &config.limits,
     )?;
     tracker.spawn(health::follow_issuance(
         reporter,
@@ -324,8 +342,44 @@ pub async fn run(
         ns,
         shutdown.clone(),
     ));
+    let limits = &config.limits;
+    if let Some(soft) = crate::limits::conn::open_file_limit() {
+        let needed = (limits.max_connections + crate::metrics::http::MAX_CONNECTIONS) as u64
+            + crate::limits::conn::OWN_DESCRIPTORS;
+        if needed > soft {
+            warn!(
+                open_file_limit = soft,
+                max_connections = limits.max_connections,
+                metrics_connections = crate::metrics::http::MAX_CONNECTIONS,
+                own_descriptors = crate::limits::conn::OWN_DESCRIPTORS,
+                "--max-connections leaves too few file descriptors under the open-file limit: clients can exhaust those the server needs for etcd and its state; raise the limit (ulimit -n, LimitNOFILE) or lower --max-connections"
+            );
+        }
+    }
+    let call_limits = CallLimits::new(limits);
+    let listener = Listener::new(
+        listener,
+        ListenerLimits {
+            name: "gRPC",
+            max_connections: limits.max_connections,
+            max_connections_flag: "--max-connections",
+            idle_timeout: limits.idle_timeout,
+            tcp_keepalive: limits.tcp_keepalive,
+        },
+        shutdown.clone(),
+    );
+    let open_connections = listener.open_connections();
+    let window = receive_window(limits);
     let mut server = tracker.spawn(
         tonic::transport::Server::builder()
+            // tonic leaves these unset, which hyper reads as "no limit".
+            .max_concurrent_streams(limits.http2_max_concurrent_streams)
+            .http2_max_header_list_size(limits.http2_max_header_list_size)
+            .http2_keepalive_interval(limits.http2_keepalive_interval)
+            .http2_keepalive_timeout(Some(limits.http2_keepalive_timeout))
+            .initial_stream_window_size(window)
+            .initial_connection_window_size(window)
+            .http2_adaptive_window(Some(false))
             // One span per call, named after the method (exported over OTLP
             // with --otlp-endpoint).
             .trace_fn(|req| {
@@ -339,13 +393,13 @@ pub async fn run(
                     rpc.method = path
                 )
             })
+            // Outermost first: metrics see the final code of every call,
+            // shed ones included.
             .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
+            .layer(call_limits.layer())
+            .layer(WireStatusLayer)
             .add_routes(routes)
-            .serve_with_incoming_shutdown(
-                // Without TCP_NODELAY small unary replies wait out delayed ACKs (~40 ms).
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown.clone().cancelled_owned(),
-            ),
+            .serve_with_incoming_shutdown(listener.incoming(), shutdown.clone().cancelled_owned()),
     );
     tracker.close();
 
@@ -365,13 +419,19 @@ pub async fn run(
                 r
             }
             Err(_) => {
-                warn!(grace_period = ?config.shutdown_grace_period, "drain timed out; aborting remaining requests");
+                let (calls, connections) = (call_limits.in_progress(), open_connections.get());
+                if calls > 0 {
+                    warn!(grace_period = ?config.shutdown_grace_period, calls, connections, "drain timed out; aborting the calls still in progress");
+                } else {
+                    info!(grace_period = ?config.shutdown_grace_period, connections, "no call in progress; closing the connections whose clients did not answer the HTTP/2 shutdown");
+                }
                 server.abort();
                 Ok(Ok(()))
             }
         },
     };
-    // Only now may the machine id be given back (DESIGN §3 release order).
+    // Only now may the machine id be given back: every call that could
+    // stamp ids under it is done.
     release.cancel();
     let lease_result = match lease_result {
         Some(r) => r,

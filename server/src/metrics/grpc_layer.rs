@@ -1,5 +1,5 @@
 //! A tower layer that counts gRPC requests by service, method and final
-//! status code, times them, and tracks those in flight (HOUSE-STYLE §2.6).
+//! status code, times them, and tracks those in flight.
 //!
 //! The final code is the `grpc-status` of the response headers (a
 //! trailers-only answer) or of the trailers; a call whose body is dropped

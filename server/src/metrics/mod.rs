@@ -1,14 +1,14 @@
 //! The metric catalog: every metric name snowkeep-server exports is a `pub
 //! const` here, described in [`describe_all`]. Dashboards and alert rules in
-//! `deploy/` use these names (HOUSE-STYLE §2.6). Labels take bounded values
-//! only: `namespace` (configured), enums with `as_str`, never ids or text.
+//! `deploy/` use these names, so renaming one breaks them. Labels take
+//! bounded values only: `namespace` (configured), enums with `as_str`, never
+//! ids or text. The scrape is served by [`http`].
 
 pub mod grpc_layer;
-
-use std::net::SocketAddr;
+pub mod http;
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Build information, gauge = 1; labels `version`.
 pub const BUILD_INFO: &str = "snowkeep_build_info";
@@ -260,18 +260,20 @@ pub fn describe_all() {
     metrics::counter!(FENCE_WAITS_TOTAL).increment(0);
 }
 
-/// Installs the Prometheus recorder with its HTTP listener on `addr` (any path
-/// answers with the scrape, `/metrics` included) and describes the catalog.
-/// Must run inside the tokio runtime.
-pub fn install(addr: SocketAddr) -> Result<(), BuildError> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
+/// Installs the Prometheus recorder as the global `metrics` recorder and
+/// describes the catalog; [`http::serve`] serves the returned handle's scrape
+/// (any path answers, `/metrics` included).
+///
+/// # Errors
+/// A recorder is already installed, or a bucket list is empty.
+pub fn install_recorder() -> Result<PrometheusHandle, BuildError> {
+    let handle = PrometheusBuilder::new()
         .with_recommended_naming(true)
         // A full-name matcher wins over a suffix one (the exporter sorts them).
         .set_buckets_for_metric(Matcher::Full(CLOCK_SKEW_SECONDS.into()), SKEW_BUCKETS)?
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
-        .install()?;
+        .install_recorder()?;
     describe_all();
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
-    Ok(())
+    Ok(handle)
 }

@@ -14,6 +14,7 @@ use snowkeep_proto::v1 as pb;
 use tonic::service::Routes;
 use tonic_health::server::HealthReporter;
 
+use crate::config::Limits;
 use crate::etcd::requesters::RequesterLeases;
 use crate::etcd::CapacityReader;
 use crate::lease::Store;
@@ -59,12 +60,16 @@ impl StoreAccess {
 }
 
 /// Builds the routes: IdService, InfoService, grpc.health.v1 and server
-/// reflection (v1 and v1alpha, so grpcurl 1.8 works too).
+/// reflection (v1 and v1alpha, so grpcurl 1.8 works too). Every service
+/// decodes requests of at most `limits.max_recv_message_size` bytes and
+/// encodes responses of at most `limits.max_send_message_size` bytes.
 pub fn router(
     id: id::IdHandler,
     info: info::InfoHandler,
     lease: lease::LeaseHandler,
+    limits: &Limits,
 ) -> Result<(Routes, HealthReporter), tonic_reflection::server::Error> {
+    let (recv, send) = (limits.max_recv_message_size, limits.max_send_message_size);
     let (reporter, health) = tonic_health::server::health_reporter();
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(snowkeep_proto::FILE_DESCRIPTOR_SET)
@@ -74,11 +79,35 @@ pub fn router(
         .register_encoded_file_descriptor_set(snowkeep_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let routes = Routes::new(pb::id_service_server::IdServiceServer::new(id))
-        .add_service(pb::info_service_server::InfoServiceServer::new(info))
-        .add_service(pb::lease_service_server::LeaseServiceServer::new(lease))
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
+    let routes = Routes::new(
+        pb::id_service_server::IdServiceServer::new(id)
+            .max_decoding_message_size(recv)
+            .max_encoding_message_size(send),
+    )
+    .add_service(
+        pb::info_service_server::InfoServiceServer::new(info)
+            .max_decoding_message_size(recv)
+            .max_encoding_message_size(send),
+    )
+    .add_service(
+        pb::lease_service_server::LeaseServiceServer::new(lease)
+            .max_decoding_message_size(recv)
+            .max_encoding_message_size(send),
+    )
+    .add_service(
+        health
+            .max_decoding_message_size(recv)
+            .max_encoding_message_size(send),
+    )
+    .add_service(
+        reflection_v1
+            .max_decoding_message_size(recv)
+            .max_encoding_message_size(send),
+    )
+    .add_service(
+        reflection_v1alpha
+            .max_decoding_message_size(recv)
+            .max_encoding_message_size(send),
+    );
     Ok((routes, reporter))
 }

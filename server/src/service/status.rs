@@ -8,6 +8,7 @@ use tracing::debug;
 
 use crate::config::MAX_BATCH;
 use crate::lease::LeaseError;
+use crate::limits::LimitError;
 
 /// Errors a gRPC handler returns.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +97,9 @@ pub enum ApiError {
         /// Why the stream ended.
         cause: StreamEnd,
     },
+    /// A server limit refused the call, or its message could not be read.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
 }
 
 /// Why a stream ended before its `total`.
@@ -216,6 +220,18 @@ fn code_of(err: &ApiError) -> Code {
             | LeaseError::ClockBeforeEpoch { .. }
             | LeaseError::DuplicateInstance { .. }
             | LeaseError::StateLocked { .. } => Code::Internal,
+        },
+        ApiError::Limit(l) => match l {
+            LimitError::Busy { .. }
+            | LimitError::MemoryInUse { .. }
+            | LimitError::CallTooLarge { .. }
+            | LimitError::RequestTooLarge { .. }
+            | LimitError::IdsTooLarge { .. }
+            | LimitError::BatchTooLarge { .. }
+            | LimitError::ResponseTooLarge { .. } => Code::ResourceExhausted,
+            LimitError::InvalidMessage { .. }
+            | LimitError::TruncatedMessage
+            | LimitError::InvalidCompressionFlag { .. } => Code::InvalidArgument,
         },
         ApiError::Generate(g) => generate_code(g),
         ApiError::StreamEnded { cause, .. } => match cause {
@@ -341,6 +357,70 @@ mod tests {
             ),
             (
                 ApiError::InvalidLeaseCount { got: 0, max: 256 },
+                Code::InvalidArgument,
+            ),
+            (
+                LimitError::Busy {
+                    calls: "streams",
+                    max: 1,
+                    flag: "--max-open-streams",
+                }
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                LimitError::MemoryInUse {
+                    calls: "streams",
+                    need: 1,
+                    pool: 1,
+                }
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                LimitError::CallTooLarge {
+                    calls: "streams",
+                    need: 2,
+                    pool: 1,
+                }
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                LimitError::RequestTooLarge { len: 2, max: 1 }.into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                LimitError::IdsTooLarge {
+                    count: 2,
+                    len: 2,
+                    max: 1,
+                    fit: 1,
+                }
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                LimitError::BatchTooLarge {
+                    batch: 2,
+                    len: 2,
+                    max: 1,
+                    fit: 1,
+                }
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                LimitError::ResponseTooLarge { len: 2, max: 1 }.into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                LimitError::InvalidMessage { detail: "x".into() }.into(),
+                Code::InvalidArgument,
+            ),
+            (LimitError::TruncatedMessage.into(), Code::InvalidArgument),
+            (
+                LimitError::InvalidCompressionFlag { flag: 7 }.into(),
                 Code::InvalidArgument,
             ),
             (GenerateError::NoGrant.into(), Code::Unavailable),

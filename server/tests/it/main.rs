@@ -15,6 +15,7 @@ mod issuance;
 mod lease;
 mod lease_api;
 mod namespace_overlap;
+mod limits;
 mod observability;
 mod protos;
 mod release;

@@ -32,11 +32,27 @@ impl ServerProcess {
 
     /// Spawns the server with `args` and extra environment variables `env`.
     pub fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn_wrapped(&[], args, env)
+    }
+
+    /// Spawns `wrapper… snowkeep-server args` (a command that execs the
+    /// server, e.g. `prlimit --nofile=128:128 --`) with extra environment
+    /// variables `env`; no wrapper runs the server itself.
+    pub fn spawn_wrapped(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let metrics_port = free_port();
         let log = dir.path().join("server.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_snowkeep-server"))
+        let server = env!("CARGO_BIN_EXE_snowkeep-server");
+        let mut command = match wrapper.split_first() {
+            None => Command::new(server),
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(server);
+                c
+            }
+        };
+        let child = command
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(args)

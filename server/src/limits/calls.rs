@@ -1,0 +1,618 @@
+//! Server-wide bounds on calls in progress, in two pools: unary calls and
+//! streams. Streams are the memory hog; with pools of their own they can
+//! never take the slots and memory that unary calls need.
+//!
+//! Before it runs, a call must take from its pool:
+//!
+//! * a **slot**: at most `--max-concurrent-calls` unary calls and
+//!   `--max-open-streams` streams are in progress;
+//! * its **weight**, in bytes of the pool's share of `--max-call-memory` (a
+//!   quarter for unary calls, the rest for streams): the most memory the
+//!   call can make the server hold at once (see [`super::weight`]).
+//!
+//! A call that finds its pool full gets RESOURCE_EXHAUSTED at once, with the
+//! limit and what to do in the message: load is shed, never queued.
+//!
+//! Both are held until the call's response has **left the process**, not
+//! merely until the handler returns: every data chunk of the response owns a
+//! reference to the call's hold (`Bytes::from_owner`), so the hold ends when
+//! hyper and h2 drop the last chunk, written to the socket or discarded with
+//! the stream. A client that stops reading keeps its calls' slots and memory
+//! taken, so it cannot make the server buffer more. tower's
+//! `ConcurrencyLimitLayer` cannot bound this: it releases its permit when the
+//! response future resolves, which for gRPC is when the response headers are
+//! ready, before a single id is sent.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tonic::Status;
+use tower::{Layer, Service};
+use tracing::warn;
+
+use super::conn::{ConnCall, ConnInfo};
+use super::throttle::Throttle;
+use super::weight::{weigh, GRPC_HEADER, NEXT_IDS, SMALL_RESPONSE, STREAM_IDS};
+use super::{status, LimitError};
+use crate::config::Limits;
+
+/// Memory of a call besides its messages: the HTTP/2 stream, the tasks and
+/// tonic's state, bytes.
+const CALL_OVERHEAD: usize = 8 * 1024;
+/// The memory semaphores count in units of this many bytes (a permit count
+/// is a `u32`).
+const UNIT: usize = 1024;
+
+/// Every method whose response is a stream: they take from the streams pool.
+pub const STREAMING_METHODS: &[&str] = &[
+    STREAM_IDS,
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+/// Which pool a call takes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    /// A call with one response message.
+    Unary,
+    /// A call whose response is a stream.
+    Stream,
+}
+
+impl CallKind {
+    /// The pool of a request path (`/package.Service/Method`).
+    pub fn of(path: &str) -> Self {
+        if STREAMING_METHODS.contains(&path) {
+            CallKind::Stream
+        } else {
+            CallKind::Unary
+        }
+    }
+
+    fn noun(self) -> &'static str {
+        match self {
+            CallKind::Unary => "unary calls",
+            CallKind::Stream => "streams",
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            CallKind::Unary => "--max-concurrent-calls",
+            CallKind::Stream => "--max-open-streams",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pool {
+    kind: CallKind,
+    slots: Arc<Semaphore>,
+    max_slots: usize,
+    /// In units of [`UNIT`] bytes.
+    memory: Arc<Semaphore>,
+    max_memory: usize,
+}
+
+impl Pool {
+    fn new(kind: CallKind, max_slots: usize, max_memory: usize) -> Self {
+        Self {
+            kind,
+            slots: Arc::new(Semaphore::new(max_slots)),
+            max_slots,
+            memory: Arc::new(Semaphore::new(max_memory / UNIT)),
+            max_memory: max_memory / UNIT * UNIT,
+        }
+    }
+
+    fn slot(&self) -> Result<OwnedSemaphorePermit, LimitError> {
+        self.slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| LimitError::Busy {
+                calls: self.kind.noun(),
+                max: self.max_slots,
+                flag: self.kind.flag(),
+            })
+    }
+
+    /// Reserves `bytes` more for a call that already holds `held`.
+    fn reserve(&self, bytes: usize, held: usize) -> Result<OwnedSemaphorePermit, LimitError> {
+        if bytes + held > self.max_memory {
+            return Err(LimitError::CallTooLarge {
+                calls: self.kind.noun(),
+                need: bytes + held,
+                pool: self.max_memory,
+            });
+        }
+        let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
+        self.memory
+            .clone()
+            .try_acquire_many_owned(units)
+            .map_err(|_| LimitError::MemoryInUse {
+                calls: self.kind.noun(),
+                need: bytes,
+                pool: self.max_memory,
+            })
+    }
+
+    fn in_progress(&self) -> usize {
+        self.max_slots - self.slots.available_permits()
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    unary: Pool,
+    streams: Pool,
+    max_recv: usize,
+    max_send: usize,
+    /// Weight every call takes on admission: its request (at most one
+    /// message of `max_recv`), its headers and [`CALL_OVERHEAD`].
+    base: usize,
+    shed_log: Mutex<Throttle>,
+}
+
+/// The call limits of one server; [`CallLimits::layer`] enforces them.
+#[derive(Debug, Clone)]
+pub struct CallLimits(Arc<Inner>);
+
+impl CallLimits {
+    /// Pools sized by `limits`.
+    pub fn new(limits: &Limits) -> Self {
+        let unary_memory = limits.max_call_memory / 4;
+        Self(Arc::new(Inner {
+            unary: Pool::new(CallKind::Unary, limits.max_concurrent_calls, unary_memory),
+            streams: Pool::new(
+                CallKind::Stream,
+                limits.max_open_streams,
+                limits.max_call_memory - unary_memory,
+            ),
+            max_recv: limits.max_recv_message_size,
+            max_send: limits.max_send_message_size,
+            base: limits.max_recv_message_size
+                + GRPC_HEADER
+                + limits.http2_max_header_list_size as usize
+                + CALL_OVERHEAD,
+            shed_log: Mutex::new(Throttle::new(std::time::Duration::from_secs(10))),
+        }))
+    }
+
+    /// The layer enforcing these limits.
+    pub fn layer(&self) -> CallLimitLayer {
+        CallLimitLayer(self.clone())
+    }
+
+    /// Calls in progress now (unary and streams), responses not yet sent
+    /// included.
+    pub fn in_progress(&self) -> usize {
+        self.0.unary.in_progress() + self.0.streams.in_progress()
+    }
+
+    fn pool(&self, kind: CallKind) -> &Pool {
+        match kind {
+            CallKind::Unary => &self.0.unary,
+            CallKind::Stream => &self.0.streams,
+        }
+    }
+
+    fn shed(&self, path: &str, error: LimitError) -> http::Response<tonic::body::Body> {
+        let held_back = self
+            .0
+            .shed_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .hit(Instant::now());
+        if let Some(held_back) = held_back {
+            warn!(
+                method = path,
+                shed_since_last_log = held_back,
+                reason = %error,
+                "shedding a call: RESOURCE_EXHAUSTED"
+            );
+        }
+        status(error).into_http()
+    }
+}
+
+/// What a call holds while in progress; dropping it frees its slot, its
+/// memory and its mark on the connection.
+#[derive(Debug)]
+struct Hold {
+    _slot: OwnedSemaphorePermit,
+    memory: OwnedSemaphorePermit,
+    _conn: Option<ConnCall>,
+}
+
+/// Reads a unary call's request body: at most one message of `max_recv`
+/// bytes, refused as soon as its length prefix says it is larger.
+async fn read_request(mut body: tonic::body::Body, max_recv: usize) -> Result<Bytes, Status> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        if let Some(&[_, a, b, c, d]) = buf.get(..GRPC_HEADER) {
+            let len = u32::from_be_bytes([a, b, c, d]) as usize;
+            if len > max_recv {
+                return Err(status(LimitError::RequestTooLarge { len, max: max_recv }));
+            }
+        }
+        if buf.len() > GRPC_HEADER + max_recv {
+            return Err(status(LimitError::RequestTooLarge {
+                len: buf.len() - GRPC_HEADER,
+                max: max_recv,
+            }));
+        }
+    }
+    Ok(buf.freeze())
+}
+
+/// Enforces [`CallLimits`] on every call (see the module docs).
+#[derive(Debug, Clone)]
+pub struct CallLimitLayer(CallLimits);
+
+impl<S> Layer<S> for CallLimitLayer {
+    type Service = CallLimit<S>;
+
+    fn layer(&self, inner: S) -> CallLimit<S> {
+        CallLimit {
+            inner,
+            limits: self.0.clone(),
+        }
+    }
+}
+
+/// The service of [`CallLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct CallLimit<S> {
+    inner: S,
+    limits: CallLimits,
+}
+
+impl<S, B> Service<http::Request<tonic::body::Body>> for CallLimit<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        // The ready service goes into the future; a clone stays for next time.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limits = self.limits.clone();
+        // Marked now, on the connection's own task, so the connection never
+        // looks idle between accepting this call and running it.
+        let conn_call = match request.extensions().get::<ConnInfo>().cloned() {
+            Some(c) => {
+                // What tonic's `Request::remote_addr` reads.
+                request.extensions_mut().insert(c.tcp.clone());
+                Some(c.state.call())
+            }
+            None => None,
+        };
+        Box::pin(async move {
+            let path = request.uri().path().to_owned();
+            let pool = limits.pool(CallKind::of(&path));
+            let admitted = pool.slot().and_then(|slot| {
+                Ok(Hold {
+                    memory: pool.reserve(limits.0.base, 0)?,
+                    _slot: slot,
+                    _conn: conn_call,
+                })
+            });
+            let mut hold = match admitted {
+                Ok(hold) => hold,
+                Err(error) => return Ok(limits.shed(&path, error)),
+            };
+            let weight = if path == NEXT_IDS || path == STREAM_IDS {
+                let (parts, body) = request.into_parts();
+                let frame = match read_request(body, limits.0.max_recv).await {
+                    Ok(frame) => frame,
+                    Err(status) => return Ok(status.into_http()),
+                };
+                let weight = match weigh(&path, &frame, limits.0.max_send) {
+                    Ok(w) => w,
+                    Err(error) => return Ok(status(error).into_http()),
+                };
+                request = http::Request::from_parts(
+                    parts,
+                    tonic::body::Body::new(http_body_util::Full::new(frame)),
+                );
+                weight
+            } else {
+                SMALL_RESPONSE
+            };
+            match pool.reserve(weight, limits.0.base) {
+                Ok(more) => hold.memory.merge(more),
+                Err(error) => return Ok(limits.shed(&path, error)),
+            }
+            let response = inner.call(request).await?;
+            let hold = Arc::new(hold);
+            Ok(response.map(|body| {
+                tonic::body::Body::new(HeldBody {
+                    inner: body,
+                    hold: Some(hold),
+                })
+            }))
+        })
+    }
+}
+
+/// A response chunk that keeps its call's [`Hold`] until hyper and h2 have
+/// dropped it.
+struct HeldChunk {
+    data: Bytes,
+    _hold: Arc<Hold>,
+}
+
+impl AsRef<[u8]> for HeldChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// A response body whose data chunks carry the call's [`Hold`].
+struct HeldBody<B> {
+    inner: B,
+    hold: Option<Arc<Hold>>,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for HeldBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let frame = std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        let frame = match frame {
+            Some(Ok(frame)) => Some(Ok(match (frame.into_data(), &this.hold) {
+                (Ok(data), Some(hold)) => Frame::data(Bytes::from_owner(HeldChunk {
+                    data,
+                    _hold: hold.clone(),
+                })),
+                (Ok(data), None) => Frame::data(data),
+                (Err(other), _) => other,
+            })),
+            other => other,
+        };
+        if frame.is_none() {
+            // Chunks still queued in h2 keep the hold alive.
+            this.hold = None;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use prost::Message;
+    use snowkeep_proto::v1 as pb;
+    use tonic::Code;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    fn frame(msg: &impl Message) -> Vec<u8> {
+        let body = msg.encode_to_vec();
+        let mut out = vec![0];
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Every server-streaming method the server serves is in the streams
+    /// pool, and no other.
+    #[test]
+    fn streaming_methods_are_exactly_the_server_streaming_ones() {
+        let sets = [
+            snowkeep_proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ];
+        let mut streaming = Vec::new();
+        let mut methods = 0;
+        for bytes in sets {
+            let set = prost_types::FileDescriptorSet::decode(bytes).unwrap();
+            for file in set.file {
+                for service in &file.service {
+                    for m in &service.method {
+                        methods += 1;
+                        let path = format!("/{}.{}/{}", file.package(), service.name(), m.name());
+                        let kind = CallKind::of(&path);
+                        if m.server_streaming() {
+                            assert_eq!(kind, CallKind::Stream, "{path}");
+                            streaming.push(path);
+                        } else {
+                            assert_eq!(kind, CallKind::Unary, "{path}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(methods >= 14, "{methods} methods");
+        streaming.sort();
+        let mut expected: Vec<String> = STREAMING_METHODS.iter().map(|s| (*s).to_owned()).collect();
+        expected.sort();
+        assert_eq!(streaming, expected);
+    }
+
+    fn request(path: &str, body: Vec<u8>) -> http::Request<tonic::body::Body> {
+        http::Request::post(path)
+            .body(tonic::body::Body::new(http_body_util::Full::new(
+                Bytes::from(body),
+            )))
+            .unwrap()
+    }
+
+    type Answering = tower::util::BoxCloneService<
+        http::Request<tonic::body::Body>,
+        http::Response<tonic::body::Body>,
+        Infallible,
+    >;
+
+    /// An inner service answering every call with one 1000-byte chunk.
+    fn answering() -> Answering {
+        tower::util::BoxCloneService::new(tower::service_fn(
+            |_req: http::Request<tonic::body::Body>| async {
+                Ok::<_, Infallible>(http::Response::new(tonic::body::Body::new(
+                    http_body_util::Full::new(Bytes::from(vec![7u8; 1000])),
+                )))
+            },
+        ))
+    }
+
+    fn status_of(resp: &http::Response<tonic::body::Body>) -> Option<Status> {
+        Status::from_header_map(resp.headers())
+    }
+
+    #[tokio::test]
+    async fn a_full_pool_sheds_until_the_response_chunks_are_dropped() {
+        let limits = CallLimits::new(&Limits {
+            max_concurrent_calls: 2,
+            ..Limits::default()
+        });
+        let svc = limits.layer().layer(answering());
+        let path = "/snowkeep.v1.InfoService/GetInfo";
+        let mut bodies = Vec::new();
+        for _ in 0..2 {
+            let resp = svc.clone().oneshot(request(path, vec![])).await.unwrap();
+            assert!(status_of(&resp).is_none());
+            bodies.push(resp.into_body());
+        }
+        assert_eq!(limits.in_progress(), 2);
+        let shed = svc.clone().oneshot(request(path, vec![])).await.unwrap();
+        let status = status_of(&shed).expect("a status");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(
+            status.message(),
+            "this server already has 2 unary calls in progress, its limit (--max-concurrent-calls); retry with backoff or call another snowkeep server"
+        );
+        // Streams have their own pool.
+        let stream = svc
+            .clone()
+            .oneshot(request("/grpc.health.v1.Health/Watch", vec![]))
+            .await
+            .unwrap();
+        assert!(status_of(&stream).is_none());
+        drop(stream);
+        // Reading a body to its end is not enough while its chunk lives on
+        // (queued in h2, say); dropping the chunk frees the slot.
+        let mut body = bodies.pop().unwrap();
+        let chunk = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert!(body.frame().await.is_none());
+        drop(body);
+        assert_eq!(limits.in_progress(), 2);
+        assert_eq!(chunk.len(), 1000);
+        drop(chunk);
+        assert_eq!(limits.in_progress(), 1);
+        let resp = svc.clone().oneshot(request(path, vec![])).await.unwrap();
+        assert!(status_of(&resp).is_none());
+    }
+
+    #[tokio::test]
+    async fn memory_is_reserved_by_weight_and_refused_when_full() {
+        // 4 MiB: 1 MiB for unary calls; a NextIds(50000) weighs ~800 KB.
+        let limits = CallLimits::new(&Limits {
+            max_call_memory: 4 << 20,
+            ..Limits::default()
+        });
+        let svc = limits.layer().layer(answering());
+        let big = || {
+            request(
+                NEXT_IDS,
+                frame(&pb::NextIdsRequest {
+                    count: 50_000,
+                    ..Default::default()
+                }),
+            )
+        };
+        let first = svc.clone().oneshot(big()).await.unwrap();
+        assert!(status_of(&first).is_none());
+        let second = svc.clone().oneshot(big()).await.unwrap();
+        let status = status_of(&second).expect("a status");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(
+            status
+                .message()
+                .starts_with("this server's memory for unary calls is in use: "),
+            "{}",
+            status.message()
+        );
+        drop(first);
+        let third = svc.clone().oneshot(big()).await.unwrap();
+        assert!(status_of(&third).is_none());
+        // More than the whole pool can ever give: says so.
+        let huge = svc
+            .clone()
+            .oneshot(request(
+                NEXT_IDS,
+                frame(&pb::NextIdsRequest {
+                    count: 100_000,
+                    ..Default::default()
+                }),
+            ))
+            .await
+            .unwrap();
+        let status = status_of(&huge).expect("a status");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(
+            status
+                .message()
+                .ends_with("a share of --max-call-memory); ask for fewer ids per call"),
+            "{}",
+            status.message()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_oversized_request_is_refused_from_its_length_prefix() {
+        let limits = CallLimits::new(&Limits::default());
+        let svc = limits.layer().layer(answering());
+        let mut body = vec![0u8, 0, 1, 0, 0]; // promises 65536 bytes
+        body.extend_from_slice(&[1, 2, 3]);
+        let resp = svc.oneshot(request(NEXT_IDS, body)).await.unwrap();
+        let status = status_of(&resp).expect("a status");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(
+            status.message(),
+            "the request message is 65536 bytes, over this server's limit of 16384 bytes (--max-recv-message-size)"
+        );
+        assert_eq!(limits.in_progress(), 0);
+    }
+}

@@ -1,0 +1,585 @@
+//! Accepting connections without spinning, and closing connections that hold
+//! a file descriptor and memory but do nothing.
+//!
+//! * [`Listener::incoming`] accepts from a listener. After an accept error
+//!   (EMFILE when the process is out of file descriptors, ENFILE, ENOBUFS…)
+//!   it sleeps 10 ms, doubling up to 1 s, until an accept succeeds. tonic's
+//!   own accept loop retries at once, which spins a core for as long as the
+//!   descriptors stay exhausted. The error is logged at most once per 10 s.
+//! * A connection beyond `max_connections` is closed as soon as it is
+//!   accepted, so the server never runs out of descriptors because of
+//!   clients, and memory per connection stays bounded.
+//! * [`GuardedIo`] wraps each accepted socket. It ends the read side (the
+//!   HTTP server then sees the client close) when no call is in progress on
+//!   the connection and the client has sent nothing for `idle_timeout`. A
+//!   client that answers the server's HTTP/2 keepalive pings is never idle;
+//!   one that connects and stays silent is closed.
+//! * At shutdown it ends at once every connection on which no call has ever
+//!   started. Such a connection may have no HTTP/2 session to end gracefully:
+//!   hyper waits for the client's preface before it can send GOAWAY, so a
+//!   silent client would otherwise hold the drain for the whole grace period.
+//!   Connections that did make calls get the HTTP/2 graceful shutdown
+//!   (GOAWAY) and drain.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, Sleep};
+use tokio_stream::{Stream, StreamExt};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
+use tracing::{debug, warn};
+
+use super::throttle::Throttle;
+
+/// First sleep after an accept error.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest sleep after repeated accept errors.
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// A repeated warning is logged at most once per this period.
+const WARN_PERIOD: Duration = Duration::from_secs(10);
+
+/// What a listener allows its connections.
+#[derive(Debug, Clone)]
+pub struct ListenerLimits {
+    /// Names the listener in logs (`gRPC`, `metrics`).
+    pub name: &'static str,
+    /// Most open connections.
+    pub max_connections: usize,
+    /// The flag (or constant) behind `max_connections`, named in the log.
+    pub max_connections_flag: &'static str,
+    /// A connection with no call in progress and nothing received for this
+    /// long is closed.
+    pub idle_timeout: Duration,
+    /// TCP keepalive idle time; `None` leaves it off.
+    pub tcp_keepalive: Option<Duration>,
+}
+
+/// A listening socket with its limits; [`Listener::incoming`] yields its
+/// connections.
+#[derive(Debug)]
+pub struct Listener {
+    listener: TcpListener,
+    limits: ListenerLimits,
+    open: Arc<AtomicUsize>,
+    shutdown: CancellationToken,
+}
+
+impl Listener {
+    /// Wraps `listener`; `shutdown` closes connections that never made a call.
+    pub fn new(listener: TcpListener, limits: ListenerLimits, shutdown: CancellationToken) -> Self {
+        Self {
+            listener,
+            limits,
+            open: Arc::default(),
+            shutdown,
+        }
+    }
+
+    /// A counter of this listener's open connections, live.
+    pub fn open_connections(&self) -> OpenConnections {
+        OpenConnections(self.open.clone())
+    }
+
+    /// The accepted connections, forever. Never yields an error: accept
+    /// errors are logged (throttled) and retried after a backoff sleep.
+    pub fn incoming(self) -> impl Stream<Item = Result<GuardedIo, Infallible>> + Send + 'static {
+        let Listener {
+            listener,
+            limits,
+            open,
+            shutdown,
+        } = self;
+        let state = Accepting {
+            // Without TCP_NODELAY small unary replies wait out delayed ACKs (~40 ms).
+            incoming: TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(limits.tcp_keepalive),
+            limits,
+            open,
+            shutdown,
+            accept_errors: Throttle::new(WARN_PERIOD),
+            refusals: Throttle::new(WARN_PERIOD),
+        };
+        futures_util::stream::unfold(state, |mut state| async move {
+            let io = state.next().await;
+            Some((Ok(io), state))
+        })
+    }
+}
+
+/// The number of open connections of a listener.
+#[derive(Debug, Clone)]
+pub struct OpenConnections(Arc<AtomicUsize>);
+
+impl OpenConnections {
+    /// Connections open now.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+struct Accepting {
+    incoming: TcpIncoming,
+    limits: ListenerLimits,
+    open: Arc<AtomicUsize>,
+    shutdown: CancellationToken,
+    accept_errors: Throttle,
+    refusals: Throttle,
+}
+
+impl Accepting {
+    async fn next(&mut self) -> GuardedIo {
+        let mut backoff: Option<Duration> = None;
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(stream)) => {
+                    let open = self.open.load(Ordering::Acquire);
+                    if open >= self.limits.max_connections {
+                        if let Some(held_back) = self.refusals.hit(Instant::now()) {
+                            warn!(
+                                listener = self.limits.name,
+                                open,
+                                limit = self.limits.max_connections_flag,
+                                refused_since_last_log = held_back,
+                                "closing a new connection: the connection limit is reached; raise it or add servers"
+                            );
+                        }
+                        drop(stream);
+                        continue;
+                    }
+                    return GuardedIo::new(stream, self);
+                }
+                Some(Err(error)) => {
+                    let delay =
+                        backoff.map_or(ACCEPT_BACKOFF_MIN, |d| (d * 2).min(ACCEPT_BACKOFF_MAX));
+                    backoff = Some(delay);
+                    if let Some(held_back) = self.accept_errors.hit(Instant::now()) {
+                        warn!(
+                            listener = self.limits.name,
+                            %error,
+                            retry_in = ?delay,
+                            errors_since_last_log = held_back,
+                            limit = self.limits.max_connections_flag,
+                            "cannot accept connections; backing off (with EMFILE, raise the open-file limit or lower the connection limit)"
+                        );
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+                // TcpIncoming never ends; if it did, wait for shutdown to
+                // stop the server rather than spin.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+}
+
+/// File descriptors the server needs besides client connections: etcd
+/// connections, the state file, the runtime, logs; generous.
+pub const OWN_DESCRIPTORS: u64 = 64;
+
+/// The soft open-file limit (RLIMIT_NOFILE) of this process, from
+/// `/proc/self/limits`; `None` when unknown or unlimited.
+pub fn open_file_limit() -> Option<u64> {
+    parse_open_file_limit(&std::fs::read_to_string("/proc/self/limits").ok()?)
+}
+
+fn parse_open_file_limit(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// What a connection and the calls on it share: calls in progress and when
+/// the client was last heard from.
+#[derive(Debug)]
+pub struct ConnState {
+    opened: Instant,
+    calls: AtomicUsize,
+    ever_called: AtomicBool,
+    /// Milliseconds after `opened` of the last byte received or call ended.
+    last_active_ms: AtomicU64,
+}
+
+impl ConnState {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            calls: AtomicUsize::new(0),
+            ever_called: AtomicBool::new(false),
+            last_active_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_active_ms.fetch_max(ms, Ordering::AcqRel);
+    }
+
+    fn last_active(&self) -> Instant {
+        self.opened + Duration::from_millis(self.last_active_ms.load(Ordering::Acquire))
+    }
+
+    /// Calls in progress on this connection.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::Acquire)
+    }
+
+    /// Marks a call in progress until the returned guard is dropped.
+    pub fn call(self: &Arc<Self>) -> ConnCall {
+        self.calls.fetch_add(1, Ordering::AcqRel);
+        self.ever_called.store(true, Ordering::Release);
+        self.touch();
+        ConnCall(self.clone())
+    }
+}
+
+/// A call in progress on a connection (see [`ConnState::call`]).
+#[derive(Debug)]
+pub struct ConnCall(Arc<ConnState>);
+
+impl Drop for ConnCall {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.calls.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The connect info of a [`GuardedIo`], put into every request's extensions
+/// by tonic; the call limit layer marks calls in progress with it.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// The connection's shared state.
+    pub state: Arc<ConnState>,
+    /// Addresses, as tonic's own `TcpConnectInfo`.
+    pub tcp: TcpConnectInfo,
+}
+
+/// An open slot of the listener; frees it on drop.
+#[derive(Debug)]
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An accepted TCP connection that closes itself when idle, or at shutdown
+/// when it never made a call (see the module docs).
+pub struct GuardedIo {
+    inner: TcpStream,
+    state: Arc<ConnState>,
+    tcp: TcpConnectInfo,
+    idle_timeout: Duration,
+    idle: Pin<Box<Sleep>>,
+    shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    shutting_down: bool,
+    closed: bool,
+    listener: &'static str,
+    _slot: Slot,
+}
+
+impl std::fmt::Debug for GuardedIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedIo")
+            .field("tcp", &self.tcp)
+            .field("state", &self.state)
+            .field("closed", &self.closed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GuardedIo {
+    fn new(inner: TcpStream, accepting: &Accepting) -> Self {
+        accepting.open.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot(accepting.open.clone());
+        let tcp = inner.connect_info();
+        let state = Arc::new(ConnState::new());
+        let idle_timeout = accepting.limits.idle_timeout;
+        Self {
+            inner,
+            idle: Box::pin(tokio::time::sleep_until(state.opened + idle_timeout)),
+            state,
+            tcp,
+            idle_timeout,
+            shutdown: Box::pin(accepting.shutdown.clone().cancelled_owned()),
+            shutting_down: false,
+            closed: false,
+            listener: accepting.limits.name,
+            _slot: slot,
+        }
+    }
+
+    /// True once the connection must end; registers `cx` for the moments
+    /// that can make it so (the idle deadline, shutdown).
+    fn must_close(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.closed {
+            return true;
+        }
+        if !self.shutting_down && self.shutdown.as_mut().poll(cx).is_ready() {
+            self.shutting_down = true;
+        }
+        // Calls are marked on the connection's own task (the one reading
+        // here, when hyper hands a request to the service), so none can start
+        // while this runs; one ending elsewhere only makes the connection
+        // more idle.
+        let no_calls = self.state.calls() == 0;
+        if self.shutting_down && no_calls && !self.state.ever_called.load(Ordering::Acquire) {
+            debug!(listener = self.listener, peer = ?self.tcp.remote_addr, "shutting down: closing a connection that never made a call");
+            self.closed = true;
+            return true;
+        }
+        while self.idle.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            let deadline = self.state.last_active() + self.idle_timeout;
+            if no_calls && now >= deadline {
+                debug!(listener = self.listener, peer = ?self.tcp.remote_addr, idle_timeout = ?self.idle_timeout, "closing an idle connection");
+                self.closed = true;
+                return true;
+            }
+            let next = if now >= deadline {
+                now + self.idle_timeout
+            } else {
+                deadline
+            };
+            self.idle.as_mut().reset(next);
+        }
+        false
+    }
+}
+
+impl Connected for GuardedIo {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo {
+            state: self.state.clone(),
+            tcp: self.tcp.clone(),
+        }
+    }
+}
+
+impl AsyncRead for GuardedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.must_close(cx) {
+            // End of stream: the HTTP server closes the connection.
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.state.touch();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for GuardedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    fn limits(max_connections: usize, idle_ms: u64) -> ListenerLimits {
+        ListenerLimits {
+            name: "test",
+            max_connections,
+            max_connections_flag: "--max-connections",
+            idle_timeout: Duration::from_millis(idle_ms),
+            tcp_keepalive: None,
+        }
+    }
+
+    async fn listener(
+        max_connections: usize,
+        idle_ms: u64,
+        shutdown: CancellationToken,
+    ) -> (
+        std::net::SocketAddr,
+        OpenConnections,
+        impl Stream<Item = Result<GuardedIo, Infallible>>,
+    ) {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let l = Listener::new(tcp, limits(max_connections, idle_ms), shutdown);
+        let open = l.open_connections();
+        (addr, open, l.incoming())
+    }
+
+    /// Reads until the server side ends the connection; returns the bytes echoed.
+    async fn read_to_end(client: &mut TcpStream) -> Vec<u8> {
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        out
+    }
+
+    /// Echoes what it reads until its `GuardedIo` ends the stream.
+    fn echo(mut io: GuardedIo) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            loop {
+                match io.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => io.write_all(&buf[..n]).await.unwrap(),
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn reads_the_soft_open_file_limit() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             95595                95595                processes \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(parse_open_file_limit(limits), Some(1024));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(parse_open_file_limit(unlimited), None);
+        assert!(open_file_limit().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_is_closed_after_the_idle_timeout_and_frees_its_slot() {
+        let (addr, open, incoming) = listener(8, 200, CancellationToken::new()).await;
+        let mut incoming = Box::pin(incoming);
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let Some(Ok(io)) = incoming.next().await else {
+            panic!("no connection")
+        };
+        assert_eq!(open.get(), 1);
+        let started = Instant::now();
+        let server = echo(io);
+        assert_eq!(read_to_end(&mut client).await, b"");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(200),
+            "closed after {waited:?}"
+        );
+        server.await.unwrap();
+        assert_eq!(open.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn bytes_from_the_client_and_calls_in_progress_keep_a_connection_open() {
+        let (addr, _open, incoming) = listener(8, 300, CancellationToken::new()).await;
+        let mut incoming = Box::pin(incoming);
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let Some(Ok(io)) = incoming.next().await else {
+            panic!("no connection")
+        };
+        let state = io.connect_info().state;
+        let server = echo(io);
+        // Talking every 100 ms for 600 ms (twice the timeout) keeps it open.
+        for _ in 0..6 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            client.write_all(b"x").await.unwrap();
+            let mut b = [0u8; 1];
+            client.read_exact(&mut b).await.unwrap();
+        }
+        // A call in progress keeps it open while the client says nothing.
+        let call = state.call();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        client.write_all(b"y").await.unwrap();
+        let mut b = [0u8; 1];
+        client.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"y");
+        // Once the call ends and the client stays silent, it closes.
+        drop(call);
+        assert_eq!(read_to_end(&mut client).await, b"");
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_limit_are_closed_at_once() {
+        let (addr, open, incoming) = listener(2, 60_000, CancellationToken::new()).await;
+        let mut incoming = Box::pin(incoming);
+        let _a = TcpStream::connect(addr).await.unwrap();
+        let _b = TcpStream::connect(addr).await.unwrap();
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let kept: Vec<GuardedIo> = vec![
+            incoming.next().await.unwrap().unwrap(),
+            incoming.next().await.unwrap().unwrap(),
+        ];
+        assert_eq!(open.get(), 2);
+        // The third is accepted and closed by the stream's next poll.
+        let next = tokio::spawn(async move {
+            let io = incoming.next().await;
+            drop(io);
+        });
+        assert_eq!(read_to_end(&mut c).await, b"");
+        assert_eq!(open.get(), 2);
+        drop(kept);
+        assert_eq!(open.get(), 0);
+        next.abort();
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_connections_that_never_made_a_call_only() {
+        let shutdown = CancellationToken::new();
+        let (addr, _open, incoming) = listener(8, 60_000, shutdown.clone()).await;
+        let mut incoming = Box::pin(incoming);
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let silent_io = incoming.next().await.unwrap().unwrap();
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        let busy_io = incoming.next().await.unwrap().unwrap();
+        let call = busy_io.connect_info().state.call();
+        let (s1, s2) = (echo(silent_io), echo(busy_io));
+        shutdown.cancel();
+        assert_eq!(read_to_end(&mut silent).await, b"");
+        s1.await.unwrap();
+        // The connection with a call keeps serving (HTTP/2 drains it).
+        busy.write_all(b"z").await.unwrap();
+        let mut b = [0u8; 1];
+        busy.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"z");
+        drop(call);
+        s2.abort();
+    }
+}

@@ -1,0 +1,95 @@
+//! Why a call was refused at a limit, or its message could not be read.
+//! `service::status` maps each variant to its gRPC code.
+
+use thiserror::Error;
+
+/// A call refused by the server's limits, or a malformed or oversized
+/// message. Every message names the flag to change or what to send instead.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LimitError {
+    /// Every slot of a pool is taken.
+    #[error("this server already has {max} {calls} in progress, its limit ({flag}); retry with backoff or call another snowkeep server")]
+    Busy {
+        /// `unary calls` or `streams`.
+        calls: &'static str,
+        /// The pool's slots.
+        max: usize,
+        /// The flag that sets them.
+        flag: &'static str,
+    },
+    /// The pool's memory is reserved by calls in progress.
+    #[error("this server's memory for {calls} is in use: {need} more bytes do not fit in its {pool} bytes (a share of --max-call-memory); retry with backoff or call another snowkeep server")]
+    MemoryInUse {
+        /// `unary calls` or `streams`.
+        calls: &'static str,
+        /// Bytes the call asked for.
+        need: usize,
+        /// Bytes of the pool.
+        pool: usize,
+    },
+    /// The call needs more memory than its whole pool.
+    #[error("this call needs {need} bytes of server memory, more than the {pool} bytes this server gives all {calls} (a share of --max-call-memory); ask for fewer ids per call")]
+    CallTooLarge {
+        /// `unary calls` or `streams`.
+        calls: &'static str,
+        /// Bytes the call needs.
+        need: usize,
+        /// Bytes of the pool.
+        pool: usize,
+    },
+    /// A request message over `--max-recv-message-size`.
+    #[error("the request message is {len} bytes, over this server's limit of {max} bytes (--max-recv-message-size)")]
+    RequestTooLarge {
+        /// Its length, bytes.
+        len: usize,
+        /// The limit, bytes.
+        max: usize,
+    },
+    /// A `NextIds` response over `--max-send-message-size`.
+    #[error("{count} ids make a {len}-byte response message, over this server's limit of {max} bytes (--max-send-message-size); ask for at most {fit} ids per call")]
+    IdsTooLarge {
+        /// Ids asked for.
+        count: usize,
+        /// Their message, bytes.
+        len: usize,
+        /// The limit, bytes.
+        max: usize,
+        /// The most ids that fit.
+        fit: usize,
+    },
+    /// `StreamIds` batches over `--max-send-message-size`.
+    #[error("batch_size {batch} makes {len}-byte messages, over this server's limit of {max} bytes (--max-send-message-size); use a batch_size of at most {fit}")]
+    BatchTooLarge {
+        /// Ids per batch.
+        batch: usize,
+        /// A batch's message, bytes.
+        len: usize,
+        /// The limit, bytes.
+        max: usize,
+        /// The largest batch that fits.
+        fit: usize,
+    },
+    /// A response message over `--max-send-message-size` (any method).
+    #[error("the response message is {len} bytes, over this server's limit of {max} bytes (--max-send-message-size); ask for less per call")]
+    ResponseTooLarge {
+        /// Its length, bytes.
+        len: usize,
+        /// The limit, bytes.
+        max: usize,
+    },
+    /// Request bytes that do not decode as the method's message.
+    #[error("the request is not a valid protobuf message for this method ({detail}); build requests from snowkeep's .proto files")]
+    InvalidMessage {
+        /// The decoder's words.
+        detail: String,
+    },
+    /// The request body ends inside a gRPC message.
+    #[error("the request body ends inside a gRPC message: its length prefix promises more bytes than were sent")]
+    TruncatedMessage,
+    /// A gRPC message prefix whose compression flag is neither 0 nor 1.
+    #[error("the request message starts with compression flag {flag}; a gRPC message starts with 0 (uncompressed) or 1 (compressed)")]
+    InvalidCompressionFlag {
+        /// The flag byte.
+        flag: u8,
+    },
+}

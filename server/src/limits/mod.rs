@@ -1,0 +1,29 @@
+//! Bounded resources under hostile or broken clients: whatever clients do,
+//! the server's memory, file descriptors and CPU stay within what
+//! [`crate::config::Limits`] sets (docs/operations.md has the sums).
+//!
+//! | piece | bounds |
+//! | --- | --- |
+//! | [`conn`] | accept errors back off; open connections; silent and idle connections; connections that hold shutdown |
+//! | [`calls`] | unary calls and streams in progress, and the memory they hold, until their responses have left the process |
+//! | [`weight`] | how much memory a call reserves |
+//! | [`wire`] | statuses of malformed and oversized messages |
+//! | [`LimitError`] | what a client is told when a limit refuses its call |
+//! | tonic's builder (in [`crate::run`]) | HTTP/2 streams per connection, keepalive pings, header list size, flow-control windows |
+//! | the generated services (in [`crate::service::router`]) | message sizes |
+
+pub mod calls;
+pub mod conn;
+mod error;
+mod throttle;
+pub mod weight;
+pub mod wire;
+
+pub use error::LimitError;
+pub use throttle::Throttle;
+
+/// The status a client gets for `error`: codes are mapped in one place,
+/// `service::status`.
+fn status(error: LimitError) -> tonic::Status {
+    crate::service::status::ApiError::from(error).into()
+}

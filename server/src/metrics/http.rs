@@ -1,0 +1,100 @@
+//! `GET /metrics` (any path) over HTTP/1.1 on `--metrics-listen`.
+//!
+//! metrics-exporter-prometheus has its own listener, but its accept loop
+//! retries an accept error at once and logs a warning each time: with the
+//! process out of file descriptors that is one core spinning and about
+//! 130,000 warnings a second. Its connections also never time out. So the
+//! exporter only renders ([`PrometheusHandle::render`]) and this module
+//! serves, on the same accept loop as the gRPC port (backoff on accept
+//! errors, throttled logs, a connection cap, silent connections closed).
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::limits::conn::{Listener, ListenerLimits};
+
+/// Most open connections to the metrics port (Prometheus keeps one per
+/// scraper).
+pub const MAX_CONNECTIONS: usize = 16;
+/// A request's headers must arrive within this.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often histograms and summaries are maintained between scrapes.
+const UPKEEP_PERIOD: Duration = Duration::from_secs(5);
+
+/// Serves the scrape from `handle` on `listener` until `shutdown`. Idle
+/// connections close after `idle_timeout`.
+pub async fn serve(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    idle_timeout: Duration,
+    shutdown: CancellationToken,
+) {
+    let upkeep = {
+        let (handle, shutdown) = (handle.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(UPKEEP_PERIOD);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => handle.run_upkeep(),
+                }
+            }
+        })
+    };
+    let limits = ListenerLimits {
+        name: "metrics",
+        max_connections: MAX_CONNECTIONS,
+        max_connections_flag: "the metrics port's 16",
+        idle_timeout,
+        tcp_keepalive: None,
+    };
+    let incoming = Listener::new(listener, limits, shutdown.clone()).incoming();
+    tokio::pin!(incoming);
+    loop {
+        let io = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            io = incoming.next() => match io {
+                Some(Ok(io)) => io,
+                None => break,
+            },
+        };
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |_request| {
+                let handle = handle.clone();
+                async move { Ok::<_, Infallible>(scrape(handle).await) }
+            });
+            let served = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(io), service)
+                .await;
+            if let Err(e) = served {
+                debug!(error = %e, "metrics connection ended with an error");
+            }
+        });
+    }
+    upkeep.abort();
+}
+
+async fn scrape(handle: PrometheusHandle) -> http::Response<Full<Bytes>> {
+    let text = tokio::task::spawn_blocking(move || handle.render())
+        .await
+        .unwrap_or_default();
+    let mut response = http::Response::new(Full::new(Bytes::from(text)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    response
+}
