@@ -60,6 +60,11 @@ pub fn last_holder(namespace: &str, machine_id: MachineId) -> String {
     format!("{ROOT}{namespace}/last/{:05}", machine_id.get())
 }
 
+/// The prefix of the namespace's requester records.
+pub fn requester_prefix(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/requester/")
+}
+
 /// The record of an embedded requester's machine ids and floors.
 pub fn requester(namespace: &str, requester: &str) -> String {
     format!("{ROOT}{namespace}/requester/{requester}")
@@ -83,6 +88,20 @@ pub fn peer_prefix(namespace: &str) -> String {
 /// The peer key of one server instance.
 pub fn peer(namespace: &str, instance_id: &str) -> String {
     format!("{ROOT}{namespace}/peer/{instance_id}")
+}
+
+/// The first key after every key that starts with `prefix`: the exclusive end
+/// of the prefix's range (what etcd's `--prefix` reads up to).
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Only for a prefix of 0xff bytes (never one of ours): to the end of keys.
+    vec![0]
 }
 
 /// Parses the machine id from a key under `prefix`; `None` for a foreign key.
@@ -116,5 +135,18 @@ mod tests {
             machine_id_of(b"/snowkeep/v1/ns/other/fence/1", &fence_prefix("orders")),
             None
         );
+    }
+
+    #[test]
+    fn a_prefix_range_ends_just_after_its_last_possible_key() {
+        assert_eq!(
+            prefix_end(&fence_prefix("orders")),
+            b"/snowkeep/v1/ns/orders/fence0".to_vec()
+        );
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
+        assert!(
+            prefix_end(&holder_prefix("orders")) > holder("orders", MachineId(65535)).into_bytes()
+        );
+        assert!(prefix_end(&holder_prefix("orders")) <= last_holder_prefix("orders").into_bytes());
     }
 }

@@ -56,6 +56,10 @@ pub const ISSUANCE_READY: &str = "snowkeep_issuance_ready";
 /// Largest absolute clock offset to a peer server in the last measuring
 /// round, seconds (0 with no peers); label `namespace`.
 pub const PEER_CLOCK_OFFSET_MAX_SECONDS: &str = "snowkeep_peer_clock_offset_max_seconds";
+/// Unreadable keys met while reading etcd, one per key per read; labels
+/// `namespace`, `kind` = `fence` | `requester` | `token` | `layout`. The log
+/// names each key in full.
+pub const CORRUPT_KEYS_TOTAL: &str = "snowkeep_corrupt_keys_total";
 
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
@@ -81,6 +85,7 @@ pub const CATALOG: &[(&str, &str)] = &[
     (CLOCK_SKEW_REJECTIONS_TOTAL, "counter"),
     (ISSUANCE_READY, "gauge"),
     (PEER_CLOCK_OFFSET_MAX_SECONDS, "gauge"),
+    (CORRUPT_KEYS_TOTAL, "counter"),
 ];
 
 /// Where a clock skew was observed.
@@ -111,6 +116,45 @@ impl SkewSource {
 pub fn record_skew(namespace: &str, source: SkewSource, skew_ms: i64) {
     metrics::histogram!(CLOCK_SKEW_SECONDS, "namespace" => namespace.to_owned(), "source" => source.as_str())
         .record(skew_ms.unsigned_abs() as f64 / 1000.0);
+}
+
+/// What an unreadable etcd key held (the `kind` label of [`CORRUPT_KEYS_TOTAL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A machine id's fence.
+    Fence,
+    /// An embedded requester's record of machine ids and floors.
+    Requester,
+    /// An embedded requester's lease token hash.
+    Token,
+    /// The namespace's layout.
+    Layout,
+}
+
+impl KeyKind {
+    /// Every kind, for the series created at start.
+    pub const ALL: [KeyKind; 4] = [
+        KeyKind::Fence,
+        KeyKind::Requester,
+        KeyKind::Token,
+        KeyKind::Layout,
+    ];
+
+    /// The `kind` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::Fence => "fence",
+            KeyKind::Requester => "requester",
+            KeyKind::Token => "token",
+            KeyKind::Layout => "layout",
+        }
+    }
+}
+
+/// Counts `n` unreadable keys of `kind` met in `namespace`.
+pub fn count_corrupt(namespace: &str, kind: KeyKind, n: u64) {
+    metrics::counter!(CORRUPT_KEYS_TOTAL, "namespace" => namespace.to_owned(), "kind" => kind.as_str())
+        .increment(n);
 }
 
 /// Histogram buckets for every `_seconds` histogram, in seconds.
@@ -231,6 +275,11 @@ pub fn describe_all() {
         CLOCK_SKEW_REJECTIONS_TOTAL,
         Unit::Count,
         "Lease API Acquires refused because the client clock was behind beyond the threshold."
+    );
+    describe_counter!(
+        CORRUPT_KEYS_TOTAL,
+        Unit::Count,
+        "Unreadable etcd keys met, one per key per read, by kind; the log names each key. A machine id with an unreadable fence is never claimed."
     );
     // Counters exist from the start (at 0) so rates and alerts see them.
     metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);

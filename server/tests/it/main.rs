@@ -11,6 +11,7 @@ mod issuance;
 mod lease;
 mod lease_api;
 mod observability;
+mod pool_reads;
 mod release;
 mod support;
 mod tampering;
