@@ -5,16 +5,24 @@
 //! It runs the same [`Generator`] code as the server. Its lease rules:
 //!
 //! * **start**: Acquire, retrying every 3 s doubling to 60 s with ±20% jitter
-//!   and logging the server's reason; fail fast when the grant's layout is
+//!   and logging the server's reason. An Acquire refused with
+//!   PERMISSION_DENIED means this identity already holds machine ids whose
+//!   grant (and lease token) never reached us, an earlier attempt's lost
+//!   answer: start over once, at once, as a new requester (a new nonce); the
+//!   lost grant's machine ids free themselves when its first lease ends. Fail
+//!   fast when the grant's layout is
 //!   invalid, a machine id does not fit the machine bits, the count differs,
 //!   or the grant is already expired by the local clock; then wait for the
 //!   clock to pass the previous holders' fences (at most the server's
 //!   `--max-fence-wait`), so the generator issues as soon as it is returned.
+//! * **lease token**: the grant's token is kept in memory only and sent with
+//!   every Renew and Release; without it nobody can act on this lease.
 //! * **renew**: once right after start (proving the renew path early), then at
 //!   half the remaining lease; while behind, every `min(10 min, remaining/4)`
 //!   but never more often than every 5 s. A transport error or any error
-//!   status is retried; a renewal answering *no* machine ids, or other ones,
-//!   stops issuance for good ([`StopReason`]).
+//!   status but PERMISSION_DENIED is retried; a renewal answering *no*
+//!   machine ids, or other ones, or refusing the token, stops issuance for
+//!   good ([`StopReason`]).
 //! * **deadline**: counted by the monotonic clock from when the request that
 //!   granted it was *sent*; past it the generators refuse on their own, and
 //!   the renewer stops issuance for good.
@@ -93,6 +101,11 @@ const MAX_RETRY: Duration = Duration::from_secs(600);
 /// State shared by the generator handle and its renewer task.
 struct Shared {
     config: EmbeddedConfig,
+    /// The identity the lease is held under: the configured one, or the one
+    /// with a fresh nonce that start switched to.
+    requester: Requester,
+    /// The grant's lease token, 64 hex digits; never logged.
+    token: String,
     clock: SharedClock,
     client: pb::lease_service_client::LeaseServiceClient<Channel>,
     slots: Vec<watch::Sender<Option<Grant>>>,
@@ -121,6 +134,16 @@ impl Shared {
 
     fn client_time(&self) -> Option<u64> {
         self.config.send_client_time.then(|| self.clock.unix_ms())
+    }
+
+    /// A Release of the lease with the last timestamps `last_used_ms`.
+    fn release_request(&self, last_used_ms: HashMap<u32, u64>) -> pb::ReleaseRequest {
+        pb::ReleaseRequest {
+            requester: Some(self.requester.to_pb()),
+            namespace: self.config.namespace.clone(),
+            last_used_ms,
+            lease_token: self.token.clone(),
+        }
     }
 
     async fn call<T>(
@@ -219,14 +242,17 @@ impl EmbeddedGenerator {
         let mut client = pb::lease_service_client::LeaseServiceClient::new(channel);
         let mut delay = config.acquire_backoff.0;
         let mut attempt = 0u32;
+        let mut requester = config.requester.clone();
+        let mut switched = false;
         let (grant, sent) = loop {
             attempt += 1;
             let sent = clock.now();
             let request = pb::AcquireRequest {
-                requester: Some(config.requester.to_pb()),
+                requester: Some(requester.to_pb()),
                 namespace: config.namespace.clone(),
                 count: config.machine_ids,
                 client_time_unix_ms: config.send_client_time.then(|| clock.unix_ms()),
+                lease_token: String::new(),
             };
             let answer =
                 tokio::time::timeout(config.request_timeout, client.acquire(request)).await;
@@ -237,6 +263,18 @@ impl EmbeddedGenerator {
                     "no answer to Acquire in time",
                 )),
             };
+            if !switched
+                && matches!(&err, ClientError::Status(s) if s.code() == tonic::Code::PermissionDenied)
+            {
+                // This identity holds machine ids we have no token for: a
+                // grant whose answer was lost (or a second generator given
+                // the same identity). Start over as a new requester.
+                switched = true;
+                attempt -= 1;
+                requester = requester.renewed_nonce();
+                warn!(namespace = %config.namespace, requester = %requester.tag(), "this requester identity already holds machine ids without our lease token (an earlier Acquire answer was lost?); acquiring as a new requester. The lost grant's machine ids free themselves when its first lease ends");
+                continue;
+            }
             if !err.is_retryable() || config.acquire_attempts.is_some_and(|n| attempt >= n) {
                 return Err(err);
             }
@@ -266,6 +304,8 @@ impl EmbeddedGenerator {
             .collect();
         let shared = Arc::new(Shared {
             config,
+            requester,
+            token: grant.lease_token.clone(),
             clock,
             client,
             slots,
@@ -292,11 +332,7 @@ impl EmbeddedGenerator {
             if shared.clock.now() + wait >= deadline {
                 // Waiting would outlive the lease: give the ids back untouched.
                 shared.stop(StopReason::ShutDown);
-                let request = pb::ReleaseRequest {
-                    requester: Some(shared.config.requester.to_pb()),
-                    namespace: shared.config.namespace.clone(),
-                    last_used_ms: HashMap::new(),
-                };
+                let request = shared.release_request(HashMap::new());
                 let mut client = shared.client.clone();
                 if let Err(e) = shared.call(client.release(request)).await {
                     warn!(error = %e, "Release after refusing the grant failed; the lease expires by itself");
@@ -306,7 +342,7 @@ impl EmbeddedGenerator {
             info!(namespace = %shared.config.namespace, wait = ?wait, "waiting for the clock to pass the claimed machine ids' floor");
             tokio::time::sleep(wait).await;
         }
-        info!(namespace = %shared.config.namespace, machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
+        info!(namespace = %shared.config.namespace, requester = %shared.requester.tag(), machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
         let deadline = sent + Duration::from_millis(grant.expires_in_ms);
         let renewer = tokio::spawn(renew_loop(shared.clone(), deadline));
         Ok(Self {
@@ -341,6 +377,13 @@ impl EmbeddedGenerator {
         &self.shared.machine_ids
     }
 
+    /// The identity the machine ids are held under: the configured one, or
+    /// the same with a fresh nonce when start had to begin again (see the
+    /// module docs).
+    pub fn requester(&self) -> &Requester {
+        &self.shared.requester
+    }
+
     /// The layout ids are stamped with.
     pub fn layout(&self) -> Layout {
         self.set.layout()
@@ -362,11 +405,7 @@ impl EmbeddedGenerator {
         if already.is_some() {
             return 0;
         }
-        let request = pb::ReleaseRequest {
-            requester: Some(self.shared.config.requester.to_pb()),
-            namespace: self.shared.config.namespace.clone(),
-            last_used_ms: last_used,
-        };
+        let request = self.shared.release_request(last_used);
         let mut client = self.shared.client.clone();
         match self.shared.call(client.release(request)).await {
             Ok(r) => r.released,
@@ -397,9 +436,10 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
         }
         let sent = shared.clock.now();
         let request = pb::RenewRequest {
-            requester: Some(shared.config.requester.to_pb()),
+            requester: Some(shared.requester.to_pb()),
             namespace: shared.config.namespace.clone(),
             client_time_unix_ms: shared.client_time(),
+            lease_token: shared.token.clone(),
         };
         let mut client = shared.client.clone();
         match shared.call(client.renew(request)).await {
@@ -427,6 +467,10 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
                 shared.publish(&grant, sent);
                 deadline = sent + Duration::from_millis(grant.expires_in_ms);
                 next = sent + (deadline - sent) / 2;
+            }
+            Err(ClientError::Status(s)) if s.code() == tonic::Code::PermissionDenied => {
+                shared.stop(StopReason::TokenRefused);
+                return;
             }
             Err(e) => {
                 let remaining = deadline.saturating_duration_since(shared.clock.now());

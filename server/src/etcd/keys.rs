@@ -7,11 +7,18 @@
 //! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
 //! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
 //! | `/snowkeep/v1/ns/{namespace}/requester/{requester}` | `id:floor,…` of an embedded requester's machine ids | yes, the requester's |
-//! | `/snowkeep/v1/ns/{namespace}/skew/{requester}` | last client clock skew seen, ms (server − client) | yes, its own |
+//! | `/snowkeep/v1/ns/{namespace}/token/{requester}` | SHA-256 of the requester's lease token, 64 hex digits | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/peer/{instance_id}` | the server's advertised `host:port` (peer clock check) | yes, the server's |
 //!
-//! An embedded requester's holder keys hold `requester/{requester}`, which can
-//! never equal a server's instance id (no `/` in `host:pid:suffix`).
+//! `{requester}` is the SHA-256 of the requester's identity
+//! (`host_id:pid:start_unix_ms:nonce`) in 64 hex digits, so keys never carry
+//! the identity itself. An embedded requester's holder keys hold
+//! `requester/{requester}`, which can never equal a server's instance id (no
+//! `/` in `host:pid:suffix`).
+//!
+//! Servers before lease tokens also wrote `/snowkeep/v1/ns/{namespace}/skew/…`
+//! keys, each on a lease of its own; none is written any more, and those left
+//! expire with their leases.
 //!
 //! Machine ids are zero-padded to five digits so keys sort numerically.
 
@@ -65,19 +72,21 @@ pub fn requester_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/requester/")
 }
 
-/// The record of an embedded requester's machine ids and floors.
+/// The record of an embedded requester's machine ids and floors;
+/// `requester` is the hex SHA-256 of its identity.
 pub fn requester(namespace: &str, requester: &str) -> String {
     format!("{ROOT}{namespace}/requester/{requester}")
+}
+
+/// The SHA-256 of an embedded requester's lease token; `requester` is the
+/// hex SHA-256 of its identity.
+pub fn token(namespace: &str, requester: &str) -> String {
+    format!("{ROOT}{namespace}/token/{requester}")
 }
 
 /// The holder value of an embedded requester.
 pub fn requester_holder(requester: &str) -> String {
     format!("requester/{requester}")
-}
-
-/// The last clock skew seen from a requester.
-pub fn skew(namespace: &str, requester: &str) -> String {
-    format!("{ROOT}{namespace}/skew/{requester}")
 }
 
 /// The prefix of the namespace's peer keys.

@@ -6,7 +6,7 @@ use std::ops::Range;
 use snowkeep_client::Layout;
 
 use super::status::ApiError;
-use crate::etcd::requesters::RequesterGrant;
+use crate::etcd::requesters::{LeaseToken, RequesterGrant, RequesterId};
 use snowkeep_proto::v1 as pb;
 
 /// A layout as its protobuf message.
@@ -19,9 +19,9 @@ pub fn layout_to_pb(layout: &Layout) -> pb::Layout {
     }
 }
 
-/// The etcd key form of a requester, `host_id:pid:start_unix_ms`, after
+/// A requester's id: the SHA-256 of `host_id:pid:start_unix_ms:nonce`, after
 /// checking its fields (INVALID_ARGUMENT when absent or malformed).
-pub fn requester_key(requester: Option<&pb::Requester>) -> Result<String, ApiError> {
+pub fn requester_id(requester: Option<&pb::Requester>) -> Result<RequesterId, ApiError> {
     let r = requester.ok_or(ApiError::InvalidRequester {
         reason: "requester is missing",
     })?;
@@ -45,10 +45,16 @@ pub fn requester_key(requester: Option<&pb::Requester>) -> Result<String, ApiErr
             reason: "nonce must be 16-64 hex digits drawn at random for each generator",
         });
     }
-    Ok(format!(
+    Ok(RequesterId::of(&format!(
         "{}:{}:{}:{}",
         r.host_id, r.pid, r.start_unix_ms, r.nonce
-    ))
+    )))
+}
+
+/// A request's `lease_token`: `None` when empty, INVALID_ARGUMENT unless it
+/// is 64 hex digits.
+pub fn lease_token(text: &str) -> Result<Option<LeaseToken>, ApiError> {
+    LeaseToken::parse(text).map_err(|()| ApiError::InvalidLeaseToken)
 }
 
 /// Checks a namespace name like `--namespace` does (INVALID_ARGUMENT otherwise).
@@ -83,6 +89,11 @@ pub fn grant_to_pb(grant: RequesterGrant, server_time_unix_ms: u64) -> pb::Lease
         },
         layout: Some(layout_to_pb(&grant.layout)),
         server_time_unix_ms,
+        lease_token: grant
+            .token
+            .as_ref()
+            .map(LeaseToken::to_hex)
+            .unwrap_or_default(),
     }
 }
 

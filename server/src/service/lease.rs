@@ -1,7 +1,18 @@
 //! `LeaseService`: the embedded generators' lease API (spec/002's
 //! Alloc/Renew/Remove/remaining-count/version) over [`RequesterLeases`].
+//!
+//! Requesters appear in logs only as their tag (12 hex digits of the SHA-256
+//! of their identity) with the caller's network address; lease tokens never
+//! appear. Client clocks are judged on every Acquire (a clock far behind is
+//! refused before anything is claimed) but recorded only from requesters the
+//! server knows: a Renew or Acquire retry that presented the lease token of
+//! machine ids it holds. Those land, clamped to a day, in the skew histogram
+//! and in a [`SkewBook`] in memory, whose counts of skewed requesters the
+//! alerts watch; etcd is never written for a clock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
@@ -13,13 +24,13 @@ use super::convert;
 use super::status::ApiError;
 use super::StoreAccess;
 use crate::config::LeaseApiConfig;
-use crate::etcd::requesters::{RequesterGrant, RequesterLeases, MAX_REQUESTER_IDS};
-use crate::lease::skew::{self, SkewVerdict};
+use crate::etcd::requesters::{RequesterGrant, RequesterId, RequesterLeases, MAX_REQUESTER_IDS};
+use crate::lease::skew::{self, SkewBook, SkewVerdict, SKEW_BOOK_CAPACITY};
 use crate::metrics as m;
 
-/// How long the last skew seen from a requester is kept beyond its lease
-/// (spec/002: lease duration + grace).
-const SKEW_RECORD_GRACE: Duration = Duration::from_secs(600);
+/// How often requesters whose lease ended leave the [`SkewBook`] (and its
+/// counts), when no call does it first.
+const SKEW_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Serves `snowkeep.v1.LeaseService`.
 #[derive(Clone)]
@@ -28,15 +39,36 @@ pub struct LeaseHandler {
     access: StoreAccess,
     config: LeaseApiConfig,
     clock: SharedClock,
+    /// The last skew of each known requester.
+    skews: Arc<Mutex<SkewBook>>,
 }
 
 impl LeaseHandler {
-    /// Creates the handler.
+    /// Creates the handler. Inside a tokio runtime it also starts the task
+    /// that drops ended leases from the skew counts every 30 s; the task
+    /// ends with the last clone of the handler.
     pub fn new(access: StoreAccess, config: LeaseApiConfig, clock: SharedClock) -> Self {
+        let skews = Arc::new(Mutex::new(SkewBook::new(SKEW_BOOK_CAPACITY)));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let book = Arc::downgrade(&skews);
+            let clock = clock.clone();
+            let threshold = config.skew_threshold;
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(SKEW_SWEEP_INTERVAL);
+                loop {
+                    tick.tick().await;
+                    let Some(book) = book.upgrade() else { return };
+                    let mut book = lock(&book);
+                    let ended = book.expire(clock.now());
+                    publish(&book, ended, threshold);
+                }
+            });
+        }
         Self {
             access,
             config,
             clock,
+            skews,
         }
     }
 
@@ -49,65 +81,115 @@ impl LeaseHandler {
 
     /// Checks a requester call's identity and namespace and reads the
     /// namespace's layout once: its NOT_FOUND comes before anything is
-    /// recorded for an unknown namespace. Returns the requester's key, the
+    /// recorded for an unknown namespace. Returns the requester's id, the
     /// store and the layout.
     async fn open(
         &self,
         requester: Option<&pb::Requester>,
         namespace: &str,
-    ) -> Result<(String, RequesterLeases, Layout), ApiError> {
-        let requester = convert::requester_key(requester)?;
+    ) -> Result<(RequesterId, RequesterLeases, Layout), ApiError> {
+        let requester = convert::requester_id(requester)?;
         convert::check_namespace(namespace)?;
         let mut leases = self.leases()?;
         let layout = leases.layout(namespace).await.map_err(ApiError::Lease)?;
         Ok((requester, leases, layout))
     }
 
-    /// Judges and records the client's clock skew; `Err` when Acquire must be refused.
-    async fn check_skew(
+    /// Server − client clock, ms.
+    fn skew_ms(&self, client_time_unix_ms: u64) -> i64 {
+        let server = i64::try_from(self.clock.unix_ms()).unwrap_or(i64::MAX);
+        server.saturating_sub(i64::try_from(client_time_unix_ms).unwrap_or(i64::MAX))
+    }
+
+    /// Refuses an Acquire from a client whose clock is too far behind, before
+    /// anything is claimed. Records nothing: the requester is not known yet.
+    fn refuse_skewed_acquire(
         &self,
-        leases: &mut RequesterLeases,
         namespace: &str,
-        requester: &str,
+        requester: &RequesterId,
+        peer: Option<SocketAddr>,
         client_time_unix_ms: Option<u64>,
-        acquire: bool,
     ) -> Result<(), ApiError> {
         let Some(client) = client_time_unix_ms else {
             return Ok(());
         };
-        let server = self.clock.unix_ms();
-        let skew_ms =
-            i64::try_from(server).unwrap_or(i64::MAX) - i64::try_from(client).unwrap_or(i64::MAX);
-        m::record_skew(namespace, m::SkewSource::Client, skew_ms);
-        leases
-            // Kept a first lease + grace at most, whatever the call, so a flood
-            // of calls from unknown requesters cannot pile up 48 h leases.
-            .record_skew(
+        let skew_ms = self.skew_ms(client);
+        if skew::judge(skew_ms, self.config.skew_threshold, true) != SkewVerdict::Reject {
+            return Ok(());
+        }
+        metrics::counter!(m::CLOCK_SKEW_REJECTIONS_TOTAL).increment(1);
+        warn!(namespace, requester = %requester.tag(), peer = %addr(peer), skew_ms, threshold = ?self.config.skew_threshold, "refused Acquire: client clock behind the server");
+        Err(ApiError::ClientClockBehind {
+            skew: Duration::from_millis(skew_ms.unsigned_abs()),
+            threshold: self.config.skew_threshold,
+        })
+    }
+
+    /// Records (clamped) and judges the clock of a requester the server
+    /// knows: `grant` came from a call that presented the lease token of
+    /// machine ids it holds. Anyone else's clock is ignored.
+    fn note_skew(
+        &self,
+        namespace: &str,
+        requester: &RequesterId,
+        peer: Option<SocketAddr>,
+        client_time_unix_ms: Option<u64>,
+        grant: &RequesterGrant,
+    ) {
+        let (Some(client), true) = (client_time_unix_ms, grant.known) else {
+            return;
+        };
+        let skew_ms = m::record_skew(namespace, m::SkewSource::Client, self.skew_ms(client));
+        {
+            let now = self.clock.now();
+            let mut book = lock(&self.skews);
+            let touched = book.record(
                 namespace,
-                requester,
+                requester.digest(),
                 skew_ms,
-                self.config.first_lease + SKEW_RECORD_GRACE,
-            )
-            .await;
-        match skew::judge(skew_ms, self.config.skew_threshold, acquire) {
-            SkewVerdict::Fine => Ok(()),
-            SkewVerdict::Warn => {
-                warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "client clock skew over half the threshold");
-                Ok(())
-            }
-            SkewVerdict::Reject => {
-                metrics::counter!(m::CLOCK_SKEW_REJECTIONS_TOTAL).increment(1);
-                warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "refused Acquire: client clock behind the server");
-                Err(ApiError::ClientClockBehind {
-                    skew: Duration::from_millis(skew_ms.unsigned_abs()),
-                    threshold: self.config.skew_threshold,
-                })
-            }
+                now,
+                now + grant.duration,
+            );
+            publish(&book, touched, self.config.skew_threshold);
+        }
+        if skew::judge(skew_ms, self.config.skew_threshold, false) != SkewVerdict::Fine {
+            warn!(namespace, requester = %requester.tag(), peer = %addr(peer), skew_ms, threshold = ?self.config.skew_threshold, "client clock skew over half the threshold");
+        }
+    }
+
+    /// Forgets a requester that released its machine ids.
+    fn forget_skew(&self, namespace: &str, requester: &RequesterId) {
+        let mut book = lock(&self.skews);
+        if book.forget(namespace, requester.digest()) {
+            publish(
+                &book,
+                BTreeSet::from([namespace.to_owned()]),
+                self.config.skew_threshold,
+            );
         }
     }
 
     fn grant_to_pb(&self, grant: RequesterGrant) -> pb::LeaseGrant {
         convert::grant_to_pb(grant, self.clock.unix_ms())
+    }
+}
+
+/// The caller's address for a log line, `-` when unknown.
+fn addr(peer: Option<SocketAddr>) -> String {
+    peer.map_or_else(|| "-".to_owned(), |p| p.to_string())
+}
+
+/// The book, even after a panic elsewhere left its lock poisoned (it holds
+/// telemetry only).
+fn lock(book: &Mutex<SkewBook>) -> MutexGuard<'_, SkewBook> {
+    book.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sets the skewed-requester counts of `namespaces` from `book`.
+fn publish(book: &SkewBook, namespaces: BTreeSet<String>, threshold: Duration) {
+    for namespace in namespaces {
+        let (over_half, over) = book.count(&namespace, threshold);
+        m::set_skewed_requesters(&namespace, over_half, over);
     }
 }
 
@@ -117,6 +199,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
+        let peer = request.remote_addr();
         let req = request.into_inner();
         if req.count == 0 || req.count > MAX_REQUESTER_IDS {
             return Err(ApiError::InvalidLeaseCount {
@@ -125,16 +208,10 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             }
             .into());
         }
+        let token = convert::lease_token(&req.lease_token)?;
         let (requester, mut leases, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
-        self.check_skew(
-            &mut leases,
-            &req.namespace,
-            &requester,
-            req.client_time_unix_ms,
-            true,
-        )
-        .await?;
+        self.refuse_skewed_acquire(&req.namespace, &requester, peer, req.client_time_unix_ms)?;
         let grant = leases
             .acquire(
                 &req.namespace,
@@ -142,9 +219,17 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 &requester,
                 req.count,
                 self.config.first_lease,
+                token.as_ref(),
             )
             .await
             .map_err(ApiError::Lease)?;
+        self.note_skew(
+            &req.namespace,
+            &requester,
+            peer,
+            req.client_time_unix_ms,
+            &grant,
+        );
         Ok(Response::new(self.grant_to_pb(grant)))
     }
 
@@ -152,26 +237,28 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
+        let peer = request.remote_addr();
         let req = request.into_inner();
-        let (requester, mut leases, layout) =
-            self.open(req.requester.as_ref(), &req.namespace).await?;
-        self.check_skew(
-            &mut leases,
-            &req.namespace,
-            &requester,
-            req.client_time_unix_ms,
-            false,
-        )
-        .await?;
-        let grant = leases
+        let token = convert::lease_token(&req.lease_token)?;
+        let requester = convert::requester_id(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        let grant = self
+            .leases()?
             .renew(
                 &req.namespace,
-                layout,
                 &requester,
                 self.config.renewed_lease,
+                token.as_ref(),
             )
             .await
             .map_err(ApiError::Lease)?;
+        self.note_skew(
+            &req.namespace,
+            &requester,
+            peer,
+            req.client_time_unix_ms,
+            &grant,
+        );
         Ok(Response::new(self.grant_to_pb(grant)))
     }
 
@@ -180,7 +267,8 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let req = request.into_inner();
-        let requester = convert::requester_key(req.requester.as_ref())?;
+        let token = convert::lease_token(&req.lease_token)?;
+        let requester = convert::requester_id(req.requester.as_ref())?;
         convert::check_namespace(&req.namespace)?;
         let mut last_used = HashMap::new();
         for (id, ts) in req.last_used_ms {
@@ -189,9 +277,12 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         }
         let released = self
             .leases()?
-            .release(&req.namespace, &requester, &last_used)
+            .release(&req.namespace, &requester, &last_used, token.as_ref())
             .await
             .map_err(ApiError::Lease)?;
+        if released > 0 {
+            self.forget_skew(&req.namespace, &requester);
+        }
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
 

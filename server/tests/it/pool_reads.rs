@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use snowkeep_proto::v1 as pb;
+
+use crate::lease_api::{acquire, lease_client, release, renew, requester};
 use crate::support::etcd::EtcdProcess;
 use crate::support::server::ServerProcess;
 
@@ -37,10 +40,36 @@ async fn claims_work_when_the_namespace_holds_more_than_one_response_can_carry()
         whole.is_err(),
         "one read of the whole prefix must be too big"
     );
-    // A server claims.
+    // A server claims; a requester acquires, renews and releases.
     let second = ServerProcess::on_etcd(&etcd.endpoint(), "big", &[]);
     second.wait_serving(READY).await;
     assert_ne!(second.machine_id().await, first.machine_id().await);
+    let mut api = lease_client(&second).await;
+    let who = requester(500);
+    let grant = api
+        .acquire(acquire("big", &who, 2, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grant.machine_ids.len(), 2);
+    let renewed = api
+        .renew(renew("big", &who, &grant.lease_token, None))
+        .await
+        .unwrap()
+        .into_inner();
+    let ids = |g: &pb::LeaseGrant| {
+        g.machine_ids
+            .iter()
+            .map(|m| (m.machine_id, m.floor_ms))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&renewed), ids(&grant));
+    let released = api
+        .release(release("big", &who, &grant.lease_token, &[]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(released.released, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
