@@ -9,12 +9,12 @@
 //!   PERMISSION_DENIED means this identity already holds machine ids whose
 //!   grant (and lease token) never reached us, an earlier attempt's lost
 //!   answer: start over once, at once, as a new requester (a new nonce); the
-//!   lost grant's machine ids free themselves when its first lease ends. Fail
-//!   fast when the grant's layout is
-//!   invalid, a machine id does not fit the machine bits, the count differs,
-//!   or the grant is already expired by the local clock; then wait for the
-//!   clock to pass the previous holders' fences (at most the server's
-//!   `--max-fence-wait`), so the generator issues as soon as it is returned.
+//!   lost grant's machine ids free themselves when its first lease ends.
+//!   Fail fast when the grant's layout is invalid, a machine id does not fit
+//!   the machine bits, the count differs, or the grant is already expired by
+//!   the local clock; then wait for the clock to pass the previous holders'
+//!   fences (at most the server's `--max-fence-wait`), so the generator
+//!   issues as soon as it is returned.
 //! * **lease token**: the grant's token is kept in memory only and sent with
 //!   every Renew and Release; without it nobody can act on this lease.
 //! * **renew**: once right after start (proving the renew path early), then at

@@ -131,13 +131,12 @@ impl LeaseToken {
     }
 
     /// The token sent as `text`: `Ok(None)` for an empty string (no token),
-    /// `Err(())` unless it is exactly 64 hex digits.
-    #[allow(clippy::result_unit_err)]
-    pub fn parse(text: &str) -> Result<Option<Self>, ()> {
+    /// [`MalformedToken`] unless it is exactly 64 hex digits.
+    pub fn parse(text: &str) -> Result<Option<Self>, MalformedToken> {
         if text.is_empty() {
             return Ok(None);
         }
-        unhex32(text).map(|b| Some(Self(b))).ok_or(())
+        unhex32(text).map(|b| Some(Self(b))).ok_or(MalformedToken)
     }
 
     /// The 64 hex digits, for the one answer that hands the token out.
@@ -150,6 +149,11 @@ impl LeaseToken {
         Sha256::digest(self.0).into()
     }
 }
+
+/// A lease token that is not 64 hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a lease token is 64 hex digits")]
+pub struct MalformedToken;
 
 impl std::fmt::Debug for LeaseToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -225,7 +229,7 @@ impl Record {
     fn authorize(&self, token: Option<&LeaseToken>) -> Result<(), LeaseError> {
         let Some(stored) = self.token else {
             return Err(LeaseError::TokenRefused {
-                reason: "this lease has no lease token (a server older than lease tokens granted or renewed it)",
+                reason: "no lease token is stored for this lease (its token key is missing)",
             });
         };
         let Some(token) = token else {
@@ -965,8 +969,11 @@ mod tests {
             Ok(Some(token.clone()))
         );
         assert_eq!(LeaseToken::parse(""), Ok(None));
-        assert_eq!(LeaseToken::parse(&text[..63]), Err(()));
-        assert_eq!(LeaseToken::parse(&format!("{}g", &text[..63])), Err(()));
+        assert_eq!(LeaseToken::parse(&text[..63]), Err(MalformedToken));
+        assert_eq!(
+            LeaseToken::parse(&format!("{}g", &text[..63])),
+            Err(MalformedToken)
+        );
         assert_ne!(LeaseToken::generate(), token, "32 random bytes each");
         assert_eq!(format!("{token:?}"), "LeaseToken(<secret>)");
 
@@ -989,9 +996,7 @@ mod tests {
             token: None,
             ..record
         };
-        assert!(
-            refused(legacy.authorize(Some(&token))).starts_with("this lease has no lease token")
-        );
+        assert!(refused(legacy.authorize(Some(&token))).starts_with("no lease token is stored"));
     }
 
     #[test]

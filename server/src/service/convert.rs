@@ -54,7 +54,7 @@ pub fn requester_id(requester: Option<&pb::Requester>) -> Result<RequesterId, Ap
 /// A request's `lease_token`: `None` when empty, INVALID_ARGUMENT unless it
 /// is 64 hex digits.
 pub fn lease_token(text: &str) -> Result<Option<LeaseToken>, ApiError> {
-    LeaseToken::parse(text).map_err(|()| ApiError::InvalidLeaseToken)
+    LeaseToken::parse(text).map_err(|_| ApiError::InvalidLeaseToken)
 }
 
 /// Checks a namespace name like `--namespace` does (INVALID_ARGUMENT otherwise).
