@@ -127,17 +127,20 @@ impl OverlapCheck {
     /// used machine ids of this range.
     async fn compare(&mut self, namespace: &str) -> Result<Option<Overlap>, LeaseError> {
         let key = keys::layout(namespace);
+        let get_key = key.clone();
         let resp = self
             .endpoints
             .call("read layout", self.timeout, |mut c| async move {
-                c.get(key, None).await
+                c.get(get_key, None).await
             })
             .await?;
-        let Some(layout) = resp
-            .kvs()
-            .first()
-            .and_then(|kv| kv.value_str().ok()?.parse::<Layout>().ok())
-        else {
+        // The namespace record (an older version's plain layout reads too);
+        // an unreadable one is no namespace to compare with.
+        let Some(layout) = resp.kvs().first().and_then(|kv| {
+            super::namespace::NamespaceRecord::parse(&key, kv.value())
+                .ok()
+                .map(|record| record.layout)
+        }) else {
             return Ok(None);
         };
         let same_bits = (
