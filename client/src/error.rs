@@ -192,6 +192,13 @@ pub enum StopReason {
     /// Renew answered with no machine ids: the lease is gone at the server.
     #[error("the server holds no lease for this requester any more")]
     LeaseGone,
+    /// Renew was refused with PERMISSION_DENIED: the server holds this
+    /// requester's machine ids under another lease token (its lease ended
+    /// and someone acquired under the same identity), so they are not ours.
+    #[error(
+        "the server refused this generator's lease token: its machine ids are no longer its own"
+    )]
+    TokenRefused,
     /// Renew answered with other machine ids than the ones held.
     #[error("the server renewed {renewed} machine ids, {held} are held")]
     MachineIdsChanged {

@@ -6,21 +6,28 @@
 //!
 //! * **start**: Acquire, retrying every 3 s doubling to 60 s with ±20% jitter
 //!   and logging the server's reason (a clock off the server's by more than
-//!   its `--client-skew-threshold`, either way, is refused there); fail fast
-//!   when the grant's layout is invalid, a machine id does not fit the
-//!   machine bits, the count differs, the grant is already expired by the
+//!   its `--client-skew-threshold`, either way, is refused there). An Acquire
+//!   refused with PERMISSION_DENIED means this identity already holds machine
+//!   ids whose grant (and lease token) never reached us, an earlier attempt's
+//!   lost answer: start over once, at once, as a new requester (a new nonce);
+//!   the lost grant's machine ids free themselves when its first lease ends.
+//!   Fail fast when the grant's layout is invalid, a machine id does not fit
+//!   the machine bits, the count differs, the grant is already expired by the
 //!   local clock, the local clock is already past a granted fence (ahead of
 //!   the server's by more than the lease), or it is further behind the
 //!   granted floor than [`EmbeddedConfig::max_floor_wait`]. Every such
 //!   failure Releases the grant before returning the error, so nothing stays
 //!   held. Otherwise wait for the clock to pass the previous holders' fences,
 //!   so the generator issues as soon as it is returned.
+//! * **lease token**: the grant's token is kept in memory only and sent with
+//!   every Renew, Check and Release; without it nobody can act on this lease.
 //! * **renew**: once right after start (proving the renew path early), then at
 //!   half the remaining lease; while behind, every `min(10 min, remaining/4)`
 //!   but never more often than every 5 s. A transport error or any error
-//!   status is retried; a renewal answering *no* machine ids, or other ones,
-//!   stops issuance for good ([`StopReason`]), and so does a renewal whose
-//!   fence the local clock is already past (then the ids are Released).
+//!   status but PERMISSION_DENIED is retried; a renewal answering *no*
+//!   machine ids, or other ones, or refusing the token, stops issuance for
+//!   good ([`StopReason`]), and so does a renewal whose fence the local clock
+//!   is already past (then the ids are Released).
 //! * **deadline**: counted by the monotonic clock from when the request that
 //!   granted it was *sent*; past it the generators refuse on their own, and
 //!   the renewer stops issuance for good.
@@ -28,7 +35,8 @@
 //!   (`LeaseService.Check`) whether the lease still stands; "lease gone",
 //!   "namespace gone" (deleted or created again: etcd lost its state) or
 //!   "rolled back" (etcd restored from an older snapshot) stops issuance for
-//!   good at once. No answer changes nothing (outage tolerance).
+//!   good at once, and so does a Check refusing the token (PERMISSION_DENIED,
+//!   as for Renew). No answer changes nothing (outage tolerance).
 //! * **shutdown**: block issuance, drain the generators, then Release with the
 //!   last timestamp stamped on each machine id (skipped when the lease is
 //!   already gone; a failure is logged, never fatal).
@@ -124,6 +132,11 @@ const MAX_RETRY: Duration = Duration::from_secs(600);
 /// State shared by the generator handle and its renewer task.
 struct Shared {
     config: EmbeddedConfig,
+    /// The identity the lease is held under: the configured one, or the one
+    /// with a fresh nonce that start switched to.
+    requester: Requester,
+    /// The grant's lease token, 64 hex digits; never logged.
+    token: String,
     clock: SharedClock,
     layout: Layout,
     client: pb::lease_service_client::LeaseServiceClient<Channel>,
@@ -187,7 +200,14 @@ impl Shared {
                 last_used.insert(u32::from(machine_id.get()), last.get());
             }
         }
-        release(&self.client, &self.config, last_used).await
+        release(
+            &self.client,
+            &self.config,
+            &self.requester,
+            &self.token,
+            last_used,
+        )
+        .await
     }
 
     /// Publishes `grant` (already checked) with the deadline counted from `sent`.
@@ -265,18 +285,22 @@ fn past_fence(layout: &Layout, unix_ms: u64, grant: &pb::LeaseGrant) -> Option<D
     (now > fence).then(|| Duration::from_millis(now - fence))
 }
 
-/// Releases every machine id the requester holds (`last_used_ms` by machine
-/// id, empty for a grant never used); returns how many the server released,
-/// 0 when the call failed (logged: the lease then ends by itself).
+/// Releases every machine id `requester` holds, with its lease `token`
+/// (`last_used_ms` by machine id, empty for a grant never used); returns how
+/// many the server released, 0 when the call failed (logged: the lease then
+/// ends by itself).
 async fn release(
     client: &pb::lease_service_client::LeaseServiceClient<Channel>,
     config: &EmbeddedConfig,
+    requester: &Requester,
+    token: &str,
     last_used_ms: HashMap<u32, u64>,
 ) -> u32 {
     let request = pb::ReleaseRequest {
-        requester: Some(config.requester.to_pb()),
+        requester: Some(requester.to_pb()),
         namespace: config.namespace.clone(),
         last_used_ms,
+        lease_token: token.to_owned(),
     };
     let mut client = client.clone();
     match tokio::time::timeout(config.request_timeout, client.release(request)).await {
@@ -309,14 +333,17 @@ impl EmbeddedGenerator {
         let mut client = pb::lease_service_client::LeaseServiceClient::new(channel);
         let mut delay = config.acquire_backoff.0;
         let mut attempt = 0u32;
+        let mut requester = config.requester.clone();
+        let mut switched = false;
         let (grant, sent) = loop {
             attempt += 1;
             let sent = clock.now();
             let request = pb::AcquireRequest {
-                requester: Some(config.requester.to_pb()),
+                requester: Some(requester.to_pb()),
                 namespace: config.namespace.clone(),
                 count: config.machine_ids,
                 client_time_unix_ms: config.send_client_time.then(|| clock.unix_ms()),
+                lease_token: String::new(),
             };
             let answer =
                 tokio::time::timeout(config.request_timeout, client.acquire(request)).await;
@@ -327,6 +354,18 @@ impl EmbeddedGenerator {
                     "no answer to Acquire in time",
                 )),
             };
+            if !switched
+                && matches!(&err, ClientError::Status(s) if s.code() == tonic::Code::PermissionDenied)
+            {
+                // This identity holds machine ids we have no token for: a
+                // grant whose answer was lost (or a second generator given
+                // the same identity). Start over as a new requester.
+                switched = true;
+                attempt -= 1;
+                requester = requester.renewed_nonce();
+                warn!(namespace = %config.namespace, requester = %requester.tag(), "this requester identity already holds machine ids without our lease token (an earlier Acquire answer was lost?); acquiring as a new requester. The lost grant's machine ids free themselves when its first lease ends");
+                continue;
+            }
             if !err.is_retryable() || config.acquire_attempts.is_some_and(|n| attempt >= n) {
                 return Err(err);
             }
@@ -337,10 +376,20 @@ impl EmbeddedGenerator {
         };
         // From here on the server holds machine ids for us: every failure
         // gives them back before it returns.
-        match Self::accept(config.clone(), clock, client.clone(), grant, sent).await {
+        let token = grant.lease_token.clone();
+        match Self::accept(
+            config.clone(),
+            requester.clone(),
+            clock,
+            client.clone(),
+            grant,
+            sent,
+        )
+        .await
+        {
             Ok(generator) => Ok(generator),
             Err(e) => {
-                let released = release(&client, &config, HashMap::new()).await;
+                let released = release(&client, &config, &requester, &token, HashMap::new()).await;
                 warn!(namespace = %config.namespace, released, error = %e, "refused the grant and released it");
                 Err(e)
             }
@@ -351,6 +400,7 @@ impl EmbeddedGenerator {
     /// renewing; the caller releases the grant on failure.
     async fn accept(
         config: EmbeddedConfig,
+        requester: Requester,
         clock: SharedClock,
         client: pb::lease_service_client::LeaseServiceClient<Channel>,
         grant: pb::LeaseGrant,
@@ -396,6 +446,8 @@ impl EmbeddedGenerator {
             .collect();
         let shared = Arc::new(Shared {
             config,
+            requester,
+            token: grant.lease_token.clone(),
             clock,
             layout,
             client,
@@ -414,7 +466,7 @@ impl EmbeddedGenerator {
             info!(namespace = %shared.config.namespace, wait = ?wait, max = ?max, "waiting for the clock to pass the claimed machine ids' floor");
             tokio::time::sleep(wait).await;
         }
-        info!(namespace = %shared.config.namespace, machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
+        info!(namespace = %shared.config.namespace, requester = %shared.requester.tag(), machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
         let renewer = tokio::spawn(renew_loop(shared.clone(), deadline));
         let checker = tokio::spawn(check_loop(shared.clone()));
         Ok(Self {
@@ -448,6 +500,13 @@ impl EmbeddedGenerator {
     /// The machine ids held.
     pub fn machine_ids(&self) -> &[MachineId] {
         &self.shared.machine_ids
+    }
+
+    /// The identity the machine ids are held under: the configured one, or
+    /// the same with a fresh nonce when start had to begin again (see the
+    /// module docs).
+    pub fn requester(&self) -> &Requester {
+        &self.shared.requester
     }
 
     /// The layout ids are stamped with.
@@ -506,7 +565,7 @@ async fn check_loop(shared: Arc<Shared>) {
             return;
         }
         let request = pb::CheckRequest {
-            requester: Some(shared.config.requester.to_pb()),
+            requester: Some(shared.requester.to_pb()),
             namespace: shared.config.namespace.clone(),
             namespace_incarnation: shared.incarnation,
             machine_ids: shared
@@ -514,6 +573,7 @@ async fn check_loop(shared: Arc<Shared>) {
                 .iter()
                 .map(|m| u32::from(m.get()))
                 .collect(),
+            lease_token: shared.token.clone(),
         };
         let mut client = shared.client.clone();
         match shared.call(client.check(request)).await {
@@ -529,6 +589,12 @@ async fn check_loop(shared: Arc<Shared>) {
                     "Check answered an unknown reason; ignored"
                 ),
             },
+            // As for Renew: the server holds this requester's machine ids
+            // under another lease token, so they are not ours.
+            Err(ClientError::Status(s)) if s.code() == tonic::Code::PermissionDenied => {
+                shared.stop(StopReason::TokenRefused);
+                return;
+            }
             Err(e) => {
                 debug!(namespace = %shared.config.namespace, error = %e, "Check failed; issuing on below the fence")
             }
@@ -552,9 +618,10 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
         }
         let sent = shared.clock.now();
         let request = pb::RenewRequest {
-            requester: Some(shared.config.requester.to_pb()),
+            requester: Some(shared.requester.to_pb()),
             namespace: shared.config.namespace.clone(),
             client_time_unix_ms: shared.client_time(),
+            lease_token: shared.token.clone(),
             namespace_incarnation: shared.incarnation,
         };
         let mut client = shared.client.clone();
@@ -590,6 +657,10 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
                 shared.publish(&grant, sent);
                 deadline = sent + Duration::from_millis(grant.expires_in_ms);
                 next = sent + (deadline - sent) / 2;
+            }
+            Err(ClientError::Status(s)) if s.code() == tonic::Code::PermissionDenied => {
+                shared.stop(StopReason::TokenRefused);
+                return;
             }
             Err(e) => {
                 let remaining = deadline.saturating_duration_since(shared.clock.now());

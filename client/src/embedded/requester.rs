@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use sha2::{Digest, Sha256};
 use snowkeep_proto::v1 as pb;
 
 use crate::clock::{Clock, SystemClock};
@@ -40,6 +41,20 @@ impl Requester {
             nonce: new_nonce(),
             ..self.clone()
         }
+    }
+
+    /// A short name for logs: the first 12 hex digits of the SHA-256 of
+    /// `host_id:pid:start_unix_ms:nonce`. The server logs requesters by the
+    /// same tag (and never logs the identity), so the two logs can be matched.
+    pub fn tag(&self) -> String {
+        let identity = format!(
+            "{}:{}:{}:{}",
+            self.host_id, self.pid, self.start_unix_ms, self.nonce
+        );
+        Sha256::digest(identity.as_bytes())[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 
     /// The protobuf form.
@@ -127,5 +142,18 @@ mod tests {
         // Started before now, and not before 2020.
         assert!(a.start_unix_ms <= SystemClock.unix_ms());
         assert!(a.start_unix_ms > 1_577_836_800_000);
+    }
+
+    #[test]
+    fn the_tag_is_twelve_hex_digits_of_the_identity_hash() {
+        let r = Requester {
+            host_id: "h".into(),
+            pid: 1,
+            start_unix_ms: 2,
+            nonce: "00".into(),
+        };
+        // The first 12 hex digits of SHA-256("h:1:2:00").
+        assert_eq!(r.tag(), "4ed3c3420511");
+        assert_ne!(r.tag(), r.renewed_nonce().tag());
     }
 }

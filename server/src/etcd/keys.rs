@@ -7,11 +7,18 @@
 //! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
 //! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
 //! | `/snowkeep/v1/ns/{namespace}/requester/{requester}` | `id:floor,…` of an embedded requester's machine ids | yes, the requester's |
-//! | `/snowkeep/v1/ns/{namespace}/skew/{requester}` | last client clock skew seen, ms (server − client) | yes, its own |
+//! | `/snowkeep/v1/ns/{namespace}/token/{requester}` | SHA-256 of the requester's lease token, 64 hex digits | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/peer/{instance_id}` | the server's advertised `host:port` (peer clock check) | yes, the server's |
 //!
-//! An embedded requester's holder keys hold `requester/{requester}`, which can
-//! never equal a server's instance id (no `/` in `host:pid:suffix`).
+//! `{requester}` is the SHA-256 of the requester's identity
+//! (`host_id:pid:start_unix_ms:nonce`) in 64 hex digits, so keys never carry
+//! the identity itself. An embedded requester's holder keys hold
+//! `requester/{requester}`, which can never equal a server's instance id (no
+//! `/` in `host:pid:suffix`).
+//!
+//! Servers before lease tokens also wrote `/snowkeep/v1/ns/{namespace}/skew/…`
+//! keys, each on a lease of its own; none is written any more, and those left
+//! expire with their leases.
 //!
 //! Machine ids are zero-padded to five digits so keys sort numerically.
 
@@ -65,19 +72,26 @@ pub fn last_holder(namespace: &str, machine_id: MachineId) -> String {
     format!("{ROOT}{namespace}/last/{:05}", machine_id.get())
 }
 
-/// The record of an embedded requester's machine ids and floors.
+/// The prefix of the namespace's requester records.
+pub fn requester_prefix(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/requester/")
+}
+
+/// The record of an embedded requester's machine ids and floors;
+/// `requester` is the hex SHA-256 of its identity.
 pub fn requester(namespace: &str, requester: &str) -> String {
     format!("{ROOT}{namespace}/requester/{requester}")
+}
+
+/// The SHA-256 of an embedded requester's lease token; `requester` is the
+/// hex SHA-256 of its identity.
+pub fn token(namespace: &str, requester: &str) -> String {
+    format!("{ROOT}{namespace}/token/{requester}")
 }
 
 /// The holder value of an embedded requester.
 pub fn requester_holder(requester: &str) -> String {
     format!("requester/{requester}")
-}
-
-/// The last clock skew seen from a requester.
-pub fn skew(namespace: &str, requester: &str) -> String {
-    format!("{ROOT}{namespace}/skew/{requester}")
 }
 
 /// The prefix of the namespace's peer keys.
@@ -88,6 +102,20 @@ pub fn peer_prefix(namespace: &str) -> String {
 /// The peer key of one server instance.
 pub fn peer(namespace: &str, instance_id: &str) -> String {
     format!("{ROOT}{namespace}/peer/{instance_id}")
+}
+
+/// The first key after every key that starts with `prefix`: the exclusive end
+/// of the prefix's range (what etcd's `--prefix` reads up to).
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Only for a prefix of 0xff bytes (never one of ours): to the end of keys.
+    vec![0]
 }
 
 /// Parses the machine id from a key under `prefix`; `None` for a foreign key.
@@ -121,5 +149,18 @@ mod tests {
             machine_id_of(b"/snowkeep/v1/ns/other/fence/1", &fence_prefix("orders")),
             None
         );
+    }
+
+    #[test]
+    fn a_prefix_range_ends_just_after_its_last_possible_key() {
+        assert_eq!(
+            prefix_end(&fence_prefix("orders")),
+            b"/snowkeep/v1/ns/orders/fence0".to_vec()
+        );
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
+        assert!(
+            prefix_end(&holder_prefix("orders")) > holder("orders", MachineId(65535)).into_bytes()
+        );
+        assert!(prefix_end(&holder_prefix("orders")) <= last_holder_prefix("orders").into_bytes());
     }
 }

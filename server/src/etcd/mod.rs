@@ -10,8 +10,8 @@
 
 mod instance;
 pub mod keys;
-pub mod overlap;
 pub mod namespace;
+pub mod overlap;
 pub mod requesters;
 
 use std::future::Future;
@@ -30,6 +30,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::lease::claim::{rank_candidates, CandidateKind, PoolView};
 use crate::lease::{Capacity, Claim, HeldId, LeaseError, LossReason};
+use crate::metrics as m;
 
 /// Candidates tried per read of the pool before reading it again.
 const CANDIDATES_PER_ROUND: usize = 8;
@@ -173,58 +174,148 @@ fn parse_fence(key: &str, value: &[u8]) -> Result<Millis, LeaseError> {
         })
 }
 
-/// Reads every key of a namespace's pool: holders, fences, last holders.
+/// Keys per page of a pool read. A page of holder keys with long instance ids
+/// stays far below etcd-client's 4 MiB response limit.
+const POOL_PAGE_KEYS: i64 = 1024;
+/// Pool reads started over after etcd compacted the revision they read at.
+const POOL_READ_ATTEMPTS: usize = 3;
+
+/// Reads a namespace's pool: its holder, fence, last-holder and requester
+/// record keys, at one revision. Never the whole namespace prefix: other keys
+/// (peers, tokens, keys of older versions) grow with what anyone sends, and
+/// one response past etcd-client's 4 MiB limit would stop every claim. Each
+/// range is read in pages of [`POOL_PAGE_KEYS`]; the requester records are
+/// bounded too, since only requesters that hold machine ids have one.
 async fn read_pool(
     endpoints: &mut Endpoints,
     timeout: Duration,
     namespace: &str,
 ) -> Result<PoolView, LeaseError> {
-    let prefix = keys::namespace_prefix(namespace);
-    let resp = endpoints
-        .call("read pool", timeout, |mut c| async move {
-            c.get(prefix, Some(GetOptions::new().with_prefix())).await
-        })
-        .await?;
-    let holder_prefix = keys::holder_prefix(namespace);
-    let fence_prefix = keys::fence_prefix(namespace);
-    let last_prefix = keys::last_holder_prefix(namespace);
-    let requester_prefix = keys::requester(namespace, "");
+    let mut attempt = 1;
+    loop {
+        match read_pool_at_one_revision(endpoints, timeout, namespace).await {
+            Err(LeaseError::Etcd(etcd_client::Error::GRpcStatus(status)))
+                if status.message().contains("compacted") && attempt < POOL_READ_ATTEMPTS =>
+            {
+                debug!(
+                    namespace,
+                    "pool read outlived its revision (compacted); reading again"
+                );
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Every key-value under `prefix`, read in pages of [`POOL_PAGE_KEYS`] at
+/// `revision`; a `revision` of 0 becomes the first page's, for the reads
+/// that follow.
+async fn read_range(
+    endpoints: &mut Endpoints,
+    timeout: Duration,
+    prefix: &str,
+    revision: &mut i64,
+) -> Result<Vec<etcd_client::KeyValue>, LeaseError> {
+    let end = keys::prefix_end(prefix);
+    let mut from = prefix.as_bytes().to_vec();
+    let mut kvs = Vec::new();
+    loop {
+        let mut options = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(POOL_PAGE_KEYS);
+        if *revision > 0 {
+            options = options.with_revision(*revision);
+        }
+        let key = from.clone();
+        let mut resp = endpoints
+            .call("read pool", timeout, |mut c| async move {
+                c.get(key, Some(options)).await
+            })
+            .await?;
+        if *revision == 0 {
+            *revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        let more = resp.more();
+        kvs.extend(resp.take_kvs());
+        match kvs.last() {
+            // The next page starts just after the last key read.
+            Some(last) if more => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok(kvs),
+        }
+    }
+}
+
+/// One attempt of [`read_pool`]: the first page fixes the revision every
+/// later page reads at.
+async fn read_pool_at_one_revision(
+    endpoints: &mut Endpoints,
+    timeout: Duration,
+    namespace: &str,
+) -> Result<PoolView, LeaseError> {
+    let mut revision = 0;
     let mut view = PoolView::default();
-    for kv in resp.kvs() {
+    let holder_prefix = keys::holder_prefix(namespace);
+    for kv in read_range(endpoints, timeout, &holder_prefix, &mut revision).await? {
         if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
             view.holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
-        } else if let Some(id) = keys::machine_id_of(kv.key(), &fence_prefix) {
-            match parse_fence(&String::from_utf8_lossy(kv.key()), kv.value()) {
-                Ok(fence) => {
-                    view.fences.insert(id, fence);
-                }
-                Err(e) => {
-                    error!(machine_id = id.get(), error = %e, "quarantining a machine id whose fence is unreadable; repair or delete the key only once no holder uses it");
-                    view.quarantined.insert(id);
-                }
+        }
+    }
+    let fence_prefix = keys::fence_prefix(namespace);
+    let mut corrupt = 0;
+    for kv in read_range(endpoints, timeout, &fence_prefix, &mut revision).await? {
+        let Some(id) = keys::machine_id_of(kv.key(), &fence_prefix) else {
+            continue;
+        };
+        let key = String::from_utf8_lossy(kv.key());
+        match parse_fence(&key, kv.value()) {
+            Ok(fence) => {
+                view.fences.insert(id, fence);
             }
-        } else if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
-            view.last_holders
-                .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
-        } else if let Some(requester) = kv.key().strip_prefix(requester_prefix.as_bytes()) {
-            // An embedded requester's machine ids are held while its record
-            // lives, even if someone deleted their holder (and fence) keys:
-            // its fences run a whole lease ahead, far beyond the floor assumed
-            // for a missing fence, and it renews too rarely to notice.
-            let holder = keys::requester_holder(&String::from_utf8_lossy(requester));
-            match requesters::decode_record(&String::from_utf8_lossy(kv.key()), kv.value()) {
-                Ok(ids) => {
-                    for (id, _) in ids {
-                        view.holders.entry(id).or_insert_with(|| holder.clone());
-                    }
-                }
-                Err(e) => {
-                    error!(error = %e, "unreadable requester record; its machine ids may be claimed")
-                }
+            Err(e) => {
+                corrupt += 1;
+                error!(namespace, machine_id = id.get(), key = %key, error = %e, "quarantining a machine id whose fence is unreadable; repair or delete the key only once no holder uses it");
+                view.quarantined.insert(id);
             }
         }
     }
+    m::count_corrupt(namespace, m::KeyKind::Fence, corrupt);
+    let last_prefix = keys::last_holder_prefix(namespace);
+    for kv in read_range(endpoints, timeout, &last_prefix, &mut revision).await? {
+        if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
+            view.last_holders
+                .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
+        }
+    }
+    let requester_prefix = keys::requester_prefix(namespace);
+    let mut corrupt = 0;
+    for kv in read_range(endpoints, timeout, &requester_prefix, &mut revision).await? {
+        let Some(requester) = kv.key().strip_prefix(requester_prefix.as_bytes()) else {
+            continue;
+        };
+        // An embedded requester's machine ids are held while its record
+        // lives, even if someone deleted their holder (and fence) keys: its
+        // fences run a whole lease ahead, far beyond the floor assumed for a
+        // missing fence, and it renews too rarely to notice.
+        let holder = keys::requester_holder(&String::from_utf8_lossy(requester));
+        let key = String::from_utf8_lossy(kv.key());
+        match requesters::decode_record(&key, kv.value()) {
+            Ok(ids) => {
+                for (id, _) in ids {
+                    view.holders.entry(id).or_insert_with(|| holder.clone());
+                }
+            }
+            Err(e) => {
+                corrupt += 1;
+                error!(namespace, key = %key, error = %e, "unreadable requester record; the machine ids it names stay held only while their holder keys live");
+            }
+        }
+    }
+    m::count_corrupt(namespace, m::KeyKind::Requester, corrupt);
     Ok(view)
 }
 

@@ -134,12 +134,12 @@ impl OverlapCheck {
                 c.get(get_key, None).await
             })
             .await?;
-        // The namespace record (or an older version's plain layout); an
-        // unreadable one is that namespace's problem, reported by its servers.
+        // The namespace record (an older version's plain layout reads too);
+        // an unreadable one is no namespace to compare with.
         let Some(layout) = resp.kvs().first().and_then(|kv| {
             super::namespace::NamespaceRecord::parse(&key, kv.value())
                 .ok()
-                .map(|r| r.layout)
+                .map(|record| record.layout)
         }) else {
             return Ok(None);
         };

@@ -1,37 +1,166 @@
-//! Machine-id leases of embedded requesters (the Lease API, spec/002), on etcd.
+//! Machine-id leases of embedded requesters (the Lease API), on etcd.
 //!
-//! A requester's machine ids hang off one etcd lease with the requester's
-//! duration (first lease 10 min, renewed 48 h by default): its holder keys
-//! (value `requester/{key}`) and its record `requester/{key}` = `id:floor,…`.
-//! Renewing grants a new lease and moves every key onto it in one
-//! transaction guarded by the old lease still owning them, so a renewal
-//! either keeps all machine ids or none.
+//! etcd names a requester by the SHA-256 of its identity ([`RequesterId`]),
+//! never by the identity itself. A requester's machine ids hang off one etcd
+//! lease with the requester's duration (first lease 10 min, renewed 48 h by
+//! default): its holder keys (value `requester/{id}`), its record
+//! `requester/{id}` = `id:floor,…` and its token key `token/{id}` = the
+//! SHA-256 of its lease token. Renewing grants a new lease and moves every key
+//! onto it in one transaction guarded by the old lease still owning them and
+//! the token being unchanged, so a renewal either keeps all machine ids or
+//! none, and the old lease is revoked.
 //!
-//! Fences (DESIGN §2): the requester's generator stamps only up to the fence,
-//! which is set to the lease's expiry plus [`FENCE_MARGIN`] before the grant is
+//! **Lease tokens.** Acquire draws 32 random bytes ([`LeaseToken`]), stores
+//! only their SHA-256 and returns them once. Renew, Release, Check and an
+//! Acquire retry act only for a caller that presents them (compared in
+//! constant time); anyone else gets [`LeaseError::TokenRefused`] and nothing
+//! changes, so knowing a requester's identity grants nothing.
+//!
+//! **Cost.** etcd holds one lease and `2 × machine ids + 2` keys per requester
+//! that holds machine ids, and nothing for any other: a call from a requester
+//! that holds nothing reads and never writes, and a refused call writes
+//! nothing. Release deletes every key of the requester.
+//!
+//! **Fences.** The requester's generator stamps only up to the fence, which is
+//! set to the lease's expiry plus [`FENCE_MARGIN`] before the grant is
 //! returned. After the lease expires, a new holder waits at most the margin.
 //! On release the requester reports its last timestamps and each fence is
-//! lowered to it. The floor (previous holder's fence) is kept in the record so
-//! a repeated Acquire returns the same floors.
+//! lowered towards it ([`released_fence`]). The floor (previous holder's
+//! fence) is kept in the record so a repeated Acquire returns the same floors.
+//!
+//! **Acting on a lease.** Every call that acts on a requester's lease (Renew,
+//! Release, Check) reads its record (which carries the stored token hash) and
+//! calls `Record::authorize` with the presented token before it reads or
+//! writes anything else, the namespace record included; a further RPC of that
+//! kind does the same.
+//!
+//! **Unreadable keys.** A requester reads only its own keys, so an unreadable
+//! key of another machine id never fails its calls. An unreadable fence of its
+//! own fails its Renew (with the key named) and is left as it is by its
+//! Release, so that machine id stays out of use until an operator repairs it.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use sha2::{Digest, Sha256};
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
-use tracing::{info, warn};
+use subtle::ConstantTimeEq;
+use tracing::{error, info, warn};
 
-use super::{claim_ids, keys, parse_fence, ClaimRequest, Endpoints, EtcdStore};
+use super::{claim_ids, keys, ClaimRequest, Endpoints, EtcdStore};
 use crate::lease::{Capacity, HeldId, LeaseError};
+use crate::metrics::{self as m, KeyKind};
 
 /// How far beyond the lease's expiry a requester's fence is set: covers a
 /// requester clock running ahead of the server's.
 pub const FENCE_MARGIN: Duration = Duration::from_secs(60);
 
 /// Most machine ids one requester may hold. A renewal writes two keys per
-/// machine id plus the record, and etcd allows 128 operations per transaction
-/// (`--max-txn-ops` default), so 63.
+/// machine id plus the record and the token key, and etcd allows 128
+/// operations per transaction (`--max-txn-ops` default), so 63.
 pub const MAX_REQUESTER_IDS: u32 = 63;
+
+/// Longest stored value quoted in a log line or an error about an unreadable key.
+const QUOTED_VALUE_CHARS: usize = 100;
+
+/// Lower-case hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// 32 bytes from exactly 64 hex digits (either case); `None` otherwise.
+fn unhex32(text: &str) -> Option<[u8; 32]> {
+    let text = text.as_bytes();
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (byte, pair) in out.iter_mut().zip(text.chunks_exact(2)) {
+        let digit = |c: u8| (c as char).to_digit(16);
+        *byte = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
+    }
+    Some(out)
+}
+
+/// An embedded requester, as the SHA-256 of its identity
+/// `host_id:pid:start_unix_ms:nonce`. Keys, logs and metrics name requesters
+/// only through it: [`RequesterId::key`] in etcd keys, [`RequesterId::tag`] in
+/// logs. Its `Debug` shows the tag.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequesterId([u8; 32]);
+
+impl RequesterId {
+    /// The id of the identity string `host_id:pid:start_unix_ms:nonce`.
+    pub fn of(identity: &str) -> Self {
+        Self(Sha256::digest(identity.as_bytes()).into())
+    }
+
+    /// The 64 hex digits of the SHA-256, as etcd keys carry it.
+    pub fn key(&self) -> String {
+        hex(&self.0)
+    }
+
+    /// The first 12 hex digits of the SHA-256 (48 bits), as logs carry it;
+    /// the embedded client logs the same tag for itself.
+    pub fn tag(&self) -> String {
+        hex(&self.0[..6])
+    }
+
+    /// The SHA-256 itself.
+    pub fn digest(&self) -> [u8; 32] {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for RequesterId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RequesterId({})", self.tag())
+    }
+}
+
+/// The secret that lets a requester act on its lease: 32 random bytes from
+/// the thread's cryptographically secure generator, 64 hex digits on the
+/// wire. Only its SHA-256 is stored. Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LeaseToken([u8; 32]);
+
+impl LeaseToken {
+    /// A fresh random token.
+    pub fn generate() -> Self {
+        Self(rand::random())
+    }
+
+    /// The token sent as `text`: `Ok(None)` for an empty string (no token),
+    /// [`MalformedToken`] unless it is exactly 64 hex digits.
+    pub fn parse(text: &str) -> Result<Option<Self>, MalformedToken> {
+        if text.is_empty() {
+            return Ok(None);
+        }
+        unhex32(text).map(|b| Some(Self(b))).ok_or(MalformedToken)
+    }
+
+    /// The 64 hex digits, for the one answer that hands the token out.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+
+    /// The SHA-256 of the token, as the token key stores it.
+    fn digest(&self) -> [u8; 32] {
+        Sha256::digest(self.0).into()
+    }
+}
+
+/// A lease token that is not 64 hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a lease token is 64 hex digits")]
+pub struct MalformedToken;
+
+impl std::fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseToken(<secret>)")
+    }
+}
 
 /// A requester's machine ids after Acquire or Renew.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +171,25 @@ pub struct RequesterGrant {
     pub duration: Duration,
     /// The namespace layout.
     pub layout: Layout,
+    /// The lease token: a new one from a first Acquire, the presented one
+    /// from an Acquire retry, `None` from Renew.
+    pub token: Option<LeaseToken>,
+    /// True when the caller held these machine ids before the call and
+    /// proved it with its token (a Renew or an Acquire retry that kept them):
+    /// only then is what it reports (its clock) recorded.
+    pub known: bool,
+}
+
+impl RequesterGrant {
+    fn nothing(duration: Duration, layout: Layout) -> Self {
+        Self {
+            held: Vec::new(),
+            duration,
+            layout,
+            token: None,
+            known: false,
+        }
+    }
 }
 
 /// The Lease API's view of etcd: its own copy of the endpoint clients.
@@ -64,11 +212,49 @@ impl std::fmt::Debug for RequesterLeases {
     }
 }
 
-/// A requester's record: its lease and machine ids with floors.
+/// A requester's record: its lease, machine ids with floors, and the stored
+/// SHA-256 of its lease token (`None` when no token key is on its lease).
 #[derive(Debug, PartialEq, Eq)]
 struct Record {
     lease_id: i64,
     ids: Vec<(MachineId, Millis)>,
+    token: Option<[u8; 32]>,
+}
+
+impl Record {
+    fn machine_ids(&self) -> Vec<MachineId> {
+        self.ids.iter().map(|&(id, _)| id).collect()
+    }
+
+    /// Checks `token` against the stored hash, in constant time.
+    fn authorize(&self, token: Option<&LeaseToken>) -> Result<(), LeaseError> {
+        let Some(stored) = self.token else {
+            return Err(LeaseError::TokenRefused {
+                reason: "no lease token is stored for this lease (its token key is missing)",
+            });
+        };
+        let Some(token) = token else {
+            return Err(LeaseError::TokenRefused {
+                reason: "no lease_token was sent",
+            });
+        };
+        if bool::from(token.digest().ct_eq(&stored)) {
+            Ok(())
+        } else {
+            Err(LeaseError::TokenRefused {
+                reason: "the lease_token does not match",
+            })
+        }
+    }
+}
+
+/// One fence key as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FenceRead {
+    Value(Millis),
+    Missing,
+    /// Unreadable (already logged with its key and counted): the value, quoted.
+    Corrupt(String),
 }
 
 fn encode_record(held: &[HeldId]) -> String {
@@ -84,7 +270,7 @@ pub(super) fn decode_record(
 ) -> Result<Vec<(MachineId, Millis)>, LeaseError> {
     let corrupt = || LeaseError::Corrupt {
         key: key.to_owned(),
-        value: String::from_utf8_lossy(value).into_owned(),
+        value: quoted(value),
     };
     let text = std::str::from_utf8(value).map_err(|_| corrupt())?;
     text.split(',')
@@ -98,14 +284,105 @@ pub(super) fn decode_record(
         .collect()
 }
 
+/// `value` as text, cut to [`QUOTED_VALUE_CHARS`] characters.
+fn quoted(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(value);
+    match text.char_indices().nth(QUOTED_VALUE_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.into_owned(),
+    }
+}
+
+/// Logs an unreadable key of `kind` in `namespace` with its full name, counts
+/// it in `snowkeep_corrupt_keys_total`, and returns the error naming it.
+pub(super) fn corrupt_key(namespace: &str, kind: KeyKind, key: &str, value: &[u8]) -> LeaseError {
+    m::count_corrupt(namespace, kind, 1);
+    let value = quoted(value);
+    error!(namespace, kind = kind.as_str(), key, value, "unreadable key in etcd: repair or delete it (a fence only once no holder uses its machine id)");
+    LeaseError::Corrupt {
+        key: key.to_owned(),
+        value,
+    }
+}
+
+/// Counts and logs `e` when it is an unreadable namespace record (kind
+/// `layout` of `snowkeep_corrupt_keys_total`, the key named in full); returns it.
+fn note_corrupt_namespace(namespace: &str, e: LeaseError) -> LeaseError {
+    if let LeaseError::CorruptNamespace {
+        key,
+        value,
+        problem,
+    } = &e
+    {
+        m::count_corrupt(namespace, KeyKind::Layout, 1);
+        let value = quoted(value.as_bytes());
+        error!(
+            namespace,
+            kind = KeyKind::Layout.as_str(),
+            key,
+            value,
+            problem,
+            "unreadable namespace record in etcd: repair it"
+        );
+    }
+    e
+}
+
+/// Parses the namespace record at `key` of `namespace`; an unreadable one is
+/// counted and logged ([`note_corrupt_namespace`]).
+fn namespace_record(
+    namespace: &str,
+    key: &str,
+    value: &[u8],
+) -> Result<super::namespace::NamespaceRecord, LeaseError> {
+    super::namespace::NamespaceRecord::parse(key, value)
+        .map_err(|e| note_corrupt_namespace(namespace, e))
+}
+
+/// The fence a Release leaves on a machine id whose holder reports `last` as
+/// the last timestamp it stamped, at server layout time `now`: `last`, but
+/// never below the `floor` (the previous holder may have stamped up to it) or
+/// `now` (the holder may have stamped up to its own clock, which a healthy
+/// client keeps near the server's; a client ahead reports a `last` past
+/// `now`), and never above the `current` fence (a release never fences a
+/// machine id further out of use). A fence key that went missing under the
+/// holder is written as that lower bound. `None`: leave the key as it is (no
+/// `last` reported, or the key is unreadable).
+fn released_fence(
+    floor: Millis,
+    last: Option<Millis>,
+    current: &FenceRead,
+    now: Millis,
+) -> Option<Millis> {
+    let lower = last?.max(floor).max(now);
+    match current {
+        FenceRead::Value(fence) => Some(lower.min((*fence).max(floor))),
+        FenceRead::Missing => Some(lower),
+        FenceRead::Corrupt(_) => None,
+    }
+}
+
 fn secs(d: Duration) -> i64 {
     i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX)
 }
 
+/// The key-values of a transaction's `i`-th get: `(value, lease)` of its first key.
+fn got(ops: &[TxnOpResponse], i: usize) -> Option<(Vec<u8>, i64)> {
+    match ops.get(i) {
+        Some(TxnOpResponse::Get(get)) => get
+            .kvs()
+            .first()
+            .map(|kv| (kv.value().to_vec(), kv.lease())),
+        _ => None,
+    }
+}
+
 impl RequesterLeases {
     /// Shares the store's endpoints (a separate copy, so API calls never wait
-    /// behind the server's own lease loop).
+    /// behind the server's own lease loop), and creates the server's
+    /// namespace's Lease API series.
     pub fn new(store: &EtcdStore) -> Self {
+        m::init_namespace(&store.settings.namespace);
         Self {
             endpoints: store.endpoints.clone(),
             clock: store.clock.clone(),
@@ -132,46 +409,103 @@ impl RequesterLeases {
             .ok_or_else(|| LeaseError::UnknownNamespace {
                 namespace: namespace.to_owned(),
             })?;
-        Ok(super::namespace::NamespaceRecord::parse(&key, kv.value())?.layout)
+        Ok(namespace_record(namespace, &key, kv.value())?.layout)
     }
 
+    /// Reads the requester's record and token key together (one transaction,
+    /// so at one revision); `None` when it holds nothing.
     async fn record(
         &mut self,
         namespace: &str,
-        requester: &str,
+        requester: &RequesterId,
     ) -> Result<Option<Record>, LeaseError> {
-        let key = keys::requester(namespace, requester);
-        let get_key = key.clone();
+        let key = keys::requester(namespace, &requester.key());
+        let token_key = keys::token(namespace, &requester.key());
+        let gets = vec![
+            TxnOp::get(key.clone(), None),
+            TxnOp::get(token_key.clone(), None),
+        ];
         let resp = self
             .endpoints
-            .call("read requester", self.timeout, |mut c| async move {
-                c.get(get_key, None).await
-            })
+            .txn("read requester", self.timeout, Txn::new().and_then(gets))
             .await?;
-        match resp.kvs().first() {
-            None => Ok(None),
-            Some(kv) => Ok(Some(Record {
-                lease_id: kv.lease(),
-                ids: decode_record(&key, kv.value())?,
-            })),
-        }
+        let ops = resp.op_responses();
+        let Some((value, lease_id)) = got(&ops, 0) else {
+            return Ok(None);
+        };
+        let ids = decode_record(&key, &value)
+            .map_err(|_| corrupt_key(namespace, KeyKind::Requester, &key, &value))?;
+        let token = match got(&ops, 1) {
+            // Only a token on the record's own lease belongs to this grant.
+            Some((hash, lease)) if lease == lease_id => Some(
+                std::str::from_utf8(&hash)
+                    .ok()
+                    .and_then(unhex32)
+                    .ok_or_else(|| corrupt_key(namespace, KeyKind::Token, &token_key, &hash))?,
+            ),
+            _ => None,
+        };
+        Ok(Some(Record {
+            lease_id,
+            ids,
+            token,
+        }))
     }
 
-    async fn fences(&mut self, namespace: &str) -> Result<HashMap<MachineId, Millis>, LeaseError> {
-        let prefix = keys::fence_prefix(namespace);
-        let get_prefix = prefix.clone();
+    /// Reads the requester's record and checks `token` against it
+    /// ([`Record::authorize`]), before anything else of a call that acts on
+    /// its lease: [`LeaseError::TokenRefused`] when it holds machine ids and
+    /// the token is missing or wrong; `None` when it holds nothing.
+    async fn authorized(
+        &mut self,
+        namespace: &str,
+        requester: &RequesterId,
+        token: Option<&LeaseToken>,
+    ) -> Result<Option<Record>, LeaseError> {
+        let record = self.record(namespace, requester).await?;
+        if let Some(record) = &record {
+            record.authorize(token)?;
+        }
+        Ok(record)
+    }
+
+    /// Reads the fences of `ids` (one transaction of gets). An unreadable one
+    /// is logged with its key and counted.
+    async fn own_fences(
+        &mut self,
+        namespace: &str,
+        ids: &[MachineId],
+    ) -> Result<HashMap<MachineId, FenceRead>, LeaseError> {
+        let fence_keys: Vec<String> = ids.iter().map(|&id| keys::fence(namespace, id)).collect();
+        let txn = Txn::new().and_then(
+            fence_keys
+                .iter()
+                .map(|k| TxnOp::get(k.clone(), None))
+                .collect::<Vec<_>>(),
+        );
         let resp = self
             .endpoints
-            .call("read fences", self.timeout, |mut c| async move {
-                c.get(get_prefix, Some(GetOptions::new().with_prefix()))
-                    .await
-            })
+            .txn("read own fences", self.timeout, txn)
             .await?;
-        resp.kvs()
+        let ops = resp.op_responses();
+        Ok(ids
             .iter()
-            .filter_map(|kv| keys::machine_id_of(kv.key(), &prefix).map(|id| (id, kv)))
-            .map(|(id, kv)| Ok((id, parse_fence(&prefix, kv.value())?)))
-            .collect()
+            .zip(&fence_keys)
+            .enumerate()
+            .map(|(i, (&id, key))| {
+                let read = match got(&ops, i) {
+                    None => FenceRead::Missing,
+                    Some((value, _)) => match super::parse_fence(key, &value) {
+                        Ok(fence) => FenceRead::Value(fence),
+                        Err(_) => match corrupt_key(namespace, KeyKind::Fence, key, &value) {
+                            LeaseError::Corrupt { value, .. } => FenceRead::Corrupt(value),
+                            _ => FenceRead::Corrupt(String::new()),
+                        },
+                    },
+                };
+                (id, read)
+            })
+            .collect())
     }
 
     /// Time left on a lease (zero when unknown or gone).
@@ -209,28 +543,35 @@ impl RequesterLeases {
         }
     }
 
-    fn fence_for(&self, layout: &Layout, duration: Duration) -> Millis {
-        let now = layout
+    fn now(&self, layout: &Layout) -> Millis {
+        layout
             .to_layout_ms(self.clock.unix_ms())
-            .unwrap_or_default();
-        let ahead = u64::try_from((duration + FENCE_MARGIN).as_millis()).unwrap_or(u64::MAX);
-        Millis(now.get().saturating_add(ahead))
+            .unwrap_or_default()
     }
 
-    /// Claims `count` machine ids for `requester` for `duration`, or — when the
-    /// requester already holds machine ids — returns them with the lease reset
-    /// to `duration` (idempotent retry), failing with
-    /// [`LeaseError::CountMismatch`] when it holds a different number.
-    /// `layout` is the namespace's, as [`Self::layout`] read it.
+    fn fence_for(&self, layout: &Layout, duration: Duration) -> Millis {
+        let ahead = u64::try_from((duration + FENCE_MARGIN).as_millis()).unwrap_or(u64::MAX);
+        Millis(self.now(layout).get().saturating_add(ahead))
+    }
+
+    /// Claims `count` machine ids for `requester` for `duration` and returns
+    /// them with a new lease token. When the requester already holds machine
+    /// ids, a call presenting their `token` gets them back with the lease
+    /// reset to `duration` (an idempotent retry; the same token), failing
+    /// with [`LeaseError::CountMismatch`] when it holds a different number;
+    /// without the token it fails with [`LeaseError::TokenRefused`] and
+    /// nothing changes. `layout` is the namespace's, as [`Self::layout`] read it.
     pub async fn acquire(
         &mut self,
         namespace: &str,
         layout: Layout,
-        requester: &str,
+        requester: &RequesterId,
         count: u32,
         duration: Duration,
+        token: Option<&LeaseToken>,
     ) -> Result<RequesterGrant, LeaseError> {
         if let Some(record) = self.record(namespace, requester).await? {
+            record.authorize(token)?;
             if record.ids.len() != count as usize {
                 return Err(LeaseError::CountMismatch {
                     held: record.ids.len(),
@@ -242,15 +583,18 @@ impl RequesterLeases {
             // Renew's answer promised. (A Renew sets its own duration, which
             // its answer reports.)
             let duration = duration.max(self.remaining(record.lease_id).await);
-            return self
+            let mut grant = self
                 .extend(namespace, requester, record, layout, duration)
-                .await;
+                .await?;
+            grant.known = !grant.held.is_empty();
+            if grant.known {
+                grant.token = token.cloned();
+            }
+            return Ok(grant);
         }
         let lease_id = self.grant_lease(duration).await?;
-        let holder = keys::requester_holder(requester);
-        let now = layout
-            .to_layout_ms(self.clock.unix_ms())
-            .unwrap_or_default();
+        let holder = keys::requester_holder(&requester.key());
+        let now = self.now(&layout);
         let (absent_floor, max_floor) =
             ClaimRequest::floors(now, self.fence_horizon, self.max_fence_wait);
         let want = ClaimRequest {
@@ -280,7 +624,9 @@ impl RequesterLeases {
                 ..h
             })
             .collect();
+        let token = LeaseToken::generate();
         let ns = namespace.to_owned();
+        let on_lease = || Some(PutOptions::new().with_lease(lease_id));
         let mut ops: Vec<TxnOp> = held
             .iter()
             .map(|h| {
@@ -292,9 +638,14 @@ impl RequesterLeases {
             })
             .collect();
         ops.push(TxnOp::put(
-            keys::requester(&ns, requester),
+            keys::requester(&ns, &requester.key()),
             encode_record(&held),
-            Some(PutOptions::new().with_lease(lease_id)),
+            on_lease(),
+        ));
+        ops.push(TxnOp::put(
+            keys::token(&ns, &requester.key()),
+            hex(&token.digest()),
+            on_lease(),
         ));
         let guard: Vec<Compare> = held
             .iter()
@@ -318,43 +669,59 @@ impl RequesterLeases {
                 return Err(e);
             }
         }
-        info!(namespace, requester, machine_ids = ?held.iter().map(|h| h.machine_id.get()).collect::<Vec<_>>(), "leased machine ids to a requester");
+        info!(namespace, requester = %requester.tag(), machine_ids = ?held.iter().map(|h| h.machine_id.get()).collect::<Vec<_>>(), "leased machine ids to a requester");
         Ok(RequesterGrant {
             held,
             duration,
             layout,
+            token: Some(token),
+            known: false,
         })
     }
 
-    /// Extends the requester's lease to `duration` and raises its fences;
-    /// an empty grant when it holds nothing (its lease is gone). `layout` is
-    /// the namespace's, as [`Self::layout`] read it.
+    /// Extends the requester's lease to `duration` and raises its fences, for
+    /// the caller presenting its `token` ([`LeaseError::TokenRefused`]
+    /// otherwise, checked first, with nothing changed); an empty grant when
+    /// it holds nothing (its lease is gone), for which nothing is written.
+    /// Then, before anything is extended, the namespace must stand for a
+    /// grant of `incarnation` (0 skips the comparison): [`Renewal::Gone`] when
+    /// it does not exist, is another incarnation or is rolled back.
     pub async fn renew(
         &mut self,
         namespace: &str,
-        layout: Layout,
-        requester: &str,
+        requester: &RequesterId,
         duration: Duration,
-    ) -> Result<RequesterGrant, LeaseError> {
-        match self.record(namespace, requester).await? {
+        token: Option<&LeaseToken>,
+        incarnation: u64,
+    ) -> Result<Renewal, LeaseError> {
+        let record = self.authorized(namespace, requester, token).await?;
+        let standing = match self.standing(namespace, incarnation).await? {
+            Ok(standing) => standing,
+            Err(gone) => return Ok(Renewal::Gone(gone)),
+        };
+        let grant = match record {
             Some(record) => {
-                self.extend(namespace, requester, record, layout, duration)
-                    .await
+                let mut grant = self
+                    .extend(namespace, requester, record, standing.layout, duration)
+                    .await?;
+                grant.known = !grant.held.is_empty();
+                grant
             }
-            None => Ok(RequesterGrant {
-                held: Vec::new(),
-                duration,
-                layout,
-            }),
-        }
+            None => RequesterGrant::nothing(duration, standing.layout),
+        };
+        Ok(Renewal::Granted {
+            grant,
+            incarnation: standing.incarnation,
+        })
     }
 
     /// Moves every key of `record` onto a new lease of `duration` and raises
-    /// the fences, in one transaction guarded by the old lease; all or nothing.
+    /// the fences, in one transaction guarded by the old lease and the token;
+    /// all or nothing.
     async fn extend(
         &mut self,
         namespace: &str,
-        requester: &str,
+        requester: &RequesterId,
         mut record: Record,
         layout: Layout,
         duration: Duration,
@@ -370,7 +737,11 @@ impl RequesterLeases {
             {
                 Some(grant) => return Ok(grant),
                 None => match self.record(namespace, requester).await? {
-                    Some(fresh) if fresh.lease_id != record.lease_id && fresh.ids == record.ids => {
+                    Some(fresh)
+                        if fresh.lease_id != record.lease_id
+                            && fresh.ids == record.ids
+                            && fresh.token == record.token =>
+                    {
                         record = fresh;
                     }
                     _ => break,
@@ -381,29 +752,36 @@ impl RequesterLeases {
         // answer "you hold nothing", a definitive stop.
         warn!(
             namespace,
-            requester, "requester's keys changed; its lease is void"
+            requester = %requester.tag(),
+            "requester's keys changed; its lease is void"
         );
         self.revoke(record.lease_id).await;
-        Ok(RequesterGrant {
-            held: Vec::new(),
-            duration,
-            layout,
-        })
+        Ok(RequesterGrant::nothing(duration, layout))
     }
 
     /// One attempt of [`Self::extend`]: `None` when the guard failed.
     async fn extend_once(
         &mut self,
         namespace: &str,
-        requester: &str,
+        requester: &RequesterId,
         record: &Record,
         layout: Layout,
         duration: Duration,
     ) -> Result<Option<RequesterGrant>, LeaseError> {
-        let current = self.fences(namespace).await?;
+        let current = self.own_fences(namespace, &record.machine_ids()).await?;
+        // A fence of its own that cannot be read cannot be kept from going
+        // down: refuse (naming the key) before anything is granted or written.
+        for (&id, read) in &current {
+            if let FenceRead::Corrupt(value) = read {
+                return Err(LeaseError::Corrupt {
+                    key: keys::fence(namespace, id),
+                    value: value.clone(),
+                });
+            }
+        }
         let new_lease = self.grant_lease(duration).await?;
         let fence = self.fence_for(&layout, duration);
-        let holder = keys::requester_holder(requester);
+        let holder = keys::requester_holder(&requester.key());
         let held: Vec<HeldId> = record
             .ids
             .iter()
@@ -411,10 +789,14 @@ impl RequesterLeases {
                 machine_id,
                 floor,
                 // Never lower a fence while it is held.
-                fence: fence.max(current.get(&machine_id).copied().unwrap_or_default()),
+                fence: match current.get(&machine_id) {
+                    Some(FenceRead::Value(f)) => fence.max(*f),
+                    _ => fence,
+                },
             })
             .collect();
         let ns = namespace.to_owned();
+        let on_new_lease = || Some(PutOptions::new().with_lease(new_lease));
         let mut guard = Vec::new();
         let mut ops = Vec::new();
         for h in &held {
@@ -424,41 +806,49 @@ impl RequesterLeases {
                 CompareOp::Equal,
                 record.lease_id,
             ));
-            ops.push(TxnOp::put(
-                hk,
-                holder.clone(),
-                Some(PutOptions::new().with_lease(new_lease)),
-            ));
+            ops.push(TxnOp::put(hk, holder.clone(), on_new_lease()));
             ops.push(TxnOp::put(
                 keys::fence(&ns, h.machine_id),
                 h.fence.get().to_string(),
                 None,
             ));
         }
-        let rk = keys::requester(&ns, requester);
+        let rk = keys::requester(&ns, &requester.key());
         guard.push(Compare::lease(
             rk.clone(),
             CompareOp::Equal,
             record.lease_id,
         ));
-        ops.push(TxnOp::put(
-            rk,
-            encode_record(&held),
-            Some(PutOptions::new().with_lease(new_lease)),
+        ops.push(TxnOp::put(rk, encode_record(&held), on_new_lease()));
+        let tk = keys::token(&ns, &requester.key());
+        let token_hash = hex(&record.token.unwrap_or_default());
+        guard.push(Compare::lease(
+            tk.clone(),
+            CompareOp::Equal,
+            record.lease_id,
         ));
+        guard.push(Compare::value(
+            tk.clone(),
+            CompareOp::Equal,
+            token_hash.clone(),
+        ));
+        ops.push(TxnOp::put(tk, token_hash, on_new_lease()));
         let txn = Txn::new().when(guard).and_then(ops);
         let resp = self
             .endpoints
             .txn("requester renew txn", self.timeout, txn)
             .await;
+        let grant = RequesterGrant {
+            held,
+            duration,
+            layout,
+            token: None,
+            known: false,
+        };
         match resp {
             Ok(r) if r.succeeded() => {
                 self.revoke(record.lease_id).await;
-                Ok(Some(RequesterGrant {
-                    held,
-                    duration,
-                    layout,
-                }))
+                Ok(Some(grant))
             }
             Ok(_) => {
                 self.revoke(new_lease).await;
@@ -471,11 +861,7 @@ impl RequesterLeases {
                 if let Ok(Some(now)) = self.record(namespace, requester).await {
                     if now.lease_id == new_lease {
                         self.revoke(record.lease_id).await;
-                        return Ok(Some(RequesterGrant {
-                            held,
-                            duration,
-                            layout,
-                        }));
+                        return Ok(Some(grant));
                     }
                 }
                 self.revoke(new_lease).await;
@@ -484,19 +870,25 @@ impl RequesterLeases {
         }
     }
 
-    /// Gives the requester's machine ids back: each fence in `last_used` is
-    /// lowered to it (others keep theirs), the keys are deleted and the lease
-    /// revoked. Returns how many machine ids were released.
+    /// Gives the requester's machine ids back, for the caller presenting its
+    /// `token` ([`LeaseError::TokenRefused`] otherwise, with nothing
+    /// changed): each fence in `last_used` is lowered towards it as
+    /// [`released_fence`] allows (others keep theirs), every key of the
+    /// requester is deleted and its lease revoked. Returns how many machine
+    /// ids were released (0 when it held none).
     pub async fn release(
         &mut self,
         namespace: &str,
-        requester: &str,
+        requester: &RequesterId,
         last_used: &HashMap<MachineId, Millis>,
+        token: Option<&LeaseToken>,
     ) -> Result<u32, LeaseError> {
-        let Some(record) = self.record(namespace, requester).await? else {
+        let Some(record) = self.authorized(namespace, requester, token).await? else {
             return Ok(0);
         };
-        let current = self.fences(namespace).await?;
+        let layout = self.layout(namespace).await?;
+        let current = self.own_fences(namespace, &record.machine_ids()).await?;
+        let now = self.now(&layout);
         let ns = namespace.to_owned();
         let mut guard = Vec::new();
         let mut ops = Vec::new();
@@ -507,38 +899,62 @@ impl RequesterLeases {
                 CompareOp::Equal,
                 record.lease_id,
             ));
-            if let Some(&last) = last_used.get(&machine_id) {
-                // Never below the floor (the previous holder may have stamped up
-                // to it) and never above the current fence (a release must not
-                // fence a machine id out of use).
-                let fence = current.get(&machine_id).copied().unwrap_or(floor);
-                let lowered = last.max(floor).min(fence.max(floor));
+            let read = current
+                .get(&machine_id)
+                .cloned()
+                .unwrap_or(FenceRead::Missing);
+            if let FenceRead::Corrupt(_) = read {
+                warn!(namespace, machine_id = machine_id.get(), key = %keys::fence(&ns, machine_id), "releasing a machine id whose fence is unreadable: the key is left as it is, so the machine id stays out of use until it is repaired");
+            }
+            if let Some(fence) =
+                released_fence(floor, last_used.get(&machine_id).copied(), &read, now)
+            {
                 ops.push(TxnOp::put(
                     keys::fence(&ns, machine_id),
-                    lowered.get().to_string(),
+                    fence.get().to_string(),
                     None,
                 ));
             }
             ops.push(TxnOp::delete(hk, None));
         }
-        ops.push(TxnOp::delete(keys::requester(&ns, requester), None));
+        let rk = keys::requester(&ns, &requester.key());
+        let tk = keys::token(&ns, &requester.key());
+        guard.push(Compare::lease(
+            rk.clone(),
+            CompareOp::Equal,
+            record.lease_id,
+        ));
+        guard.push(Compare::lease(
+            tk.clone(),
+            CompareOp::Equal,
+            record.lease_id,
+        ));
+        guard.push(Compare::value(
+            tk.clone(),
+            CompareOp::Equal,
+            hex(&record.token.unwrap_or_default()),
+        ));
+        ops.push(TxnOp::delete(rk, None));
+        ops.push(TxnOp::delete(tk, None));
         let txn = Txn::new().when(guard).and_then(ops);
         let resp = self
             .endpoints
             .txn("requester release txn", self.timeout, txn)
             .await?;
+        // The holder asked to let go, so its lease goes either way: when the
+        // guard failed (a key deleted by hand, say), revoking drops what is
+        // left and keeps every fence where it was.
         self.revoke(record.lease_id).await;
-        if resp.succeeded() {
-            info!(
-                namespace,
-                requester,
-                released = record.ids.len(),
-                "requester released its machine ids"
-            );
-            Ok(record.ids.len() as u32)
-        } else {
-            Ok(0)
+        if !resp.succeeded() {
+            return Ok(0);
         }
+        info!(
+            namespace,
+            requester = %requester.tag(),
+            released = record.ids.len(),
+            "requester released its machine ids"
+        );
+        Ok(record.ids.len() as u32)
     }
 
     /// This deployment's range, cut to the machine ids `layout` has.
@@ -563,34 +979,6 @@ impl RequesterLeases {
         };
         Ok((reader.read().await?, range))
     }
-
-    /// Records the last skew seen from `requester` (ms, server − client) for
-    /// `keep`; best effort.
-    pub async fn record_skew(
-        &mut self,
-        namespace: &str,
-        requester: &str,
-        skew_ms: i64,
-        keep: Duration,
-    ) {
-        let key = keys::skew(namespace, requester);
-        let ttl = secs(keep);
-        let put = self
-            .endpoints
-            .call("record skew", self.timeout, |mut c| async move {
-                let lease = c.lease_grant(ttl, None).await?;
-                c.put(
-                    key,
-                    skew_ms.to_string(),
-                    Some(PutOptions::new().with_lease(lease.id())),
-                )
-                .await
-            })
-            .await;
-        if let Err(e) = put {
-            warn!(namespace, requester, error = %crate::DisplayChain(&e), "could not record the requester's clock skew");
-        }
-    }
 }
 
 /// What [`RequesterLeases::check`] found.
@@ -609,6 +997,22 @@ pub enum LeaseCheck {
     RolledBack,
 }
 
+/// What [`RequesterLeases::renew`] did.
+#[derive(Debug)]
+pub enum Renewal {
+    /// The namespace stands: the renewed grant (empty when the requester
+    /// holds nothing), in the namespace of this incarnation (0: a record an
+    /// older version wrote).
+    Granted {
+        /// The grant.
+        grant: RequesterGrant,
+        /// The namespace's incarnation.
+        incarnation: u64,
+    },
+    /// The namespace does not stand for the grant: nothing was renewed.
+    Gone(LeaseCheck),
+}
+
 // The namespace record and the holder check (the rollback detection).
 impl RequesterLeases {
     /// The namespace record, after the rollback check of every Lease API call
@@ -623,6 +1027,32 @@ impl RequesterLeases {
         super::namespace::guard(&mut self.endpoints, self.timeout, namespace, unix_ms)
             .await
             .map(|(record, _)| record)
+            .map_err(|e| note_corrupt_namespace(namespace, e))
+    }
+
+    /// The namespace record when a lease granted in `incarnation` (0 skips
+    /// the comparison) can stand in it, else why not: the namespace does not
+    /// exist or is another incarnation ([`LeaseCheck::NamespaceGone`]), or is
+    /// rolled back ([`LeaseCheck::RolledBack`]). An answer, not an error:
+    /// holders retry errors and would go on issuing up to their fence.
+    async fn standing(
+        &mut self,
+        namespace: &str,
+        incarnation: u64,
+    ) -> Result<Result<super::namespace::NamespaceRecord, LeaseCheck>, LeaseError> {
+        match self.namespace(namespace).await {
+            Ok(record)
+                if incarnation != 0
+                    && record.incarnation != 0
+                    && incarnation != record.incarnation =>
+            {
+                Ok(Err(LeaseCheck::NamespaceGone))
+            }
+            Ok(record) => Ok(Ok(record)),
+            Err(LeaseError::UnknownNamespace { .. }) => Ok(Err(LeaseCheck::NamespaceGone)),
+            Err(LeaseError::NamespaceRolledBack { .. }) => Ok(Err(LeaseCheck::RolledBack)),
+            Err(e) => Err(e),
+        }
     }
 
     /// Refuses a new claim while the namespace's confirmed floor is further
@@ -649,28 +1079,28 @@ impl RequesterLeases {
         Ok(())
     }
 
-    /// Whether `requester`'s lease in `namespace` still stands, by reads only
-    /// (the one write: marking the namespace rolled back when etcd shows a
+    /// Whether `requester`'s lease in `namespace` still stands, for the
+    /// caller presenting its `token`: like every call that acts on a lease it
+    /// reads the requester's record and checks the token first
+    /// ([`LeaseError::TokenRefused`] when it holds machine ids and the token
+    /// is missing or wrong, with nothing else read). Then by reads only (the
+    /// one write: marking the namespace rolled back when etcd shows a
     /// restore). `incarnation` 0 and an empty `machine_ids` skip those
     /// comparisons. Errors only when etcd does not answer or a record is
     /// unreadable.
     pub async fn check(
         &mut self,
         namespace: &str,
-        requester: &str,
+        requester: &RequesterId,
+        token: Option<&LeaseToken>,
         incarnation: u64,
         machine_ids: &[u32],
     ) -> Result<LeaseCheck, LeaseError> {
-        let record = match self.namespace(namespace).await {
-            Ok(record) => record,
-            Err(LeaseError::UnknownNamespace { .. }) => return Ok(LeaseCheck::NamespaceGone),
-            Err(LeaseError::NamespaceRolledBack { .. }) => return Ok(LeaseCheck::RolledBack),
-            Err(e) => return Err(e),
-        };
-        if incarnation != 0 && record.incarnation != 0 && incarnation != record.incarnation {
-            return Ok(LeaseCheck::NamespaceGone);
+        let held = self.authorized(namespace, requester, token).await?;
+        if let Err(gone) = self.standing(namespace, incarnation).await? {
+            return Ok(gone);
         }
-        let Some(held) = self.record(namespace, requester).await? else {
+        let Some(held) = held else {
             return Ok(LeaseCheck::LeaseGone);
         };
         if !machine_ids.is_empty() {
@@ -684,7 +1114,7 @@ impl RequesterLeases {
         }
         // Every holder key still names this requester on its lease (one
         // read-only transaction: no raft entry).
-        let holder = keys::requester_holder(requester);
+        let holder = keys::requester_holder(&requester.key());
         let gets: Vec<TxnOp> = held
             .ids
             .iter()
@@ -695,7 +1125,7 @@ impl RequesterLeases {
             .txn("check holders", self.timeout, Txn::new().and_then(gets))
             .await?;
         let intact = resp.op_responses().into_iter().all(|r| match r {
-            etcd_client::TxnOpResponse::Get(get) => get
+            TxnOpResponse::Get(get) => get
                 .kvs()
                 .first()
                 .is_some_and(|kv| kv.value() == holder.as_bytes() && kv.lease() == held.lease_id),
@@ -719,5 +1149,127 @@ impl RequesterLeases {
             }),
             _ => Ok(LeaseCheck::LeaseGone),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_64_hex_digits_and_only_its_hash_matches() {
+        let token = LeaseToken::generate();
+        let text = token.to_hex();
+        assert_eq!(text.len(), 64);
+        assert_eq!(LeaseToken::parse(&text), Ok(Some(token.clone())));
+        assert_eq!(
+            LeaseToken::parse(&text.to_uppercase()),
+            Ok(Some(token.clone()))
+        );
+        assert_eq!(LeaseToken::parse(""), Ok(None));
+        assert_eq!(LeaseToken::parse(&text[..63]), Err(MalformedToken));
+        assert_eq!(
+            LeaseToken::parse(&format!("{}g", &text[..63])),
+            Err(MalformedToken)
+        );
+        assert_ne!(LeaseToken::generate(), token, "32 random bytes each");
+        assert_eq!(format!("{token:?}"), "LeaseToken(<secret>)");
+
+        let record = Record {
+            lease_id: 1,
+            ids: vec![],
+            token: Some(token.digest()),
+        };
+        assert!(record.authorize(Some(&token)).is_ok());
+        let refused = |r: Result<(), LeaseError>| match r {
+            Err(LeaseError::TokenRefused { reason }) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(record.authorize(None)), "no lease_token was sent");
+        assert_eq!(
+            refused(record.authorize(Some(&LeaseToken::generate()))),
+            "the lease_token does not match"
+        );
+        let legacy = Record {
+            token: None,
+            ..record
+        };
+        assert!(refused(legacy.authorize(Some(&token))).starts_with("no lease token is stored"));
+    }
+
+    #[test]
+    fn a_requester_is_named_by_the_sha256_of_its_identity() {
+        let id = RequesterId::of("abc");
+        assert_eq!(
+            id.key(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(id.tag(), "ba7816bf8f01");
+        assert_eq!(format!("{id:?}"), "RequesterId(ba7816bf8f01)");
+    }
+
+    #[test]
+    fn the_client_logs_the_same_tag_the_server_does() {
+        let who = snowkeep_client::Requester {
+            host_id: "host-1".into(),
+            pid: 42,
+            start_unix_ms: 1_700_000_000_000,
+            nonce: "00112233445566778899aabbccddeeff".into(),
+        };
+        let id = crate::service::convert::requester_id(Some(&who.to_pb())).unwrap();
+        assert_eq!(
+            id,
+            RequesterId::of("host-1:42:1700000000000:00112233445566778899aabbccddeeff")
+        );
+        assert_eq!(who.tag(), id.tag());
+    }
+
+    #[test]
+    fn a_release_lowers_a_fence_to_the_last_timestamp_within_its_bounds() {
+        let (floor, now) = (Millis(1_000), Millis(5_000));
+        let fence = &FenceRead::Value(Millis(9_000));
+        // The reported last timestamp, when it is past the clock and the floor.
+        assert_eq!(
+            released_fence(floor, Some(Millis(6_000)), fence, now),
+            Some(Millis(6_000))
+        );
+        // Never below the server's clock, nor the floor.
+        assert_eq!(
+            released_fence(floor, Some(Millis(0)), fence, now),
+            Some(now)
+        );
+        assert_eq!(
+            released_fence(Millis(7_000), Some(Millis(0)), fence, now),
+            Some(Millis(7_000))
+        );
+        // Never above the fence: an absurd report keeps it.
+        assert_eq!(
+            released_fence(floor, Some(Millis(u64::MAX)), fence, now),
+            Some(Millis(9_000))
+        );
+        // A clock past the fence leaves the fence (never raised by a release).
+        assert_eq!(
+            released_fence(floor, Some(Millis(0)), fence, Millis(20_000)),
+            Some(Millis(9_000))
+        );
+        // Not reported: left alone. Unreadable: left alone (quarantined).
+        assert_eq!(released_fence(floor, None, fence, now), None);
+        let corrupt = &FenceRead::Corrupt("x".into());
+        assert_eq!(
+            released_fence(floor, Some(Millis(6_000)), corrupt, now),
+            None
+        );
+        // A fence key deleted under the holder comes back at the lower bound.
+        assert_eq!(
+            released_fence(floor, Some(Millis(6_000)), &FenceRead::Missing, now),
+            Some(Millis(6_000))
+        );
+    }
+
+    #[test]
+    fn a_quoted_value_is_cut_to_a_hundred_characters() {
+        assert_eq!(quoted(b"not-a-number"), "not-a-number");
+        let long = "x".repeat(500);
+        assert_eq!(quoted(long.as_bytes()), format!("{}…", "x".repeat(100)));
     }
 }

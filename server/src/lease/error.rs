@@ -127,6 +127,13 @@ pub enum LeaseError {
         /// Machine ids asked for.
         asked: u32,
     },
+    /// A call on an embedded requester's lease came without the lease token
+    /// its Acquire returned, or with another one. Nothing was changed.
+    #[error("permission denied for this requester's lease: {reason}. Send the lease_token that this requester's Acquire returned; a process without it must start over as a new requester (a new nonce). Machine ids whose grant was lost free themselves when their lease ends")]
+    TokenRefused {
+        /// What was wrong with the token.
+        reason: &'static str,
+    },
     /// The namespace's stored layout differs from the configured one.
     #[error("namespace {namespace:?} has layout {stored} in the store but this instance is configured with {configured}; start it with --layout {stored} or use another namespace")]
     LayoutMismatch {
@@ -232,6 +239,7 @@ impl LeaseError {
             | LeaseError::UnknownNamespace { .. }
             | LeaseError::InvalidNamespace { .. }
             | LeaseError::CountMismatch { .. }
+            | LeaseError::TokenRefused { .. }
             | LeaseError::LayoutMismatch { .. }
             | LeaseError::FenceTooFarAhead { .. }
             | LeaseError::ClockBeforeEpoch { .. }

@@ -60,6 +60,18 @@ pub const NAMESPACE_OVERLAPS: &str = "snowkeep_namespace_overlaps";
 /// Largest absolute clock offset to a peer server in the last measuring
 /// round, seconds (0 with no peers); label `namespace`.
 pub const PEER_CLOCK_OFFSET_MAX_SECONDS: &str = "snowkeep_peer_clock_offset_max_seconds";
+/// Clock skews recorded at [`MAX_RECORDED_SKEW_MS`] because they were
+/// further off; labels `namespace`, `source` (as [`CLOCK_SKEW_SECONDS`]).
+pub const CLOCK_SKEW_CLAMPED_TOTAL: &str = "snowkeep_clock_skew_clamped_total";
+/// Lease API requesters this server knows (they hold machine ids and
+/// presented their lease token) whose last reported clock is off by more
+/// than a share of `--client-skew-threshold`, either way; labels `namespace`,
+/// `over` = `half_threshold` | `threshold`.
+pub const CLIENT_CLOCK_SKEW_REQUESTERS: &str = "snowkeep_client_clock_skew_requesters";
+/// Unreadable keys met while reading etcd, one per key per read; labels
+/// `namespace`, `kind` = `fence` | `requester` | `token` | `layout`. The log
+/// names each key in full.
+pub const CORRUPT_KEYS_TOTAL: &str = "snowkeep_corrupt_keys_total";
 
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
@@ -86,6 +98,9 @@ pub const CATALOG: &[(&str, &str)] = &[
     (ISSUANCE_READY, "gauge"),
     (PEER_CLOCK_OFFSET_MAX_SECONDS, "gauge"),
     (NAMESPACE_OVERLAPS, "gauge"),
+    (CLOCK_SKEW_CLAMPED_TOTAL, "counter"),
+    (CLIENT_CLOCK_SKEW_REQUESTERS, "gauge"),
+    (CORRUPT_KEYS_TOTAL, "counter"),
 ];
 
 /// Where a clock skew was observed.
@@ -111,11 +126,83 @@ impl SkewSource {
     }
 }
 
+/// The largest clock skew recorded, either way: one day, in ms. Anything
+/// further off is recorded as this and counted in
+/// [`CLOCK_SKEW_CLAMPED_TOTAL`], so a client time of 0 or 2^64−1 cannot blow
+/// up the histogram's sum.
+pub const MAX_RECORDED_SKEW_MS: i64 = 86_400_000;
+
 /// Records an observed clock skew of `skew_ms` (either sign) from `source`
-/// in `namespace`.
-pub fn record_skew(namespace: &str, source: SkewSource, skew_ms: i64) {
+/// in `namespace`, clamped to ±[`MAX_RECORDED_SKEW_MS`]; returns the value
+/// recorded.
+pub fn record_skew(namespace: &str, source: SkewSource, skew_ms: i64) -> i64 {
+    let clamped = skew_ms.clamp(-MAX_RECORDED_SKEW_MS, MAX_RECORDED_SKEW_MS);
+    metrics::counter!(CLOCK_SKEW_CLAMPED_TOTAL, "namespace" => namespace.to_owned(), "source" => source.as_str())
+        .increment(u64::from(clamped != skew_ms));
     metrics::histogram!(CLOCK_SKEW_SECONDS, "namespace" => namespace.to_owned(), "source" => source.as_str())
-        .record(skew_ms.unsigned_abs() as f64 / 1000.0);
+        .record(clamped.unsigned_abs() as f64 / 1000.0);
+    clamped
+}
+
+/// What an unreadable etcd key held (the `kind` label of [`CORRUPT_KEYS_TOTAL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A machine id's fence.
+    Fence,
+    /// An embedded requester's record of machine ids and floors.
+    Requester,
+    /// An embedded requester's lease token hash.
+    Token,
+    /// The namespace's layout.
+    Layout,
+}
+
+impl KeyKind {
+    /// Every kind, for the series created at start.
+    pub const ALL: [KeyKind; 4] = [
+        KeyKind::Fence,
+        KeyKind::Requester,
+        KeyKind::Token,
+        KeyKind::Layout,
+    ];
+
+    /// The `kind` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::Fence => "fence",
+            KeyKind::Requester => "requester",
+            KeyKind::Token => "token",
+            KeyKind::Layout => "layout",
+        }
+    }
+}
+
+/// Counts `n` unreadable keys of `kind` met in `namespace`.
+pub fn count_corrupt(namespace: &str, kind: KeyKind, n: u64) {
+    metrics::counter!(CORRUPT_KEYS_TOTAL, "namespace" => namespace.to_owned(), "kind" => kind.as_str())
+        .increment(n);
+}
+
+/// Sets [`CLIENT_CLOCK_SKEW_REQUESTERS`] of `namespace`: `over_half` and
+/// `over` requesters off by more than half the threshold and the threshold.
+pub fn set_skewed_requesters(namespace: &str, over_half: usize, over: usize) {
+    for (band, n) in [("half_threshold", over_half), ("threshold", over)] {
+        metrics::gauge!(CLIENT_CLOCK_SKEW_REQUESTERS, "namespace" => namespace.to_owned(), "over" => band)
+            .set(n as f64);
+    }
+}
+
+/// Creates the Lease API's and the etcd store's labelled series of
+/// `namespace` at 0, so rates and alerts see them before the first event.
+/// Never lowers a value already there.
+pub fn init_namespace(namespace: &str) {
+    for kind in KeyKind::ALL {
+        count_corrupt(namespace, kind, 0);
+    }
+    for band in ["half_threshold", "threshold"] {
+        metrics::gauge!(CLIENT_CLOCK_SKEW_REQUESTERS, "namespace" => namespace.to_owned(), "over" => band)
+            .increment(0.0);
+    }
 }
 
 /// Histogram buckets for every `_seconds` histogram, in seconds.
@@ -240,7 +327,22 @@ pub fn describe_all() {
     describe_counter!(
         CLOCK_SKEW_REJECTIONS_TOTAL,
         Unit::Count,
-        "Lease API Acquires refused because the client clock was behind beyond the threshold."
+        "Lease API Acquires refused because the client clock was behind or ahead of the server by more than the threshold."
+    );
+    describe_counter!(
+        CLOCK_SKEW_CLAMPED_TOTAL,
+        Unit::Count,
+        "Clock skews more than a day off, recorded in the skew histogram as one day."
+    );
+    describe_gauge!(
+        CLIENT_CLOCK_SKEW_REQUESTERS,
+        Unit::Count,
+        "Lease API requesters holding machine ids whose last reported clock was more than half the skew threshold, or the threshold, off this server's; 0 when the threshold is 0."
+    );
+    describe_counter!(
+        CORRUPT_KEYS_TOTAL,
+        Unit::Count,
+        "Unreadable etcd keys met, one per key per read, by kind; the log names each key. A machine id with an unreadable fence is never claimed."
     );
     // Counters exist from the start (at 0) so rates and alerts see them.
     metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);

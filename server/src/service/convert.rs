@@ -6,7 +6,7 @@ use std::ops::Range;
 use snowkeep_client::Layout;
 
 use super::status::ApiError;
-use crate::etcd::requesters::{LeaseCheck, RequesterGrant};
+use crate::etcd::requesters::{LeaseCheck, LeaseToken, RequesterGrant, RequesterId};
 use snowkeep_proto::v1 as pb;
 
 /// A layout as its protobuf message.
@@ -19,9 +19,9 @@ pub fn layout_to_pb(layout: &Layout) -> pb::Layout {
     }
 }
 
-/// The etcd key form of a requester, `host_id:pid:start_unix_ms`, after
+/// A requester's id: the SHA-256 of `host_id:pid:start_unix_ms:nonce`, after
 /// checking its fields (INVALID_ARGUMENT when absent or malformed).
-pub fn requester_key(requester: Option<&pb::Requester>) -> Result<String, ApiError> {
+pub fn requester_id(requester: Option<&pb::Requester>) -> Result<RequesterId, ApiError> {
     let r = requester.ok_or(ApiError::InvalidRequester {
         reason: "requester is missing",
     })?;
@@ -45,10 +45,16 @@ pub fn requester_key(requester: Option<&pb::Requester>) -> Result<String, ApiErr
             reason: "nonce must be 16-64 hex digits drawn at random for each generator",
         });
     }
-    Ok(format!(
+    Ok(RequesterId::of(&format!(
         "{}:{}:{}:{}",
         r.host_id, r.pid, r.start_unix_ms, r.nonce
-    ))
+    )))
+}
+
+/// A request's `lease_token`: `None` when empty, INVALID_ARGUMENT unless it
+/// is 64 hex digits.
+pub fn lease_token(text: &str) -> Result<Option<LeaseToken>, ApiError> {
+    LeaseToken::parse(text).map_err(|_| ApiError::InvalidLeaseToken)
 }
 
 /// Checks a namespace name like `--namespace` does (INVALID_ARGUMENT otherwise).
@@ -83,6 +89,11 @@ pub fn grant_to_pb(grant: RequesterGrant, server_time_unix_ms: u64) -> pb::Lease
         },
         layout: Some(layout_to_pb(&grant.layout)),
         server_time_unix_ms,
+        lease_token: grant
+            .token
+            .as_ref()
+            .map(LeaseToken::to_hex)
+            .unwrap_or_default(),
         gone_reason: if grant.held.is_empty() {
             pb::LeaseCheckReason::LeaseGone as i32
         } else {
@@ -108,30 +119,37 @@ pub fn capacity_to_pb(
     }
 }
 
+/// A lease check's outcome as its protobuf reason.
+pub fn check_reason(check: LeaseCheck) -> pb::LeaseCheckReason {
+    match check {
+        LeaseCheck::Valid { .. } => pb::LeaseCheckReason::Valid,
+        LeaseCheck::LeaseGone => pb::LeaseCheckReason::LeaseGone,
+        LeaseCheck::NamespaceGone => pb::LeaseCheckReason::NamespaceGone,
+        LeaseCheck::RolledBack => pb::LeaseCheckReason::RolledBack,
+    }
+}
+
 /// A lease check's outcome as its protobuf message.
 pub fn check_to_pb(check: LeaseCheck) -> pb::CheckResponse {
-    let (reason, remaining_ms, detail) = match check {
+    let (remaining_ms, detail) = match check {
         LeaseCheck::Valid { remaining } => (
-            pb::LeaseCheckReason::Valid,
             u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
             "the lease stands",
         ),
         LeaseCheck::LeaseGone => (
-            pb::LeaseCheckReason::LeaseGone,
             0,
             "this requester holds no lease (or other machine ids) any more: stop issuing",
         ),
         LeaseCheck::NamespaceGone => (
-            pb::LeaseCheckReason::NamespaceGone,
             0,
             "the namespace does not exist any more, or was created again since the grant (etcd lost its state): stop issuing",
         ),
         LeaseCheck::RolledBack => (
-            pb::LeaseCheckReason::RolledBack,
             0,
             "etcd was restored from an older snapshot and the namespace is rolled back until an operator confirms a floor: stop issuing",
         ),
     };
+    let reason = check_reason(check);
     pb::CheckResponse {
         valid: reason == pb::LeaseCheckReason::Valid,
         reason: reason as i32,

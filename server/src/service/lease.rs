@@ -1,7 +1,19 @@
 //! `LeaseService`: the embedded generators' lease API (spec/002's
 //! Alloc/Renew/Remove/remaining-count/version) over [`RequesterLeases`].
+//!
+//! Requesters appear in logs only as their tag (12 hex digits of the SHA-256
+//! of their identity) with the caller's network address; lease tokens never
+//! appear. Client clocks are judged on every Acquire (a clock behind or ahead
+//! of the server's by more than the threshold is refused before anything is
+//! claimed) but recorded only from requesters the server knows: a Renew or
+//! Acquire retry that presented the lease token of machine ids it holds.
+//! Those land, clamped to a day, in the skew histogram and in a [`SkewBook`]
+//! in memory, whose counts of skewed requesters the alerts watch; etcd is
+//! never written for a clock. Check neither judges nor records a clock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
@@ -13,14 +25,17 @@ use super::convert;
 use super::status::ApiError;
 use super::StoreAccess;
 use crate::config::LeaseApiConfig;
-use crate::etcd::requesters::{RequesterGrant, RequesterLeases, MAX_REQUESTER_IDS};
-use crate::lease::skew::{self, SkewCall, SkewDirection, SkewVerdict};
-use crate::lease::LeaseError;
+use crate::etcd::requesters::{
+    Renewal, RequesterGrant, RequesterId, RequesterLeases, MAX_REQUESTER_IDS,
+};
+use crate::lease::skew::{
+    self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY,
+};
 use crate::metrics as m;
 
-/// How long the last skew seen from a requester is kept beyond its lease
-/// (spec/002: lease duration + grace).
-const SKEW_RECORD_GRACE: Duration = Duration::from_secs(600);
+/// How often requesters whose lease ended leave the [`SkewBook`] (and its
+/// counts), when no call does it first.
+const SKEW_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Serves `snowkeep.v1.LeaseService`.
 #[derive(Clone)]
@@ -29,15 +44,36 @@ pub struct LeaseHandler {
     access: StoreAccess,
     config: LeaseApiConfig,
     clock: SharedClock,
+    /// The last skew of each known requester.
+    skews: Arc<Mutex<SkewBook>>,
 }
 
 impl LeaseHandler {
-    /// Creates the handler.
+    /// Creates the handler. Inside a tokio runtime it also starts the task
+    /// that drops ended leases from the skew counts every 30 s; the task
+    /// ends with the last clone of the handler.
     pub fn new(access: StoreAccess, config: LeaseApiConfig, clock: SharedClock) -> Self {
+        let skews = Arc::new(Mutex::new(SkewBook::new(SKEW_BOOK_CAPACITY)));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let book = Arc::downgrade(&skews);
+            let clock = clock.clone();
+            let threshold = config.skew_threshold;
+            runtime.spawn(async move {
+                let mut tick = tokio::time::interval(SKEW_SWEEP_INTERVAL);
+                loop {
+                    tick.tick().await;
+                    let Some(book) = book.upgrade() else { return };
+                    let mut book = lock(&book);
+                    let ended = book.expire(clock.now());
+                    publish(&book, ended, threshold);
+                }
+            });
+        }
         Self {
             access,
             config,
             clock,
+            skews,
         }
     }
 
@@ -50,68 +86,122 @@ impl LeaseHandler {
 
     /// Checks a requester call's identity and namespace and reads the
     /// namespace's layout once: its NOT_FOUND comes before anything is
-    /// recorded for an unknown namespace. Returns the requester's key, the
+    /// recorded for an unknown namespace. Returns the requester's id, the
     /// store and the layout.
     async fn open(
         &self,
         requester: Option<&pb::Requester>,
         namespace: &str,
-    ) -> Result<(String, RequesterLeases, Layout), ApiError> {
-        let requester = convert::requester_key(requester)?;
+    ) -> Result<(RequesterId, RequesterLeases, Layout), ApiError> {
+        let requester = convert::requester_id(requester)?;
         convert::check_namespace(namespace)?;
         let mut leases = self.leases()?;
         let layout = leases.layout(namespace).await.map_err(ApiError::Lease)?;
         Ok((requester, leases, layout))
     }
 
-    /// Judges and records the client's clock skew; `Err` when `call` must be
-    /// refused (an Acquire from a clock off by more than the threshold, either way).
-    async fn check_skew(
+    /// Server − client clock, ms.
+    fn skew_ms(&self, client_time_unix_ms: u64) -> i64 {
+        let server = i64::try_from(self.clock.unix_ms()).unwrap_or(i64::MAX);
+        server.saturating_sub(i64::try_from(client_time_unix_ms).unwrap_or(i64::MAX))
+    }
+
+    /// Refuses an Acquire from a client whose clock is off the server's by
+    /// more than the threshold, either way, before anything is claimed.
+    /// Records nothing: the requester is not known yet.
+    fn refuse_skewed_acquire(
         &self,
-        leases: &mut RequesterLeases,
         namespace: &str,
-        requester: &str,
+        requester: &RequesterId,
+        peer: Option<SocketAddr>,
         client_time_unix_ms: Option<u64>,
-        call: SkewCall,
     ) -> Result<(), ApiError> {
         let Some(client) = client_time_unix_ms else {
             return Ok(());
         };
-        let server = self.clock.unix_ms();
-        let skew_ms =
-            i64::try_from(server).unwrap_or(i64::MAX) - i64::try_from(client).unwrap_or(i64::MAX);
-        m::record_skew(namespace, m::SkewSource::Client, skew_ms);
-        leases
-            // Kept a first lease + grace at most, whatever the call, so a flood
-            // of calls from unknown requesters cannot pile up 48 h leases.
-            .record_skew(
-                namespace,
-                requester,
-                skew_ms,
-                self.config.first_lease + SKEW_RECORD_GRACE,
-            )
-            .await;
+        let skew_ms = self.skew_ms(client);
+        if skew::judge(skew_ms, self.config.skew_threshold, SkewCall::Acquire)
+            != SkewVerdict::Reject
+        {
+            return Ok(());
+        }
         let direction = SkewDirection::of(skew_ms);
-        match skew::judge(skew_ms, self.config.skew_threshold, call) {
-            SkewVerdict::Fine => Ok(()),
-            SkewVerdict::Warn => {
-                warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "client clock skew over half the threshold");
-                Ok(())
-            }
-            SkewVerdict::Reject => {
-                metrics::counter!(m::CLOCK_SKEW_REJECTIONS_TOTAL).increment(1);
-                warn!(namespace, requester, skew_ms, threshold = ?self.config.skew_threshold, "refused Acquire: client clock {direction} the server by more than the threshold");
-                Err(ApiError::ClientClockSkew {
-                    skew: skew::magnitude(skew_ms),
-                    direction,
-                    threshold: self.config.skew_threshold,
-                })
-            }
+        metrics::counter!(m::CLOCK_SKEW_REJECTIONS_TOTAL).increment(1);
+        warn!(namespace, requester = %requester.tag(), peer = %addr(peer), skew_ms, threshold = ?self.config.skew_threshold, "refused Acquire: client clock {direction} the server by more than the threshold");
+        Err(ApiError::ClientClockSkew {
+            skew: skew::magnitude(skew_ms),
+            direction,
+            threshold: self.config.skew_threshold,
+        })
+    }
+
+    /// Records (clamped) and judges the clock of a requester the server
+    /// knows: `grant` came from a call that presented the lease token of
+    /// machine ids it holds. Anyone else's clock is ignored. Only ever warns
+    /// (judged as for a Renew): the call was served.
+    fn note_skew(
+        &self,
+        namespace: &str,
+        requester: &RequesterId,
+        peer: Option<SocketAddr>,
+        client_time_unix_ms: Option<u64>,
+        grant: &RequesterGrant,
+    ) {
+        let (Some(client), true) = (client_time_unix_ms, grant.known) else {
+            return;
+        };
+        let skew_ms = m::record_skew(namespace, m::SkewSource::Client, self.skew_ms(client));
+        {
+            let now = self.clock.now();
+            let mut book = lock(&self.skews);
+            let touched = book.record(
+                namespace,
+                requester.digest(),
+                skew_ms,
+                now,
+                now + grant.duration,
+            );
+            publish(&book, touched, self.config.skew_threshold);
+        }
+        if skew::judge(skew_ms, self.config.skew_threshold, SkewCall::Renew) != SkewVerdict::Fine {
+            let direction = SkewDirection::of(skew_ms);
+            warn!(namespace, requester = %requester.tag(), peer = %addr(peer), skew_ms, threshold = ?self.config.skew_threshold, "client clock skew over half the threshold: client clock {direction} the server");
+        }
+    }
+
+    /// Forgets a requester that released its machine ids.
+    fn forget_skew(&self, namespace: &str, requester: &RequesterId) {
+        let mut book = lock(&self.skews);
+        if book.forget(namespace, requester.digest()) {
+            publish(
+                &book,
+                BTreeSet::from([namespace.to_owned()]),
+                self.config.skew_threshold,
+            );
         }
     }
 
     fn grant_to_pb(&self, grant: RequesterGrant) -> pb::LeaseGrant {
         convert::grant_to_pb(grant, self.clock.unix_ms())
+    }
+}
+
+/// The caller's address for a log line, `-` when unknown.
+fn addr(peer: Option<SocketAddr>) -> String {
+    peer.map_or_else(|| "-".to_owned(), |p| p.to_string())
+}
+
+/// The book, even after a panic elsewhere left its lock poisoned (it holds
+/// telemetry only).
+fn lock(book: &Mutex<SkewBook>) -> MutexGuard<'_, SkewBook> {
+    book.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sets the skewed-requester counts of `namespaces` from `book`.
+fn publish(book: &SkewBook, namespaces: BTreeSet<String>, threshold: Duration) {
+    for namespace in namespaces {
+        let (over_half, over) = book.count(&namespace, threshold);
+        m::set_skewed_requesters(&namespace, over_half, over);
     }
 }
 
@@ -121,6 +211,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
+        let peer = request.remote_addr();
         let req = request.into_inner();
         if req.count == 0 || req.count > MAX_REQUESTER_IDS {
             return Err(ApiError::InvalidLeaseCount {
@@ -129,6 +220,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             }
             .into());
         }
+        let token = convert::lease_token(&req.lease_token)?;
         let (requester, mut leases, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
         // Refused (FAILED_PRECONDITION) while etcd shows it lost writes, and
@@ -141,14 +233,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             .check_floor(&req.namespace, &record)
             .map_err(ApiError::Lease)?;
         let incarnation = record.incarnation;
-        self.check_skew(
-            &mut leases,
-            &req.namespace,
-            &requester,
-            req.client_time_unix_ms,
-            SkewCall::Acquire,
-        )
-        .await?;
+        self.refuse_skewed_acquire(&req.namespace, &requester, peer, req.client_time_unix_ms)?;
         let grant = leases
             .acquire(
                 &req.namespace,
@@ -156,9 +241,17 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 &requester,
                 req.count,
                 self.config.first_lease,
+                token.as_ref(),
             )
             .await
             .map_err(ApiError::Lease)?;
+        self.note_skew(
+            &req.namespace,
+            &requester,
+            peer,
+            req.client_time_unix_ms,
+            &grant,
+        );
         let mut grant = self.grant_to_pb(grant);
         grant.namespace_incarnation = incarnation;
         Ok(Response::new(grant))
@@ -168,30 +261,43 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
+        let peer = request.remote_addr();
         let req = request.into_inner();
-        let incarnation = match self.renew_standing(&req).await? {
-            Ok(incarnation) => incarnation,
-            Err(gone) => return Ok(Response::new(gone)),
-        };
-        let (requester, mut leases, layout) =
-            self.open(req.requester.as_ref(), &req.namespace).await?;
-        self.check_skew(
-            &mut leases,
-            &req.namespace,
-            &requester,
-            req.client_time_unix_ms,
-            SkewCall::Renew,
-        )
-        .await?;
-        let grant = leases
+        let token = convert::lease_token(&req.lease_token)?;
+        let requester = convert::requester_id(req.requester.as_ref())?;
+        convert::check_namespace(&req.namespace)?;
+        // The token first; then "lease gone" (an answer, not an error
+        // status) when the namespace does not exist, is another incarnation
+        // than the holder's, or is rolled back: holders retry errors and
+        // would go on issuing up to their fence, a whole renewed lease ahead.
+        let renewal = self
+            .leases()?
             .renew(
                 &req.namespace,
-                layout,
                 &requester,
                 self.config.renewed_lease,
+                token.as_ref(),
+                req.namespace_incarnation,
             )
             .await
             .map_err(ApiError::Lease)?;
+        let (grant, incarnation) = match renewal {
+            Renewal::Granted { grant, incarnation } => (grant, incarnation),
+            Renewal::Gone(gone) => {
+                return Ok(Response::new(convert::gone_grant(
+                    convert::check_reason(gone),
+                    None,
+                    self.clock.unix_ms(),
+                )))
+            }
+        };
+        self.note_skew(
+            &req.namespace,
+            &requester,
+            peer,
+            req.client_time_unix_ms,
+            &grant,
+        );
         let mut grant = self.grant_to_pb(grant);
         grant.namespace_incarnation = incarnation;
         Ok(Response::new(grant))
@@ -202,7 +308,8 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let req = request.into_inner();
-        let requester = convert::requester_key(req.requester.as_ref())?;
+        let token = convert::lease_token(&req.lease_token)?;
+        let requester = convert::requester_id(req.requester.as_ref())?;
         convert::check_namespace(&req.namespace)?;
         let mut last_used = HashMap::new();
         for (id, ts) in req.last_used_ms {
@@ -211,9 +318,12 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         }
         let released = self
             .leases()?
-            .release(&req.namespace, &requester, &last_used)
+            .release(&req.namespace, &requester, &last_used, token.as_ref())
             .await
             .map_err(ApiError::Lease)?;
+        if released > 0 {
+            self.forget_skew(&req.namespace, &requester);
+        }
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
 
@@ -240,56 +350,28 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         }))
     }
 
+    /// Read-only (but for marking a namespace found restored) and grants
+    /// nothing: the token is checked first, and the caller's clock is neither
+    /// judged nor recorded.
     async fn check(
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let req = request.into_inner();
-        let requester = convert::requester_key(req.requester.as_ref())?;
+        let token = convert::lease_token(&req.lease_token)?;
+        let requester = convert::requester_id(req.requester.as_ref())?;
         convert::check_namespace(&req.namespace)?;
         let check = self
             .leases()?
             .check(
                 &req.namespace,
                 &requester,
+                token.as_ref(),
                 req.namespace_incarnation,
                 &req.machine_ids,
             )
             .await
             .map_err(ApiError::Lease)?;
         Ok(Response::new(convert::check_to_pb(check)))
-    }
-}
-
-impl LeaseHandler {
-    /// Before a Renew: the namespace's incarnation when the lease can stand,
-    /// or the answer "lease gone" when the namespace does not exist, is
-    /// another incarnation than the holder's, or is rolled back. An answer,
-    /// not an error status: holders retry errors and would go on issuing up
-    /// to their fence, a whole renewed lease ahead.
-    async fn renew_standing(
-        &self,
-        req: &pb::RenewRequest,
-    ) -> Result<Result<u64, pb::LeaseGrant>, ApiError> {
-        convert::requester_key(req.requester.as_ref())?;
-        convert::check_namespace(&req.namespace)?;
-        let gone = |reason| Err(convert::gone_grant(reason, None, self.clock.unix_ms()));
-        match self.leases()?.namespace(&req.namespace).await {
-            Ok(record)
-                if req.namespace_incarnation != 0
-                    && record.incarnation != 0
-                    && req.namespace_incarnation != record.incarnation =>
-            {
-                Ok(gone(pb::LeaseCheckReason::NamespaceGone))
-            }
-            Ok(record) => Ok(Ok(record.incarnation)),
-            Err(LeaseError::UnknownNamespace { .. }) => {
-                Ok(gone(pb::LeaseCheckReason::NamespaceGone))
-            }
-            Err(LeaseError::NamespaceRolledBack { .. }) => {
-                Ok(gone(pb::LeaseCheckReason::RolledBack))
-            }
-            Err(e) => Err(ApiError::Lease(e)),
-        }
     }
 }

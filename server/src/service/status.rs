@@ -73,6 +73,11 @@ pub enum ApiError {
         /// Maximum.
         max: u32,
     },
+    /// A lease token that is not 64 hex digits.
+    #[error(
+        "invalid lease_token: send the 64 hex digits that Acquire returned, or leave it empty"
+    )]
+    InvalidLeaseToken,
     /// A machine id that cannot exist.
     #[error("machine id {got} is out of range (at most 65535)")]
     InvalidMachineId {
@@ -193,6 +198,7 @@ fn code_of(err: &ApiError) -> Code {
         ApiError::InvalidRequester { .. }
         | ApiError::InvalidNamespace { .. }
         | ApiError::InvalidLeaseCount { .. }
+        | ApiError::InvalidLeaseToken
         | ApiError::InvalidMachineId { .. } => Code::InvalidArgument,
         ApiError::ClientClockSkew { .. } | ApiError::LeaseApiNeedsEtcd => Code::FailedPrecondition,
         ApiError::StoreNotConnected => Code::Unavailable,
@@ -203,6 +209,8 @@ fn code_of(err: &ApiError) -> Code {
             // Not FAILED_PRECONDITION: clients retry that (a skew refusal
             // heals with NTP); another Acquire cannot fix a count mismatch.
             LeaseError::CountMismatch { .. } => Code::AlreadyExists,
+            // The caller is who it says, but holds no right to this lease.
+            LeaseError::TokenRefused { .. } => Code::PermissionDenied,
             LeaseError::LayoutExhausted { .. } => Code::FailedPrecondition,
             // Until an operator confirms a floor (the message says how);
             // clients retry FAILED_PRECONDITION with backoff.
@@ -344,6 +352,11 @@ mod tests {
                 }),
                 Code::FailedPrecondition,
             ),
+            (
+                ApiError::Lease(LeaseError::TokenRefused { reason: "x" }),
+                Code::PermissionDenied,
+            ),
+            (ApiError::InvalidLeaseToken, Code::InvalidArgument),
             (ApiError::StoreNotConnected, Code::Unavailable),
             (
                 ApiError::InvalidRequester { reason: "x" },

@@ -129,6 +129,7 @@ async fn the_lease_api_refuses_a_namespace_outside_the_rule_with_invalid_argumen
                 namespace: ns.into(),
                 count: 1,
                 client_time_unix_ms: None,
+                lease_token: String::new(),
             })
             .await
             .unwrap_err();
@@ -148,10 +149,20 @@ async fn the_lease_api_refuses_a_namespace_outside_the_rule_with_invalid_argumen
                 requester: Some(requester.clone()),
                 namespace: ns.into(),
                 last_used_ms: Default::default(),
+                lease_token: String::new(),
             })
             .await
             .unwrap_err();
         check("Release", release);
+        let lease_check = api
+            .check(pb::CheckRequest {
+                requester: Some(requester.clone()),
+                namespace: ns.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        check("Check", lease_check);
         let capacity = api
             .capacity(pb::CapacityRequest {
                 namespace: ns.into(),

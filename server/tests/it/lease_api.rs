@@ -16,7 +16,7 @@ use crate::support::server::ServerProcess;
 
 const READY: Duration = Duration::from_secs(20);
 
-fn requester(start: u64) -> Requester {
+pub(crate) fn requester(start: u64) -> Requester {
     Requester {
         host_id: "test-host".into(),
         pid: 4242,
@@ -25,18 +25,55 @@ fn requester(start: u64) -> Requester {
     }
 }
 
-async fn lease_client(
+pub(crate) async fn lease_client(
     server: &ServerProcess,
 ) -> pb::lease_service_client::LeaseServiceClient<Channel> {
     pb::lease_service_client::LeaseServiceClient::new(server.channel().await)
 }
 
-fn acquire(ns: &str, who: &Requester, count: u32, client_time: Option<u64>) -> pb::AcquireRequest {
+pub(crate) fn acquire(
+    ns: &str,
+    who: &Requester,
+    count: u32,
+    client_time: Option<u64>,
+) -> pb::AcquireRequest {
     pb::AcquireRequest {
         requester: Some(who.to_pb()),
         namespace: ns.into(),
         count,
         client_time_unix_ms: client_time,
+        lease_token: String::new(),
+    }
+}
+
+/// A Renew of `who`'s lease with `token`.
+pub(crate) fn renew(
+    ns: &str,
+    who: &Requester,
+    token: &str,
+    client_time: Option<u64>,
+) -> pb::RenewRequest {
+    pb::RenewRequest {
+        requester: Some(who.to_pb()),
+        namespace: ns.into(),
+        client_time_unix_ms: client_time,
+        lease_token: token.into(),
+        ..Default::default()
+    }
+}
+
+/// A Release of `who`'s lease with `token`, reporting `last_used`.
+pub(crate) fn release(
+    ns: &str,
+    who: &Requester,
+    token: &str,
+    last_used: &[(u32, u64)],
+) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        requester: Some(who.to_pb()),
+        namespace: ns.into(),
+        last_used_ms: last_used.iter().copied().collect(),
+        lease_token: token.into(),
     }
 }
 
@@ -55,7 +92,7 @@ async fn start_ready(server: &ServerProcess, ns: &str, who: Requester) -> Embedd
 }
 
 /// A fresh etcd, one server on `namespace`, and a Lease API client of it.
-async fn lease_api_server(
+pub(crate) async fn lease_api_server(
     namespace: &str,
 ) -> (
     EtcdProcess,
@@ -69,7 +106,7 @@ async fn lease_api_server(
     (etcd, server, api)
 }
 
-fn ids_of(grant: &pb::LeaseGrant) -> Vec<u32> {
+pub(crate) fn ids_of(grant: &pb::LeaseGrant) -> Vec<u32> {
     grant.machine_ids.iter().map(|m| m.machine_id).collect()
 }
 
@@ -96,18 +133,17 @@ async fn acquire_renew_release_round_trip() {
     assert_eq!(grant.lease_duration_ms, 600_000, "first lease: 10 min");
     assert_eq!(grant.expires_in_ms, 600_000);
     assert_eq!(grant.layout.unwrap().machine_bits, 12);
+    let token = grant.lease_token.clone();
+    assert_eq!(token.len(), 64, "32 random bytes in hex: {token}");
+    assert!(token.chars().all(|c| c.is_ascii_hexdigit()));
     for m in &grant.machine_ids {
         // Never-used ids: the floor is a fence horizon past the server clock.
         assert!(m.floor_ms > 0 && m.fence_ms > m.floor_ms, "{m:?}");
     }
-    let renew = pb::RenewRequest {
-        requester: Some(who.to_pb()),
-        namespace: "api".into(),
-        client_time_unix_ms: None,
-        ..Default::default()
-    };
+    let renew = renew("api", &who, &token, None);
     let renewed = api.renew(renew.clone()).await.unwrap().into_inner();
     assert_eq!(ids_of(&renewed), ids_of(&grant));
+    assert_eq!(renewed.lease_token, "", "only Acquire hands the token out");
     assert_eq!(
         renewed.lease_duration_ms,
         48 * 3600 * 1000,
@@ -136,11 +172,7 @@ async fn acquire_renew_release_round_trip() {
     );
 
     let released = api
-        .release(pb::ReleaseRequest {
-            requester: Some(who.to_pb()),
-            namespace: "api".into(),
-            last_used_ms: Default::default(),
-        })
+        .release(release("api", &who, &token, &[]))
         .await
         .unwrap()
         .into_inner();
@@ -181,17 +213,28 @@ async fn a_repeated_acquire_returns_the_same_machine_ids_and_another_count_fails
         .await
         .unwrap()
         .into_inner();
-    let again = api
-        .acquire(acquire("idem", &who, 3, None))
-        .await
-        .unwrap()
-        .into_inner();
+    let retry = |count| pb::AcquireRequest {
+        lease_token: first.lease_token.clone(),
+        ..acquire("idem", &who, count, None)
+    };
+    let again = api.acquire(retry(3)).await.unwrap().into_inner();
     assert_eq!(ids_of(&again), ids_of(&first));
     assert_eq!(again.expires_in_ms, 600_000);
-    let other = api
-        .acquire(acquire("idem", &who, 2, None))
+    assert_eq!(again.lease_token, first.lease_token, "the same token back");
+    // The same identity without the token is someone else: refused.
+    let stranger = api
+        .acquire(acquire("idem", &who, 3, None))
         .await
         .unwrap_err();
+    assert_eq!(stranger.code(), tonic::Code::PermissionDenied);
+    assert!(
+        stranger
+            .message()
+            .starts_with("permission denied for this requester's lease: no lease_token was sent. Send the lease_token that this requester's Acquire returned"),
+        "{}",
+        stranger.message()
+    );
+    let other = api.acquire(retry(2)).await.unwrap_err();
     assert_eq!(other.code(), tonic::Code::AlreadyExists);
     assert_eq!(
         other.message(),
@@ -224,14 +267,14 @@ async fn a_client_fifteen_minutes_behind_is_refused_on_acquire_and_only_warned_o
     );
 
     // Renew is never refused for skew.
-    api.acquire(acquire("skew", &who, 1, None)).await.unwrap();
+    let token = api
+        .acquire(acquire("skew", &who, 1, None))
+        .await
+        .unwrap()
+        .into_inner()
+        .lease_token;
     let renewed = api
-        .renew(pb::RenewRequest {
-            requester: Some(who.to_pb()),
-            namespace: "skew".into(),
-            client_time_unix_ms: Some(behind),
-            ..Default::default()
-        })
+        .renew(renew("skew", &who, &token, Some(behind)))
         .await
         .unwrap()
         .into_inner();
@@ -239,18 +282,27 @@ async fn a_client_fifteen_minutes_behind_is_refused_on_acquire_and_only_warned_o
     assert!(server
         .log()
         .contains("client clock skew over half the threshold"));
-    // The last skew is kept in etcd with a TTL.
+    // The skew is kept in the server's memory, never in etcd: one requester
+    // over the threshold, and no key beyond the lease's own.
+    assert_eq!(
+        server
+            .metric("snowkeep_client_clock_skew_requesters{namespace=\"skew\",over=\"threshold\"}")
+            .await,
+        1.0
+    );
     let mut client = etcd.client().await;
-    let kept = client
+    let skew_keys = client
         .get(
-            "/snowkeep/v1/ns/skew/skew/test-host:4242:3:0000000000000003",
-            None,
+            "/snowkeep/v1/ns/skew/skew/",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
         )
         .await
         .unwrap();
-    let skew_ms: i64 = kept.kvs()[0].value_str().unwrap().parse().unwrap();
-    assert!((900_000..905_000).contains(&skew_ms), "{skew_ms}");
-    assert_ne!(kept.kvs()[0].lease(), 0, "kept with a TTL");
+    assert_eq!(skew_keys.count(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,18 +356,19 @@ async fn a_renewal_answering_empty_stops_issuance_at_once() {
     server.wait_serving(READY).await;
     let who = requester(5);
     let generator = start_ready(&server, "empty", who.clone()).await;
-    // Someone releases this requester's lease at the server.
-    let mut api = lease_client(&server).await;
-    let released = api
-        .release(pb::ReleaseRequest {
-            requester: Some(who.to_pb()),
-            namespace: "empty".into(),
-            last_used_ms: Default::default(),
-        })
+    // The requester's lease ends at etcd (an operator revokes it).
+    let mut client = etcd.client().await;
+    let holder = client
+        .get(
+            format!(
+                "/snowkeep/v1/ns/empty/holder/{:05}",
+                generator.machine_ids()[0].get()
+            ),
+            None,
+        )
         .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(released.released, 1);
+        .unwrap();
+    client.lease_revoke(holder.kvs()[0].lease()).await.unwrap();
     // The next renewal (at half of 6 s) answers empty: stop then, not at the deadline.
     let took = eventually("the generator to stop", Duration::from_secs(5), || async {
         generator.stopped().is_some()
@@ -437,13 +490,13 @@ async fn concurrent_renewals_of_one_requester_never_void_its_lease() {
     server.wait_serving(READY).await;
     let api = lease_client(&server).await;
     let who = requester(6);
-    let held = ids_of(
-        &api.clone()
-            .acquire(acquire("race", &who, 2, None))
-            .await
-            .unwrap()
-            .into_inner(),
-    );
+    let first = api
+        .clone()
+        .acquire(acquire("race", &who, 2, None))
+        .await
+        .unwrap()
+        .into_inner();
+    let (held, token) = (ids_of(&first), first.lease_token);
     // Renew racing Acquire retries, as a client whose Acquire answer was lost:
     // 20 calls over 4 connections, released together.
     let mut clients = Vec::new();
@@ -456,18 +509,17 @@ async fn concurrent_renewals_of_one_requester_never_void_its_lease() {
             let mut api = clients[i % 4].clone();
             let who = who.clone();
             let barrier = barrier.clone();
+            let token = token.clone();
             tokio::spawn(async move {
                 barrier.wait().await;
                 if i % 2 == 0 {
-                    api.renew(pb::RenewRequest {
-                        requester: Some(who.to_pb()),
-                        namespace: "race".into(),
-                        client_time_unix_ms: None,
-                        ..Default::default()
+                    api.renew(renew("race", &who, &token, None)).await
+                } else {
+                    api.acquire(pb::AcquireRequest {
+                        lease_token: token,
+                        ..acquire("race", &who, 2, None)
                     })
                     .await
-                } else {
-                    api.acquire(acquire("race", &who, 2, None)).await
                 }
             })
         })
@@ -604,20 +656,25 @@ async fn a_requesters_machine_id_stays_held_while_its_record_lives() {
 async fn release_never_raises_a_fence_and_a_late_acquire_never_shortens_a_lease() {
     let (etcd, _server, mut api) = lease_api_server("caps").await;
     let who = requester(11);
-    api.acquire(acquire("caps", &who, 1, None)).await.unwrap();
+    let token = api
+        .acquire(acquire("caps", &who, 1, None))
+        .await
+        .unwrap()
+        .into_inner()
+        .lease_token;
     let renewed = api
-        .renew(pb::RenewRequest {
-            requester: Some(who.to_pb()),
-            namespace: "caps".into(),
-            client_time_unix_ms: None,
-            ..Default::default()
-        })
+        .renew(renew("caps", &who, &token, None))
         .await
         .unwrap()
         .into_inner();
     let m = renewed.machine_ids[0];
     // A repeated Acquire (10 min) after the Renew (48 h) keeps the 48 h lease.
-    api.acquire(acquire("caps", &who, 1, None)).await.unwrap();
+    api.acquire(pb::AcquireRequest {
+        lease_token: token.clone(),
+        ..acquire("caps", &who, 1, None)
+    })
+    .await
+    .unwrap();
     let mut client = etcd.client().await;
     let holder = client
         .get(
@@ -633,13 +690,9 @@ async fn release_never_raises_a_fence_and_a_late_acquire_never_shortens_a_lease(
         .ttl();
     assert!(ttl > 47 * 3600, "lease cut to {ttl} s");
     // A release reporting an absurd last timestamp keeps the fence where it was.
-    api.release(pb::ReleaseRequest {
-        requester: Some(who.to_pb()),
-        namespace: "caps".into(),
-        last_used_ms: [(m.machine_id, u64::MAX)].into(),
-    })
-    .await
-    .unwrap();
+    api.release(release("caps", &who, &token, &[(m.machine_id, u64::MAX)]))
+        .await
+        .unwrap();
     let fence = client
         .get(
             format!("/snowkeep/v1/ns/caps/fence/{:05}", m.machine_id),

@@ -324,6 +324,7 @@ async fn an_etcd_restored_from_an_older_snapshot_is_refused_until_a_floor_is_con
             namespace: ns.into(),
             count: 1,
             client_time_unix_ms: None,
+            lease_token: String::new(),
         })
         .await
         .unwrap_err();
@@ -361,6 +362,7 @@ async fn an_etcd_restored_from_an_older_snapshot_is_refused_until_a_floor_is_con
             namespace: ns.into(),
             count: 1,
             client_time_unix_ms: None,
+            lease_token: String::new(),
         })
         .await
         .unwrap_err();
@@ -462,6 +464,7 @@ async fn a_deleted_namespace_record_refuses_new_servers_while_a_holder_issues_on
             namespace: ns.into(),
             count: 1,
             client_time_unix_ms: None,
+            lease_token: String::new(),
         })
         .await
         .unwrap_err();
@@ -553,6 +556,7 @@ async fn the_runbooks_restore_procedure_works_as_written() {
             namespace: ns.into(),
             count: 1,
             client_time_unix_ms: None,
+            lease_token: String::new(),
         })
         .await
         .unwrap()
@@ -608,9 +612,10 @@ async fn the_runbooks_restore_procedure_works_as_written() {
     assert_eq!(total, 6000);
 }
 
-/// A Check of `who`'s lease with these comparisons.
+/// A Check of `who`'s lease with its lease `token` and these comparisons.
 fn check_request(
     who: &Requester,
+    token: &str,
     ns: &str,
     incarnation: u64,
     machine_ids: Vec<u32>,
@@ -620,7 +625,21 @@ fn check_request(
         namespace: ns.into(),
         namespace_incarnation: incarnation,
         machine_ids,
+        lease_token: token.into(),
     }
+}
+
+/// The hex SHA-256 of `who`'s identity: how etcd keys name a requester.
+fn requester_hash(who: &Requester) -> String {
+    use sha2::Digest;
+    let identity = format!(
+        "{}:{}:{}:{}",
+        who.host_id, who.pid, who.start_unix_ms, who.nonce
+    );
+    sha2::Sha256::digest(identity.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -637,6 +656,7 @@ async fn check_answers_by_reading_only() {
             namespace: ns.into(),
             count: 2,
             client_time_unix_ms: None,
+            lease_token: String::new(),
         })
         .await
         .unwrap()
@@ -648,18 +668,20 @@ async fn check_answers_by_reading_only() {
     );
     let ids: Vec<u32> = grant.machine_ids.iter().map(|m| m.machine_id).collect();
     let inc = grant.namespace_incarnation;
+    let token = grant.lease_token.as_str();
+    assert_eq!(token.len(), 64);
     let checker = api.clone();
     let check = move |req: pb::CheckRequest| {
         let mut api = checker.clone();
         async move { api.check(req).await.unwrap().into_inner() }
     };
-    // Every key Check reads, with its mod revision, and the etcd leases.
+    // Every key Check reads, with its mod revision, and the etcd leases. The
+    // requester's record and token key are named by the SHA-256 of its
+    // identity.
     let mut watched = vec![
         "/snowkeep/v1/ns/check/layout".to_owned(),
-        format!(
-            "/snowkeep/v1/ns/check/requester/{}:{}:{}:{}",
-            who.host_id, who.pid, who.start_unix_ms, who.nonce
-        ),
+        format!("/snowkeep/v1/ns/check/requester/{}", requester_hash(&who)),
+        format!("/snowkeep/v1/ns/check/token/{}", requester_hash(&who)),
     ];
     for id in &ids {
         watched.push(format!("/snowkeep/v1/ns/check/holder/{id:05}"));
@@ -680,7 +702,7 @@ async fn check_answers_by_reading_only() {
     let before = revisions().await;
     assert!(before.0.iter().all(Option::is_some), "{before:?}");
 
-    let valid = check(check_request(&who, ns, inc, ids.clone())).await;
+    let valid = check(check_request(&who, token, ns, inc, ids.clone())).await;
     assert!(valid.valid);
     assert_eq!(valid.reason, pb::LeaseCheckReason::Valid as i32);
     assert!(
@@ -688,29 +710,42 @@ async fn check_answers_by_reading_only() {
         "{valid:?}"
     );
     // Skipped comparisons are not failures.
-    assert!(check(check_request(&who, ns, 0, vec![])).await.valid);
+    assert!(check(check_request(&who, token, ns, 0, vec![])).await.valid);
     let gone = |r: pb::CheckResponse| (r.valid, r.reason, r.remaining_ms);
     let namespace_gone = (false, pb::LeaseCheckReason::NamespaceGone as i32, 0);
     let lease_gone = (false, pb::LeaseCheckReason::LeaseGone as i32, 0);
     assert_eq!(
-        gone(check(check_request(&who, ns, inc ^ 1, ids.clone())).await),
+        gone(check(check_request(&who, token, ns, inc ^ 1, ids.clone())).await),
         namespace_gone
     );
     assert_eq!(
-        gone(check(check_request(&who, "nowhere", 0, vec![])).await),
+        gone(check(check_request(&who, token, "nowhere", 0, vec![])).await),
         namespace_gone
     );
     assert_eq!(
-        gone(check(check_request(&who, ns, inc, vec![ids[0]])).await),
+        gone(check(check_request(&who, token, ns, inc, vec![ids[0]])).await),
         lease_gone
     );
     let stranger = who.renewed_nonce();
     assert_eq!(
-        gone(check(check_request(&stranger, ns, inc, vec![])).await),
+        gone(check(check_request(&stranger, "", ns, inc, vec![])).await),
         lease_gone
     );
     for _ in 0..50 {
-        assert!(check(check_request(&who, ns, inc, ids.clone())).await.valid);
+        assert!(
+            check(check_request(&who, token, ns, inc, ids.clone()))
+                .await
+                .valid
+        );
+    }
+    // The token comes first: a missing or wrong one is refused like Renew's,
+    // before anything else is read.
+    for wrong in [String::new(), "00".repeat(32)] {
+        let refused = api
+            .check(check_request(&who, &wrong, ns, inc, ids.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     }
     // Reads only: every key as it was, no lease granted.
     assert_eq!(revisions().await, before);
@@ -719,15 +754,16 @@ async fn check_answers_by_reading_only() {
         requester: Some(who.to_pb()),
         namespace: ns.into(),
         last_used_ms: Default::default(),
+        lease_token: token.into(),
     })
     .await
     .unwrap();
     assert_eq!(
-        gone(check(check_request(&who, ns, inc, ids.clone())).await),
+        gone(check(check_request(&who, token, ns, inc, ids.clone())).await),
         lease_gone
     );
     let bad = api
-        .check(check_request(&who, "a/b", inc, vec![]))
+        .check(check_request(&who, token, "a/b", inc, vec![]))
         .await
         .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
@@ -769,6 +805,7 @@ async fn an_older_versions_plain_layout_serves_and_gets_an_incarnation_on_purpos
         namespace: ns.into(),
         count: 1,
         client_time_unix_ms: None,
+        lease_token: String::new(),
     };
     let old = api
         .acquire(acquire(&Requester::current()))
