@@ -6,6 +6,7 @@
 
 mod claims;
 mod embedded;
+mod endpoints;
 mod etcd_faults;
 mod issuance;
 mod lease;
