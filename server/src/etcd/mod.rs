@@ -15,11 +15,15 @@
 //! is not a failure of the endpoint and is returned as it is. Retried requests
 //! are safe to repeat: reads, guarded transactions that recognise their own
 //! earlier commit, lease grants (an orphan lease expires by itself) and
-//! revokes (an already revoked lease counts as revoked).
+//! revokes (an already revoked lease counts as revoked). A request that timed
+//! out on a hung member may still be applied when that member resumes, after
+//! its retry: fence writes therefore also carry the fence key's revision as a
+//! guard, so such a late write changes nothing instead of lowering a fence.
 
 pub mod keys;
 pub mod requesters;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -271,6 +275,9 @@ pub struct EtcdStore {
     keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     /// The endpoint position the keepalive stream was opened on.
     keeper_position: usize,
+    /// The mod revision of each held fence key as this holder last wrote (or
+    /// claimed) it: the guard of its next fence write.
+    fence_revisions: HashMap<MachineId, i64>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -398,6 +405,9 @@ struct Claimed {
     held: Vec<HeldId>,
     /// The highest revision a claim transaction committed at.
     revision: i64,
+    /// The fence key's mod revision as each claim read it (0: no key), in
+    /// `held` order: the guard of the holder's first fence write.
+    fence_revisions: Vec<i64>,
 }
 
 /// Claims machine ids one atomic transaction per candidate; each floor is the
@@ -412,6 +422,7 @@ async fn claim_ids(
 ) -> Result<Claimed, LeaseError> {
     let ns = want.namespace;
     let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
+    let mut fence_revisions = Vec::with_capacity(want.count);
     let mut revision = 0;
     for round in 0..CLAIM_ROUNDS {
         let view = read_pool(endpoints, timeout, ns).await?;
@@ -489,12 +500,12 @@ async fn claim_ids(
                 );
                 continue;
             }
-            let floor = match resp.op_responses().get(1) {
+            let (floor, fence_revision) = match resp.op_responses().get(1) {
                 Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
-                    Some(kv) => parse_fence(&fence, kv.value())?,
-                    None => want.absent_floor,
+                    Some(kv) => (parse_fence(&fence, kv.value())?, kv.mod_revision()),
+                    None => (want.absent_floor, 0),
                 },
-                _ => want.absent_floor,
+                _ => (want.absent_floor, 0),
             };
             revision = revision.max(resp.header().map(|h| h.revision()).unwrap_or(0));
             held.push(HeldId {
@@ -502,8 +513,13 @@ async fn claim_ids(
                 floor,
                 fence: floor,
             });
+            fence_revisions.push(fence_revision);
             if held.len() == want.count {
-                return Ok(Claimed { held, revision });
+                return Ok(Claimed {
+                    held,
+                    revision,
+                    fence_revisions,
+                });
             }
         }
     }
@@ -537,6 +553,7 @@ impl EtcdStore {
             layout,
             keeper: None,
             keeper_position: 0,
+            fence_revisions: HashMap::new(),
         })
     }
 
@@ -619,6 +636,12 @@ impl EtcdStore {
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
         match self.claim_with_lease(lease_id).await {
             Ok(claimed) => {
+                self.fence_revisions = claimed
+                    .held
+                    .iter()
+                    .map(|h| h.machine_id)
+                    .zip(claimed.fence_revisions)
+                    .collect();
                 let claim = Claim {
                     held: claimed.held,
                     lease_id: Some(lease_id),
@@ -663,30 +686,84 @@ impl EtcdStore {
 
     /// Raises the fence of every claimed machine id (`fences[i]` for
     /// `claim.held[i]`) in one transaction guarded by our lease still owning
-    /// every holder key. [`LeaseError::LeaseLost`] with `HolderChanged` when
-    /// one is not ours any more.
+    /// every holder key and by each fence key being as this holder last wrote
+    /// it (its mod revision). The second guard keeps a late write out: a fence
+    /// write that timed out on a hung member, and was retried on another one,
+    /// may still be applied when that member resumes; it then finds the fence
+    /// moved on and changes nothing, rather than lowering a fence already in
+    /// use. A retried write that finds its own earlier attempt committed
+    /// counts as done. [`LeaseError::LeaseLost`] with `HolderChanged` when a
+    /// holder key is not ours any more, or a fence key was changed by anyone
+    /// else (the caller stops issuing and claims again, reading the fence).
     pub async fn advance_fences(
         &mut self,
         claim: &Claim,
         fences: &[Millis],
     ) -> Result<(), LeaseError> {
         let ns = self.ns().to_owned();
-        let txn = Txn::new().when(self.ownership(claim)).and_then(
-            claim
-                .held
-                .iter()
-                .zip(fences)
-                .map(|(h, f)| TxnOp::put(keys::fence(&ns, h.machine_id), f.get().to_string(), None))
-                .collect::<Vec<_>>(),
-        );
+        let lease_id = claim.lease_id.unwrap_or(0);
+        let mut guard = self.ownership(claim);
+        let mut puts = Vec::with_capacity(claim.held.len());
+        let mut reads = Vec::with_capacity(claim.held.len() * 2);
+        for (h, f) in claim.held.iter().zip(fences) {
+            let key = keys::fence(&ns, h.machine_id);
+            if let Some(&revision) = self.fence_revisions.get(&h.machine_id) {
+                guard.push(Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                ));
+            }
+            puts.push(TxnOp::put(key.clone(), f.get().to_string(), None));
+            reads.push(TxnOp::get(keys::holder(&ns, h.machine_id), None));
+            reads.push(TxnOp::get(key, None));
+        }
+        let txn = Txn::new().when(guard).and_then(puts).or_else(reads);
         let resp = self.txn("fence txn", txn).await?;
         if resp.succeeded() {
-            Ok(())
-        } else {
-            Err(LeaseError::LeaseLost {
-                reason: LossReason::HolderChanged,
-            })
+            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            for h in &claim.held {
+                self.fence_revisions.insert(h.machine_id, revision);
+            }
+            return Ok(());
         }
+        // The guard failed: the reads say whether the holder keys are still
+        // ours and whether each fence holds what this write meant to put.
+        let found: Vec<Option<etcd_client::KeyValue>> = resp
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+                _ => None,
+            })
+            .collect();
+        let mut revisions = Vec::with_capacity(claim.held.len());
+        for (i, (h, f)) in claim.held.iter().zip(fences).enumerate() {
+            let holder_ours = found
+                .get(2 * i)
+                .and_then(Option::as_ref)
+                .is_some_and(|kv| kv.lease() == lease_id);
+            if !holder_ours {
+                return Err(LeaseError::LeaseLost {
+                    reason: LossReason::HolderChanged,
+                });
+            }
+            match found.get(2 * i + 1).and_then(Option::as_ref) {
+                Some(kv) if kv.value() == f.get().to_string().as_bytes() => {
+                    revisions.push((h.machine_id, kv.mod_revision()));
+                }
+                other => {
+                    let now = other.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+                    warn!(namespace = %ns, machine_id = h.machine_id.get(), fence_now = ?now, fence_written_ms = h.fence.get(), "a fence key changed under its holder, not by it; stopping issuance and claiming again");
+                    return Err(LeaseError::LeaseLost {
+                        reason: LossReason::HolderChanged,
+                    });
+                }
+            }
+        }
+        // An earlier attempt of this very write committed; its answer was lost.
+        self.fence_revisions.extend(revisions);
+        Ok(())
     }
 
     /// Compares that hold while every holder key of `claim` is bound to its lease.

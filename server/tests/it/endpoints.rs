@@ -533,3 +533,92 @@ async fn the_lease_api_and_the_release_at_sigterm_work_with_a_dead_first_endpoin
     assert_eq!(last.kvs()[0].value_str().unwrap(), "dead-first");
     assert!(client.leases().await.unwrap().leases().is_empty());
 }
+
+/// A fence write is guarded by the fence key's revision as its holder last
+/// wrote it. A write that timed out on a hung member and was retried on
+/// another one can still be applied when that member resumes (seen here with
+/// etcd 3.4: a put that timed out on a SIGSTOPped member was applied after
+/// SIGCONT, over a later put), so without the guard it could lower a fence
+/// already in use. Here a client stands in for the late write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
+    use snowkeep_client::{Millis, SystemClock};
+    use snowkeep_server::etcd::{keys, EtcdSettings, EtcdStore};
+    use snowkeep_server::lease::{LeaseError, LossReason};
+
+    let ns = "fence-guard";
+    let etcd = EtcdProcess::start().await;
+    let settings = EtcdSettings {
+        endpoints: vec![etcd.endpoint()],
+        namespace: ns.into(),
+        instance_id: "guarded".into(),
+        lease_ttl: Duration::from_secs(2),
+        machine_id_range: 0..4096,
+        machine_ids: 1,
+        fence_horizon: Duration::from_secs(3),
+        max_fence_wait: Duration::from_secs(10),
+        request_timeout: Duration::from_millis(500),
+        advertise_address: None,
+    };
+    let mut store = EtcdStore::connect(settings, Layout::default(), SystemClock::shared())
+        .await
+        .unwrap();
+    let claim = store.claim().await.unwrap();
+    let key = keys::fence(ns, claim.held[0].machine_id);
+    let floor = claim.held[0].floor.get();
+    let mut client = client_of(&etcd.endpoint()).await;
+    let reader = client.clone();
+    let fence_now = || {
+        let mut client = reader.clone();
+        let key = key.clone();
+        async move {
+            let resp = client.get(key, None).await.unwrap();
+            resp.kvs()[0].value_str().unwrap().parse::<u64>().unwrap()
+        }
+    };
+
+    store
+        .advance_fences(&claim, &[Millis(floor + 1000)])
+        .await
+        .unwrap();
+    assert_eq!(fence_now().await, floor + 1000);
+
+    // The next write's earlier attempt committed but its answer was lost:
+    // the retry finds its own value and counts as done, and the write after
+    // it goes on from there.
+    client
+        .put(key.clone(), (floor + 2000).to_string(), None)
+        .await
+        .unwrap();
+    store
+        .advance_fences(&claim, &[Millis(floor + 2000)])
+        .await
+        .unwrap();
+    store
+        .advance_fences(&claim, &[Millis(floor + 3000)])
+        .await
+        .unwrap();
+    assert_eq!(fence_now().await, floor + 3000);
+
+    // A late write lowers the fence: the holder's next write changes nothing
+    // and reports the claim lost, so the server stops issuing and claims
+    // again from what etcd holds.
+    client
+        .put(key.clone(), (floor + 1000).to_string(), None)
+        .await
+        .unwrap();
+    let err = store
+        .advance_fences(&claim, &[Millis(floor + 4000)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LeaseError::LeaseLost {
+                reason: LossReason::HolderChanged
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(fence_now().await, floor + 1000);
+}
