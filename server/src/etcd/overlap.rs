@@ -92,20 +92,22 @@ impl OverlapCheck {
         for _ in 0..MAX_NAMESPACES {
             // Skip scan: one key per namespace. Every key of namespace N
             // starts with "N/", and "N0" sorts right after all of them.
-            let (key, range_end) = (from.clone(), end.clone());
             let resp = self
                 .endpoints
-                .call("list namespaces", self.timeout, |mut c| async move {
-                    c.get(
-                        key,
-                        Some(
-                            GetOptions::new()
-                                .with_range(range_end)
-                                .with_keys_only()
-                                .with_limit(1),
-                        ),
-                    )
-                    .await
+                .call("list namespaces", self.timeout, |mut c| {
+                    let (key, range_end) = (from.clone(), end.clone());
+                    async move {
+                        c.get(
+                            key,
+                            Some(
+                                GetOptions::new()
+                                    .with_range(range_end)
+                                    .with_keys_only()
+                                    .with_limit(1),
+                            ),
+                        )
+                        .await
+                    }
                 })
                 .await?;
             let Some(kv) = resp.kvs().first() else { break };
@@ -129,8 +131,9 @@ impl OverlapCheck {
         let key = keys::layout(namespace);
         let resp = self
             .endpoints
-            .call("read layout", self.timeout, |mut c| async move {
-                c.get(key, None).await
+            .call("read layout", self.timeout, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
             })
             .await?;
         let Some(layout) = resp
@@ -168,12 +171,15 @@ impl OverlapCheck {
         let end = format!("{prefix}{:05}", self.range.end);
         let resp = self
             .endpoints
-            .call("count used machine ids", self.timeout, |mut c| async move {
-                c.get(
-                    start,
-                    Some(GetOptions::new().with_range(end).with_count_only()),
-                )
-                .await
+            .call("count used machine ids", self.timeout, |mut c| {
+                let (start, end) = (start.clone(), end.clone());
+                async move {
+                    c.get(
+                        start,
+                        Some(GetOptions::new().with_range(end).with_count_only()),
+                    )
+                    .await
+                }
             })
             .await?;
         Ok(u32::try_from(resp.count()).unwrap_or(u32::MAX))

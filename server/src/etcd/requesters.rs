@@ -1,4 +1,4 @@
-//! Machine-id leases of embedded requesters (the Lease API, spec/002), on etcd.
+//! Machine-id leases of embedded requesters (the Lease API), on etcd.
 //!
 //! A requester's machine ids hang off one etcd lease with the requester's
 //! duration (first lease 10 min, renewed 48 h by default): its holder keys
@@ -7,7 +7,7 @@
 //! transaction guarded by the old lease still owning them, so a renewal
 //! either keeps all machine ids or none.
 //!
-//! Fences (DESIGN §2): the requester's generator stamps only up to the fence,
+//! Fences: the requester's generator stamps only up to the fence,
 //! which is set to the lease's expiry plus [`FENCE_MARGIN`] before the grant is
 //! returned. After the lease expires, a new holder waits at most the margin.
 //! On release the requester reports its last timestamps and each fence is
@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 use tracing::{info, warn};
 
@@ -119,11 +119,11 @@ impl RequesterLeases {
     /// The namespace's layout; [`LeaseError::UnknownNamespace`] when none is recorded.
     pub async fn layout(&mut self, namespace: &str) -> Result<Layout, LeaseError> {
         let key = keys::layout(namespace);
-        let get_key = key.clone();
         let resp = self
             .endpoints
-            .call("read layout", self.timeout, |mut c| async move {
-                c.get(get_key, None).await
+            .call("read layout", self.timeout, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
             })
             .await?;
         let kv = resp
@@ -141,11 +141,11 @@ impl RequesterLeases {
         requester: &str,
     ) -> Result<Option<Record>, LeaseError> {
         let key = keys::requester(namespace, requester);
-        let get_key = key.clone();
         let resp = self
             .endpoints
-            .call("read requester", self.timeout, |mut c| async move {
-                c.get(get_key, None).await
+            .call("read requester", self.timeout, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
             })
             .await?;
         match resp.kvs().first() {
@@ -159,12 +159,11 @@ impl RequesterLeases {
 
     async fn fences(&mut self, namespace: &str) -> Result<HashMap<MachineId, Millis>, LeaseError> {
         let prefix = keys::fence_prefix(namespace);
-        let get_prefix = prefix.clone();
         let resp = self
             .endpoints
-            .call("read fences", self.timeout, |mut c| async move {
-                c.get(get_prefix, Some(GetOptions::new().with_prefix()))
-                    .await
+            .call("read fences", self.timeout, |mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
             })
             .await?;
         resp.kvs()
@@ -198,13 +197,7 @@ impl RequesterLeases {
     }
 
     async fn revoke(&mut self, lease_id: i64) {
-        let revoked = self
-            .endpoints
-            .call("lease revoke", self.timeout, |mut c| async move {
-                c.lease_revoke(lease_id).await
-            })
-            .await;
-        if let Err(e) = revoked {
+        if let Err(e) = self.endpoints.revoke(self.timeout, lease_id).await {
             warn!(lease_id, error = %crate::DisplayChain(&e), "could not revoke a requester lease; it expires by itself");
         }
     }
@@ -264,9 +257,9 @@ impl RequesterLeases {
             max_floor,
             prefer: &[],
         };
-        let claimed = claim_ids(&mut self.endpoints, self.timeout, want).await;
+        let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
         let held = match claimed {
-            Ok((held, _)) => held,
+            Ok(claimed) => claimed.held,
             Err(e) => {
                 self.revoke(lease_id).await;
                 return Err(e);
@@ -442,17 +435,31 @@ impl RequesterLeases {
             record.lease_id,
         ));
         ops.push(TxnOp::put(
-            rk,
+            rk.clone(),
             encode_record(&held),
             Some(PutOptions::new().with_lease(new_lease)),
         ));
-        let txn = Txn::new().when(guard).and_then(ops);
+        // The failure branch reads the record: a transaction retried on
+        // another endpoint after its first attempt committed (and the answer
+        // was lost) finds the record already on the new lease, which only
+        // this renewal knows.
+        let txn = Txn::new()
+            .when(guard)
+            .and_then(ops)
+            .or_else([TxnOp::get(rk, None)]);
         let resp = self
             .endpoints
             .txn("requester renew txn", self.timeout, txn)
             .await;
+        let committed = |r: &etcd_client::TxnResponse| {
+            r.succeeded()
+                || r.op_responses().iter().any(|op| match op {
+                    TxnOpResponse::Get(get) => get.kvs().iter().any(|kv| kv.lease() == new_lease),
+                    _ => false,
+                })
+        };
         match resp {
-            Ok(r) if r.succeeded() => {
+            Ok(r) if committed(&r) => {
                 self.revoke(record.lease_id).await;
                 Ok(Some(RequesterGrant {
                     held,
@@ -577,14 +584,17 @@ impl RequesterLeases {
         let ttl = secs(keep);
         let put = self
             .endpoints
-            .call("record skew", self.timeout, |mut c| async move {
-                let lease = c.lease_grant(ttl, None).await?;
-                c.put(
-                    key,
-                    skew_ms.to_string(),
-                    Some(PutOptions::new().with_lease(lease.id())),
-                )
-                .await
+            .call("record skew", self.timeout, |mut c| {
+                let key = key.clone();
+                async move {
+                    let lease = c.lease_grant(ttl, None).await?;
+                    c.put(
+                        key,
+                        skew_ms.to_string(),
+                        Some(PutOptions::new().with_lease(lease.id())),
+                    )
+                    .await
+                }
             })
             .await;
         if let Err(e) = put {
@@ -620,7 +630,7 @@ impl RequesterLeases {
         namespace: &str,
     ) -> Result<super::namespace::NamespaceRecord, LeaseError> {
         let unix_ms = self.clock.unix_ms();
-        super::namespace::guard(&mut self.endpoints, self.timeout, namespace, unix_ms)
+        super::namespace::guard(&self.endpoints, self.timeout, namespace, unix_ms)
             .await
             .map(|(record, _)| record)
     }
