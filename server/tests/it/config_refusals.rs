@@ -138,6 +138,7 @@ async fn the_lease_api_refuses_a_namespace_outside_the_rule_with_invalid_argumen
                 requester: Some(requester.clone()),
                 namespace: ns.into(),
                 client_time_unix_ms: None,
+                ..Default::default()
             })
             .await
             .unwrap_err();
