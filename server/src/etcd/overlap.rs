@@ -136,11 +136,13 @@ impl OverlapCheck {
                 async move { c.get(key, None).await }
             })
             .await?;
-        let Some(layout) = resp
-            .kvs()
-            .first()
-            .and_then(|kv| kv.value_str().ok()?.parse::<Layout>().ok())
-        else {
+        // The namespace record (or an older version's plain layout); one
+        // that does not parse is left to that namespace's own servers.
+        let Some(layout) = resp.kvs().first().and_then(|kv| {
+            super::namespace::NamespaceRecord::parse(&key, kv.value())
+                .ok()
+                .map(|record| record.layout)
+        }) else {
             return Ok(None);
         };
         let same_bits = (
