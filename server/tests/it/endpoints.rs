@@ -536,6 +536,75 @@ async fn the_lease_api_and_the_release_at_sigterm_work_with_a_dead_first_endpoin
     assert!(client.leases().await.unwrap().leases().is_empty());
 }
 
+/// The namespace is opened by the first requests to etcd, which fail over
+/// like any other: with a dead first endpoint, the one-shot modes
+/// (`--create-namespace-only`, `--confirm-namespace-floor`) and a server that
+/// joins the namespace without `--create-namespace` all get past it on their
+/// first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_shot_modes_and_a_joining_server_work_with_a_dead_first_endpoint() {
+    let ns = "dead-first-setup";
+    let etcd = EtcdProcess::start().await;
+    let list = format!("{},{}", refused_endpoint(), etcd.endpoint());
+    let key = snowkeep_server::etcd::keys::layout(ns);
+    let mut client = client_of(&etcd.endpoint()).await;
+    let record = |resp: etcd_client::GetResponse| {
+        resp.kvs()
+            .first()
+            .map(|kv| kv.value_str().unwrap().to_owned())
+    };
+    let field = |record: &str, name: &str| {
+        record
+            .lines()
+            .find_map(|l| Some(l.strip_prefix(name)?.strip_prefix(' ')?.to_owned()))
+            .unwrap_or_else(|| panic!("no {name} in the record:\n{record}"))
+    };
+    let first_attempt = |server: &ServerProcess, mode: &str| {
+        let log = server.log();
+        assert!(
+            !log.contains("etcd is not reachable yet"),
+            "{mode}: the first attempt must get past the dead endpoint; log:\n{log}"
+        );
+    };
+
+    let mut create = ServerProcess::joining(&list, ns, &["--create-namespace-only"]);
+    assert_eq!(
+        create.wait_exit(Duration::from_secs(15)).await.code(),
+        Some(0),
+        "log:\n{}",
+        create.log()
+    );
+    first_attempt(&create, "--create-namespace-only");
+    let created = record(client.get(key.clone(), None).await.unwrap())
+        .unwrap_or_else(|| panic!("no namespace record; log:\n{}", create.log()));
+    assert_eq!(field(&created, "state"), "ok");
+    assert_eq!(field(&created, "floor_ms"), "0");
+
+    let mut confirm = ServerProcess::joining(&list, ns, &["--confirm-namespace-floor", "+2s"]);
+    assert_eq!(
+        confirm.wait_exit(Duration::from_secs(15)).await.code(),
+        Some(0),
+        "log:\n{}",
+        confirm.log()
+    );
+    first_attempt(&confirm, "--confirm-namespace-floor");
+    assert!(confirm.log().contains("confirmed the namespace floor"));
+    let confirmed = record(client.get(key.clone(), None).await.unwrap()).unwrap();
+    assert_eq!(
+        field(&confirmed, "incarnation"),
+        field(&created, "incarnation")
+    );
+    assert_ne!(field(&confirmed, "floor_ms"), "0");
+
+    let mut servers = vec![ServerProcess::joining(&list, ns, &[])];
+    servers[0].wait_serving(START_BOUND).await;
+    first_attempt(&servers[0], "joining");
+    let mut seen = HashSet::new();
+    issue(&servers[0], 1000, &mut seen).await;
+    assert_no_lease_lost(&servers[0]).await;
+    terminate_all(&mut servers).await;
+}
+
 /// A fence write is guarded by the fence key's revision as its holder last
 /// wrote it. A write that timed out on a hung member and was retried on
 /// another one can still be applied when that member resumes (seen here with
