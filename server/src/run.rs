@@ -104,23 +104,30 @@ fn embedded_machine_ids(config: &ServerConfig) -> Vec<snowkeep_client::MachineId
 
 /// Connects to etcd, retrying with backoff until it answers; `None` when
 /// shutdown comes first. etcd may come up after us (compose, Kubernetes), so
-/// only what an operator must fix (a layout mismatch) is an error.
+/// only what an operator must fix (a namespace not created, a layout
+/// mismatch, a rolled-back namespace) is an error. Opens the namespace as
+/// `settings.namespace_setup` says ([`EtcdStore::open_namespace`]). Each
+/// attempt tries every endpoint in turn and the clients live across attempts,
+/// so a retry starts on the endpoint after the last one that failed, not on
+/// the first one again.
 async fn connect_etcd(
     settings: EtcdSettings,
     layout: snowkeep_client::Layout,
     clock: snowkeep_client::SharedClock,
     shutdown: &CancellationToken,
 ) -> Result<Option<Store>, LeaseError> {
+    let endpoints = settings.endpoints.clone();
+    let mut store = EtcdStore::new(settings, layout, clock).await?;
     let mut delay = Duration::from_millis(200);
     loop {
-        let connected = tokio::select! {
+        let checked = tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
-            r = EtcdStore::connect(settings.clone(), layout, clock.clone()) => r,
+            r = store.open_namespace() => r,
         };
-        match connected {
-            Ok(store) => return Ok(Some(Store::Etcd(Box::new(store)))),
+        match checked {
+            Ok(()) => return Ok(Some(Store::Etcd(Box::new(store)))),
             Err(e) if e.is_retryable() => {
-                warn!(endpoints = ?settings.endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(None),
                     _ = tokio::time::sleep(delay) => {}

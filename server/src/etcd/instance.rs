@@ -69,13 +69,15 @@ impl EtcdStore {
     /// revision they were read at.
     async fn own_holder_keys(&mut self) -> Result<(Vec<OwnKey>, i64), LeaseError> {
         let prefix = keys::holder_prefix(self.ns());
-        let key = prefix.clone();
         let resp = self
             .endpoints
             .call(
                 "read own holder keys",
                 self.settings.request_timeout,
-                |mut c| async move { c.get(key, Some(GetOptions::new().with_prefix())).await },
+                |mut c| {
+                    let key = prefix.clone();
+                    async move { c.get(key, Some(GetOptions::new().with_prefix())).await }
+                },
             )
             .await?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
@@ -191,7 +193,10 @@ impl EtcdStore {
             .call(
                 "watch predecessor",
                 self.settings.request_timeout,
-                |mut c| async move { c.watch(prefix, Some(opts)).await },
+                |mut c| {
+                    let (prefix, opts) = (prefix.clone(), opts.clone());
+                    async move { c.watch(prefix, Some(opts)).await }
+                },
             )
             .await;
         let mut stream = match opened {

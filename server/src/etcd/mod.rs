@@ -1,12 +1,24 @@
-//! The only module that talks to etcd: connect, layout check, claim, fence,
-//! keepalive, holder watch and release, each one etcd request (or transaction)
-//! under a timeout, because a hung etcd must never hang the lease loop
-//! (ECOSYSTEM-NOTES §5: a SIGSTOPped etcd leaves streams silent, not failed).
+//! The only module that talks to etcd: connect, namespace check, claim, fence,
+//! keepalive, holder watch, peer registration and release, each one etcd
+//! request (or transaction) under a timeout, because a hung etcd member
+//! (SIGSTOP, a frozen VM) leaves requests and streams silent rather than
+//! failed, and must never hang the lease loop.
 //!
 //! Failover: etcd-client balances one channel over all endpoints and keeps
-//! picking a dead one, so the store keeps **one client per endpoint** and moves
-//! to the next endpoint after any failed request. The lease loop retries, so a
-//! dead member costs one retry, not a lost lease.
+//! picking a dead one, so the store keeps **one client per endpoint**. Every
+//! request starts on the current endpoint; when that endpoint fails (refused,
+//! reset, timed out, or answering without a leader) the request moves on to the
+//! next endpoint at once, and so on around the list, trying each endpoint at
+//! most once. The position is shared by every user (lease loop, holder watch,
+//! Lease API, peer check), so the next request starts on the endpoint that
+//! answered. A definite answer from etcd (a failed compare, "lease not found")
+//! is not a failure of the endpoint and is returned as it is. Retried requests
+//! are safe to repeat: reads, guarded transactions that recognise their own
+//! earlier commit, lease grants (an orphan lease expires by itself) and
+//! revokes (an already revoked lease counts as revoked). A request that timed
+//! out on a hung member may still be applied when that member resumes, after
+//! its retry: fence writes therefore also carry the fence key's revision as a
+//! guard, so such a late write changes nothing instead of lowering a fence.
 
 mod instance;
 pub mod keys;
@@ -14,6 +26,7 @@ pub mod namespace;
 pub mod overlap;
 pub mod requesters;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,16 +81,83 @@ pub struct EtcdSettings {
     pub namespace_setup: namespace::NamespaceSetup,
 }
 
-/// Clients for each endpoint, rotating to the next after a failure. Clones
+/// Clients for each endpoint, moving to the next after a failure. Clones
 /// share the position, so a dead member learnt by one user (the lease loop,
 /// a Lease API call) is skipped by all.
 #[derive(Clone)]
 struct Endpoints {
     clients: Vec<Client>,
+    /// The endpoint URLs, in `clients` order (for logs).
+    urls: Arc<[String]>,
     current: Arc<AtomicUsize>,
 }
 
+/// True when `e` says the endpoint did not serve the request (refused, reset,
+/// timed out, no leader behind it), so another member may; false for a
+/// definite answer that every member would give (not found, invalid argument,
+/// compacted, permission denied).
+fn endpoint_failed(e: &LeaseError) -> bool {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        LeaseError::Timeout { .. } => true,
+        LeaseError::Etcd(E::GRpcStatus(status)) => !matches!(
+            status.code(),
+            Code::InvalidArgument
+                | Code::NotFound
+                | Code::AlreadyExists
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::FailedPrecondition
+                | Code::OutOfRange
+                | Code::Unimplemented
+        ),
+        LeaseError::Etcd(E::LeaseKeepAliveError(msg)) => !msg.contains("not found"),
+        LeaseError::Etcd(
+            E::InvalidArgs(_) | E::InvalidUri(_) | E::Utf8Error(_) | E::InvalidMetadataValue(_),
+        ) => false,
+        LeaseError::Etcd(_) => true,
+        _ => false,
+    }
+}
+
+/// True when `e` is etcd saying the lease does not exist (any more).
+fn lease_not_found(e: &LeaseError) -> bool {
+    match e {
+        LeaseError::Etcd(etcd_client::Error::GRpcStatus(s)) => {
+            s.code() == tonic::Code::NotFound && s.message().contains("lease not found")
+        }
+        LeaseError::Etcd(etcd_client::Error::LeaseKeepAliveError(msg)) => msg.contains("not found"),
+        _ => false,
+    }
+}
+
 impl Endpoints {
+    /// Makes one lazy client per endpoint URL; no request is sent.
+    async fn connect(urls: &[String], timeout: Duration) -> Result<Self, LeaseError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            // HTTP/2 pings: a connection to a hung member fails within
+            // 2 s + `timeout` even while only a stream uses it.
+            .with_keep_alive(Duration::from_secs(2), timeout);
+        let mut clients = Vec::with_capacity(urls.len());
+        for url in urls {
+            clients.push(
+                timed(
+                    "connect",
+                    timeout,
+                    Client::connect([url], Some(options.clone())),
+                )
+                .await?,
+            );
+        }
+        Ok(Self {
+            clients,
+            urls: urls.into(),
+            current: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
     /// The position now (an index modulo the number of endpoints).
     fn position(&self) -> usize {
         self.current.load(Ordering::Relaxed)
@@ -85,6 +165,10 @@ impl Endpoints {
 
     fn client_at(&self, position: usize) -> Client {
         self.clients[position % self.clients.len()].clone()
+    }
+
+    fn url_at(&self, position: usize) -> &str {
+        &self.urls[position % self.urls.len()]
     }
 
     /// Moves off the endpoint at `position` after it failed, unless another
@@ -99,34 +183,92 @@ impl Endpoints {
         );
     }
 
-    /// Runs one request on the current endpoint under `after`; on failure
-    /// the next request goes to the next endpoint.
+    /// Runs one request, each attempt under `after`: on the current endpoint
+    /// first, then on each next endpoint while the endpoints fail (at most one
+    /// attempt per endpoint, so at most `after` × endpoints in all). Returns
+    /// the answer, or a definite error at once, or the last endpoint's error.
     async fn call<T, F, Fut>(
-        &mut self,
+        &self,
         op: &'static str,
         after: Duration,
         f: F,
     ) -> Result<T, LeaseError>
     where
-        F: FnOnce(Client) -> Fut,
+        F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let position = self.position();
-        let result = timed(op, after, f(self.client_at(position))).await;
-        if result.is_err() {
-            self.failed_at(position);
-        }
-        result
+        self.call_at(op, after, f).await.map(|(answer, _)| answer)
     }
-    /// Runs one transaction under `after`, like [`Endpoints::call`].
+
+    /// [`Endpoints::call`], also returning the position that answered.
+    async fn call_at<T, F, Fut>(
+        &self,
+        op: &'static str,
+        after: Duration,
+        mut f: F,
+    ) -> Result<(T, usize), LeaseError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let start = self.position();
+        let mut failed: Vec<String> = Vec::new();
+        let mut last = None;
+        for k in 0..self.clients.len() {
+            let position = start.wrapping_add(k);
+            match timed(op, after, f(self.client_at(position))).await {
+                Ok(answer) => {
+                    if !failed.is_empty() {
+                        warn!(op, failed = ?failed, now_using = self.url_at(position), "etcd endpoint failed; moved on to the next");
+                    }
+                    return Ok((answer, position));
+                }
+                Err(e) if endpoint_failed(&e) => {
+                    debug!(op, endpoint = self.url_at(position), error = %crate::DisplayChain(&e), "etcd endpoint failed; trying the next");
+                    self.failed_at(position);
+                    failed.push(format!(
+                        "{}: {}",
+                        self.url_at(position),
+                        crate::DisplayChain(&e)
+                    ));
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or(LeaseError::Timeout { op, after }))
+    }
+
+    /// Runs one transaction, like [`Endpoints::call`]. A retried transaction
+    /// may find its own earlier commit: its guard must then fail or hold
+    /// harmlessly, and the caller must recognise it.
     async fn txn(
-        &mut self,
+        &self,
         op: &'static str,
         after: Duration,
         txn: Txn,
     ) -> Result<etcd_client::TxnResponse, LeaseError> {
-        self.call(op, after, |mut c| async move { c.txn(txn).await })
+        self.call(op, after, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Revokes `lease_id`, failing over like [`Endpoints::call`]; a lease
+    /// that is already gone (an earlier attempt revoked it, or it expired)
+    /// counts as revoked.
+    async fn revoke(&self, after: Duration, lease_id: i64) -> Result<(), LeaseError> {
+        match self
+            .call("lease revoke", after, |mut c| async move {
+                c.lease_revoke(lease_id).await
+            })
             .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if lease_not_found(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -141,6 +283,9 @@ pub struct EtcdStore {
     keeper_position: usize,
     /// The last leases this process granted itself (see `instance`).
     own_leases: Vec<i64>,
+    /// The mod revision of each held fence key as this holder last wrote (or
+    /// claimed) it: the guard of its next fence write.
+    fence_revisions: HashMap<MachineId, i64>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -187,7 +332,7 @@ const POOL_READ_ATTEMPTS: usize = 3;
 /// range is read in pages of [`POOL_PAGE_KEYS`]; the requester records are
 /// bounded too, since only requesters that hold machine ids have one.
 async fn read_pool(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
 ) -> Result<PoolView, LeaseError> {
@@ -212,7 +357,7 @@ async fn read_pool(
 /// `revision`; a `revision` of 0 becomes the first page's, for the reads
 /// that follow.
 async fn read_range(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     prefix: &str,
     revision: &mut i64,
@@ -227,10 +372,10 @@ async fn read_range(
         if *revision > 0 {
             options = options.with_revision(*revision);
         }
-        let key = from.clone();
         let mut resp = endpoints
-            .call("read pool", timeout, |mut c| async move {
-                c.get(key, Some(options)).await
+            .call("read pool", timeout, |mut c| {
+                let (key, options) = (from.clone(), options.clone());
+                async move { c.get(key, Some(options)).await }
             })
             .await?;
         if *revision == 0 {
@@ -252,7 +397,7 @@ async fn read_range(
 /// One attempt of [`read_pool`]: the first page fixes the revision every
 /// later page reads at.
 async fn read_pool_at_one_revision(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
 ) -> Result<PoolView, LeaseError> {
@@ -331,7 +476,8 @@ struct ClaimRequest<'a> {
     /// The floor of a machine id without a fence key. A missing key may be a
     /// deleted one (operator, restored snapshot) under a holder that is still
     /// stamping up to its fence, which is at most a horizon ahead of its clock:
-    /// so `now + fence_horizon`, never 0 (DESIGN §2.3).
+    /// so `now + fence_horizon`, never 0: a new holder stamps only above the
+    /// previous holder's fence.
     absent_floor: Millis,
     /// Machine ids whose fence is above this are skipped (`now + max_fence_wait`).
     max_floor: Millis,
@@ -353,17 +499,30 @@ impl ClaimRequest<'_> {
     }
 }
 
+/// Machine ids claimed by [`claim_ids`].
+struct Claimed {
+    /// The machine ids with their floors.
+    held: Vec<HeldId>,
+    /// The highest revision a claim transaction committed at.
+    revision: i64,
+    /// The fence key's mod revision as each claim read it (0: no key), in
+    /// `held` order: the guard of the holder's first fence write.
+    fence_revisions: Vec<i64>,
+}
+
 /// Claims machine ids one atomic transaction per candidate; each floor is the
-/// fence read *inside* the claiming transaction (DESIGN §2.3). Returns the ids
-/// and the highest revision a claim committed at. Partial claims are left
+/// fence read *inside* the claiming transaction, or after it committed (a
+/// fence read before the claim may be stale: the previous holder may still
+/// have raised it just before its lease expired). Partial claims are left
 /// bound to the lease: the caller revokes it on error.
 async fn claim_ids(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     want: ClaimRequest<'_>,
-) -> Result<(Vec<HeldId>, i64), LeaseError> {
+) -> Result<Claimed, LeaseError> {
     let ns = want.namespace;
     let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
+    let mut fence_revisions = Vec::with_capacity(want.count);
     let mut revision = 0;
     'rounds: for round in 0..CLAIM_ROUNDS {
         // The namespace record, read each round: a claim commits only while
@@ -424,38 +583,59 @@ async fn claim_ids(
                     Compare::create_revision(holder.clone(), CompareOp::Equal, 0)
                 }
             };
+            // Both branches answer the fence second. The failure branch also
+            // reads the holder key: a transaction retried on another endpoint
+            // after its first attempt committed (and the answer was lost)
+            // finds the key already ours, under our lease. It reads the
+            // namespace record third, to tell a changed record from a lost race.
             let txn = Txn::new()
                 .when([guard, record.compare()])
                 .and_then([
                     TxnOp::put(
-                        holder,
+                        holder.clone(),
                         want.holder,
                         Some(PutOptions::new().with_lease(want.lease_id)),
                     ),
                     TxnOp::get(fence.clone(), None),
                 ])
-                .or_else([TxnOp::get(record.key.clone(), None)]);
+                .or_else([
+                    TxnOp::get(holder, None),
+                    TxnOp::get(fence.clone(), None),
+                    TxnOp::get(record.key.clone(), None),
+                ]);
             let resp = endpoints.txn("claim txn", timeout, txn).await?;
-            if !resp.succeeded() && record.changed(&resp) {
-                debug!(
-                    round,
-                    "the namespace record changed during the claim; reading it again"
-                );
-                continue 'rounds;
-            }
-            if !resp.succeeded() {
+            // Our lease is this claim's own, and only this transaction puts
+            // it on a holder key, guarded by the record: a key already ours is
+            // this claim's earlier commit, made while the record was unchanged.
+            let already_ours = || match resp.op_responses().first() {
+                Some(TxnOpResponse::Get(get)) => get.kvs().first().is_some_and(|kv| {
+                    kv.value() == want.holder.as_bytes() && kv.lease() == want.lease_id
+                }),
+                _ => false,
+            };
+            if !resp.succeeded() && !already_ours() {
+                if record.changed(&resp, 2) {
+                    debug!(
+                        round,
+                        "the namespace record changed during the claim; reading it again"
+                    );
+                    continue 'rounds;
+                }
                 debug!(
                     machine_id = candidate.machine_id.get(),
                     round, "claim lost a race, trying the next candidate"
                 );
                 continue;
             }
-            let floor = match resp.op_responses().get(1) {
+            let (floor, fence_revision) = match resp.op_responses().get(1) {
                 Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
-                    Some(kv) => parse_fence(&fence, kv.value())?.max(record.floor),
-                    None => absent_floor,
+                    Some(kv) => (
+                        parse_fence(&fence, kv.value())?.max(record.floor),
+                        kv.mod_revision(),
+                    ),
+                    None => (absent_floor, 0),
                 },
-                _ => absent_floor,
+                _ => (absent_floor, 0),
             };
             revision = revision.max(resp.header().map(|h| h.revision()).unwrap_or(0));
             held.push(HeldId {
@@ -463,8 +643,13 @@ async fn claim_ids(
                 floor,
                 fence: floor,
             });
+            fence_revisions.push(fence_revision);
             if held.len() == want.count {
-                return Ok((held, revision));
+                return Ok(Claimed {
+                    held,
+                    revision,
+                    fence_revisions,
+                });
             }
         }
     }
@@ -475,42 +660,39 @@ async fn claim_ids(
 }
 
 impl EtcdStore {
-    /// Connects (lazily: etcd-client connects on first use) and opens the
-    /// namespace as `settings.namespace_setup` says (create it, confirm a
-    /// floor, or check it is usable): errors with
-    /// [`LeaseError::NamespaceNotCreated`], [`LeaseError::LayoutMismatch`],
-    /// [`LeaseError::CorruptNamespace`] or [`LeaseError::NamespaceRolledBack`].
-    pub async fn connect(
+    /// Makes one client per endpoint without sending any request
+    /// (etcd-client connects on first use). Call [`EtcdStore::open_namespace`]
+    /// next: it is the first request. Errors only for an unusable endpoint URL.
+    pub async fn new(
         settings: EtcdSettings,
         layout: Layout,
         clock: SharedClock,
     ) -> Result<Self, LeaseError> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(settings.request_timeout)
-            .with_keep_alive(Duration::from_secs(2), settings.request_timeout);
-        let mut clients = Vec::with_capacity(settings.endpoints.len());
-        for endpoint in &settings.endpoints {
-            clients.push(
-                timed(
-                    "connect",
-                    settings.request_timeout,
-                    Client::connect([endpoint], Some(options.clone())),
-                )
-                .await?,
-            );
-        }
-        let mut store = Self {
-            endpoints: Endpoints {
-                clients,
-                current: Arc::new(AtomicUsize::new(0)),
-            },
+        let endpoints = Endpoints::connect(&settings.endpoints, settings.request_timeout).await?;
+        Ok(Self {
+            endpoints,
             settings,
             clock,
             layout,
             keeper: None,
             keeper_position: 0,
             own_leases: Vec::new(),
-        };
+            fence_revisions: HashMap::new(),
+        })
+    }
+
+    /// [`EtcdStore::new`], then [`EtcdStore::open_namespace`] once: opens the
+    /// namespace as `settings.namespace_setup` says (create it, confirm a
+    /// floor, or check it is usable). Errors with
+    /// [`LeaseError::NamespaceNotCreated`], [`LeaseError::LayoutMismatch`],
+    /// [`LeaseError::CorruptNamespace`] or [`LeaseError::NamespaceRolledBack`],
+    /// and with a retryable error when no endpoint answers.
+    pub async fn connect(
+        settings: EtcdSettings,
+        layout: Layout,
+        clock: SharedClock,
+    ) -> Result<Self, LeaseError> {
+        let mut store = Self::new(settings, layout, clock).await?;
         store.open_namespace().await?;
         Ok(store)
     }
@@ -519,7 +701,7 @@ impl EtcdStore {
         &self.settings.namespace
     }
 
-    /// Runs one transaction under the request timeout on the current endpoint.
+    /// Runs one transaction under the request timeout, failing over.
     async fn txn(
         &mut self,
         op: &'static str,
@@ -531,13 +713,16 @@ impl EtcdStore {
 
     /// Grants a lease and claims `machine_ids` machine ids for it, with an
     /// atomic transaction per candidate. The fence returned as each floor is
-    /// read *inside* the claiming transaction (DESIGN §2.3).
+    /// read inside the claiming transaction (or, for a transaction retried on
+    /// another endpoint, after its earlier attempt committed), and is at
+    /// least the namespace floor. Then registers this server for the peer
+    /// clock check, best effort.
     ///
-    /// First settles holder keys that name this instance id under another
-    /// process's lease (see the `instance` module): a crashed predecessor's
-    /// machine id is claimed back once its lease ends, and
-    /// [`LeaseError::DuplicateInstance`] stops this process when another live
-    /// one holds it.
+    /// First checks the namespace may be claimed in, and settles holder keys
+    /// that name this instance id under another process's lease (see the
+    /// `instance` module): a crashed predecessor's machine id is claimed back
+    /// once its lease ends, and [`LeaseError::DuplicateInstance`] stops this
+    /// process when another live one holds it.
     pub async fn claim(&mut self) -> Result<Claim, LeaseError> {
         // Before granting anything: the namespace may be claimed in.
         self.guard_namespace().await?;
@@ -565,12 +750,18 @@ impl EtcdStore {
             other => other,
         };
         match claimed {
-            Ok((held, revision)) => {
+            Ok(claimed) => {
+                self.fence_revisions = claimed
+                    .held
+                    .iter()
+                    .map(|h| h.machine_id)
+                    .zip(claimed.fence_revisions)
+                    .collect();
                 let claim = Claim {
-                    held,
+                    held: claimed.held,
                     lease_id: Some(lease_id),
                     deadline: Some(deadline),
-                    revision,
+                    revision: claimed.revision,
                 };
                 info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), "claimed machine ids");
                 self.register_peer(lease_id).await;
@@ -579,12 +770,7 @@ impl EtcdStore {
             Err(e) => {
                 // Revoking also deletes the holder keys claimed so far; best
                 // effort, since an unused lease expires by itself anyway.
-                let _ = self
-                    .endpoints
-                    .call("lease revoke", timeout, |mut c| async move {
-                        c.lease_revoke(lease_id).await
-                    })
-                    .await;
+                let _ = self.endpoints.revoke(timeout, lease_id).await;
                 Err(e)
             }
         }
@@ -594,7 +780,7 @@ impl EtcdStore {
         &mut self,
         lease_id: i64,
         prefer: &[MachineId],
-    ) -> Result<(Vec<HeldId>, i64), LeaseError> {
+    ) -> Result<Claimed, LeaseError> {
         let now = self
             .layout
             .to_layout_ms(self.clock.unix_ms())
@@ -615,37 +801,91 @@ impl EtcdStore {
             max_floor,
             prefer,
         };
-        let claimed = claim_ids(&mut self.endpoints, self.settings.request_timeout, want).await?;
+        let claimed = claim_ids(&self.endpoints, self.settings.request_timeout, want).await?;
         self.check_no_older_twin(lease_id).await?;
         Ok(claimed)
     }
 
     /// Raises the fence of every claimed machine id (`fences[i]` for
     /// `claim.held[i]`) in one transaction guarded by our lease still owning
-    /// every holder key. [`LeaseError::LeaseLost`] with `HolderChanged` when
-    /// one is not ours any more.
+    /// every holder key and by each fence key being as this holder last wrote
+    /// it (its mod revision). The second guard keeps a late write out: a fence
+    /// write that timed out on a hung member, and was retried on another one,
+    /// may still be applied when that member resumes; it then finds the fence
+    /// moved on and changes nothing, rather than lowering a fence already in
+    /// use. A retried write that finds its own earlier attempt committed
+    /// counts as done. [`LeaseError::LeaseLost`] with `HolderChanged` when a
+    /// holder key is not ours any more, or a fence key was changed by anyone
+    /// else (the caller stops issuing and claims again, reading the fence).
     pub async fn advance_fences(
         &mut self,
         claim: &Claim,
         fences: &[Millis],
     ) -> Result<(), LeaseError> {
         let ns = self.ns().to_owned();
-        let txn = Txn::new().when(self.ownership(claim)).and_then(
-            claim
-                .held
-                .iter()
-                .zip(fences)
-                .map(|(h, f)| TxnOp::put(keys::fence(&ns, h.machine_id), f.get().to_string(), None))
-                .collect::<Vec<_>>(),
-        );
+        let lease_id = claim.lease_id.unwrap_or(0);
+        let mut guard = self.ownership(claim);
+        let mut puts = Vec::with_capacity(claim.held.len());
+        let mut reads = Vec::with_capacity(claim.held.len() * 2);
+        for (h, f) in claim.held.iter().zip(fences) {
+            let key = keys::fence(&ns, h.machine_id);
+            if let Some(&revision) = self.fence_revisions.get(&h.machine_id) {
+                guard.push(Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                ));
+            }
+            puts.push(TxnOp::put(key.clone(), f.get().to_string(), None));
+            reads.push(TxnOp::get(keys::holder(&ns, h.machine_id), None));
+            reads.push(TxnOp::get(key, None));
+        }
+        let txn = Txn::new().when(guard).and_then(puts).or_else(reads);
         let resp = self.txn("fence txn", txn).await?;
         if resp.succeeded() {
-            Ok(())
-        } else {
-            Err(LeaseError::LeaseLost {
-                reason: LossReason::HolderChanged,
-            })
+            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            for h in &claim.held {
+                self.fence_revisions.insert(h.machine_id, revision);
+            }
+            return Ok(());
         }
+        // The guard failed: the reads say whether the holder keys are still
+        // ours and whether each fence holds what this write meant to put.
+        let found: Vec<Option<etcd_client::KeyValue>> = resp
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+                _ => None,
+            })
+            .collect();
+        let mut revisions = Vec::with_capacity(claim.held.len());
+        for (i, (h, f)) in claim.held.iter().zip(fences).enumerate() {
+            let holder_ours = found
+                .get(2 * i)
+                .and_then(Option::as_ref)
+                .is_some_and(|kv| kv.lease() == lease_id);
+            if !holder_ours {
+                return Err(LeaseError::LeaseLost {
+                    reason: LossReason::HolderChanged,
+                });
+            }
+            match found.get(2 * i + 1).and_then(Option::as_ref) {
+                Some(kv) if kv.value() == f.get().to_string().as_bytes() => {
+                    revisions.push((h.machine_id, kv.mod_revision()));
+                }
+                other => {
+                    let now = other.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+                    warn!(namespace = %ns, machine_id = h.machine_id.get(), fence_now = ?now, fence_written_ms = h.fence.get(), "a fence key changed under its holder, not by it; stopping issuance and claiming again");
+                    return Err(LeaseError::LeaseLost {
+                        reason: LossReason::HolderChanged,
+                    });
+                }
+            }
+        }
+        // An earlier attempt of this very write committed; its answer was lost.
+        self.fence_revisions.extend(revisions);
+        Ok(())
     }
 
     /// Compares that hold while every holder key of `claim` is bound to its lease.
@@ -664,77 +904,61 @@ impl EtcdStore {
             .collect()
     }
 
-    /// Sends one keepalive and waits for its answer under the request timeout.
-    /// Returns the new local deadline: send time + TTL.
+    /// Sends one keepalive and waits for its answer, under the request
+    /// timeout. Returns the new local deadline: the send time + TTL. A
+    /// keepalive stream that fails, ends or stays silent is reopened at once
+    /// on the next endpoint, failing over like any request; opening a stream
+    /// sends a keepalive too, and its answer says whether the lease still
+    /// exists. Errors with [`LeaseError::LeaseLost`] (`Expired`) when etcd
+    /// says the lease is gone, and with a retryable error when no endpoint
+    /// answers.
     pub async fn renew(&mut self, claim: &Claim) -> Result<Instant, LeaseError> {
         let lease_id = claim.lease_id.unwrap_or(0);
         let timeout = self.settings.request_timeout;
+        // The earliest send time of this renewal: the deadline counts from it
+        // even when the answer comes from a stream reopened later.
         let sent = self.clock.now();
-        let ttl = match self.keeper.as_mut() {
-            None => {
-                // Opening the stream sends the first keepalive and reads its answer.
-                self.keeper_position = self.endpoints.position();
-                let opened = self
-                    .endpoints
-                    .call("keepalive", timeout, |mut c| async move {
-                        c.lease_keep_alive(lease_id).await
-                    })
-                    .await;
-                match opened {
-                    Ok(pair) => {
-                        self.keeper = Some(pair);
-                        self.settings.lease_ttl
-                    }
-                    Err(LeaseError::Etcd(etcd_client::Error::LeaseKeepAliveError(msg)))
-                        if msg.contains("not found") =>
-                    {
-                        return Err(LeaseError::LeaseLost {
-                            reason: LossReason::Expired,
-                        })
-                    }
-                    Err(e) => return Err(e),
+        if let Some((keeper, stream)) = self.keeper.as_mut() {
+            let round_trip = async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            };
+            let why = match tokio::time::timeout(timeout, round_trip).await {
+                Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                    let ttl = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(0));
+                    return Ok(sent + ttl.min(self.settings.lease_ttl));
                 }
-            }
-            Some((keeper, stream)) => {
-                let round_trip = async {
-                    keeper.keep_alive().await?;
-                    stream.message().await
-                };
-                let answer = tokio::time::timeout(timeout, round_trip).await;
-                if !matches!(answer, Ok(Ok(Some(_)))) {
-                    // Reopen on the next endpoint; the reopening answers whether
-                    // the lease still exists.
+                Ok(Ok(Some(_))) => {
                     self.keeper = None;
-                    self.endpoints.failed_at(self.keeper_position);
+                    return Err(LeaseError::LeaseLost {
+                        reason: LossReason::Expired,
+                    });
                 }
-                match answer {
-                    Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
-                        Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(0))
-                    }
-                    Ok(Ok(Some(_))) => {
-                        self.keeper = None;
-                        return Err(LeaseError::LeaseLost {
-                            reason: LossReason::Expired,
-                        });
-                    }
-                    Ok(Ok(None)) => {
-                        // etcd ended the stream deliberately (a dead member
-                        // shows up as a transport error instead, and is retried).
-                        return Err(LeaseError::LeaseLost {
-                            reason: LossReason::Revoked,
-                        });
-                    }
-                    Ok(Err(e)) => return Err(e.into()),
-                    Err(_) => {
-                        return Err(LeaseError::Timeout {
-                            op: "keepalive",
-                            after: timeout,
-                        })
-                    }
-                }
+                Ok(Ok(None)) => "the stream ended".to_owned(),
+                Ok(Err(e)) => crate::DisplayChain(&e).to_string(),
+                Err(_) => format!("no answer within {timeout:?}"),
+            };
+            warn!(endpoint = self.endpoints.url_at(self.keeper_position), error = %why, "keepalive stream failed; reopening it on the next endpoint");
+            self.keeper = None;
+            self.endpoints.failed_at(self.keeper_position);
+        }
+        let opened = self
+            .endpoints
+            .call_at("keepalive", timeout, |mut c| async move {
+                c.lease_keep_alive(lease_id).await
+            })
+            .await;
+        match opened {
+            Ok((pair, position)) => {
+                self.keeper = Some(pair);
+                self.keeper_position = position;
+                Ok(sent + self.settings.lease_ttl)
             }
-        };
-        Ok(sent + ttl.min(self.settings.lease_ttl))
+            Err(e) if lease_not_found(&e) => Err(LeaseError::LeaseLost {
+                reason: LossReason::Expired,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Watches the namespace's holder keys from just after the claim: the
@@ -750,7 +974,7 @@ impl EtcdStore {
         let instance_id = self.settings.instance_id.clone();
         let instance_id_for_log = instance_id.clone();
         let lease_id = claim.lease_id.unwrap_or(0);
-        let mut endpoints = self.endpoints.clone();
+        let endpoints = self.endpoints.clone();
         let timeout = self.settings.request_timeout;
         let mut next_revision = claim.revision + 1;
         let is_ours = move |kv: &etcd_client::KeyValue| {
@@ -761,29 +985,51 @@ impl EtcdStore {
                 let opts = WatchOptions::new()
                     .with_prefix()
                     .with_start_revision(next_revision);
-                let key = prefix.clone();
-                let position = endpoints.position();
                 let opened = endpoints
-                    .call("watch holders", timeout, |mut c| async move {
-                        c.watch(key, Some(opts)).await
+                    .call_at("watch holders", timeout, |mut c| {
+                        let (key, opts) = (prefix.clone(), opts.clone());
+                        async move { c.watch(key, Some(opts)).await }
                     })
                     .await;
-                let mut stream = match opened {
-                    Ok(s) => s,
+                let (mut stream, position) = match opened {
+                    Ok(opened) => opened,
                     Err(e) => {
-                        debug!(error = %e, "holder watch failed to open; retrying");
+                        debug!(error = %crate::DisplayChain(&e), "holder watch failed to open on every endpoint; retrying");
                         tokio::time::sleep(WATCH_RETRY).await;
                         continue;
                     }
                 };
+                // A hung member leaves the stream silent, not failed: after a
+                // request timeout without a message, ask for a progress
+                // report, which a live member answers at once; no answer
+                // within another request timeout counts as a failed endpoint.
+                let mut probing = false;
                 loop {
-                    match stream.message().await {
+                    let message = match tokio::time::timeout(timeout, stream.message()).await {
+                        Ok(message) => message,
+                        Err(_) if !probing => {
+                            probing = true;
+                            match stream.request_progress().await {
+                                Ok(()) => continue,
+                                Err(e) => Err(e),
+                            }
+                        }
+                        Err(_) => {
+                            warn!(endpoint = endpoints.url_at(position), silent_for = ?(timeout * 2), "holder watch got no answer; reopening it on the next endpoint");
+                            endpoints.failed_at(position);
+                            break;
+                        }
+                    };
+                    probing = false;
+                    match message {
                         Ok(Some(resp)) if resp.canceled() => {
                             // Compacted past our revision: read the keys instead.
-                            let key = prefix.clone();
                             let now = endpoints
-                                .call("read holders", timeout, |mut c| async move {
-                                    c.get(key, Some(GetOptions::new().with_prefix())).await
+                                .call("read holders", timeout, |mut c| {
+                                    let key = prefix.clone();
+                                    async move {
+                                        c.get(key, Some(GetOptions::new().with_prefix())).await
+                                    }
                                 })
                                 .await;
                             match now {
@@ -832,6 +1078,10 @@ impl EtcdStore {
                             }
                         }
                         Ok(None) | Err(_) => {
+                            debug!(
+                                endpoint = endpoints.url_at(position),
+                                "holder watch stream failed; reopening it on the next endpoint"
+                            );
                             endpoints.failed_at(position);
                             tokio::time::sleep(WATCH_RETRY).await;
                             break;
@@ -844,14 +1094,18 @@ impl EtcdStore {
 
     /// Lowers each fence to its last used timestamp (`last_used[i]` for
     /// `claim.held[i]`), records this instance as each id's last holder and
-    /// deletes the holder keys, all in one transaction guarded by our lease
-    /// (DESIGN §2.4); then revokes the lease.
+    /// deletes the holder keys, all in one transaction guarded by our lease,
+    /// so a rolling restart waits for nothing; then revokes the lease. Both
+    /// fail over like any request; a retried release transaction that finds
+    /// its own earlier attempt committed counts as done.
     pub async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
         let timeout = self.settings.request_timeout;
         let lease_id = claim.lease_id.unwrap_or(0);
         self.keeper = None;
         let ns = self.ns().to_owned();
+        let instance_id = self.settings.instance_id.clone();
         let mut ops = Vec::with_capacity(claim.held.len() * 3);
+        let mut reads = Vec::with_capacity(claim.held.len() * 3);
         for (h, last) in claim.held.iter().zip(last_used) {
             ops.push(TxnOp::put(
                 keys::fence(&ns, h.machine_id),
@@ -860,21 +1114,44 @@ impl EtcdStore {
             ));
             ops.push(TxnOp::put(
                 keys::last_holder(&ns, h.machine_id),
-                self.settings.instance_id.clone(),
+                instance_id.clone(),
                 None,
             ));
             ops.push(TxnOp::delete(keys::holder(&ns, h.machine_id), None));
+            reads.push(TxnOp::get(keys::fence(&ns, h.machine_id), None));
+            reads.push(TxnOp::get(keys::last_holder(&ns, h.machine_id), None));
+            reads.push(TxnOp::get(keys::holder(&ns, h.machine_id), None));
         }
-        let txn = Txn::new().when(self.ownership(claim)).and_then(ops);
+        let txn = Txn::new()
+            .when(self.ownership(claim))
+            .and_then(ops)
+            .or_else(reads);
         let resp = self.txn("release txn", txn).await?;
         if !resp.succeeded() {
-            warn!(machine_ids = ?claim.machine_ids(), "holder keys no longer all ours at release; fences left as they are");
+            let found: Vec<Option<etcd_client::KeyValue>> = resp
+                .op_responses()
+                .into_iter()
+                .map(|r| match r {
+                    TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+                    _ => None,
+                })
+                .collect();
+            let released_before = last_used.iter().enumerate().all(|(i, last)| {
+                let value = |j: usize| {
+                    found
+                        .get(3 * i + j)
+                        .and_then(Option::as_ref)
+                        .map(|kv| kv.value())
+                };
+                value(0) == Some(last.get().to_string().as_bytes())
+                    && value(1) == Some(instance_id.as_bytes())
+                    && value(2).is_none()
+            });
+            if !released_before {
+                warn!(machine_ids = ?claim.machine_ids(), "holder keys no longer all ours at release; fences left as they are");
+            }
         }
-        self.endpoints
-            .call("lease revoke", timeout, |mut c| async move {
-                c.lease_revoke(lease_id).await
-            })
-            .await?;
+        self.endpoints.revoke(timeout, lease_id).await?;
         info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), fences_ms = ?last_used, "released machine ids");
         Ok(())
     }
@@ -889,13 +1166,7 @@ impl EtcdStore {
         self.keeper = None;
         if let Some(lease_id) = claim.lease_id {
             let timeout = self.settings.request_timeout;
-            if let Err(e) = self
-                .endpoints
-                .call("lease revoke", timeout, |mut c| async move {
-                    c.lease_revoke(lease_id).await
-                })
-                .await
-            {
+            if let Err(e) = self.endpoints.revoke(timeout, lease_id).await {
                 debug!(lease_id, error = %e, "could not revoke the lost lease; it expires by itself");
             }
         }
@@ -1024,12 +1295,15 @@ impl CapacityReader {
         );
         let resp = self
             .endpoints
-            .call("count holders", self.timeout, |mut c| async move {
-                c.get(
-                    start,
-                    Some(GetOptions::new().with_range(end).with_count_only()),
-                )
-                .await
+            .call("count holders", self.timeout, |mut c| {
+                let (start, end) = (start.clone(), end.clone());
+                async move {
+                    c.get(
+                        start,
+                        Some(GetOptions::new().with_range(end).with_count_only()),
+                    )
+                    .await
+                }
             })
             .await?;
         let total = self.range.end - self.range.start;

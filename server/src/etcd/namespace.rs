@@ -357,15 +357,15 @@ pub struct NamespaceSetup {
 
 /// Reads the record: `None` when the key is absent; with its mod revision.
 pub(super) async fn read(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
 ) -> Result<Option<(NamespaceRecord, i64)>, LeaseError> {
     let key = keys::layout(namespace);
-    let get_key = key.clone();
     let resp = endpoints
-        .call("read namespace record", timeout, |mut c| async move {
-            c.get(get_key, None).await
+        .call("read namespace record", timeout, |mut c| {
+            let key = key.clone();
+            async move { c.get(key, None).await }
         })
         .await?;
     match resp.kvs().first() {
@@ -379,7 +379,7 @@ pub(super) async fn read(
 
 /// Reads revision and applied index from the member the next request goes to.
 pub(super) async fn progress(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
 ) -> Result<StoreProgress, LeaseError> {
     let status = endpoints
@@ -399,7 +399,7 @@ pub(super) async fn progress(
 /// Writes state `rolled-back` (when the record is still the one read at
 /// `mod_revision`) and returns the refusal to report.
 async fn mark_rolled_back(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
     mut record: NamespaceRecord,
@@ -448,7 +448,7 @@ async fn mark_rolled_back(
 /// Errors: [`LeaseError::UnknownNamespace`], [`LeaseError::CorruptNamespace`],
 /// [`LeaseError::NamespaceRolledBack`], or the etcd failure.
 pub(super) async fn guard(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
     unix_ms: u64,
@@ -496,7 +496,7 @@ pub struct Confirmed {
 /// holder key and requester record (every holder starts over above the floor);
 /// then revokes the leases they were bound to.
 async fn confirm_existing(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
     record: NamespaceRecord,
@@ -509,11 +509,13 @@ async fn confirm_existing(
     let requester_prefix = keys::requester(namespace, "");
     let mut leases = std::collections::BTreeSet::new();
     for prefix in [&holder_prefix, &requester_prefix] {
-        let p = prefix.clone();
         let resp = endpoints
-            .call("read holders", timeout, |mut c| async move {
-                c.get(p, Some(GetOptions::new().with_prefix().with_keys_only()))
-                    .await
+            .call("read holders", timeout, |mut c| {
+                let p = prefix.clone();
+                async move {
+                    c.get(p, Some(GetOptions::new().with_prefix().with_keys_only()))
+                        .await
+                }
             })
             .await?;
         leases.extend(resp.kvs().iter().map(|kv| kv.lease()).filter(|&l| l != 0));
@@ -528,6 +530,10 @@ async fn confirm_existing(
         confirmed_at: Some(rfc3339(unix_ms)),
         ..record
     };
+    // The failure branch reads the record: a transaction retried on another
+    // endpoint after its first attempt committed (and the answer was lost)
+    // finds exactly this new record, and must not confirm again (a second
+    // confirmation would clear holders that claimed above the floor since).
     let txn = Txn::new()
         .when([Compare::mod_revision(
             key.clone(),
@@ -537,10 +543,11 @@ async fn confirm_existing(
         .and_then([
             TxnOp::delete(holder_prefix, Some(DeleteOptions::new().with_prefix())),
             TxnOp::delete(requester_prefix, Some(DeleteOptions::new().with_prefix())),
-            TxnOp::put(key, new.encode(), None),
-        ]);
+            TxnOp::put(key.clone(), new.encode(), None),
+        ])
+        .or_else([TxnOp::get(key, None)]);
     let resp = endpoints.txn("confirm floor", timeout, txn).await?;
-    if !resp.succeeded() {
+    if !resp.succeeded() && !holds_value(&resp, &new.encode()) {
         return Ok(None);
     }
     let cleared_keys = resp
@@ -553,12 +560,7 @@ async fn confirm_existing(
         .sum();
     let mut revoked_leases = 0;
     for lease in leases {
-        let revoked = endpoints
-            .call("lease revoke", timeout, |mut c| async move {
-                c.lease_revoke(lease).await
-            })
-            .await;
-        if revoked.is_ok() {
+        if endpoints.revoke(timeout, lease).await.is_ok() {
             revoked_leases += 1;
         }
     }
@@ -576,22 +578,37 @@ async fn confirm_existing(
     }))
 }
 
+/// True when `resp` (a failed transaction whose `or_else` read one key)
+/// found the key holding `value`.
+fn holds_value(resp: &etcd_client::TxnResponse, value: &str) -> bool {
+    resp.op_responses().into_iter().any(|r| match r {
+        etcd_client::TxnOpResponse::Get(get) => get
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == value.as_bytes()),
+        _ => false,
+    })
+}
+
 /// Creates the record when the key is absent (a transaction on
-/// `create_revision == 0`); `Ok(false)` when it already existed.
+/// `create_revision == 0`); `Ok(false)` when it already existed. A
+/// transaction retried on another endpoint after its first attempt
+/// committed finds this very record (its incarnation is random) and counts
+/// as created.
 async fn create(
-    endpoints: &mut Endpoints,
+    endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
     record: &NamespaceRecord,
 ) -> Result<bool, LeaseError> {
     let key = keys::layout(namespace);
+    let value = record.encode();
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(key, record.encode(), None)]);
-    Ok(endpoints
-        .txn("create namespace", timeout, txn)
-        .await?
-        .succeeded())
+        .and_then([TxnOp::put(key.clone(), value.clone(), None)])
+        .or_else([TxnOp::get(key, None)]);
+    let resp = endpoints.txn("create namespace", timeout, txn).await?;
+    Ok(resp.succeeded() || holds_value(&resp, &value))
 }
 
 impl EtcdStore {
@@ -612,7 +629,12 @@ impl EtcdStore {
     ///   `confirm_floor`, confirm it; else refuse a rolled-back namespace or
     ///   a store that shows a restore ([`LeaseError::NamespaceRolledBack`],
     ///   marking it), then, with `create`, upgrade an older version's record.
-    pub(super) async fn open_namespace(&mut self) -> Result<(), LeaseError> {
+    ///
+    /// The first request after [`EtcdStore::new`]. Each request fails over
+    /// to the next endpoint like any other; with a retryable error when no
+    /// endpoint answers, call it again (it starts on the endpoint after the
+    /// last one that failed).
+    pub async fn open_namespace(&mut self) -> Result<(), LeaseError> {
         let timeout = self.settings.request_timeout;
         let setup = self.settings.namespace_setup.clone();
         let ns = self.settings.namespace.clone();
@@ -625,21 +647,20 @@ impl EtcdStore {
             let floor = setup
                 .confirm_floor
                 .map(|f| self.layout_ms(f.resolve(unix_ms)));
-            let Some((record, mod_revision)) = read(&mut self.endpoints, timeout, &ns).await?
-            else {
+            let Some((record, mod_revision)) = read(&self.endpoints, timeout, &ns).await? else {
                 if !setup.create {
                     return Err(LeaseError::NamespaceNotCreated {
                         namespace: ns,
                         endpoints: self.endpoint_list(),
                     });
                 }
-                let gap = progress(&mut self.endpoints, timeout).await?.gap();
+                let gap = progress(&self.endpoints, timeout).await?.gap();
                 let mut record = NamespaceRecord::new(self.layout, gap);
                 if let Some(floor) = floor {
                     record.floor = floor;
                     record.confirmed_at = Some(rfc3339(unix_ms));
                 }
-                if create(&mut self.endpoints, timeout, &ns, &record).await? {
+                if create(&self.endpoints, timeout, &ns, &record).await? {
                     info!(namespace = %ns, key = %key, layout = %self.layout, incarnation = %format!("{:016x}", record.incarnation), floor_ms = record.floor.get(), acknowledged_gap = gap, "created the namespace");
                     return Ok(());
                 }
@@ -654,7 +675,7 @@ impl EtcdStore {
             }
             if let Some(floor) = floor {
                 let confirmed = confirm_existing(
-                    &mut self.endpoints,
+                    &self.endpoints,
                     timeout,
                     &ns,
                     record,
@@ -673,10 +694,10 @@ impl EtcdStore {
             }
             let (record, mod_revision) = match record.refusal(&ns) {
                 Some(refusal) => return Err(refusal),
-                None => guard(&mut self.endpoints, timeout, &ns, unix_ms).await?,
+                None => guard(&self.endpoints, timeout, &ns, unix_ms).await?,
             };
             if setup.create && record.incarnation == 0 {
-                let gap = progress(&mut self.endpoints, timeout).await?.gap();
+                let gap = progress(&self.endpoints, timeout).await?.gap();
                 let upgraded = NamespaceRecord::new(record.layout, gap);
                 let txn = Txn::new()
                     .when([Compare::mod_revision(
@@ -715,7 +736,7 @@ impl EtcdStore {
         let timeout = self.settings.request_timeout;
         let unix_ms = self.clock.unix_ms();
         let ns = self.settings.namespace.clone();
-        let (record, _) = match guard(&mut self.endpoints, timeout, &ns, unix_ms).await {
+        let (record, _) = match guard(&self.endpoints, timeout, &ns, unix_ms).await {
             Err(LeaseError::UnknownNamespace { namespace }) => {
                 return Err(LeaseError::NamespaceNotCreated {
                     namespace,
@@ -762,7 +783,7 @@ impl ClaimGuard {
     /// Reads the record for a claim: [`LeaseError::UnknownNamespace`] when
     /// absent, [`LeaseError::NamespaceRolledBack`] when rolled back.
     pub(super) async fn read(
-        endpoints: &mut Endpoints,
+        endpoints: &Endpoints,
         timeout: Duration,
         namespace: &str,
     ) -> Result<Self, LeaseError> {
@@ -787,14 +808,15 @@ impl ClaimGuard {
     }
 
     /// True when `resp` (a failed claim transaction whose `or_else` read the
-    /// record) shows the record changed since it was read.
-    pub(super) fn changed(&self, resp: &etcd_client::TxnResponse) -> bool {
-        resp.op_responses().into_iter().any(|r| match r {
-            etcd_client::TxnOpResponse::Get(get) => {
+    /// record as its operation number `at`) shows the record changed since it
+    /// was read.
+    pub(super) fn changed(&self, resp: &etcd_client::TxnResponse, at: usize) -> bool {
+        match resp.op_responses().get(at) {
+            Some(etcd_client::TxnOpResponse::Get(get)) => {
                 get.kvs().first().map(|kv| kv.mod_revision()) != Some(self.mod_revision)
             }
             _ => false,
-        })
+        }
     }
 }
 

@@ -92,20 +92,22 @@ impl OverlapCheck {
         for _ in 0..MAX_NAMESPACES {
             // Skip scan: one key per namespace. Every key of namespace N
             // starts with "N/", and "N0" sorts right after all of them.
-            let (key, range_end) = (from.clone(), end.clone());
             let resp = self
                 .endpoints
-                .call("list namespaces", self.timeout, |mut c| async move {
-                    c.get(
-                        key,
-                        Some(
-                            GetOptions::new()
-                                .with_range(range_end)
-                                .with_keys_only()
-                                .with_limit(1),
-                        ),
-                    )
-                    .await
+                .call("list namespaces", self.timeout, |mut c| {
+                    let (key, range_end) = (from.clone(), end.clone());
+                    async move {
+                        c.get(
+                            key,
+                            Some(
+                                GetOptions::new()
+                                    .with_range(range_end)
+                                    .with_keys_only()
+                                    .with_limit(1),
+                            ),
+                        )
+                        .await
+                    }
                 })
                 .await?;
             let Some(kv) = resp.kvs().first() else { break };
@@ -127,15 +129,15 @@ impl OverlapCheck {
     /// used machine ids of this range.
     async fn compare(&mut self, namespace: &str) -> Result<Option<Overlap>, LeaseError> {
         let key = keys::layout(namespace);
-        let get_key = key.clone();
         let resp = self
             .endpoints
-            .call("read layout", self.timeout, |mut c| async move {
-                c.get(get_key, None).await
+            .call("read layout", self.timeout, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
             })
             .await?;
-        // The namespace record (an older version's plain layout reads too);
-        // an unreadable one is no namespace to compare with.
+        // The namespace record (or an older version's plain layout); one
+        // that does not parse is left to that namespace's own servers.
         let Some(layout) = resp.kvs().first().and_then(|kv| {
             super::namespace::NamespaceRecord::parse(&key, kv.value())
                 .ok()
@@ -171,12 +173,15 @@ impl OverlapCheck {
         let end = format!("{prefix}{:05}", self.range.end);
         let resp = self
             .endpoints
-            .call("count used machine ids", self.timeout, |mut c| async move {
-                c.get(
-                    start,
-                    Some(GetOptions::new().with_range(end).with_count_only()),
-                )
-                .await
+            .call("count used machine ids", self.timeout, |mut c| {
+                let (start, end) = (start.clone(), end.clone());
+                async move {
+                    c.get(
+                        start,
+                        Some(GetOptions::new().with_range(end).with_count_only()),
+                    )
+                    .await
+                }
             })
             .await?;
         Ok(u32::try_from(resp.count()).unwrap_or(u32::MAX))

@@ -396,11 +396,11 @@ impl RequesterLeases {
     /// The namespace's layout; [`LeaseError::UnknownNamespace`] when none is recorded.
     pub async fn layout(&mut self, namespace: &str) -> Result<Layout, LeaseError> {
         let key = keys::layout(namespace);
-        let get_key = key.clone();
         let resp = self
             .endpoints
-            .call("read layout", self.timeout, |mut c| async move {
-                c.get(get_key, None).await
+            .call("read layout", self.timeout, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
             })
             .await?;
         let kv = resp
@@ -532,13 +532,7 @@ impl RequesterLeases {
     }
 
     async fn revoke(&mut self, lease_id: i64) {
-        let revoked = self
-            .endpoints
-            .call("lease revoke", self.timeout, |mut c| async move {
-                c.lease_revoke(lease_id).await
-            })
-            .await;
-        if let Err(e) = revoked {
+        if let Err(e) = self.endpoints.revoke(self.timeout, lease_id).await {
             warn!(lease_id, error = %crate::DisplayChain(&e), "could not revoke a requester lease; it expires by itself");
         }
     }
@@ -608,9 +602,9 @@ impl RequesterLeases {
             max_floor,
             prefer: &[],
         };
-        let claimed = claim_ids(&mut self.endpoints, self.timeout, want).await;
+        let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
         let held = match claimed {
-            Ok((held, _)) => held,
+            Ok(claimed) => claimed.held,
             Err(e) => {
                 self.revoke(lease_id).await;
                 return Err(e);
@@ -819,7 +813,7 @@ impl RequesterLeases {
             CompareOp::Equal,
             record.lease_id,
         ));
-        ops.push(TxnOp::put(rk, encode_record(&held), on_new_lease()));
+        ops.push(TxnOp::put(rk.clone(), encode_record(&held), on_new_lease()));
         let tk = keys::token(&ns, &requester.key());
         let token_hash = hex(&record.token.unwrap_or_default());
         guard.push(Compare::lease(
@@ -833,7 +827,14 @@ impl RequesterLeases {
             token_hash.clone(),
         ));
         ops.push(TxnOp::put(tk, token_hash, on_new_lease()));
-        let txn = Txn::new().when(guard).and_then(ops);
+        // The failure branch reads the record: a transaction retried on
+        // another endpoint after its first attempt committed (and the answer
+        // was lost) finds the record already on the new lease, which only
+        // this renewal knows.
+        let txn = Txn::new()
+            .when(guard)
+            .and_then(ops)
+            .or_else([TxnOp::get(rk, None)]);
         let resp = self
             .endpoints
             .txn("requester renew txn", self.timeout, txn)
@@ -845,8 +846,15 @@ impl RequesterLeases {
             token: None,
             known: false,
         };
+        let committed = |r: &etcd_client::TxnResponse| {
+            r.succeeded()
+                || r.op_responses().iter().any(|op| match op {
+                    TxnOpResponse::Get(get) => get.kvs().iter().any(|kv| kv.lease() == new_lease),
+                    _ => false,
+                })
+        };
         match resp {
-            Ok(r) if r.succeeded() => {
+            Ok(r) if committed(&r) => {
                 self.revoke(record.lease_id).await;
                 Ok(Some(grant))
             }
@@ -1024,7 +1032,7 @@ impl RequesterLeases {
         namespace: &str,
     ) -> Result<super::namespace::NamespaceRecord, LeaseError> {
         let unix_ms = self.clock.unix_ms();
-        super::namespace::guard(&mut self.endpoints, self.timeout, namespace, unix_ms)
+        super::namespace::guard(&self.endpoints, self.timeout, namespace, unix_ms)
             .await
             .map(|(record, _)| record)
             .map_err(|e| note_corrupt_namespace(namespace, e))

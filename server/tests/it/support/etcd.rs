@@ -209,6 +209,74 @@ impl EtcdProcess {
             .expect("connect etcd client")
     }
 
+    /// Member `i`'s client URL, `http://127.0.0.1:PORT`.
+    pub fn member_url(&self, i: usize) -> String {
+        self.members[i].client_url()
+    }
+
+    /// Moves the leadership off member `avoid` when it leads, so stopping
+    /// `avoid` later costs no election. Panics when the cluster has no leader
+    /// within 10 s or the move does not happen within 10 s.
+    #[allow(dead_code)] // used by some test binaries only
+    pub async fn move_leader_off(&self, avoid: usize) {
+        let leader = self.wait_leader().await;
+        if leader != avoid {
+            return;
+        }
+        let target = (0..self.members.len())
+            .find(|&j| j != avoid && self.members[j].child.is_some())
+            .expect("another running member");
+        let target_id = status(&self.member_url(target))
+            .await
+            .and_then(|s| s.header().map(|h| h.member_id()))
+            .expect("member id of the new leader");
+        let mut client = etcd_client::Client::connect([self.member_url(avoid)], None)
+            .await
+            .expect("connect to the leader");
+        client.move_leader(target_id).await.expect("move leader");
+        eventually(
+            "the leadership to move",
+            Duration::from_secs(10),
+            || async { self.leader().await.is_some_and(|l| l != avoid) },
+        )
+        .await;
+    }
+
+    /// Waits (up to 10 s) until the cluster names a leader; returns its index.
+    #[allow(dead_code)] // used by some test binaries only
+    pub async fn wait_leader(&self) -> usize {
+        let start = tokio::time::Instant::now();
+        loop {
+            if let Some(leader) = self.leader().await {
+                return leader;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no etcd leader within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGSTOPs member `i` only: it hangs without closing connections, and
+    /// the others keep the quorum.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn pause_member(&self, i: usize) {
+        signal(
+            self.members[i].child.as_ref().expect("running member"),
+            "STOP",
+        );
+    }
+
+    /// SIGCONTs member `i`.
+    #[allow(dead_code)] // used by some test binaries only
+    pub fn resume_member(&self, i: usize) {
+        signal(
+            self.members[i].child.as_ref().expect("running member"),
+            "CONT",
+        );
+    }
+
     /// Kills member `i` with SIGKILL and waits for it to exit.
     pub fn kill_member(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {
