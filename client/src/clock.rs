@@ -2,7 +2,7 @@
 //! `Instant::now` elsewhere), so generation and lease logic can be tested with an
 //! injected [`ManualClock`] and never sleep.
 //!
-//! Two clocks matter (DESIGN §2): the **wall clock** (Unix ms) is what ids stamp
+//! Two clocks matter (docs/design.md, the safety invariant): the **wall clock** (Unix ms) is what ids stamp
 //! and may jump; the **monotonic clock** measures lease deadlines and never does.
 
 use std::sync::{Arc, Mutex};

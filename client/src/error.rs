@@ -17,20 +17,20 @@ pub enum GenerateError {
     /// The grant's local lease deadline has passed (monotonic clock).
     #[error("the machine-id lease passed its local deadline")]
     LeaseExpired,
-    /// The clock has not yet passed the previous holder's fence (DESIGN §2.3).
+    /// The clock has not yet passed the previous holder's fence (design.md, fence protocol rule 3).
     #[error("clock is behind the previous holder's fence by {wait:?}")]
     ClockBehindFence {
         /// How long until the clock passes the fence.
         wait: Duration,
     },
     /// The clock reached the persisted fence and the fence was not raised in
-    /// time (etcd unreachable or slow) (DESIGN §2.1).
+    /// time (etcd unreachable or slow) (design.md, fence protocol rule 1).
     #[error("clock reached the persisted fence {fence} that has not been raised")]
     FenceReached {
         /// The fence, in layout ms.
         fence: Millis,
     },
-    /// The wall clock stepped back further than the generator waits out (DESIGN §2.5).
+    /// The wall clock stepped back further than the generator waits out (design.md, fence protocol rule 5).
     #[error("clock stepped back by {by:?}, more than the {max:?} that is waited out")]
     ClockSteppedBack {
         /// How far back the clock is from the last stamped timestamp.
@@ -88,7 +88,7 @@ pub enum ClientError {
     /// The server answered with an error status.
     #[error("server answered {}: {}", .0.code(), .0.message())]
     Status(tonic::Status),
-    /// A grant's layout is invalid (spec/002: fail fast).
+    /// A grant's layout is invalid.
     #[error("the server granted an invalid layout")]
     BadLayout(#[source] LayoutError),
     /// A granted machine id does not fit the layout's machine bits.
@@ -185,7 +185,7 @@ impl ClientError {
     }
 }
 
-/// Why an embedded generator stopped issuing for good (spec/002's fail-fast
+/// Why an embedded generator stopped issuing for good (fail-fast
 /// rules); the application should stop or restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
 pub enum StopReason {

@@ -1,7 +1,7 @@
 //! The snowflake bit layout: `timestamp_bits + machine_bits + sequence_bits = 63`,
 //! the epoch, and the time unit (milliseconds). Pure encode/decode, no IO.
 //!
-//! The default is the Korean reference's (spec/002): 41 timestamp bits in ms since
+//! The default: 41 timestamp bits in ms since
 //! 2026-01-01T00:00:00Z, 12 machine bits (4096 machine ids), 10 sequence bits
 //! (1024 ids per ms per machine id).
 
@@ -29,7 +29,7 @@ impl fmt::Display for Millis {
     }
 }
 
-/// A machine id: the `machine_bits` field of an id (DESIGN §1).
+/// A machine id: the `machine_bits` field of an id (docs/design.md, words).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MachineId(pub u16);
 

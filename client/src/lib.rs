@@ -1,6 +1,6 @@
 //! snowkeep's client crate: it owns **the snowflake generator** that both the
-//! server and embedded applications run (DESIGN §5), so there is exactly one
-//! implementation of the rules that keep ids unique (DESIGN §2).
+//! server and embedded applications run (docs/design.md), so there is exactly one
+//! implementation of the rules that keep ids unique (docs/design.md, the safety invariant).
 //!
 //! | module | owns |
 //! | --- | --- |

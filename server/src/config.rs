@@ -40,11 +40,11 @@ pub const DEFAULT_SHUTDOWN_GRACE_PERIOD: &str = "10s";
 /// (`--max-txn-ops` default), so 42.
 pub const MAX_MACHINE_IDS: u32 = 42;
 
-/// Default first lease of an embedded requester (spec/002: 10 min).
+/// Default first lease of an embedded requester (10 min).
 pub const DEFAULT_FIRST_LEASE_DURATION: &str = "10m";
-/// Default renewed lease of an embedded requester (spec/002: 48 h).
+/// Default renewed lease of an embedded requester (48 h).
 pub const DEFAULT_RENEWED_LEASE_DURATION: &str = "48h";
-/// Default client clock-skew threshold (spec/002's cleanup grace: 10 min).
+/// Default client clock-skew threshold (10 min).
 pub const DEFAULT_CLIENT_SKEW_THRESHOLD: &str = "10m";
 
 /// Largest `count` of one `NextIds` call and largest stream `batch_size`.
@@ -863,7 +863,7 @@ fn advertise_default(listen: SocketAddr) -> String {
     }
 }
 
-/// `host:pid:random-suffix` (spec/000: a random suffix keeps two containers that
+/// `host:pid:random-suffix` (a random suffix keeps two containers that
 /// both run as PID 1 on one host address apart).
 pub fn default_instance_id() -> String {
     let host = gethostname::gethostname().to_string_lossy().into_owned();

@@ -13,7 +13,7 @@
 //! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
 //! | [`limits`] | bounds on connections, calls, memory and messages under hostile or broken clients |
 //!
-//! Core flows (DESIGN §2–§3):
+//! Core flows (docs/design.md: the safety invariant and the lease lifecycle):
 //!
 //! * **Claim**: grant an etcd lease, rank free machine ids, and take one with a
 //!   transaction that creates the holder key bound to the lease and reads the

@@ -9,7 +9,7 @@
 //! warning threshold a warning is logged.
 //!
 //! Why it matters: fences are wall-clock times, so a server whose clock is
-//! behind its peers waits out their fences after a failover (DESIGN §2), and
+//! behind its peers waits out their fences after a failover (docs/design.md, the safety invariant), and
 //! one ahead makes others wait.
 
 use std::collections::HashMap;

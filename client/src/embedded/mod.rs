@@ -1,6 +1,6 @@
 //! `EmbeddedGenerator`: generates ids in the application's own process from
 //! machine ids leased through the server's Lease API — no network hop per id
-//! (spec/002's client library, on DESIGN §2's fences).
+//! (the Lease API's client, on the fences of docs/design.md).
 //!
 //! It runs the same [`Generator`] code as the server. Its lease rules:
 //!
@@ -101,7 +101,7 @@ pub struct EmbeddedConfig {
 
 impl EmbeddedConfig {
     /// Defaults for `endpoint` and `namespace`: one machine id, this process
-    /// as the requester, spec/002's backoff.
+    /// as the requester, with backoff.
     pub fn new(endpoint: impl Into<String>, namespace: impl Into<String>) -> Self {
         Self {
             endpoint: endpoint.into(),
@@ -241,7 +241,7 @@ impl std::fmt::Debug for EmbeddedGenerator {
     }
 }
 
-/// Checks a grant against what was asked (spec/002's fail-fast rules) and
+/// Checks a grant against what was asked and
 /// returns its layout.
 fn check_grant(grant: &pb::LeaseGrant, asked: u32) -> Result<Layout, ClientError> {
     let l = grant

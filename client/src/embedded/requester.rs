@@ -1,5 +1,5 @@
 //! Who an embedded generator is, to the Lease API: host machine id + pid +
-//! process start time (spec/002). The start time keeps a restarted process
+//! process start time. The start time keeps a restarted process
 //! apart from its predecessor even when both run as PID 1 in a container.
 
 use std::sync::OnceLock;

@@ -1,7 +1,7 @@
 //! The snowflake generator: the one piece of code that turns a [`Grant`] and the
-//! clock into ids, shared by the server and the embedded client (DESIGN §5).
+//! clock into ids, shared by the server and the embedded client (docs/design.md).
 //!
-//! # The invariant it protects (DESIGN §2)
+//! # The invariant it protects (docs/design.md, the safety invariant)
 //!
 //! No two holders of one machine id ever stamp the same timestamp. The generator
 //! enforces the holder's half of that:
@@ -235,7 +235,7 @@ impl Generator {
     /// stamped (or the floor when nothing was stamped) for the machine id of the
     /// state. The lease source must have published `None` first: after this
     /// returns, no id can be stamped under the old grant. Used before release to
-    /// lower the fence (DESIGN §2.4).
+    /// lower the fence (design.md, fence protocol rule 4).
     pub fn drain(&self) -> Option<(MachineId, Millis)> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         debug_assert!(

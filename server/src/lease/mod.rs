@@ -1,4 +1,4 @@
-//! The machine-id lease lifecycle (DESIGN §3): claim → wait past the previous
+//! The machine-id lease lifecycle (docs/design.md, lease lifecycle): claim → wait past the previous
 //! fences → raise the fences → issue while renewing → lose or release.
 //!
 //! [`LeaseManager::run`] is one loop over one [`Store`] (etcd, or the embedded
@@ -7,12 +7,12 @@
 //! writer of the generators' [`Grant`] channels:
 //!
 //! * a grant is published only after the fence it carries is persisted
-//!   (DESIGN §2.2), and only once the clock is past the claim's floors (§2.3);
+//!   (design.md, fence protocol rule 2), and only once the clock is past the claim's floors (rule 3);
 //! * its deadline is the send time of the last successful renewal + TTL, so the
 //!   generator stops by its own monotonic clock even when this loop is stuck;
 //! * on loss every grant is withdrawn at once, then the loop re-claims (or exits);
 //! * on release the grants are withdrawn, the generators drained, and each
-//!   fence lowered to the last timestamp actually stamped (§2.4).
+//!   fence lowered to the last timestamp actually stamped (rule 4).
 
 pub mod claim;
 mod error;
@@ -391,7 +391,7 @@ impl LeaseManager {
                 let now_ms = self.now_ms();
                 let floor = claim.max_floor();
                 if now_ms <= floor {
-                    // DESIGN §2.3: wait for the clock to pass the previous fences.
+                    // design.md, fence protocol rule 3: wait for the clock to pass the previous fences.
                     let wait = Duration::from_millis(floor.get() - now_ms.get() + 1);
                     if waited_since.is_none() {
                         waited_since = Some(now);

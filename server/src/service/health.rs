@@ -1,5 +1,5 @@
 //! gRPC health follows the *issuance* condition, not "process up": SERVING
-//! exactly while the generator holds a grant (DESIGN §4), NOT_SERVING from the
+//! exactly while the generator holds a grant (docs/design.md), NOT_SERVING from the
 //! moment shutdown starts. The `snowkeep_issuance_ready` gauge mirrors it.
 //!
 //! `snowkeep.v1.InfoService` alone answers "process up": SERVING from start

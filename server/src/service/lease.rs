@@ -1,5 +1,5 @@
-//! `LeaseService`: the embedded generators' lease API (spec/002's
-//! Alloc/Renew/Remove/remaining-count/version) over [`RequesterLeases`].
+//! `LeaseService`: the embedded generators' lease API (Acquire, Renew,
+//! Release, Check, Capacity, Version) over [`RequesterLeases`].
 //!
 //! Requesters appear in logs only as their tag (12 hex digits of the SHA-256
 //! of their identity) with the caller's network address; lease tokens never
