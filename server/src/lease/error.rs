@@ -71,7 +71,7 @@ pub enum LeaseError {
     },
     /// A server was started on a namespace that has no record in etcd, without
     /// `--create-namespace`.
-    #[error("namespace {namespace:?} does not exist in etcd at {endpoints}: if it is new, start one server with --create-namespace; if etcd lost its state (wiped or restored from a backup), do not create it again: see docs/operations.md#when-etcd-lost-its-data")]
+    #[error("namespace {namespace:?} does not exist in etcd at {endpoints}: if it is new, create it once with --create-namespace-only (or start one server with --create-namespace); if etcd lost its state (wiped or restored from a backup), do not create it again: see docs/operations.md#when-etcd-lost-its-data")]
     NamespaceNotCreated {
         /// The namespace.
         namespace: String,

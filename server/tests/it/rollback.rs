@@ -167,7 +167,7 @@ async fn a_wiped_etcd_stops_its_clients_and_is_recreated_only_on_purpose_above_t
     let mut b = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
     assert_eq!(b.wait_exit(Duration::from_secs(15)).await.code(), Some(64));
     let expected = format!(
-        "namespace \"wiped\" does not exist in etcd at {}: if it is new, start one server with --create-namespace; if etcd lost its state (wiped or restored from a backup), do not create it again: see docs/operations.md#when-etcd-lost-its-data",
+        "namespace \"wiped\" does not exist in etcd at {}: if it is new, create it once with --create-namespace-only (or start one server with --create-namespace); if etcd lost its state (wiped or restored from a backup), do not create it again: see docs/operations.md#when-etcd-lost-its-data",
         etcd.endpoint()
     );
     assert!(b.log().contains(&expected), "log:\n{}", b.log());
