@@ -371,6 +371,7 @@ pub async fn run(
             max_connections: limits.max_connections,
             max_connections_flag: "--max-connections",
             idle_timeout: limits.idle_timeout,
+            handshake_timeout: crate::limits::conn::HANDSHAKE_TIMEOUT,
             tcp_keepalive: limits.tcp_keepalive,
         },
         shutdown.clone(),

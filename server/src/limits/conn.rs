@@ -14,6 +14,11 @@
 //!   the connection and the client has sent nothing for `idle_timeout`. A
 //!   client that answers the server's HTTP/2 keepalive pings is never idle;
 //!   one that connects and stays silent is closed.
+//! * A connection whose client has sent no byte at all (not even the HTTP/2
+//!   preface) is closed after `handshake_timeout`, which the server sets to
+//!   the idle timeout or [`HANDSHAKE_TIMEOUT`], whichever is shorter: a
+//!   client that opens sockets and never speaks holds a connection slot for
+//!   seconds, not for the whole idle timeout.
 //! * At shutdown it ends at once every connection on which no call has ever
 //!   started. Such a connection may have no HTTP/2 session to end gracefully:
 //!   hyper waits for the client's preface before it can send GOAWAY, so a
@@ -46,6 +51,9 @@ const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// A repeated warning is logged at most once per this period.
 const WARN_PERIOD: Duration = Duration::from_secs(10);
+/// Longest a connection may stay open without its client sending a byte:
+/// 10 s, ample for an HTTP/2 preface over any network.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a listener allows its connections.
 #[derive(Debug, Clone)]
@@ -59,6 +67,9 @@ pub struct ListenerLimits {
     /// A connection with no call in progress and nothing received for this
     /// long is closed.
     pub idle_timeout: Duration,
+    /// A connection whose client has sent nothing at all for this long after
+    /// it was accepted is closed (at most `idle_timeout`).
+    pub handshake_timeout: Duration,
     /// TCP keepalive idle time; `None` leaves it off.
     pub tcp_keepalive: Option<Duration>,
 }
@@ -283,6 +294,9 @@ pub struct GuardedIo {
     state: Arc<ConnState>,
     tcp: TcpConnectInfo,
     idle_timeout: Duration,
+    handshake_timeout: Duration,
+    /// True once the client has sent a byte.
+    heard: bool,
     idle: Pin<Box<Sleep>>,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     shutting_down: bool,
@@ -308,12 +322,15 @@ impl GuardedIo {
         let tcp = inner.connect_info();
         let state = Arc::new(ConnState::new());
         let idle_timeout = accepting.limits.idle_timeout;
+        let handshake_timeout = accepting.limits.handshake_timeout.min(idle_timeout);
         Self {
             inner,
-            idle: Box::pin(tokio::time::sleep_until(state.opened + idle_timeout)),
+            idle: Box::pin(tokio::time::sleep_until(state.opened + handshake_timeout)),
             state,
             tcp,
             idle_timeout,
+            handshake_timeout,
+            heard: false,
             shutdown: Box::pin(accepting.shutdown.clone().cancelled_owned()),
             shutting_down: false,
             closed: false,
@@ -343,9 +360,13 @@ impl GuardedIo {
         }
         while self.idle.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
-            let deadline = self.state.last_active() + self.idle_timeout;
+            let deadline = if self.heard {
+                self.state.last_active() + self.idle_timeout
+            } else {
+                self.state.opened + self.handshake_timeout
+            };
             if no_calls && now >= deadline {
-                debug!(listener = self.listener, peer = ?self.tcp.remote_addr, idle_timeout = ?self.idle_timeout, "closing an idle connection");
+                debug!(listener = self.listener, peer = ?self.tcp.remote_addr, idle_timeout = ?self.idle_timeout, heard = self.heard, "closing an idle connection");
                 self.closed = true;
                 return true;
             }
@@ -385,6 +406,7 @@ impl AsyncRead for GuardedIo {
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.heard = true;
             this.state.touch();
         }
         polled
@@ -433,6 +455,7 @@ mod tests {
             max_connections,
             max_connections_flag: "--max-connections",
             idle_timeout: Duration::from_millis(idle_ms),
+            handshake_timeout: HANDSHAKE_TIMEOUT,
             tcp_keepalive: None,
         }
     }
@@ -503,6 +526,46 @@ mod tests {
             "closed after {waited:?}"
         );
         server.await.unwrap();
+        assert_eq!(open.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_sends_a_byte_is_closed_at_the_handshake_timeout() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut l = limits(8, 5_000);
+        l.handshake_timeout = Duration::from_millis(200);
+        let listener = Listener::new(tcp, l, CancellationToken::new());
+        let open = listener.open_connections();
+        let mut incoming = Box::pin(listener.incoming());
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let Some(Ok(silent_io)) = incoming.next().await else {
+            panic!("no connection")
+        };
+        let mut talker = TcpStream::connect(addr).await.unwrap();
+        let Some(Ok(talker_io)) = incoming.next().await else {
+            panic!("no connection")
+        };
+        let started = Instant::now();
+        let silent_server = echo(silent_io);
+        let talker_server = echo(talker_io);
+        talker.write_all(b"p").await.unwrap();
+        let mut b = [0u8; 1];
+        talker.read_exact(&mut b).await.unwrap();
+        assert_eq!(read_to_end(&mut silent).await, b"");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(200) && waited < Duration::from_secs(5),
+            "closed after {waited:?}: the handshake timeout, not the idle one"
+        );
+        silent_server.await.unwrap();
+        // The client that spoke is held to the 5 s idle timeout instead.
+        assert_eq!(open.get(), 1);
+        talker.write_all(b"q").await.unwrap();
+        talker.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"q");
+        drop(talker);
+        talker_server.await.unwrap();
         assert_eq!(open.get(), 0);
     }
 
