@@ -413,7 +413,11 @@ pub async fn run(
 
     let mut lease_result = None;
     let mut server_result = None;
+    // Biased: when a signal cancels `shutdown` and the server, told by the
+    // same token, has already finished draining, this is still a shutdown
+    // (and is logged as a drain), not a server that stopped by itself.
     tokio::select! {
+        biased;
         _ = shutdown.cancelled() => {}
         r = &mut lease_task => { lease_result = Some(r); shutdown.cancel(); }
         r = &mut server => { server_result = Some(r); shutdown.cancel(); }
