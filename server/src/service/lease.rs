@@ -184,6 +184,24 @@ impl LeaseHandler {
     fn grant_to_pb(&self, grant: RequesterGrant) -> pb::LeaseGrant {
         convert::grant_to_pb(grant, self.clock.unix_ms())
     }
+
+    /// The answer to an Acquire or Renew that granted: notes the caller's
+    /// skew (known requesters only), then the grant with the namespace's
+    /// incarnation.
+    fn answer(
+        &self,
+        namespace: &str,
+        requester: &RequesterId,
+        peer: Option<SocketAddr>,
+        client_time_unix_ms: Option<u64>,
+        grant: RequesterGrant,
+        incarnation: u64,
+    ) -> Response<pb::LeaseGrant> {
+        self.note_skew(namespace, requester, peer, client_time_unix_ms, &grant);
+        let mut grant = self.grant_to_pb(grant);
+        grant.namespace_incarnation = incarnation;
+        Response::new(grant)
+    }
 }
 
 /// The caller's address for a log line, `-` when unknown.
@@ -245,16 +263,14 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             )
             .await
             .map_err(ApiError::Lease)?;
-        self.note_skew(
+        Ok(self.answer(
             &req.namespace,
             &requester,
             peer,
             req.client_time_unix_ms,
-            &grant,
-        );
-        let mut grant = self.grant_to_pb(grant);
-        grant.namespace_incarnation = incarnation;
-        Ok(Response::new(grant))
+            grant,
+            incarnation,
+        ))
     }
 
     async fn renew(
@@ -291,16 +307,14 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 )))
             }
         };
-        self.note_skew(
+        Ok(self.answer(
             &req.namespace,
             &requester,
             peer,
             req.client_time_unix_ms,
-            &grant,
-        );
-        let mut grant = self.grant_to_pb(grant);
-        grant.namespace_incarnation = incarnation;
-        Ok(Response::new(grant))
+            grant,
+            incarnation,
+        ))
     }
 
     async fn release(
