@@ -160,7 +160,12 @@ impl ServerProcess {
     /// The machine id held now; panics when none is held.
     pub async fn machine_id(&self) -> u32 {
         let info = self.info().await;
-        assert_eq!(info.held.len(), 1, "expected one held machine id: {info:?}");
+        assert_eq!(
+            info.held.len(),
+            1,
+            "expected one held machine id: {info:?}; log:\n{}",
+            self.log()
+        );
         info.held[0].machine_id
     }
 
