@@ -45,7 +45,10 @@ async fn a_namespace_record_rewritten_with_another_layout_stops_the_server_with_
         }
     })
     .await;
-    assert!(stopped.is_ok(), "still running 10 s after the layout changed");
+    assert!(
+        stopped.is_ok(),
+        "still running 10 s after the layout changed"
+    );
     let status = server.wait_exit(Duration::from_secs(5)).await;
     let log = server.log();
     assert_eq!(status.code(), Some(64), "log:\n{log}");
