@@ -161,6 +161,11 @@ pub struct Args {
     /// is closed at once.
     #[arg(long, env = "SNOWKEEP_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: u32,
+    /// Most open connections to the gRPC port from one source IP address; a
+    /// connection beyond it is closed at once. 0 turns the per-peer cap off
+    /// (for clients that all come through one NAT or proxy address).
+    #[arg(long, env = "SNOWKEEP_MAX_CONNECTIONS_PER_PEER", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub max_connections_per_peer: u32,
     /// Most concurrent HTTP/2 streams (calls) one connection may open
     /// (SETTINGS_MAX_CONCURRENT_STREAMS); clients queue the rest.
     #[arg(long, env = "SNOWKEEP_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS)]
@@ -213,6 +218,10 @@ fn parse_floor(text: &str) -> Result<FloorSpec, String> {
 
 /// Default most open gRPC connections.
 pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
+/// Default most open gRPC connections from one source IP address: a quarter
+/// of [`DEFAULT_MAX_CONNECTIONS`], so one peer cannot take every slot while
+/// a few clients behind one NAT or proxy still fit.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 64;
 /// Default most concurrent streams per HTTP/2 connection.
 pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 64;
 /// Default most unary calls in progress on the server.
@@ -325,6 +334,9 @@ pub struct ServerConfig {
 pub struct Limits {
     /// Most open gRPC connections; one more is closed at once.
     pub max_connections: usize,
+    /// Most open gRPC connections from one source IP address; `None` for no
+    /// per-peer cap.
+    pub max_connections_per_peer: Option<usize>,
     /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on every connection.
     pub http2_max_concurrent_streams: u32,
     /// Most unary calls in progress server-wide.
@@ -358,6 +370,7 @@ impl Default for Limits {
         let duration = |s: &str| humantime::parse_duration(s).expect("valid default duration");
         Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS as usize,
+            max_connections_per_peer: Some(DEFAULT_MAX_CONNECTIONS_PER_PEER as usize),
             http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
             max_concurrent_calls: DEFAULT_MAX_CONCURRENT_CALLS as usize,
             max_open_streams: DEFAULT_MAX_OPEN_STREAMS as usize,
@@ -689,6 +702,12 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
             1_000_000,
         ),
         (
+            "--max-connections-per-peer (SNOWKEEP_MAX_CONNECTIONS_PER_PEER)",
+            u64::from(args.max_connections_per_peer),
+            0,
+            1_000_000,
+        ),
+        (
             "--http2-max-concurrent-streams (SNOWKEEP_HTTP2_MAX_CONCURRENT_STREAMS)",
             u64::from(args.http2_max_concurrent_streams),
             1,
@@ -786,6 +805,8 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
     let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
     Ok(Limits {
         max_connections: usize_of(args.max_connections.into()),
+        max_connections_per_peer: (args.max_connections_per_peer > 0)
+            .then(|| usize_of(args.max_connections_per_peer.into())),
         http2_max_concurrent_streams: args.http2_max_concurrent_streams,
         max_concurrent_calls: usize_of(args.max_concurrent_calls.into()),
         max_open_streams: usize_of(args.max_open_streams.into()),
@@ -1009,6 +1030,21 @@ mod tests {
         assert_eq!(c.limits.http2_keepalive_timeout, Duration::from_secs(10));
         assert_eq!(c.limits.idle_timeout, Duration::from_secs(60));
         assert_eq!(c.limits.tcp_keepalive, Some(Duration::from_secs(60)));
+        assert_eq!(c.limits.max_connections_per_peer, Some(64));
+    }
+
+    #[test]
+    fn the_per_peer_connection_cap_turns_off_at_zero() {
+        let c = parse(&["--max-connections-per-peer", "0"]).unwrap();
+        assert_eq!(c.limits.max_connections_per_peer, None);
+        let c = parse(&["--max-connections-per-peer", "3"]).unwrap();
+        assert_eq!(c.limits.max_connections_per_peer, Some(3));
+        assert_eq!(
+            parse(&["--max-connections-per-peer", "1000001"])
+                .unwrap_err()
+                .to_string(),
+            "invalid --max-connections-per-peer (SNOWKEEP_MAX_CONNECTIONS_PER_PEER) 1000001: use 0 to 1000000"
+        );
     }
 
     #[test]

@@ -9,6 +9,10 @@
 //! * A connection beyond `max_connections` is closed as soon as it is
 //!   accepted, so the server never runs out of descriptors because of
 //!   clients, and memory per connection stays bounded.
+//! * So is a connection beyond `max_connections_per_peer` from one source IP
+//!   address: a client that keeps reopening sockets (each held until the
+//!   handshake timeout) cannot take every slot from the others. Both
+//!   refusals are counted in `snowkeep_connections_refused_total`.
 //! * [`GuardedIo`] wraps each accepted socket. It ends the read side (the
 //!   HTTP server then sees the client close) when no call is in progress on
 //!   the connection and the client has sent nothing for `idle_timeout`. A
@@ -26,12 +30,14 @@
 //!   Connections that did make calls get the HTTP/2 graceful shutdown
 //!   (GOAWAY) and drain.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -64,6 +70,9 @@ pub struct ListenerLimits {
     pub max_connections: usize,
     /// The flag (or constant) behind `max_connections`, named in the log.
     pub max_connections_flag: &'static str,
+    /// Most open connections from one source IP address; `None` for no
+    /// per-peer cap. Named `--max-connections-per-peer` in the log.
+    pub max_connections_per_peer: Option<usize>,
     /// A connection with no call in progress and nothing received for this
     /// long is closed.
     pub idle_timeout: Duration,
@@ -83,6 +92,10 @@ pub struct Listener {
     open: Arc<AtomicUsize>,
     shutdown: CancellationToken,
 }
+
+/// Open connections per source IP address; an address with none has no
+/// entry, so the map holds at most `max_connections` entries.
+type PerPeer = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
 impl Listener {
     /// Wraps `listener`; `shutdown` closes connections that never made a call.
@@ -109,16 +122,26 @@ impl Listener {
             open,
             shutdown,
         } = self;
+        // Registered at 0, so the series exist before the first refusal.
+        let refused = |reason: &'static str| {
+            let c = metrics::counter!(crate::metrics::CONNECTIONS_REFUSED_TOTAL, "listener" => limits.name, "reason" => reason);
+            c.increment(0);
+            c
+        };
         let state = Accepting {
             // Without TCP_NODELAY small unary replies wait out delayed ACKs (~40 ms).
             incoming: TcpIncoming::from(listener)
                 .with_nodelay(Some(true))
                 .with_keepalive(limits.tcp_keepalive),
+            refused_total: refused("max_connections"),
+            refused_per_peer: refused("max_connections_per_peer"),
             limits,
             open,
+            per_peer: PerPeer::default(),
             shutdown,
             accept_errors: Throttle::new(WARN_PERIOD),
             refusals: Throttle::new(WARN_PERIOD),
+            peer_refusals: Throttle::new(WARN_PERIOD),
         };
         futures_util::stream::unfold(state, |mut state| async move {
             let io = state.next().await;
@@ -142,9 +165,13 @@ struct Accepting {
     incoming: TcpIncoming,
     limits: ListenerLimits,
     open: Arc<AtomicUsize>,
+    per_peer: PerPeer,
     shutdown: CancellationToken,
     accept_errors: Throttle,
     refusals: Throttle,
+    peer_refusals: Throttle,
+    refused_total: metrics::Counter,
+    refused_per_peer: metrics::Counter,
 }
 
 impl Accepting {
@@ -164,10 +191,27 @@ impl Accepting {
                                 "closing a new connection: the connection limit is reached; raise it or add servers"
                             );
                         }
+                        self.refused_total.increment(1);
                         drop(stream);
                         continue;
                     }
-                    return GuardedIo::new(stream, self);
+                    let peer = stream.peer_addr().ok().map(|a| a.ip());
+                    let Some(peer_slot) = self.take_peer_slot(peer) else {
+                        self.refused_per_peer.increment(1);
+                        if let Some(held_back) = self.peer_refusals.hit(Instant::now()) {
+                            warn!(
+                                listener = self.limits.name,
+                                peer = ?peer,
+                                limit = "--max-connections-per-peer",
+                                max = self.limits.max_connections_per_peer,
+                                refused_since_last_log = held_back,
+                                "closing a new connection: this client address has the most connections one address may hold; raise the limit (or set it to 0) if many clients share the address through NAT or a proxy"
+                            );
+                        }
+                        drop(stream);
+                        continue;
+                    };
+                    return GuardedIo::new(stream, self, peer_slot);
                 }
                 Some(Err(error)) => {
                     let delay =
@@ -188,6 +232,48 @@ impl Accepting {
                 // TcpIncoming never ends; if it did, wait for shutdown to
                 // stop the server rather than spin.
                 None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// Counts a connection from `peer` when the per-peer cap allows it:
+    /// `Some` (holding it until dropped) or `None` when `peer` is at the cap.
+    /// With no cap, or no known address, always `Some`.
+    fn take_peer_slot(&self, peer: Option<IpAddr>) -> Option<Option<PeerSlot>> {
+        let (Some(max), Some(peer)) = (self.limits.max_connections_per_peer, peer) else {
+            return Some(None);
+        };
+        let mut map = self.per_peer.lock().unwrap_or_else(|p| p.into_inner());
+        let open = map.entry(peer).or_insert(0);
+        if *open >= max {
+            if *open == 0 {
+                map.remove(&peer);
+            }
+            return None;
+        }
+        *open += 1;
+        Some(Some(PeerSlot {
+            map: self.per_peer.clone(),
+            peer,
+        }))
+    }
+}
+
+/// One open connection counted against its source address; uncounts it on
+/// drop.
+#[derive(Debug)]
+struct PeerSlot {
+    map: PerPeer,
+    peer: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(open) = map.get_mut(&self.peer) {
+            *open -= 1;
+            if *open == 0 {
+                map.remove(&self.peer);
             }
         }
     }
@@ -303,6 +389,7 @@ pub struct GuardedIo {
     closed: bool,
     listener: &'static str,
     _slot: Slot,
+    _peer_slot: Option<PeerSlot>,
 }
 
 impl std::fmt::Debug for GuardedIo {
@@ -316,7 +403,7 @@ impl std::fmt::Debug for GuardedIo {
 }
 
 impl GuardedIo {
-    fn new(inner: TcpStream, accepting: &Accepting) -> Self {
+    fn new(inner: TcpStream, accepting: &Accepting, peer_slot: Option<PeerSlot>) -> Self {
         accepting.open.fetch_add(1, Ordering::AcqRel);
         let slot = Slot(accepting.open.clone());
         let tcp = inner.connect_info();
@@ -336,6 +423,7 @@ impl GuardedIo {
             closed: false,
             listener: accepting.limits.name,
             _slot: slot,
+            _peer_slot: peer_slot,
         }
     }
 
@@ -454,6 +542,7 @@ mod tests {
             name: "test",
             max_connections,
             max_connections_flag: "--max-connections",
+            max_connections_per_peer: None,
             idle_timeout: Duration::from_millis(idle_ms),
             handshake_timeout: HANDSHAKE_TIMEOUT,
             tcp_keepalive: None,
@@ -621,6 +710,56 @@ mod tests {
         drop(kept);
         assert_eq!(open.get(), 0);
         next.abort();
+    }
+
+    /// A client socket connected to `addr` from source address `from`.
+    async fn connect_from(from: [u8; 4], addr: std::net::SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind((std::net::Ipv4Addr::from(from), 0).into())
+            .unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_peer_over_its_cap_is_closed_at_once_while_another_peer_connects() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut l = limits(8, 60_000);
+        l.max_connections_per_peer = Some(2);
+        let listener = Listener::new(tcp, l, CancellationToken::new());
+        let open = listener.open_connections();
+        let mut incoming = Box::pin(listener.incoming());
+        let _a1 = connect_from([127, 0, 0, 1], addr).await;
+        let _a2 = connect_from([127, 0, 0, 1], addr).await;
+        let mut a3 = connect_from([127, 0, 0, 1], addr).await;
+        let b1 = connect_from([127, 0, 0, 2], addr).await;
+        let mut kept = Vec::new();
+        for _ in 0..3 {
+            kept.push(incoming.next().await.unwrap().unwrap());
+        }
+        // The third from 127.0.0.1 was closed; 127.0.0.2 got the third slot.
+        assert_eq!(read_to_end(&mut a3).await, b"");
+        assert_eq!(open.get(), 3);
+        let peers: Vec<_> = kept
+            .iter()
+            .map(|io| io.tcp.remote_addr().unwrap().ip())
+            .collect();
+        assert_eq!(
+            peers
+                .iter()
+                .filter(|ip| ip.to_string() == "127.0.0.1")
+                .count(),
+            2
+        );
+        assert_eq!(peers[2].to_string(), "127.0.0.2");
+        assert_eq!(b1.peer_addr().unwrap(), addr);
+        // A slot of 127.0.0.1 freed lets it connect again.
+        drop(kept.remove(0));
+        let _a4 = connect_from([127, 0, 0, 1], addr).await;
+        let io = incoming.next().await.unwrap().unwrap();
+        assert_eq!(io.tcp.remote_addr().unwrap().ip().to_string(), "127.0.0.1");
+        assert_eq!(open.get(), 3);
     }
 
     #[tokio::test]

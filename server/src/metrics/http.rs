@@ -55,6 +55,7 @@ pub async fn serve(
         name: "metrics",
         max_connections: MAX_CONNECTIONS,
         max_connections_flag: "the metrics port's 16",
+        max_connections_per_peer: None,
         idle_timeout,
         handshake_timeout: crate::limits::conn::HANDSHAKE_TIMEOUT,
         tcp_keepalive: None,

@@ -72,6 +72,10 @@ pub const CLIENT_CLOCK_SKEW_REQUESTERS: &str = "snowkeep_client_clock_skew_reque
 /// `namespace`, `kind` = `fence` | `requester` | `token` | `layout`. The log
 /// names each key in full.
 pub const CORRUPT_KEYS_TOTAL: &str = "snowkeep_corrupt_keys_total";
+/// Connections closed as soon as they were accepted, because of a limit;
+/// labels `listener` = `gRPC` | `metrics`, `reason` = `max_connections` |
+/// `max_connections_per_peer`.
+pub const CONNECTIONS_REFUSED_TOTAL: &str = "snowkeep_connections_refused_total";
 
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
@@ -101,6 +105,7 @@ pub const CATALOG: &[(&str, &str)] = &[
     (CLOCK_SKEW_CLAMPED_TOTAL, "counter"),
     (CLIENT_CLOCK_SKEW_REQUESTERS, "gauge"),
     (CORRUPT_KEYS_TOTAL, "counter"),
+    (CONNECTIONS_REFUSED_TOTAL, "counter"),
 ];
 
 /// Where a clock skew was observed.
@@ -343,6 +348,11 @@ pub fn describe_all() {
         CORRUPT_KEYS_TOTAL,
         Unit::Count,
         "Unreadable etcd keys met, one per key per read, by kind; the log names each key. A machine id with an unreadable fence is never claimed."
+    );
+    describe_counter!(
+        CONNECTIONS_REFUSED_TOTAL,
+        Unit::Count,
+        "Connections closed as soon as they were accepted because a limit was reached, by listener and reason (max_connections, max_connections_per_peer)."
     );
     // Counters exist from the start (at 0) so rates and alerts see them.
     metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);

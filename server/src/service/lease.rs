@@ -31,6 +31,7 @@ use crate::etcd::requesters::{
 use crate::lease::skew::{
     self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY,
 };
+use crate::lease::LeaseError;
 use crate::metrics as m;
 
 /// How often requesters whose lease ended leave the [`SkewBook`] (and its
@@ -223,6 +224,12 @@ fn publish(book: &SkewBook, namespaces: BTreeSet<String>, threshold: Duration) {
     }
 }
 
+/// A client time as given: 0 (the proto3 default a client may send without
+/// meaning it) is "not given", like an absent field, never the Unix epoch.
+fn given_time(client_time_unix_ms: Option<u64>) -> Option<u64> {
+    client_time_unix_ms.filter(|&t| t != 0)
+}
+
 #[tonic::async_trait]
 impl pb::lease_service_server::LeaseService for LeaseHandler {
     async fn acquire(
@@ -230,7 +237,8 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
         let peer = request.remote_addr();
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.client_time_unix_ms = given_time(req.client_time_unix_ms);
         if req.count == 0 || req.count > MAX_REQUESTER_IDS {
             return Err(ApiError::InvalidLeaseCount {
                 got: req.count,
@@ -278,7 +286,8 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
         let peer = request.remote_addr();
-        let req = request.into_inner();
+        let mut req = request.into_inner();
+        req.client_time_unix_ms = given_time(req.client_time_unix_ms);
         let token = convert::lease_token(&req.lease_token)?;
         let requester = convert::requester_id(req.requester.as_ref())?;
         convert::check_namespace(&req.namespace)?;
@@ -325,13 +334,35 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         let token = convert::lease_token(&req.lease_token)?;
         let requester = convert::requester_id(req.requester.as_ref())?;
         convert::check_namespace(&req.namespace)?;
+        let mut leases = self.leases()?;
+        // The machine ids reported are checked against the namespace's
+        // layout. A namespace without a record holds nothing to release, as
+        // before: the release below answers 0.
+        let layout = if req.last_used_ms.is_empty() {
+            None
+        } else {
+            match leases.layout(&req.namespace).await {
+                Ok(layout) => Some(layout),
+                Err(LeaseError::UnknownNamespace { .. }) => None,
+                Err(e) => return Err(ApiError::Lease(e).into()),
+            }
+        };
+        let (max, machine_bits) = layout.map_or((u32::from(u16::MAX), 16), |l| {
+            (l.machine_id_count() - 1, l.machine_bits())
+        });
         let mut last_used = HashMap::new();
         for (id, ts) in req.last_used_ms {
-            let id = u16::try_from(id).map_err(|_| ApiError::InvalidMachineId { got: id })?;
+            let id = u16::try_from(id)
+                .ok()
+                .filter(|&id| u32::from(id) <= max)
+                .ok_or(ApiError::InvalidMachineId {
+                    got: id,
+                    max,
+                    machine_bits,
+                })?;
             last_used.insert(MachineId(id), Millis(ts));
         }
-        let released = self
-            .leases()?
+        let released = leases
             .release(&req.namespace, &requester, &last_used, token.as_ref())
             .await
             .map_err(ApiError::Lease)?;

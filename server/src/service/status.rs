@@ -79,10 +79,14 @@ pub enum ApiError {
     )]
     InvalidLeaseToken,
     /// A machine id that cannot exist.
-    #[error("machine id {got} is out of range (at most 65535)")]
+    #[error("machine id {got} is out of range: the namespace's layout has {machine_bits} machine bits, so machine ids are 0 to {max}")]
     InvalidMachineId {
         /// Given.
         got: u32,
+        /// The largest machine id of the namespace's layout: `2^machine_bits - 1`.
+        max: u32,
+        /// Machine bits of the namespace's layout.
+        machine_bits: u8,
     },
     /// An id with the sign bit set.
     #[error("id {id} has its top bit set; snowkeep ids are 63-bit")]
@@ -217,7 +221,10 @@ fn code_of(err: &ApiError) -> Code {
             LeaseError::NamespaceRolledBack { .. } => Code::FailedPrecondition,
             LeaseError::NamespaceNotCreated { .. } => Code::NotFound,
             LeaseError::NamespaceFloorAhead { .. } => Code::Unavailable,
-            LeaseError::CorruptNamespace { .. } | LeaseError::BadFloor { .. } => Code::Internal,
+            // Like the namespace's other refusals: an operator must repair
+            // the record (the message names its key and how).
+            LeaseError::CorruptNamespace { .. } => Code::FailedPrecondition,
+            LeaseError::BadFloor { .. } => Code::Internal,
             LeaseError::FenceTooFarAhead { .. }
             | LeaseError::LeaseLost { .. }
             | LeaseError::Timeout { .. }

@@ -800,3 +800,68 @@ async fn a_generator_whose_clock_is_far_behind_its_floor_refuses_the_grant() {
         .into_inner();
     assert_eq!(c.held, 1, "only the server's own machine id");
 }
+
+/// An explicit `client_time_unix_ms = 0` is "not given" on Acquire and
+/// Renew (never a clock 56 years behind); Release names the layout's real
+/// machine-id range; Acquire on an unreadable namespace record gets
+/// FAILED_PRECONDITION naming the record's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_client_time_machine_id_range_and_a_garbage_namespace_record() {
+    let (etcd, server, mut api) = lease_api_server("small").await;
+    let who = requester(9100);
+    let grant = api
+        .acquire(acquire("small", &who, 1, Some(0)))
+        .await
+        .expect("Acquire with client time 0 is granted")
+        .into_inner();
+    assert_eq!(grant.machine_ids.len(), 1);
+    api.renew(renew("small", &who, &grant.lease_token, Some(0)))
+        .await
+        .expect("Renew with client time 0");
+    assert_eq!(
+        server.metric("snowkeep_clock_skew_rejections_total").await,
+        0.0
+    );
+    assert_eq!(
+        server
+            .metric("snowkeep_clock_skew_clamped_total{namespace=\"small\",source=\"client\"}")
+            .await,
+        0.0
+    );
+
+    for bad in [4096, 65_536] {
+        let err = api
+            .release(release("small", &who, &grant.lease_token, &[(bad, 1)]))
+            .await
+            .expect_err("a machine id outside the layout");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            err.message(),
+            format!(
+                "machine id {bad} is out of range: the namespace's layout has 12 machine bits, so machine ids are 0 to 4095"
+            )
+        );
+    }
+    let id = ids_of(&grant)[0];
+    let released = api
+        .release(release("small", &who, &grant.lease_token, &[(id, 1)]))
+        .await
+        .expect("Release")
+        .into_inner();
+    assert_eq!(released.released, 1);
+
+    let key = "/snowkeep/v1/ns/junk/layout";
+    etcd.client().await.put(key, "garbage", None).await.unwrap();
+    let err = api
+        .acquire(acquire("junk", &requester(9101), 1, None))
+        .await
+        .expect_err("an unreadable namespace record");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().starts_with(&format!(
+            "unreadable namespace record at {key}: \"garbage\" ("
+        )),
+        "{}",
+        err.message()
+    );
+}

@@ -727,3 +727,74 @@ async fn a_drain_that_times_out_says_whether_calls_were_cut() {
         driver.abort();
     }
 }
+
+/// A client socket to the server's port from source address `from` (any
+/// 127.0.0.0/8 address is loopback on Linux).
+async fn connect_from(from: [u8; 4], port: u16) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind((std::net::Ipv4Addr::from(from), 0).into())
+        .unwrap();
+    socket.connect(([127, 0, 0, 1], port).into()).await.unwrap()
+}
+
+/// With `--max-connections-per-peer 2`, a peer (127.0.0.3) holding two
+/// silent connections has its third closed at once, and counted, while the
+/// server has room for more; another peer (127.0.0.2) still connects and is
+/// served; once the first peer's connections close, it connects again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_take_every_connection_slot() {
+    let server =
+        ServerProcess::spawn(&["--max-connections", "8", "--max-connections-per-peer", "2"]);
+    server.wait_serving(Duration::from_secs(15)).await;
+    let port = server.port;
+    let refused =
+        "snowkeep_connections_refused_total{listener=\"gRPC\",reason=\"max_connections_per_peer\"}";
+    assert_eq!(server.metric(refused).await, 0.0);
+    let peer = [127, 0, 0, 3];
+    let silent = [
+        connect_from(peer, port).await,
+        connect_from(peer, port).await,
+    ];
+    let mut third = connect_from(peer, port).await;
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(2), third.read_to_end(&mut buf))
+        .await
+        .expect("the third connection of one peer is closed at once");
+    assert_eq!((closed.unwrap(), buf.len()), (0, 0));
+    assert_eq!(server.metric(refused).await, 1.0);
+
+    let other = connect_from([127, 0, 0, 2], port).await;
+    let (mut client, h2_conn) = h2::client::Builder::new()
+        .handshake::<_, Bytes>(other)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = h2_conn.await;
+    });
+    let (code, _) = call(
+        &mut client,
+        port,
+        "/snowkeep.v1.IdService/NextIds",
+        next_ids(3),
+    )
+    .await;
+    assert_eq!(code, Code::Ok);
+    assert_eq!(server.metric(refused).await, 1.0);
+    driver.abort();
+
+    drop(silent);
+    eventually(
+        "127.0.0.3 connects again",
+        Duration::from_secs(5),
+        || async {
+            let mut s = connect_from(peer, port).await;
+            let mut b = [0u8; 1];
+            // Refused: end of stream at once. Accepted: no byte before the
+            // client's preface (a timeout), or the server's settings.
+            let read = tokio::time::timeout(Duration::from_millis(300), s.read(&mut b)).await;
+            !matches!(read, Ok(Ok(0)))
+        },
+    )
+    .await;
+}

@@ -13,6 +13,7 @@ mod endpoints;
 mod etcd_faults;
 mod instance_ids;
 mod issuance;
+mod layout_change;
 mod lease;
 mod lease_api;
 mod lease_corrupt;
