@@ -41,8 +41,9 @@ use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, error, info, warn};
 
+use crate::lease::capacity::CapacitySource;
 use crate::lease::claim::{rank_candidates, CandidateKind, PoolView};
-use crate::lease::{Capacity, Claim, HeldId, LeaseError, LossReason};
+use crate::lease::{Capacity, HeldId, HolderWatch, LeaseError, LeaseStore, LossReason};
 use crate::metrics as m;
 
 /// Candidates tried per read of the pool before reading it again.
@@ -99,9 +100,14 @@ struct Endpoints {
 fn endpoint_failed(e: &LeaseError) -> bool {
     use etcd_client::Error as E;
     use tonic::Code;
+    if let LeaseError::Timeout { .. } = e {
+        return true;
+    }
+    let Some(e) = etcd_error(e) else {
+        return false;
+    };
     match e {
-        LeaseError::Timeout { .. } => true,
-        LeaseError::Etcd(E::GRpcStatus(status)) => !matches!(
+        E::GRpcStatus(status) => !matches!(
             status.code(),
             Code::InvalidArgument
                 | Code::NotFound
@@ -112,23 +118,39 @@ fn endpoint_failed(e: &LeaseError) -> bool {
                 | Code::OutOfRange
                 | Code::Unimplemented
         ),
-        LeaseError::Etcd(E::LeaseKeepAliveError(msg)) => !msg.contains("not found"),
-        LeaseError::Etcd(
-            E::InvalidArgs(_) | E::InvalidUri(_) | E::Utf8Error(_) | E::InvalidMetadataValue(_),
-        ) => false,
-        LeaseError::Etcd(_) => true,
-        _ => false,
+        E::LeaseKeepAliveError(msg) => !msg.contains("not found"),
+        E::InvalidArgs(_) | E::InvalidUri(_) | E::Utf8Error(_) | E::InvalidMetadataValue(_) => {
+            false
+        }
+        _ => true,
     }
 }
 
 /// True when `e` is etcd saying the lease does not exist (any more).
 fn lease_not_found(e: &LeaseError) -> bool {
-    match e {
-        LeaseError::Etcd(etcd_client::Error::GRpcStatus(s)) => {
+    match etcd_error(e) {
+        Some(etcd_client::Error::GRpcStatus(s)) => {
             s.code() == tonic::Code::NotFound && s.message().contains("lease not found")
         }
-        LeaseError::Etcd(etcd_client::Error::LeaseKeepAliveError(msg)) => msg.contains("not found"),
+        Some(etcd_client::Error::LeaseKeepAliveError(msg)) => msg.contains("not found"),
         _ => false,
+    }
+}
+
+/// The etcd-client error behind `e`, if it is one.
+fn etcd_error(e: &LeaseError) -> Option<&etcd_client::Error> {
+    match e {
+        LeaseError::Store { source, .. } => source.downcast_ref(),
+        _ => None,
+    }
+}
+
+impl From<etcd_client::Error> for LeaseError {
+    fn from(e: etcd_client::Error) -> Self {
+        LeaseError::Store {
+            store: "etcd",
+            source: Box::new(e),
+        }
     }
 }
 
@@ -272,6 +294,19 @@ impl Endpoints {
     }
 }
 
+/// The etcd store's own part of a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EtcdLease {
+    /// The etcd lease the claim's holder keys are bound to.
+    pub id: i64,
+    /// The store revision at which the last claim transaction committed: the
+    /// holder watch starts just after it.
+    pub revision: i64,
+}
+
+/// A claim of the etcd store.
+pub type Claim = crate::lease::Claim<EtcdLease>;
+
 /// Machine-id leases kept in etcd.
 pub struct EtcdStore {
     endpoints: Endpoints,
@@ -339,8 +374,9 @@ async fn read_pool(
     let mut attempt = 1;
     loop {
         match read_pool_at_one_revision(endpoints, timeout, namespace).await {
-            Err(LeaseError::Etcd(etcd_client::Error::GRpcStatus(status)))
-                if status.message().contains("compacted") && attempt < POOL_READ_ATTEMPTS =>
+            Err(e)
+                if matches!(etcd_error(&e), Some(etcd_client::Error::GRpcStatus(status)) if status.message().contains("compacted"))
+                    && attempt < POOL_READ_ATTEMPTS =>
             {
                 debug!(
                     namespace,
@@ -759,9 +795,11 @@ impl EtcdStore {
                     .collect();
                 let claim = Claim {
                     held: claimed.held,
-                    lease_id: Some(lease_id),
                     deadline: Some(deadline),
-                    revision: claimed.revision,
+                    lease: EtcdLease {
+                        id: lease_id,
+                        revision: claimed.revision,
+                    },
                 };
                 info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), "claimed machine ids");
                 self.register_peer(lease_id).await;
@@ -823,7 +861,7 @@ impl EtcdStore {
         fences: &[Millis],
     ) -> Result<(), LeaseError> {
         let ns = self.ns().to_owned();
-        let lease_id = claim.lease_id.unwrap_or(0);
+        let lease_id = claim.lease.id;
         let mut guard = self.ownership(claim);
         let mut puts = Vec::with_capacity(claim.held.len());
         let mut reads = Vec::with_capacity(claim.held.len() * 2);
@@ -890,7 +928,7 @@ impl EtcdStore {
 
     /// Compares that hold while every holder key of `claim` is bound to its lease.
     fn ownership(&self, claim: &Claim) -> Vec<Compare> {
-        let lease_id = claim.lease_id.unwrap_or(0);
+        let lease_id = claim.lease.id;
         claim
             .held
             .iter()
@@ -913,7 +951,7 @@ impl EtcdStore {
     /// says the lease is gone, and with a retryable error when no endpoint
     /// answers.
     pub async fn renew(&mut self, claim: &Claim) -> Result<Instant, LeaseError> {
-        let lease_id = claim.lease_id.unwrap_or(0);
+        let lease_id = claim.lease.id;
         let timeout = self.settings.request_timeout;
         // The earliest send time of this renewal: the deadline counts from it
         // even when the answer comes from a stream reopened later.
@@ -973,10 +1011,10 @@ impl EtcdStore {
         let ours: Vec<MachineId> = claim.held.iter().map(|h| h.machine_id).collect();
         let instance_id = self.settings.instance_id.clone();
         let instance_id_for_log = instance_id.clone();
-        let lease_id = claim.lease_id.unwrap_or(0);
+        let lease_id = claim.lease.id;
         let endpoints = self.endpoints.clone();
         let timeout = self.settings.request_timeout;
-        let mut next_revision = claim.revision + 1;
+        let mut next_revision = claim.lease.revision + 1;
         let is_ours = move |kv: &etcd_client::KeyValue| {
             kv.value() == instance_id.as_bytes() && kv.lease() == lease_id
         };
@@ -1100,7 +1138,7 @@ impl EtcdStore {
     /// its own earlier attempt committed counts as done.
     pub async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
         let timeout = self.settings.request_timeout;
-        let lease_id = claim.lease_id.unwrap_or(0);
+        let lease_id = claim.lease.id;
         self.keeper = None;
         let ns = self.ns().to_owned();
         let instance_id = self.settings.instance_id.clone();
@@ -1164,11 +1202,10 @@ impl EtcdStore {
     /// Revokes a lease that is no longer used, best effort.
     pub async fn forget(&mut self, claim: &Claim) {
         self.keeper = None;
-        if let Some(lease_id) = claim.lease_id {
-            let timeout = self.settings.request_timeout;
-            if let Err(e) = self.endpoints.revoke(timeout, lease_id).await {
-                debug!(lease_id, error = %e, "could not revoke the lost lease; it expires by itself");
-            }
+        let lease_id = claim.lease.id;
+        let timeout = self.settings.request_timeout;
+        if let Err(e) = self.endpoints.revoke(timeout, lease_id).await {
+            debug!(lease_id, error = %e, "could not revoke the lost lease; it expires by itself");
         }
     }
 
@@ -1309,5 +1346,52 @@ impl CapacityReader {
         let total = self.range.end - self.range.start;
         let held = u32::try_from(resp.count()).unwrap_or(u32::MAX).min(total);
         Ok(Capacity { total, held })
+    }
+}
+
+impl CapacitySource for CapacityReader {
+    async fn read(&mut self) -> Result<Capacity, LeaseError> {
+        CapacityReader::read(self).await
+    }
+}
+
+impl LeaseStore for EtcdStore {
+    type Lease = EtcdLease;
+
+    async fn claim(&mut self) -> Result<Claim, LeaseError> {
+        EtcdStore::claim(self).await
+    }
+
+    async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
+        EtcdStore::advance_fences(self, claim, fences).await
+    }
+
+    async fn renew(&mut self, claim: &Claim) -> Result<Instant, LeaseError> {
+        EtcdStore::renew(self, claim).await
+    }
+
+    async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
+        EtcdStore::release(self, claim, last_used).await
+    }
+
+    /// Revokes the claim's lease: etcd deletes the holder keys with it and
+    /// leaves the fences.
+    async fn abandon(&mut self, claim: &Claim) {
+        self.forget(claim).await
+    }
+
+    fn watch_holders(&self, claim: &Claim) -> HolderWatch {
+        let task = EtcdStore::watch_holders(self, claim);
+        // The watch task panicked: assume the worst.
+        Box::pin(async move { task.await.unwrap_or(Ok(LossReason::HolderChanged)) })
+    }
+
+    /// The namespace record and the rollback rule, as before a claim.
+    async fn check_namespace(&mut self) -> Result<(), LeaseError> {
+        self.guard_namespace().await.map(|_| ())
+    }
+
+    fn may_claim_others(&self) -> bool {
+        true
     }
 }

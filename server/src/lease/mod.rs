@@ -1,8 +1,8 @@
 //! The machine-id lease lifecycle (docs/design.md, lease lifecycle): claim → wait past the previous
 //! fences → raise the fences → issue while renewing → lose or release.
 //!
-//! [`LeaseManager::run`] is one loop over one [`Store`] (etcd, or the embedded
-//! single-instance file store). An instance holds `N` machine ids under one
+//! [`LeaseManager::run`] is one loop over one [`LeaseStore`] (etcd, or the
+//! embedded single-instance file store). An instance holds `N` machine ids under one
 //! lease; slot `i` of the claim feeds generator `i`. The loop is the only
 //! writer of the generators' [`Grant`] channels:
 //!
@@ -14,161 +14,24 @@
 //! * on release the grants are withdrawn, the generators drained, and each
 //!   fence lowered to the last timestamp actually stamped (rule 4).
 
+pub mod capacity;
 pub mod claim;
 mod error;
 pub mod skew;
+mod store;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use snowkeep_client::{Generator, Grant, Layout, MachineId, Millis, SharedClock};
+use snowkeep_client::{Generator, Grant, Layout, Millis, SharedClock};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, error, info, warn};
 
 pub use error::{LeaseError, LossReason};
+pub use store::{Capacity, Claim, HeldId, HolderWatch, LeaseStore};
 
-use crate::etcd::EtcdStore;
-use crate::local::LocalStore;
 use crate::metrics as m;
-
-/// One claimed machine id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeldId {
-    /// The machine id.
-    pub machine_id: MachineId,
-    /// The previous holder's fence, read after the claim committed: stamped
-    /// timestamps must be above it.
-    pub floor: Millis,
-    /// The fence persisted now (starts at `floor`).
-    pub fence: Millis,
-}
-
-/// The machine ids claimed under one lease.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claim {
-    /// The machine ids, in generator slot order.
-    pub held: Vec<HeldId>,
-    /// The etcd lease; `None` for the embedded store.
-    pub lease_id: Option<i64>,
-    /// Local lease deadline (monotonic); `None` for the embedded store.
-    pub deadline: Option<Instant>,
-    /// The store revision at which the last claim transaction committed (etcd); 0 otherwise.
-    pub revision: i64,
-}
-
-impl Claim {
-    /// The highest floor: issuance starts once the clock is past it.
-    pub fn max_floor(&self) -> Millis {
-        self.held.iter().map(|h| h.floor).max().unwrap_or_default()
-    }
-
-    /// The machine ids, for logs.
-    pub fn machine_ids(&self) -> Vec<u16> {
-        self.held.iter().map(|h| h.machine_id.get()).collect()
-    }
-}
-
-/// Machine ids of a namespace (or of this instance's range of it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capacity {
-    /// Machine ids in the range.
-    pub total: u32,
-    /// Machine ids with a holder.
-    pub held: u32,
-}
-
-impl Capacity {
-    /// Machine ids without a holder.
-    pub fn free(&self) -> u32 {
-        self.total.saturating_sub(self.held)
-    }
-}
-
-/// Where leases are kept.
-#[derive(Debug)]
-pub enum Store {
-    /// etcd: leases with keepalive, fences in keys.
-    Etcd(Box<EtcdStore>),
-    /// The embedded single-instance store: a state file.
-    Local(LocalStore),
-}
-
-impl Store {
-    /// The store's name for logs and InfoService: `etcd` or `embedded`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Store::Etcd(_) => "etcd",
-            Store::Local(_) => "embedded",
-        }
-    }
-
-    async fn claim(&mut self) -> Result<Claim, LeaseError> {
-        match self {
-            Store::Etcd(s) => s.claim().await,
-            Store::Local(s) => Ok(s.claim()),
-        }
-    }
-
-    /// Persists `fences` (one per held id, same order) before they are used.
-    async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
-        match self {
-            Store::Etcd(s) => s.advance_fences(claim, fences).await,
-            Store::Local(s) => s.write_fences(claim, fences),
-        }
-    }
-
-    /// Renews the lease; the new deadline, `None` when the store has none.
-    async fn renew(&mut self, claim: &Claim) -> Result<Option<Instant>, LeaseError> {
-        match self {
-            Store::Etcd(s) => s.renew(claim).await.map(Some),
-            Store::Local(_) => Ok(None),
-        }
-    }
-
-    /// Lowers each fence to its last used timestamp and gives the ids back.
-    async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
-        match self {
-            Store::Etcd(s) => s.release(claim, last_used).await,
-            Store::Local(s) => s.write_fences(claim, last_used),
-        }
-    }
-
-    async fn forget(&mut self, claim: &Claim) {
-        if let Store::Etcd(s) = self {
-            s.forget(claim).await;
-        }
-    }
-
-    /// A task that ends when a holder key of the claim changes under us; the
-    /// embedded store has no such key, so its task never ends.
-    fn watch_holders(&self, claim: &Claim) -> AbortOnDropHandle<Result<LossReason, LeaseError>> {
-        match self {
-            Store::Etcd(s) => s.watch_holders(claim),
-            Store::Local(_) => AbortOnDropHandle::new(tokio::spawn(std::future::pending())),
-        }
-    }
-
-    /// Re-checks the namespace while holding (etcd: record and rollback
-    /// rule); the embedded store has no namespace record.
-    async fn check_namespace(&mut self) -> Result<(), LeaseError> {
-        match self {
-            Store::Etcd(s) => s.guard_namespace().await.map(|_| ()),
-            Store::Local(_) => Ok(()),
-        }
-    }
-
-    async fn capacity(&mut self, holding: u32) -> Result<Capacity, LeaseError> {
-        match self {
-            Store::Etcd(s) => s.capacity().await,
-            Store::Local(s) => Ok(Capacity {
-                total: s.machine_ids(),
-                held: holding,
-            }),
-        }
-    }
-}
 
 /// What to do when a lease is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -198,8 +61,6 @@ const CLAIM_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duratio
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
 /// Gauges are refreshed at least this often.
 const GAUGE_REFRESH: Duration = Duration::from_millis(500);
-/// Namespace capacity is read from the store this often.
-const CAPACITY_REFRESH: Duration = Duration::from_secs(5);
 
 /// A generator and the channel that feeds it grants: one per held machine id.
 pub struct Slot {
@@ -210,8 +71,8 @@ pub struct Slot {
 }
 
 /// Drives one lease over N machine ids and publishes the generators' grants.
-pub struct LeaseManager {
-    store: Store,
+pub struct LeaseManager<S> {
+    store: S,
     layout: Layout,
     namespace: String,
     clock: SharedClock,
@@ -225,11 +86,11 @@ enum Held {
     Fatal(LeaseError),
 }
 
-impl LeaseManager {
+impl<S: LeaseStore> LeaseManager<S> {
     /// Creates a manager; nothing happens until [`LeaseManager::run`]. The
     /// store claims exactly `slots.len()` machine ids.
     pub fn new(
-        store: Store,
+        store: S,
         layout: Layout,
         namespace: String,
         clock: SharedClock,
@@ -305,8 +166,8 @@ impl LeaseManager {
                         ahead,
                         max: self.timing.max_fence_wait,
                     };
-                    if let Store::Local(_) = self.store {
-                        // The embedded store has only these ids: nothing else to try.
+                    if !self.store.may_claim_others() {
+                        // The store has only these ids: nothing else to try.
                         return Err(err);
                     }
                     // etcd skips such ids when ranking; this one's fence moved
@@ -314,7 +175,7 @@ impl LeaseManager {
                     // frees the keys, leaves the fence and records no last
                     // holder) and claim again.
                     warn!(error = %crate::DisplayChain(&err), "claimed machine id is fenced too far ahead; claiming again");
-                    self.store.forget(&claim).await;
+                    self.store.abandon(&claim).await;
                     continue;
                 }
             }
@@ -325,7 +186,7 @@ impl LeaseManager {
                 }
                 (claim, Held::Fatal(e)) => {
                     self.withdraw();
-                    self.store.forget(&claim).await;
+                    self.store.abandon(&claim).await;
                     return Err(e);
                 }
                 (claim, Held::Lost(reason)) => {
@@ -337,7 +198,7 @@ impl LeaseManager {
                         reason,
                         LossReason::HolderChanged | LossReason::Revoked | LossReason::RolledBack
                     ) {
-                        self.store.forget(&claim).await;
+                        self.store.abandon(&claim).await;
                     }
                     if self.timing.on_lease_lost == OnLeaseLost::Exit {
                         return Err(LeaseError::LeaseLost { reason });
@@ -349,14 +210,17 @@ impl LeaseManager {
 
     /// Holds one claim: waits past its floors, keeps the fences ahead of the
     /// clock and the lease renewed, until it is lost or release is asked for.
-    async fn hold(&mut self, mut claim: Claim, release: &CancellationToken) -> (Claim, Held) {
+    async fn hold(
+        &mut self,
+        mut claim: Claim<S::Lease>,
+        release: &CancellationToken,
+    ) -> (Claim<S::Lease>, Held) {
         let renew_every = self.timing.lease_ttl / 3;
         let start = self.clock.now();
         let mut next_renew = start + renew_every;
         let mut fence_due = start;
         let mut published = false;
         let mut waited_since: Option<Instant> = None;
-        let mut next_capacity = start;
         let mut next_namespace_check = start + renew_every;
         let mut namespace_trouble = false;
         let mut holder_watch = self.store.watch_holders(&claim);
@@ -365,7 +229,7 @@ impl LeaseManager {
             if claim.deadline.is_some_and(|d| now >= d) {
                 return (claim, Held::Lost(LossReason::Deadline));
             }
-            if claim.lease_id.is_some() && now >= next_renew {
+            if claim.deadline.is_some() && now >= next_renew {
                 let sent = self.clock.now();
                 match self.store.renew(&claim).await {
                     Ok(deadline) => {
@@ -373,7 +237,7 @@ impl LeaseManager {
                         metrics::counter!(m::LEASE_RENEWALS_TOTAL, "result" => "ok").increment(1);
                         metrics::histogram!(m::LEASE_RENEWAL_DURATION_SECONDS)
                             .record(took.as_secs_f64());
-                        claim.deadline = deadline;
+                        claim.deadline = Some(deadline);
                         next_renew = sent + renew_every;
                         if published {
                             self.publish(&claim);
@@ -472,31 +336,9 @@ impl LeaseManager {
                 }
                 continue;
             }
-            if now >= next_capacity {
-                next_capacity = now + CAPACITY_REFRESH;
-                let holding = if published {
-                    claim.held.len() as u32
-                } else {
-                    0
-                };
-                match self.store.capacity(holding).await {
-                    Ok(c) => {
-                        let ns = self.namespace.clone();
-                        metrics::gauge!(m::NAMESPACE_MACHINE_IDS, "namespace" => ns.clone(), "state" => "held")
-                            .set(f64::from(c.held));
-                        metrics::gauge!(m::NAMESPACE_MACHINE_IDS, "namespace" => ns, "state" => "free")
-                            .set(f64::from(c.free()));
-                    }
-                    Err(e) => debug!(error = %crate::DisplayChain(&e), "capacity read failed"),
-                }
-                continue;
-            }
             self.publish_gauges(published.then_some(&claim));
-            let mut wake = fence_due
-                .min(now + GAUGE_REFRESH)
-                .min(next_capacity)
-                .min(next_namespace_check);
-            if claim.lease_id.is_some() {
+            let mut wake = fence_due.min(now + GAUGE_REFRESH).min(next_namespace_check);
+            if claim.deadline.is_some() {
                 wake = wake.min(next_renew);
             }
             if let Some(d) = claim.deadline {
@@ -506,10 +348,8 @@ impl LeaseManager {
                 _ = release.cancelled() => return (claim, Held::Released),
                 outcome = &mut holder_watch => {
                     return match outcome {
-                        Ok(Ok(reason)) => (claim, Held::Lost(reason)),
-                        Ok(Err(e)) => (claim, Held::Fatal(e)),
-                        // The watch task panicked: assume the worst.
-                        Err(_) => (claim, Held::Lost(LossReason::HolderChanged)),
+                        Ok(reason) => (claim, Held::Lost(reason)),
+                        Err(e) => (claim, Held::Fatal(e)),
                     };
                 }
                 _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => {}
@@ -523,7 +363,7 @@ impl LeaseManager {
         &self,
         metric: &'static str,
         op: &'static str,
-        claim: &Claim,
+        claim: &Claim<S::Lease>,
         e: &LeaseError,
     ) -> Instant {
         metrics::counter!(metric, "result" => "error").increment(1);
@@ -531,7 +371,7 @@ impl LeaseManager {
         self.clock.now() + RETRY_AFTER_FAILURE
     }
 
-    fn publish(&self, claim: &Claim) {
+    fn publish(&self, claim: &Claim<S::Lease>) {
         for (slot, h) in self.slots.iter().zip(&claim.held) {
             slot.grant.send_replace(Some(Grant {
                 machine_id: h.machine_id,
@@ -549,7 +389,7 @@ impl LeaseManager {
         self.publish_gauges(None);
     }
 
-    fn publish_gauges(&self, claim: Option<&Claim>) {
+    fn publish_gauges(&self, claim: Option<&Claim<S::Lease>>) {
         let ns = self.namespace.clone();
         let (held, remaining, headroom) = match claim {
             Some(c) => {
@@ -570,7 +410,7 @@ impl LeaseManager {
 
     /// Withdraws the grants, drains the generators and releases the claim with
     /// each fence lowered to the last timestamp stamped. Failures are logged only.
-    async fn release(&mut self, claim: Claim) {
+    async fn release(&mut self, claim: Claim<S::Lease>) {
         self.withdraw();
         let last_used: Vec<Millis> = self
             .slots
