@@ -28,6 +28,8 @@ mod hold;
 mod manager;
 pub mod skew;
 mod store;
+#[cfg(test)]
+mod tests;
 
 pub use error::{LeaseError, LossReason};
 pub use manager::{LeaseManager, LeaseTiming, OnLeaseLost, Slot};
