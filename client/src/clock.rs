@@ -1,6 +1,7 @@
 //! Time enters snowkeep here and nowhere else (clippy bans `SystemTime::now` and
 //! `Instant::now` elsewhere), so generation and lease logic can be tested with an
-//! injected [`ManualClock`] and never sleep.
+//! injected [`ManualClock`] and never sleep, and loops that sleep on tokio's
+//! timer with a [`TokioClock`] under tokio's paused time.
 //!
 //! Two clocks matter (docs/design.md, the safety invariant): the **wall clock** (Unix ms) is what ids stamp
 //! and may jump; the **monotonic clock** measures lease deadlines and never does.
@@ -95,5 +96,58 @@ impl Clock for ManualClock {
                 .lock()
                 .expect("manual clock lock is never poisoned")
                 .1
+    }
+}
+
+/// A clock on tokio's time, for tests of loops that take instants from the
+/// clock and sleep on tokio's timer: its monotonic time is
+/// `tokio::time::Instant::now()`, and its wall time moves with it (whole ms)
+/// from where it started, plus any steps. Under tokio's paused time
+/// (`#[tokio::test(start_paused = true)]`) the clock and the sleeps then
+/// agree, and a test runs hours of lease time in microseconds.
+///
+/// Create it inside the runtime (tokio's clock is read at creation).
+#[derive(Debug)]
+pub struct TokioClock {
+    base: tokio::time::Instant,
+    base_unix_ms: u64,
+    /// Wall-clock steps so far, ms (negative: set back).
+    stepped_ms: Mutex<i64>,
+}
+
+impl TokioClock {
+    /// A clock whose wall time reads `unix_ms` now.
+    pub fn new(unix_ms: u64) -> Arc<Self> {
+        Arc::new(Self {
+            base: tokio::time::Instant::now(),
+            base_unix_ms: unix_ms,
+            stepped_ms: Mutex::new(0),
+        })
+    }
+
+    /// Steps the wall clock by `by_ms` (negative: backwards); monotonic time
+    /// is untouched.
+    pub fn step_unix_ms(&self, by_ms: i64) {
+        *self
+            .stepped_ms
+            .lock()
+            .expect("tokio clock lock is never poisoned") += by_ms;
+    }
+}
+
+impl Clock for TokioClock {
+    fn unix_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let stepped = *self
+            .stepped_ms
+            .lock()
+            .expect("tokio clock lock is never poisoned");
+        self.base_unix_ms
+            .saturating_add(elapsed)
+            .saturating_add_signed(stepped)
+    }
+
+    fn now(&self) -> Instant {
+        tokio::time::Instant::now().into_std()
     }
 }

@@ -5,7 +5,7 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`layout`] | bit layout, epoch, encode/decode, the `MachineId` and `Millis` newtypes |
-//! | [`clock`] | the only place time is read; `ManualClock` for tests |
+//! | [`clock`] | the only place time is read; `ManualClock` and `TokioClock` for tests |
 //! | [`generator`] | `Generator` and `Grant`: stamping under a fence and a lease deadline |
 //! | [`embedded`] | `EmbeddedGenerator`: ids in process from machine ids leased through the Lease API |
 //! | [`remote`] | `RemoteClient` (several servers, retries) and `IdPool` (prefetch) |
@@ -22,7 +22,7 @@ pub mod generator;
 pub mod layout;
 pub mod remote;
 
-pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
 pub use embedded::{EmbeddedConfig, EmbeddedGenerator, Requester};
 pub use error::{ClientError, GenerateError, StopReason};
 pub use generator::{Generator, GeneratorMetrics, GeneratorSet, Grant, Step, Taken};

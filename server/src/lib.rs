@@ -8,7 +8,7 @@
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
 //! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` holds embedded requesters' leases |
 //! | [`local`] | the embedded single-instance store (a state file) |
-//! | [`lease`] | the lease lifecycle: `LeaseManager`, candidate ranking, client-skew rule, `LeaseError` |
+//! | [`lease`] | the lease lifecycle: `LeaseManager` over the `LeaseStore` seam (which `etcd` and `local` implement; `lease` imports neither), the capacity gauges, candidate ranking, client-skew rule, `LeaseError` |
 //! | [`service`] | gRPC adapters (IdService, InfoService, LeaseService), status mapping, health |
 //! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
 //! | [`limits`] | bounds on connections, calls, memory and messages under hostile or broken clients |

@@ -33,9 +33,11 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use snowkeep_client::{Layout, MachineId, Millis};
+use snowkeep_client::{Grant, Layout, MachineId, Millis};
+use tokio::sync::watch;
 
-use crate::lease::{Claim, HeldId, LeaseError};
+use crate::lease::capacity::CapacitySource;
+use crate::lease::{Capacity, Claim, HeldId, HolderWatch, LeaseError, LeaseStore};
 
 /// Fences kept in a local file, one per machine id.
 #[derive(Debug)]
@@ -162,9 +164,8 @@ impl LocalStore {
                     fence: self.fence(machine_id),
                 })
                 .collect(),
-            lease_id: None,
             deadline: None,
-            revision: 0,
+            lease: (),
         }
     }
 
@@ -197,6 +198,76 @@ impl LocalStore {
         }
         self.fences = next;
         Ok(())
+    }
+}
+
+/// The embedded store's claims never expire and it has no holder keys: it
+/// claims the same machine ids each time, renews nothing, and a release
+/// only lowers the fences.
+impl LeaseStore for LocalStore {
+    type Lease = ();
+
+    async fn claim(&mut self) -> Result<Claim, LeaseError> {
+        Ok(LocalStore::claim(self))
+    }
+
+    async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
+        self.write_fences(claim, fences)
+    }
+
+    /// Never called: the claims have no deadline.
+    async fn renew(&mut self, _claim: &Claim) -> Result<std::time::Instant, LeaseError> {
+        Err(LeaseError::LeaseLost {
+            reason: crate::lease::LossReason::Expired,
+        })
+    }
+
+    async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
+        self.write_fences(claim, last_used)
+    }
+
+    async fn abandon(&mut self, _claim: &Claim) {}
+
+    fn watch_holders(&self, _claim: &Claim) -> HolderWatch {
+        Box::pin(std::future::pending())
+    }
+
+    /// The state file's layout was checked at open; there is no namespace record.
+    async fn check_namespace(&mut self) -> Result<(), LeaseError> {
+        Ok(())
+    }
+
+    fn may_claim_others(&self) -> bool {
+        false
+    }
+}
+
+/// The embedded store's capacity: its machine ids, all held while the lease
+/// loop issues under them (a grant is published), none otherwise.
+#[derive(Debug)]
+pub struct LocalCapacity {
+    total: u32,
+    grants: Vec<watch::Receiver<Option<Grant>>>,
+}
+
+impl LocalCapacity {
+    /// The capacity of `store`, held as far as `grants` (one per generator
+    /// slot) carry a grant.
+    pub fn new(store: &LocalStore, grants: Vec<watch::Receiver<Option<Grant>>>) -> Self {
+        Self {
+            total: store.machine_ids(),
+            grants,
+        }
+    }
+}
+
+impl CapacitySource for LocalCapacity {
+    async fn read(&mut self) -> Result<Capacity, LeaseError> {
+        let held = self.grants.iter().filter(|g| g.borrow().is_some()).count();
+        Ok(Capacity {
+            total: self.total,
+            held: u32::try_from(held).unwrap_or(u32::MAX),
+        })
     }
 }
 

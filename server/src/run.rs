@@ -21,11 +21,11 @@ use tracing::{error, info, warn};
 
 use crate::config::{Limits, ServerConfig, StoreConfig};
 use crate::etcd::{EtcdSettings, EtcdStore};
-use crate::lease::{LeaseError, LeaseManager, LeaseTiming, Slot, Store};
+use crate::lease::{capacity, LeaseError, LeaseManager, LeaseTiming, Slot};
 use crate::limits::calls::CallLimits;
 use crate::limits::conn::{Listener, ListenerLimits};
 use crate::limits::wire::WireStatusLayer;
-use crate::local::LocalStore;
+use crate::local::{LocalCapacity, LocalStore};
 use crate::metrics as m;
 use crate::service::{
     self, health, id::IdHandler, info::InfoHandler, lease::LeaseHandler, StoreAccess,
@@ -115,7 +115,7 @@ async fn connect_etcd(
     layout: snowkeep_client::Layout,
     clock: snowkeep_client::SharedClock,
     shutdown: &CancellationToken,
-) -> Result<Option<Store>, LeaseError> {
+) -> Result<Option<EtcdStore>, LeaseError> {
     let endpoints = settings.endpoints.clone();
     let mut store = EtcdStore::new(settings, layout, clock).await?;
     let mut delay = Duration::from_millis(200);
@@ -125,7 +125,7 @@ async fn connect_etcd(
             r = store.open_namespace() => r,
         };
         match checked {
-            Ok(()) => return Ok(Some(Store::Etcd(Box::new(store)))),
+            Ok(()) => return Ok(Some(store)),
             Err(e) if e.is_retryable() => {
                 warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
                 tokio::select! {
@@ -267,10 +267,10 @@ pub async fn run(
         backward_halted: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "halted"),
     };
     let mut slots = Vec::new();
-    let mut grant_rx = None;
+    let mut grant_rxs = Vec::new();
     for _ in 0..config.machine_ids {
         let (grant, rx) = watch::channel(None);
-        grant_rx.get_or_insert_with(|| rx.clone());
+        grant_rxs.push(rx.clone());
         let generator = Generator::new(
             config.layout,
             clock.clone(),
@@ -280,7 +280,10 @@ pub async fn run(
         );
         slots.push(Slot { grant, generator });
     }
-    let grant_rx = grant_rx.expect("config guarantees at least one machine id");
+    let grant_rx = grant_rxs
+        .first()
+        .cloned()
+        .expect("config guarantees at least one machine id");
     let generators = GeneratorSet::new(slots.iter().map(|s| s.generator.clone()).collect());
     let timing = LeaseTiming {
         lease_ttl: config.lease_ttl,
@@ -303,25 +306,34 @@ pub async fn run(
         let (clock, ns, layout) = (clock.clone(), ns.clone(), config.layout);
         let (shutdown, release, access) = (shutdown.clone(), release.clone(), access.clone());
         tracker.spawn(async move {
-            let store = match (local, etcd_settings) {
-                (Some(local), _) => Store::Local(local),
+            // The capacity gauges follow the first slot's grant.
+            let grant = grant_rxs[0].clone();
+            match (local, etcd_settings) {
+                (Some(local), _) => {
+                    let source = LocalCapacity::new(&local, grant_rxs);
+                    tokio::spawn(capacity::run(source, ns.clone(), grant, shutdown.clone()));
+                    LeaseManager::new(local, layout, ns, clock, timing, slots)
+                        .run(release)
+                        .await
+                }
                 (None, Some(settings)) => {
-                    match connect_etcd(settings, layout, clock.clone(), &shutdown).await? {
-                        Some(store) => store,
-                        None => return Ok(()),
-                    }
+                    let Some(store) =
+                        connect_etcd(settings, layout, clock.clone(), &shutdown).await?
+                    else {
+                        return Ok(());
+                    };
+                    access.connected(&store);
+                    let _ = peers.set(store.peer_directory());
+                    // Advice only, so it neither delays nor stops the claim.
+                    tokio::spawn(store.overlap_check().warn_once());
+                    let source = store.capacity_reader();
+                    tokio::spawn(capacity::run(source, ns.clone(), grant, shutdown.clone()));
+                    LeaseManager::new(store, layout, ns, clock, timing, slots)
+                        .run(release)
+                        .await
                 }
                 (None, None) => unreachable!("one of the two stores is configured"),
-            };
-            access.connected(&store);
-            if let Store::Etcd(s) = &store {
-                let _ = peers.set(s.peer_directory());
-                // Advice only, so it neither delays nor stops the claim.
-                tokio::spawn(s.overlap_check().warn_once());
             }
-            LeaseManager::new(store, layout, ns, clock, timing, slots)
-                .run(release)
-                .await
         })
     };
     let (routes, reporter) = service::router(

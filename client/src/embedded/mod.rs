@@ -41,6 +41,9 @@
 //!   last timestamp stamped on each machine id (skipped when the lease is
 //!   already gone; a failure is logged, never fatal).
 
+mod api;
+#[cfg(test)]
+mod loop_tests;
 mod requester;
 
 use std::collections::HashMap;
@@ -51,9 +54,10 @@ use rand::Rng;
 use snowkeep_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tracing::{debug, error, info, warn};
 
+use api::LeaseApi;
 pub use requester::Requester;
 
 use crate::clock::SharedClock;
@@ -139,7 +143,7 @@ struct Shared {
     token: String,
     clock: SharedClock,
     layout: Layout,
-    client: pb::lease_service_client::LeaseServiceClient<Channel>,
+    client: Arc<dyn LeaseApi>,
     slots: Vec<watch::Sender<Option<Grant>>>,
     generators: Vec<Arc<Generator>>,
     machine_ids: Vec<MachineId>,
@@ -172,10 +176,10 @@ impl Shared {
 
     async fn call<T>(
         &self,
-        fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        fut: impl std::future::Future<Output = Result<T, tonic::Status>>,
     ) -> Result<T, ClientError> {
         match tokio::time::timeout(self.config.request_timeout, fut).await {
-            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Ok(r)) => Ok(r),
             Ok(Err(status)) => Err(ClientError::Status(status)),
             Err(_) => Err(ClientError::Status(tonic::Status::deadline_exceeded(
                 "no answer from the Lease API in time",
@@ -201,7 +205,7 @@ impl Shared {
             }
         }
         release(
-            &self.client,
+            &*self.client,
             &self.config,
             &self.requester,
             &self.token,
@@ -290,7 +294,7 @@ fn past_fence(layout: &Layout, unix_ms: u64, grant: &pb::LeaseGrant) -> Option<D
 /// many the server released, 0 when the call failed (logged: the lease then
 /// ends by itself).
 async fn release(
-    client: &pb::lease_service_client::LeaseServiceClient<Channel>,
+    client: &dyn LeaseApi,
     config: &EmbeddedConfig,
     requester: &Requester,
     token: &str,
@@ -302,9 +306,8 @@ async fn release(
         last_used_ms,
         lease_token: token.to_owned(),
     };
-    let mut client = client.clone();
     match tokio::time::timeout(config.request_timeout, client.release(request)).await {
-        Ok(Ok(r)) => r.into_inner().released,
+        Ok(Ok(r)) => r.released,
         Ok(Err(status)) => {
             warn!(namespace = %config.namespace, error = %ClientError::Status(status), "Release failed; the machine ids free themselves when the lease expires");
             0
@@ -381,7 +384,7 @@ impl EmbeddedGenerator {
             config.clone(),
             requester.clone(),
             clock,
-            client.clone(),
+            Arc::new(client.clone()),
             grant,
             sent,
         )
@@ -402,7 +405,7 @@ impl EmbeddedGenerator {
         config: EmbeddedConfig,
         requester: Requester,
         clock: SharedClock,
-        client: pb::lease_service_client::LeaseServiceClient<Channel>,
+        client: Arc<dyn LeaseApi>,
         grant: pb::LeaseGrant,
         sent: Instant,
     ) -> Result<Self, ClientError> {
@@ -575,8 +578,7 @@ async fn check_loop(shared: Arc<Shared>) {
                 .collect(),
             lease_token: shared.token.clone(),
         };
-        let mut client = shared.client.clone();
-        match shared.call(client.check(request)).await {
+        match shared.call(shared.client.check(request)).await {
             Ok(answer) if answer.valid => {}
             Ok(answer) => match gone_reason(answer.reason) {
                 Some(reason) => {
@@ -624,8 +626,7 @@ async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
             lease_token: shared.token.clone(),
             namespace_incarnation: shared.incarnation,
         };
-        let mut client = shared.client.clone();
-        match shared.call(client.renew(request)).await {
+        match shared.call(shared.client.renew(request)).await {
             Ok(grant) if grant.machine_ids.is_empty() => {
                 shared.stop(gone_reason(grant.gone_reason).unwrap_or(StopReason::LeaseGone));
                 return;

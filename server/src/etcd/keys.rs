@@ -21,8 +21,17 @@
 //! expire with their leases.
 //!
 //! Machine ids are zero-padded to five digits so keys sort numerically.
+//!
+//! The values snowkeep parses back are decoded here too: fences
+//! ([`decode_fence`]) and requester records ([`encode_record`],
+//! [`decode_record`]).
 
-use snowkeep_client::MachineId;
+use snowkeep_client::{MachineId, Millis};
+
+use crate::lease::{HeldId, LeaseError};
+
+/// Longest stored value quoted in a log line or an error about an unreadable key.
+const QUOTED_VALUE_CHARS: usize = 100;
 
 const ROOT: &str = "/snowkeep/v1/ns/";
 
@@ -49,6 +58,14 @@ pub fn holder_prefix(namespace: &str) -> String {
 /// The holder key of one machine id.
 pub fn holder(namespace: &str, machine_id: MachineId) -> String {
     format!("{ROOT}{namespace}/holder/{:05}", machine_id.get())
+}
+
+/// The exclusive end of the holder keys of machine ids below `end`: with
+/// [`holder`] of the range's start, the key range of a machine-id range
+/// `[start, end)` (five-digit padding keeps numeric order, and `end` may be
+/// 65536, one past the last machine id).
+pub fn holder_range_end(namespace: &str, end: u32) -> String {
+    format!("{ROOT}{namespace}/holder/{end:05}")
 }
 
 /// The prefix of the namespace's fence keys.
@@ -122,6 +139,58 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
 pub fn machine_id_of(key: &[u8], prefix: &str) -> Option<MachineId> {
     let rest = key.strip_prefix(prefix.as_bytes())?;
     std::str::from_utf8(rest).ok()?.parse().ok().map(MachineId)
+}
+
+/// A fence value: decimal layout ms. [`LeaseError::Corrupt`] naming `key`
+/// for anything else.
+pub fn decode_fence(key: &str, value: &[u8]) -> Result<Millis, LeaseError> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Millis)
+        .ok_or_else(|| LeaseError::Corrupt {
+            key: key.to_owned(),
+            value: String::from_utf8_lossy(value).into_owned(),
+        })
+}
+
+/// A requester record's value: `machine_id:floor_ms` per held machine id,
+/// comma-separated, in slot order.
+pub fn encode_record(held: &[HeldId]) -> String {
+    held.iter()
+        .map(|h| format!("{}:{}", h.machine_id.get(), h.floor.get()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The machine ids and floors (layout ms) of a requester record's value;
+/// [`LeaseError::Corrupt`] naming `key` (the value quoted) for anything that
+/// is not [`encode_record`]'s form.
+pub fn decode_record(key: &str, value: &[u8]) -> Result<Vec<(MachineId, Millis)>, LeaseError> {
+    let corrupt = || LeaseError::Corrupt {
+        key: key.to_owned(),
+        value: quoted(value),
+    };
+    let text = std::str::from_utf8(value).map_err(|_| corrupt())?;
+    text.split(',')
+        .map(|pair| {
+            let (id, floor) = pair.split_once(':').ok_or_else(corrupt)?;
+            Ok((
+                MachineId(id.parse().map_err(|_| corrupt())?),
+                Millis(floor.parse().map_err(|_| corrupt())?),
+            ))
+        })
+        .collect()
+}
+
+/// A stored `value` as text for logs and errors, cut to
+/// [`QUOTED_VALUE_CHARS`] characters.
+pub fn quoted(value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(value);
+    match text.char_indices().nth(QUOTED_VALUE_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.into_owned(),
+    }
 }
 
 #[cfg(test)]

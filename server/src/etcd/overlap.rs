@@ -71,22 +71,13 @@ impl EtcdStore {
     }
 }
 
-/// The first key after every key that starts with `prefix`.
-fn after_prefix(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    end
-}
-
 impl OverlapCheck {
     /// Every other namespace of the etcd with this namespace's bit split that
     /// has a fence or holder key in this server's machine-id range, in name
     /// order (at most [`MAX_NAMESPACES`] namespaces are looked at).
     pub async fn find(&mut self) -> Result<Vec<Overlap>, LeaseError> {
         let root = keys::namespaces_root();
-        let end = after_prefix(root);
+        let end = keys::prefix_end(root);
         let mut from = root.as_bytes().to_vec();
         let mut found = Vec::new();
         for _ in 0..MAX_NAMESPACES {
@@ -226,7 +217,7 @@ mod tests {
 
     #[test]
     fn the_scan_skips_past_a_namespace_and_stops_at_the_root_end() {
-        assert_eq!(after_prefix("/snowkeep/v1/ns/"), b"/snowkeep/v1/ns0");
+        assert_eq!(keys::prefix_end("/snowkeep/v1/ns/"), b"/snowkeep/v1/ns0");
         // "a0" sorts after every "a/..." key and before "a0x/...", "b/...".
         assert!(b"a/zzzz".as_slice() < b"a0".as_slice());
         assert!(b"a0".as_slice() <= b"a0x/layout".as_slice());

@@ -48,7 +48,8 @@ use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 use subtle::ConstantTimeEq;
 use tracing::{error, info, warn};
 
-use super::{claim_ids, keys, ClaimRequest, Endpoints, EtcdStore};
+use super::keys::{self, decode_record, encode_record, quoted};
+use super::{claim_ids, ClaimRequest, Endpoints, EtcdStore};
 use crate::lease::{Capacity, HeldId, LeaseError};
 use crate::metrics::{self as m, KeyKind};
 
@@ -60,9 +61,6 @@ pub const FENCE_MARGIN: Duration = Duration::from_secs(60);
 /// machine id plus the record and the token key, and etcd allows 128
 /// operations per transaction (`--max-txn-ops` default), so 63.
 pub const MAX_REQUESTER_IDS: u32 = 63;
-
-/// Longest stored value quoted in a log line or an error about an unreadable key.
-const QUOTED_VALUE_CHARS: usize = 100;
 
 /// Lower-case hex of `bytes`.
 fn hex(bytes: &[u8]) -> String {
@@ -255,42 +253,6 @@ enum FenceRead {
     Missing,
     /// Unreadable (already logged with its key and counted): the value, quoted.
     Corrupt(String),
-}
-
-fn encode_record(held: &[HeldId]) -> String {
-    held.iter()
-        .map(|h| format!("{}:{}", h.machine_id.get(), h.floor.get()))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-pub(super) fn decode_record(
-    key: &str,
-    value: &[u8],
-) -> Result<Vec<(MachineId, Millis)>, LeaseError> {
-    let corrupt = || LeaseError::Corrupt {
-        key: key.to_owned(),
-        value: quoted(value),
-    };
-    let text = std::str::from_utf8(value).map_err(|_| corrupt())?;
-    text.split(',')
-        .map(|pair| {
-            let (id, floor) = pair.split_once(':').ok_or_else(corrupt)?;
-            Ok((
-                MachineId(id.parse().map_err(|_| corrupt())?),
-                Millis(floor.parse().map_err(|_| corrupt())?),
-            ))
-        })
-        .collect()
-}
-
-/// `value` as text, cut to [`QUOTED_VALUE_CHARS`] characters.
-fn quoted(value: &[u8]) -> String {
-    let text = String::from_utf8_lossy(value);
-    match text.char_indices().nth(QUOTED_VALUE_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.into_owned(),
-    }
 }
 
 /// Logs an unreadable key of `kind` in `namespace` with its full name, counts
@@ -495,7 +457,7 @@ impl RequesterLeases {
             .map(|(i, (&id, key))| {
                 let read = match got(&ops, i) {
                     None => FenceRead::Missing,
-                    Some((value, _)) => match super::parse_fence(key, &value) {
+                    Some((value, _)) => match keys::decode_fence(key, &value) {
                         Ok(fence) => FenceRead::Value(fence),
                         Err(_) => match corrupt_key(namespace, KeyKind::Fence, key, &value) {
                             LeaseError::Corrupt { value, .. } => FenceRead::Corrupt(value),

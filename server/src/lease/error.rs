@@ -211,9 +211,17 @@ pub enum LeaseError {
         /// The state file.
         path: String,
     },
-    /// An etcd call failed.
-    #[error("etcd request failed")]
-    Etcd(#[from] etcd_client::Error),
+    /// A request to the store failed without a definite answer (refused,
+    /// reset, no leader behind it): retried. The backend's own error is the
+    /// source; only that backend looks inside it.
+    #[error("{store} request failed")]
+    Store {
+        /// The store asked: `etcd`.
+        store: &'static str,
+        /// The backend's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A state file operation failed.
     #[error("state file {path} I/O failed")]
     Io {
@@ -233,7 +241,7 @@ impl LeaseError {
             LeaseError::LeaseLost { .. }
             | LeaseError::Corrupt { .. }
             | LeaseError::Timeout { .. }
-            | LeaseError::Etcd(_)
+            | LeaseError::Store { .. }
             | LeaseError::Io { .. } => true,
             LeaseError::NoFreeMachineId { .. }
             | LeaseError::UnknownNamespace { .. }

@@ -16,8 +16,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::config::Limits;
 use crate::etcd::requesters::RequesterLeases;
-use crate::etcd::CapacityReader;
-use crate::lease::Store;
+use crate::etcd::{CapacityReader, EtcdStore};
 use status::ApiError;
 
 /// What the API handlers need from the lease store, once it is connected.
@@ -38,9 +37,9 @@ impl StoreAccess {
         StoreAccess::Etcd(Arc::default())
     }
 
-    /// Records that `store` is connected.
-    pub fn connected(&self, store: &Store) {
-        if let (StoreAccess::Etcd(cell), Store::Etcd(s)) = (self, store) {
+    /// Records that the etcd store `s` is connected.
+    pub fn connected(&self, s: &EtcdStore) {
+        if let StoreAccess::Etcd(cell) = self {
             let _ = cell.set((s.capacity_reader(), RequesterLeases::new(s)));
         }
     }

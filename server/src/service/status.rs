@@ -228,7 +228,7 @@ fn code_of(err: &ApiError) -> Code {
             LeaseError::FenceTooFarAhead { .. }
             | LeaseError::LeaseLost { .. }
             | LeaseError::Timeout { .. }
-            | LeaseError::Etcd(_)
+            | LeaseError::Store { .. }
             | LeaseError::Io { .. } => Code::Unavailable,
             LeaseError::Corrupt { .. }
             | LeaseError::LayoutMismatch { .. }

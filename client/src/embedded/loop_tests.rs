@@ -1,0 +1,163 @@
+//! The renew loop's decisions against a scripted Lease API double, on
+//! tokio's paused time with a [`TokioClock`]: when each call is made (ms
+//! since the grant was sent) and what the generator is left with.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use snowkeep_proto::v1 as pb;
+
+use super::api::{ApiCall, LeaseApi};
+use super::{EmbeddedConfig, EmbeddedGenerator, Requester};
+use crate::clock::TokioClock;
+use crate::error::StopReason;
+use crate::layout::{Layout, Millis};
+
+/// Layout ms when each test starts.
+const START_MS: u64 = 5_000_000;
+
+/// A Lease API that answers Renew from a script (then never again) and
+/// records each call with the ms since the test started.
+struct FakeApi {
+    start: tokio::time::Instant,
+    renews: Mutex<VecDeque<Result<pb::LeaseGrant, tonic::Status>>>,
+    calls: Mutex<Vec<(u64, &'static str)>>,
+}
+
+impl FakeApi {
+    fn new(renews: Vec<Result<pb::LeaseGrant, tonic::Status>>) -> Arc<Self> {
+        Arc::new(Self {
+            start: tokio::time::Instant::now(),
+            renews: Mutex::new(renews.into()),
+            calls: Mutex::default(),
+        })
+    }
+
+    fn record(&self, call: &'static str) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap();
+        self.calls.lock().unwrap().push((ms, call));
+    }
+
+    fn calls(&self) -> Vec<(u64, &'static str)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl LeaseApi for FakeApi {
+    fn renew(&self, _request: pb::RenewRequest) -> ApiCall<pb::LeaseGrant> {
+        self.record("renew");
+        let answer = self.renews.lock().unwrap().pop_front();
+        Box::pin(async move {
+            match answer {
+                Some(answer) => answer,
+                None => std::future::pending().await,
+            }
+        })
+    }
+
+    fn check(&self, _request: pb::CheckRequest) -> ApiCall<pb::CheckResponse> {
+        self.record("check");
+        Box::pin(std::future::pending())
+    }
+
+    fn release(&self, _request: pb::ReleaseRequest) -> ApiCall<pb::ReleaseResponse> {
+        self.record("release");
+        Box::pin(async { Ok(pb::ReleaseResponse { released: 1 }) })
+    }
+}
+
+/// A grant of machine id 4 (floor 1 s behind the start, fence 10 min ahead)
+/// for `expires_in_ms`.
+fn grant(expires_in_ms: u64) -> pb::LeaseGrant {
+    let layout = Layout::default();
+    pb::LeaseGrant {
+        machine_ids: vec![pb::LeasedMachineId {
+            machine_id: 4,
+            floor_ms: START_MS - 1_000,
+            fence_ms: START_MS + 600_000,
+        }],
+        lease_duration_ms: expires_in_ms,
+        expires_in_ms,
+        layout: Some(pb::Layout {
+            timestamp_bits: u32::from(layout.timestamp_bits()),
+            machine_bits: u32::from(layout.machine_bits()),
+            sequence_bits: u32::from(layout.sequence_bits()),
+            epoch_unix_ms: layout.epoch_unix_ms(),
+        }),
+        lease_token: "ab".repeat(32),
+        ..Default::default()
+    }
+}
+
+/// Accepts `grant(first_expires_in_ms)` sent now, with Check off.
+async fn accepted(api: Arc<FakeApi>, first_expires_in_ms: u64) -> EmbeddedGenerator {
+    let clock = TokioClock::new(Layout::default().to_unix_ms(Millis(START_MS)));
+    let mut config = EmbeddedConfig::new("http://127.0.0.1:1", "ns");
+    config.check_interval = Duration::ZERO;
+    let sent = tokio::time::Instant::now().into_std();
+    EmbeddedGenerator::accept(
+        config,
+        Requester::current(),
+        clock,
+        api,
+        grant(first_expires_in_ms),
+        sent,
+    )
+    .await
+    .unwrap()
+}
+
+/// Polls `done` every 10 ms of (paused) time until it holds, failing after `within`.
+async fn until(within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_at_once_then_at_half_of_each_granted_lease() {
+    let api = FakeApi::new(vec![
+        Ok(grant(60_000)),
+        Ok(grant(40_000)),
+        Ok(grant(60_000)),
+    ]);
+    let generator = accepted(api.clone(), 60_000).await;
+    until(Duration::from_secs(60), || api.calls().len() == 3).await;
+    // 0: the first renewal proves the path; 30 s = half of 60 s; 50 s =
+    // 30 s + half of 40 s.
+    assert_eq!(
+        api.calls(),
+        vec![(0, "renew"), (30_000, "renew"), (50_000, "renew")]
+    );
+    // The published deadline counts from the last renewal's send time.
+    let grant = generator.shared.generators[0].grant().unwrap();
+    assert_eq!(
+        grant.deadline,
+        Some(api.start.into_std() + Duration::from_millis(50_000 + 60_000))
+    );
+    assert!(generator.next_id().await.is_ok());
+    assert_eq!(generator.stopped(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_renewal_stops_issuance_at_once_and_for_good() {
+    let empty = pb::LeaseGrant {
+        gone_reason: pb::LeaseCheckReason::LeaseGone as i32,
+        ..Default::default()
+    };
+    let api = FakeApi::new(vec![Ok(empty)]);
+    let generator = accepted(api.clone(), 60_000).await;
+    until(Duration::from_secs(1), || generator.stopped().is_some()).await;
+    assert_eq!(generator.stopped(), Some(StopReason::LeaseGone));
+    assert!(!generator.is_ready());
+    assert!(generator.next_id().await.is_err());
+    // No renewal after the stop, and no Release: the lease is already gone.
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(api.calls(), vec![(0, "renew")]);
+}

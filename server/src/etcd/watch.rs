@@ -1,0 +1,148 @@
+//! The holder watch: ends a hold when one of its holder keys is deleted or
+//! rewritten under it, on whichever endpoint answers.
+
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, WatchOptions};
+use snowkeep_client::MachineId;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{debug, warn};
+
+use super::{keys, Claim, EtcdStore};
+use crate::lease::{LeaseError, LossReason};
+
+/// Pause before re-opening a failed holder watch.
+const WATCH_RETRY: Duration = Duration::from_millis(250);
+
+impl EtcdStore {
+    /// Watches the namespace's holder keys from just after the claim: the
+    /// returned task ends with `HolderChanged` when one of the claim's keys is
+    /// deleted or rewritten for another holder or lease (an operator's
+    /// `etcdctl del`, an expiry seen by etcd). Aborted when dropped.
+    pub fn watch_holders(
+        &self,
+        claim: &Claim,
+    ) -> AbortOnDropHandle<Result<LossReason, LeaseError>> {
+        let prefix = keys::holder_prefix(self.ns());
+        let ours: Vec<MachineId> = claim.held.iter().map(|h| h.machine_id).collect();
+        let instance_id = self.settings.instance_id.clone();
+        let instance_id_for_log = instance_id.clone();
+        let lease_id = claim.lease.id;
+        let endpoints = self.endpoints.clone();
+        let timeout = self.settings.request_timeout;
+        let mut next_revision = claim.lease.revision + 1;
+        let is_ours = move |kv: &etcd_client::KeyValue| {
+            kv.value() == instance_id.as_bytes() && kv.lease() == lease_id
+        };
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            loop {
+                let opts = WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(next_revision);
+                let opened = endpoints
+                    .call_at("watch holders", timeout, |mut c| {
+                        let (key, opts) = (prefix.clone(), opts.clone());
+                        async move { c.watch(key, Some(opts)).await }
+                    })
+                    .await;
+                let (mut stream, position) = match opened {
+                    Ok(opened) => opened,
+                    Err(e) => {
+                        debug!(error = %crate::DisplayChain(&e), "holder watch failed to open on every endpoint; retrying");
+                        tokio::time::sleep(WATCH_RETRY).await;
+                        continue;
+                    }
+                };
+                // A hung member leaves the stream silent, not failed: after a
+                // request timeout without a message, ask for a progress
+                // report, which a live member answers at once; no answer
+                // within another request timeout counts as a failed endpoint.
+                let mut probing = false;
+                loop {
+                    let message = match tokio::time::timeout(timeout, stream.message()).await {
+                        Ok(message) => message,
+                        Err(_) if !probing => {
+                            probing = true;
+                            match stream.request_progress().await {
+                                Ok(()) => continue,
+                                Err(e) => Err(e),
+                            }
+                        }
+                        Err(_) => {
+                            warn!(endpoint = endpoints.url_at(position), silent_for = ?(timeout * 2), "holder watch got no answer; reopening it on the next endpoint");
+                            endpoints.failed_at(position);
+                            break;
+                        }
+                    };
+                    probing = false;
+                    match message {
+                        Ok(Some(resp)) if resp.canceled() => {
+                            // Compacted past our revision: read the keys instead.
+                            let now = endpoints
+                                .call("read holders", timeout, |mut c| {
+                                    let key = prefix.clone();
+                                    async move {
+                                        c.get(key, Some(GetOptions::new().with_prefix())).await
+                                    }
+                                })
+                                .await;
+                            match now {
+                                Ok(get) => {
+                                    let intact = ours.iter().all(|id| {
+                                        get.kvs().iter().any(|kv| {
+                                            keys::machine_id_of(kv.key(), &prefix) == Some(*id)
+                                                && is_ours(kv)
+                                        })
+                                    });
+                                    if !intact {
+                                        return Ok(LossReason::HolderChanged);
+                                    }
+                                    next_revision =
+                                        get.header().map(|h| h.revision() + 1).unwrap_or(0);
+                                }
+                                Err(_) => tokio::time::sleep(WATCH_RETRY).await,
+                            }
+                            break;
+                        }
+                        Ok(Some(resp)) => {
+                            for event in resp.events() {
+                                let Some(kv) = event.kv() else { continue };
+                                next_revision = next_revision.max(kv.mod_revision() + 1);
+                                let Some(id) = keys::machine_id_of(kv.key(), &prefix) else {
+                                    continue;
+                                };
+                                if !ours.contains(&id) {
+                                    continue;
+                                }
+                                if event.event_type() == EventType::Put
+                                    && kv.value() == instance_id_for_log.as_bytes()
+                                    && kv.lease() != lease_id
+                                {
+                                    // Our instance id, another lease: a second live
+                                    // process with our --instance-id. Stop rather
+                                    // than take it back and forth forever.
+                                    return Err(LeaseError::DuplicateInstance {
+                                        instance_id: instance_id_for_log,
+                                        machine_id: id,
+                                    });
+                                }
+                                if event.event_type() != EventType::Put || !is_ours(kv) {
+                                    return Ok(LossReason::HolderChanged);
+                                }
+                            }
+                        }
+                        Ok(None) | Err(_) => {
+                            debug!(
+                                endpoint = endpoints.url_at(position),
+                                "holder watch stream failed; reopening it on the next endpoint"
+                            );
+                            endpoints.failed_at(position);
+                            tokio::time::sleep(WATCH_RETRY).await;
+                            break;
+                        }
+                    }
+                }
+            }
+        }))
+    }
+}

@@ -1,0 +1,463 @@
+//! [`LeaseManager`]: the lease loop as a state machine over a [`LeaseStore`].
+//!
+//! ```text
+//!            ┌──────────── lost (reclaim) ────────────┐
+//!            v                                        │
+//!   claiming ──> holding: waiting for the floor ──> issuing ──> releasing
+//!      │                │                            │
+//!      └─ fatal         └──────── lost (exit) / fatal ┘
+//! ```
+//!
+//! *Claiming* retries with backoff what may heal; *holding* runs the due
+//! actions of [`Hold`] (renew, fence, namespace check) and otherwise sleeps
+//! until the next wake, the holder watch, or release; *lost* withdraws every
+//! grant at once; *releasing* withdraws, drains, lowers each fence to the
+//! last timestamp stamped and gives the machine ids back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use snowkeep_client::{Generator, Grant, Layout, Millis, SharedClock};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::hold::{Due, Held, Hold, Phase};
+use super::{Claim, LeaseError, LeaseStore, LossReason};
+use crate::metrics as m;
+
+/// What to do when a lease is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnLeaseLost {
+    /// Stop issuing, then claim again (machine ids, possibly the same ones).
+    Reclaim,
+    /// Stop issuing and exit with code 1.
+    Exit,
+}
+
+/// Timing rules of the lease loop.
+#[derive(Debug, Clone)]
+pub struct LeaseTiming {
+    /// The etcd lease TTL; renewals are sent every TTL/3.
+    pub lease_ttl: Duration,
+    /// How far ahead of the clock the fences are raised.
+    pub fence_horizon: Duration,
+    /// The longest wait for the clock to pass a claimed id's previous fence.
+    pub max_fence_wait: Duration,
+    /// On loss: re-claim or exit.
+    pub on_lease_lost: OnLeaseLost,
+}
+
+/// Delay before retrying a failed claim: 100 ms doubling to 2 s.
+const CLAIM_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
+/// Retry delay after a failed renewal or fence advance.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
+
+/// A generator and the channel that feeds it grants: one per held machine id.
+pub struct Slot {
+    /// Publishes the grant.
+    pub grant: watch::Sender<Option<Grant>>,
+    /// The generator stamping under it (drained at release).
+    pub generator: Arc<Generator>,
+}
+
+/// Drives one lease over N machine ids and publishes the generators' grants.
+pub struct LeaseManager<S> {
+    store: S,
+    layout: Layout,
+    namespace: String,
+    clock: SharedClock,
+    timing: LeaseTiming,
+    slots: Vec<Slot>,
+}
+
+/// The claiming state: the backoff of the next retry, and whether a claim
+/// ever succeeded (after one, a full pool or a namespace waiting for an
+/// operator is retried instead of ending the loop: others may release).
+struct Claiming {
+    backoff: Duration,
+    held_before: bool,
+}
+
+impl<S: LeaseStore> LeaseManager<S> {
+    /// Creates a manager; nothing happens until [`LeaseManager::run`]. The
+    /// store claims exactly `slots.len()` machine ids.
+    pub fn new(
+        store: S,
+        layout: Layout,
+        namespace: String,
+        clock: SharedClock,
+        timing: LeaseTiming,
+        slots: Vec<Slot>,
+    ) -> Self {
+        Self {
+            store,
+            layout,
+            namespace,
+            clock,
+            timing,
+            slots,
+        }
+    }
+
+    fn now_ms(&self) -> Millis {
+        self.layout
+            .to_layout_ms(self.clock.unix_ms())
+            .unwrap_or_default()
+    }
+
+    /// Claims, issues and renews until `release` is cancelled, then drains and
+    /// releases. Returns an error for conditions that need an operator (no free
+    /// machine id, fence too far ahead, lease lost with `--on-lease-lost exit`).
+    pub async fn run(mut self, release: CancellationToken) -> Result<(), LeaseError> {
+        let mut claiming = Claiming {
+            backoff: CLAIM_BACKOFF.0,
+            held_before: false,
+        };
+        loop {
+            let Some(claim) = self.claim(&mut claiming, &release).await? else {
+                return Ok(());
+            };
+            match self.hold(claim, &release).await {
+                (claim, Held::Released) => {
+                    self.release(claim).await;
+                    return Ok(());
+                }
+                (claim, Held::Fatal(e)) => {
+                    self.withdraw();
+                    self.store.abandon(&claim).await;
+                    return Err(e);
+                }
+                (claim, Held::Lost(reason)) => self.lost(claim, reason).await?,
+            }
+        }
+    }
+
+    /// Claiming: claims until a claim the loop can hold comes back (`None`
+    /// when release comes first), retrying what may heal with backoff.
+    async fn claim(
+        &mut self,
+        state: &mut Claiming,
+        release: &CancellationToken,
+    ) -> Result<Option<Claim<S::Lease>>, LeaseError> {
+        loop {
+            let claimed = tokio::select! {
+                _ = release.cancelled() => return Ok(None),
+                r = self.store.claim() => r,
+            };
+            let claim = match claimed {
+                Ok(c) => c,
+                Err(e) if e.is_retryable() || (state.held_before && retried_after_a_hold(&e)) => {
+                    warn!(namespace = %self.namespace, error = %crate::DisplayChain(&e), retry_in = ?state.backoff, "claim failed");
+                    tokio::select! {
+                        _ = release.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(state.backoff) => {}
+                    }
+                    state.backoff = (state.backoff * 2).min(CLAIM_BACKOFF.1);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            debug_assert_eq!(claim.held.len(), self.slots.len());
+            state.backoff = CLAIM_BACKOFF.0;
+            state.held_before = true;
+            let now = self.now_ms();
+            if let Some(h) = claim.held.iter().max_by_key(|h| h.floor) {
+                let ahead = Duration::from_millis(h.floor.get().saturating_sub(now.get()));
+                if ahead > self.timing.max_fence_wait {
+                    let err = LeaseError::FenceTooFarAhead {
+                        machine_id: h.machine_id,
+                        fence: h.floor,
+                        ahead,
+                        max: self.timing.max_fence_wait,
+                    };
+                    if !self.store.may_claim_others() {
+                        // The store has only these ids: nothing else to try.
+                        return Err(err);
+                    }
+                    // etcd skips such ids when ranking; this one's fence moved
+                    // after the ranking read. Give it back untouched (revoking
+                    // frees the keys, leaves the fence and records no last
+                    // holder) and claim again.
+                    warn!(error = %crate::DisplayChain(&err), "claimed machine id is fenced too far ahead; claiming again");
+                    self.store.abandon(&claim).await;
+                    continue;
+                }
+            }
+            return Ok(Some(claim));
+        }
+    }
+
+    /// Holding: waits past the claim's floors, keeps the fences ahead of the
+    /// clock and the lease renewed, until it is lost or release is asked for.
+    async fn hold(
+        &mut self,
+        claim: Claim<S::Lease>,
+        release: &CancellationToken,
+    ) -> (Claim<S::Lease>, Held) {
+        let mut hold = Hold::new(claim, self.clock.now(), self.timing.lease_ttl / 3);
+        let mut holder_watch = self.store.watch_holders(&hold.claim);
+        loop {
+            let now = self.clock.now();
+            let ended = match hold.due(now) {
+                Some(Due::Deadline) => Some(Held::Lost(LossReason::Deadline)),
+                Some(Due::Renew) => self.renew(&mut hold).await,
+                Some(Due::Fence) => self.fence(&mut hold, now).await,
+                Some(Due::NamespaceCheck) => self.check_namespace(&mut hold, now).await,
+                None => {
+                    self.publish_gauges(hold.issuing());
+                    let wake = hold.timers.next_wake(now, hold.claim.deadline);
+                    tokio::select! {
+                        _ = release.cancelled() => Some(Held::Released),
+                        outcome = &mut holder_watch => Some(match outcome {
+                            Ok(reason) => Held::Lost(reason),
+                            Err(e) => Held::Fatal(e),
+                        }),
+                        _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => None,
+                    }
+                }
+            };
+            if let Some(ended) = ended {
+                return (hold.claim, ended);
+            }
+        }
+    }
+
+    /// Due action: renews the lease; the deadline (and the published grants)
+    /// move to the send time + TTL.
+    async fn renew(&mut self, hold: &mut Hold<S::Lease>) -> Option<Held> {
+        let sent = self.clock.now();
+        match self.store.renew(&hold.claim).await {
+            Ok(deadline) => {
+                let took = self.clock.now().saturating_duration_since(sent);
+                metrics::counter!(m::LEASE_RENEWALS_TOTAL, "result" => "ok").increment(1);
+                metrics::histogram!(m::LEASE_RENEWAL_DURATION_SECONDS).record(took.as_secs_f64());
+                hold.claim.deadline = Some(deadline);
+                hold.timers.renew = Some(sent + hold.renew_every);
+                if let Some(claim) = hold.issuing() {
+                    self.publish(claim);
+                }
+                None
+            }
+            Err(LeaseError::LeaseLost { reason }) => Some(Held::Lost(reason)),
+            Err(e) => {
+                hold.timers.renew = Some(self.retry_after(
+                    m::LEASE_RENEWALS_TOTAL,
+                    "lease renewal",
+                    &hold.claim,
+                    &e,
+                ));
+                None
+            }
+        }
+    }
+
+    /// Due action: waits on while the clock is not past the floors, else
+    /// raises the fences.
+    async fn fence(&mut self, hold: &mut Hold<S::Lease>, now: Instant) -> Option<Held> {
+        let now_ms = self.now_ms();
+        let floor = hold.claim.max_floor();
+        if now_ms <= floor {
+            self.wait_for_floor(hold, now, now_ms, floor);
+            None
+        } else {
+            self.raise_fences(hold, now_ms).await
+        }
+    }
+
+    /// The clock is not past the floor (design.md, fence protocol rule 3):
+    /// wake again just after it will be.
+    fn wait_for_floor(
+        &self,
+        hold: &mut Hold<S::Lease>,
+        now: Instant,
+        now_ms: Millis,
+        floor: Millis,
+    ) {
+        let wait = Duration::from_millis(floor.get() - now_ms.get() + 1);
+        if hold.floor_wait_since.is_none() {
+            hold.floor_wait_since = Some(now);
+            metrics::counter!(m::FENCE_WAITS_TOTAL).increment(1);
+            info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), fence_ms = floor.get(), wait = ?wait, "waiting for the clock to pass the claimed machine ids' floor (the previous holder's fence, or one fence horizon for a never-used id)");
+        }
+        hold.timers.fence = now + wait;
+    }
+
+    /// Persists the fences one horizon ahead of the clock (never lower than
+    /// they are), and only then publishes the grants carrying them.
+    async fn raise_fences(&mut self, hold: &mut Hold<S::Lease>, now_ms: Millis) -> Option<Held> {
+        let horizon_ms = u64::try_from(self.timing.fence_horizon.as_millis()).unwrap_or(u64::MAX);
+        let target = Millis(now_ms.get().saturating_add(horizon_ms));
+        // Never lower a fence while holding it (a clock stepped back).
+        let fences: Vec<Millis> = hold
+            .claim
+            .held
+            .iter()
+            .map(|h| target.max(h.fence))
+            .collect();
+        match self.store.advance_fences(&hold.claim, &fences).await {
+            Ok(()) => {
+                metrics::counter!(m::FENCE_ADVANCES_TOTAL, "result" => "ok").increment(1);
+                for (h, f) in hold.claim.held.iter_mut().zip(&fences) {
+                    h.fence = *f;
+                }
+                if let Some(since) = hold.floor_wait_since.take() {
+                    metrics::histogram!(m::FENCE_WAIT_DURATION_SECONDS).record(
+                        self.clock
+                            .now()
+                            .saturating_duration_since(since)
+                            .as_secs_f64(),
+                    );
+                }
+                if hold.phase == Phase::WaitingForFloor {
+                    info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), fence_ms = target.get(), "issuing");
+                    hold.phase = Phase::Issuing;
+                }
+                self.publish(&hold.claim);
+                hold.timers.fence = self.clock.now() + self.timing.fence_horizon / 2;
+                None
+            }
+            Err(LeaseError::LeaseLost { reason }) => Some(Held::Lost(reason)),
+            Err(e) => {
+                hold.timers.fence =
+                    self.retry_after(m::FENCE_ADVANCES_TOTAL, "fence advance", &hold.claim, &e);
+                None
+            }
+        }
+    }
+
+    /// Due action: re-checks the namespace. Rolled back ends the hold as a
+    /// loss, a layout mismatch as fatal; anything else issues on.
+    async fn check_namespace(&mut self, hold: &mut Hold<S::Lease>, now: Instant) -> Option<Held> {
+        hold.timers.namespace_check = now + hold.renew_every;
+        match self.store.check_namespace().await {
+            Ok(()) => hold.namespace_trouble = false,
+            Err(LeaseError::NamespaceRolledBack { .. }) => {
+                return Some(Held::Lost(LossReason::RolledBack))
+            }
+            Err(e @ LeaseError::LayoutMismatch { .. }) => return Some(Held::Fatal(e)),
+            // The record missing or unreadable while our holder keys and
+            // fences stand: the claim is still ours and safe, so keep issuing
+            // under it (a wipe takes the holder keys and the lease too, which
+            // stops issuance at once); a new claim waits for an operator.
+            Err(
+                e @ (LeaseError::NamespaceNotCreated { .. } | LeaseError::CorruptNamespace { .. }),
+            ) => {
+                if !hold.namespace_trouble {
+                    error!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), error = %crate::DisplayChain(&e), "the namespace record is gone or unreadable; issuing on under the machine ids held, but no new claim until an operator repairs it");
+                }
+                hold.namespace_trouble = true;
+            }
+            // The store unreachable or slow: outage tolerance, as for renewals.
+            Err(e) => {
+                debug!(namespace = %self.namespace, error = %crate::DisplayChain(&e), "namespace check failed; retrying at the next one")
+            }
+        }
+        None
+    }
+
+    /// Lost: withdraws every grant at once, counts and logs the loss, gives
+    /// up a claim the store still binds, then claims again or (with
+    /// `--on-lease-lost exit`) ends with [`LeaseError::LeaseLost`].
+    async fn lost(&mut self, claim: Claim<S::Lease>, reason: LossReason) -> Result<(), LeaseError> {
+        self.withdraw();
+        metrics::counter!(m::LEASE_LOSSES_TOTAL, "reason" => reason.as_str()).increment(1);
+        error!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), %reason, "machine-id lease lost; issuance stopped");
+        if matches!(
+            reason,
+            LossReason::HolderChanged | LossReason::Revoked | LossReason::RolledBack
+        ) {
+            self.store.abandon(&claim).await;
+        }
+        match self.timing.on_lease_lost {
+            OnLeaseLost::Exit => Err(LeaseError::LeaseLost { reason }),
+            OnLeaseLost::Reclaim => Ok(()),
+        }
+    }
+
+    /// Counts (`metric{result="error"}`) and logs a failed store request the
+    /// loop retries; returns when to retry it.
+    fn retry_after(
+        &self,
+        metric: &'static str,
+        op: &'static str,
+        claim: &Claim<S::Lease>,
+        e: &LeaseError,
+    ) -> Instant {
+        metrics::counter!(metric, "result" => "error").increment(1);
+        warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), op, error = %crate::DisplayChain(e), "store request failed; retrying");
+        self.clock.now() + RETRY_AFTER_FAILURE
+    }
+
+    fn publish(&self, claim: &Claim<S::Lease>) {
+        for (slot, h) in self.slots.iter().zip(&claim.held) {
+            slot.grant.send_replace(Some(Grant {
+                machine_id: h.machine_id,
+                floor: h.floor,
+                fence: h.fence,
+                deadline: claim.deadline,
+            }));
+        }
+    }
+
+    fn withdraw(&self) {
+        for slot in &self.slots {
+            slot.grant.send_replace(None);
+        }
+        self.publish_gauges(None);
+    }
+
+    fn publish_gauges(&self, claim: Option<&Claim<S::Lease>>) {
+        let ns = self.namespace.clone();
+        let (held, remaining, headroom) = match claim {
+            Some(c) => {
+                let remaining = c
+                    .deadline
+                    .map(|d| d.saturating_duration_since(self.clock.now()).as_secs_f64())
+                    .unwrap_or(0.0);
+                let min_fence = c.held.iter().map(|h| h.fence).min().unwrap_or_default();
+                let headroom = (min_fence.get() as f64 - self.now_ms().get() as f64) / 1000.0;
+                (c.held.len() as f64, remaining, headroom)
+            }
+            None => (0.0, 0.0, 0.0),
+        };
+        metrics::gauge!(m::MACHINE_IDS_HELD, "namespace" => ns.clone()).set(held);
+        metrics::gauge!(m::LEASE_REMAINING_SECONDS).set(remaining);
+        metrics::gauge!(m::FENCE_HEADROOM_SECONDS, "namespace" => ns).set(headroom);
+    }
+
+    /// Releasing: withdraws the grants, drains the generators and releases
+    /// the claim with each fence lowered to the last timestamp stamped.
+    /// Failures are logged only.
+    async fn release(&mut self, claim: Claim<S::Lease>) {
+        self.withdraw();
+        let last_used: Vec<Millis> = self
+            .slots
+            .iter()
+            .zip(&claim.held)
+            .map(|(slot, h)| match slot.generator.drain() {
+                Some((machine_id, last)) if machine_id == h.machine_id => last.max(h.floor),
+                _ => h.floor,
+            })
+            .collect();
+        if let Err(e) = self.store.release(&claim, &last_used).await {
+            warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), error = %crate::DisplayChain(&e), "release failed; the machine ids free themselves when the lease expires");
+        }
+    }
+}
+
+/// Claim errors retried once this instance has held machine ids (before the
+/// first claim they are an operator's problem and end the loop): others may
+/// release, and until an operator fixes the namespace the server stays
+/// NOT_SERVING, the reason logged each retry.
+fn retried_after_a_hold(e: &LeaseError) -> bool {
+    matches!(
+        e,
+        LeaseError::NoFreeMachineId { .. }
+            | LeaseError::FenceTooFarAhead { .. }
+            | LeaseError::NamespaceNotCreated { .. }
+            | LeaseError::CorruptNamespace { .. }
+            | LeaseError::NamespaceRolledBack { .. }
+            | LeaseError::NamespaceFloorAhead { .. }
+    )
+}

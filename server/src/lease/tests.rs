@@ -1,0 +1,434 @@
+//! The lease loop's decisions against a scripted [`LeaseStore`] double, on
+//! tokio's paused time with a [`TokioClock`], so every figure is exact: when
+//! each store call happens (ms since start), what it carries, and what the
+//! generators see. etcd's own semantics are the integration tests' business.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use snowkeep_client::{Generator, GeneratorMetrics, Grant, Layout, MachineId, Millis, TokioClock};
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Claim, HeldId, HolderWatch, LeaseError, LeaseManager, LeaseStore, LeaseTiming, LossReason,
+    OnLeaseLost, Slot,
+};
+
+/// Layout ms at the start of every test.
+const START_MS: u64 = 1_000_000;
+/// The lease TTL: renewals every 1 s.
+const TTL: Duration = Duration::from_secs(3);
+/// The fence horizon: fences 3 s ahead, raised every 1.5 s.
+const HORIZON_MS: u64 = 3_000;
+
+/// A store call as the double saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    Claim,
+    /// The fences asked for, and whether any grant was published then.
+    Advance {
+        fences: Vec<u64>,
+        published: bool,
+    },
+    Renew,
+    /// The fences given back, and whether every grant was withdrawn then.
+    Release {
+        last_used: Vec<u64>,
+        withdrawn: bool,
+    },
+    Abandon,
+    CheckNamespace,
+}
+
+type Log = Arc<Mutex<Vec<(u64, Call)>>>;
+
+/// A store that hands out scripted claims and records every call with the
+/// ms since the test started.
+struct FakeStore {
+    start: tokio::time::Instant,
+    log: Log,
+    /// Claims handed out in order; once empty, a claim never answers.
+    claims: VecDeque<Vec<HeldId>>,
+    /// Whether renewals succeed (with a new deadline now + TTL).
+    renew_ok: bool,
+    /// Resolves the holder watch of the first hold when the test says so.
+    holder_watch: Mutex<Option<oneshot::Receiver<LossReason>>>,
+    /// The generators' grant channels, to see what was published at each call.
+    grants: Vec<watch::Receiver<Option<Grant>>>,
+}
+
+impl FakeStore {
+    fn record(&self, call: Call) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap();
+        self.log.lock().unwrap().push((ms, call));
+    }
+
+    fn any_published(&self) -> bool {
+        self.grants.iter().any(|g| g.borrow().is_some())
+    }
+}
+
+impl LeaseStore for FakeStore {
+    type Lease = ();
+
+    async fn claim(&mut self) -> Result<Claim, LeaseError> {
+        self.record(Call::Claim);
+        let Some(held) = self.claims.pop_front() else {
+            return std::future::pending().await;
+        };
+        Ok(Claim {
+            held,
+            deadline: Some(now() + TTL),
+            lease: (),
+        })
+    }
+
+    async fn advance_fences(
+        &mut self,
+        _claim: &Claim,
+        fences: &[Millis],
+    ) -> Result<(), LeaseError> {
+        let published = self.any_published();
+        self.record(Call::Advance {
+            fences: fences.iter().map(|f| f.get()).collect(),
+            published,
+        });
+        Ok(())
+    }
+
+    async fn renew(&mut self, _claim: &Claim) -> Result<Instant, LeaseError> {
+        self.record(Call::Renew);
+        if self.renew_ok {
+            Ok(now() + TTL)
+        } else {
+            Err(LeaseError::Timeout {
+                op: "keepalive",
+                after: Duration::from_millis(500),
+            })
+        }
+    }
+
+    async fn release(&mut self, _claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
+        let withdrawn = !self.any_published();
+        self.record(Call::Release {
+            last_used: last_used.iter().map(|f| f.get()).collect(),
+            withdrawn,
+        });
+        Ok(())
+    }
+
+    async fn abandon(&mut self, _claim: &Claim) {
+        self.record(Call::Abandon);
+    }
+
+    fn watch_holders(&self, _claim: &Claim) -> HolderWatch {
+        match self.holder_watch.lock().unwrap().take() {
+            Some(rx) => Box::pin(async move {
+                match rx.await {
+                    Ok(reason) => Ok(reason),
+                    Err(_) => std::future::pending().await,
+                }
+            }),
+            None => Box::pin(std::future::pending()),
+        }
+    }
+
+    async fn check_namespace(&mut self) -> Result<(), LeaseError> {
+        self.record(Call::CheckNamespace);
+        Ok(())
+    }
+
+    fn may_claim_others(&self) -> bool {
+        true
+    }
+}
+
+/// The monotonic instant now (tokio's paused clock, as [`TokioClock`] reads it).
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn held(machine_id: u16, floor: u64) -> HeldId {
+    HeldId {
+        machine_id: MachineId(machine_id),
+        floor: Millis(floor),
+        fence: Millis(floor),
+    }
+}
+
+/// The pieces of one test: the manager's run, its generators and grant
+/// channels, the call log and the release token.
+struct Harness {
+    start: tokio::time::Instant,
+    log: Log,
+    grants: Vec<watch::Receiver<Option<Grant>>>,
+    generators: Vec<Arc<Generator>>,
+    release: CancellationToken,
+    run: tokio::task::JoinHandle<Result<(), LeaseError>>,
+}
+
+impl Harness {
+    /// Starts a manager over `claims` (one generator slot per machine id of
+    /// the first), at layout time [`START_MS`].
+    fn start(
+        claims: Vec<Vec<HeldId>>,
+        renew_ok: bool,
+        on_lease_lost: OnLeaseLost,
+        holder_watch: Option<oneshot::Receiver<LossReason>>,
+    ) -> Self {
+        let layout = Layout::default();
+        let clock = TokioClock::new(layout.to_unix_ms(Millis(START_MS)));
+        let start = tokio::time::Instant::now();
+        let log = Log::default();
+        let (mut slots, mut grants, mut generators) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in &claims[0] {
+            let (tx, rx) = watch::channel(None);
+            let generator = Generator::new(
+                layout,
+                clock.clone(),
+                rx.clone(),
+                Duration::from_millis(100),
+                GeneratorMetrics::default(),
+            );
+            generators.push(generator.clone());
+            grants.push(rx);
+            slots.push(Slot {
+                grant: tx,
+                generator,
+            });
+        }
+        let store = FakeStore {
+            start,
+            log: log.clone(),
+            claims: claims.into(),
+            renew_ok,
+            holder_watch: Mutex::new(holder_watch),
+            grants: grants.clone(),
+        };
+        let timing = LeaseTiming {
+            lease_ttl: TTL,
+            fence_horizon: Duration::from_millis(HORIZON_MS),
+            max_fence_wait: Duration::from_secs(10),
+            on_lease_lost,
+        };
+        let release = CancellationToken::new();
+        let manager = LeaseManager::new(store, layout, "ns".into(), clock, timing, slots);
+        let run = tokio::spawn(manager.run(release.clone()));
+        Self {
+            start,
+            log,
+            grants,
+            generators,
+            release,
+            run,
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap()
+    }
+
+    /// Waits for the next change of slot `i`'s grant; the ms it came at and
+    /// the grant then.
+    async fn next_grant(&mut self, i: usize) -> (u64, Option<Grant>) {
+        self.grants[i].changed().await.unwrap();
+        let grant = *self.grants[i].borrow_and_update();
+        (self.elapsed_ms(), grant)
+    }
+
+    fn log(&self) -> Vec<(u64, Call)> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits for the loop to end.
+    async fn ended(&mut self) -> Result<(), LeaseError> {
+        (&mut self.run).await.unwrap()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_is_published_only_past_the_floor_and_after_its_fence_is_persisted() {
+    // Floor 1.5 s ahead of the clock: the loop waits until the clock is at
+    // floor + 1, writes the fence one horizon ahead, and only then publishes.
+    let floor = START_MS + 1_500;
+    let mut h = Harness::start(vec![vec![held(7, floor)]], true, OnLeaseLost::Exit, None);
+    let (at, grant) = h.next_grant(0).await;
+    assert_eq!(at, 1_501);
+    let fence = floor + 1 + HORIZON_MS;
+    assert_eq!(
+        grant,
+        Some(Grant {
+            machine_id: MachineId(7),
+            floor: Millis(floor),
+            fence: Millis(fence),
+            // Renewed at 1 s: the deadline counts from that renewal.
+            deadline: Some(h.start.into_std() + Duration::from_millis(1_000) + TTL),
+        })
+    );
+    assert_eq!(
+        h.log(),
+        vec![
+            (0, Call::Claim),
+            (1_000, Call::Renew),
+            (1_000, Call::CheckNamespace),
+            (
+                1_501,
+                Call::Advance {
+                    fences: vec![fence],
+                    published: false
+                }
+            ),
+        ]
+    );
+    // The generator stamps at once, inside (floor, fence].
+    let id = h.generators[0].next_id().await.unwrap();
+    let decoded = Layout::default().decode(id).unwrap();
+    assert_eq!(
+        (decoded.timestamp, decoded.machine_id),
+        (Millis(floor + 1), MachineId(7))
+    );
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn failing_keepalives_stop_issuance_exactly_at_the_deadline() {
+    let floor = START_MS - 1_000;
+    let mut h = Harness::start(vec![vec![held(3, floor)]], false, OnLeaseLost::Exit, None);
+    let (at, grant) = h.next_grant(0).await;
+    assert_eq!(at, 0);
+    assert_eq!(grant.map(|g| g.fence), Some(Millis(START_MS + HORIZON_MS)));
+    // The fence write at 1.5 s republishes the same deadline.
+    let (at, grant) = h.next_grant(0).await;
+    assert_eq!(at, 1_500);
+    assert_eq!(
+        grant.map(|g| g.fence),
+        Some(Millis(START_MS + 1_500 + HORIZON_MS))
+    );
+    // Never renewed: withdrawn at the claim's deadline, not a ms later.
+    let (at, grant) = h.next_grant(0).await;
+    assert_eq!((at, grant), (3_000, None));
+    let err = h.ended().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LeaseError::LeaseLost {
+                reason: LossReason::Deadline
+            }
+        ),
+        "{err:?}"
+    );
+    let advance = |at: u64, published| {
+        (
+            at,
+            Call::Advance {
+                fences: vec![START_MS + at + HORIZON_MS],
+                published,
+            },
+        )
+    };
+    // Renewals every TTL/3, then every 250 ms after each failure; no
+    // abandon: an expired lease frees its keys by itself.
+    assert_eq!(
+        h.log(),
+        vec![
+            (0, Call::Claim),
+            advance(0, false),
+            (1_000, Call::Renew),
+            (1_000, Call::CheckNamespace),
+            (1_250, Call::Renew),
+            (1_500, Call::Renew),
+            advance(1_500, true),
+            (1_750, Call::Renew),
+            (2_000, Call::Renew),
+            (2_000, Call::CheckNamespace),
+            (2_250, Call::Renew),
+            (2_500, Call::Renew),
+            (2_750, Call::Renew),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_holder_key_withdraws_at_once_gives_the_claim_up_and_claims_again() {
+    let floor = START_MS - 1_000;
+    let (lose, watch) = oneshot::channel();
+    let mut h = Harness::start(
+        vec![vec![held(5, floor)]],
+        true,
+        OnLeaseLost::Reclaim,
+        Some(watch),
+    );
+    let (at, _) = h.next_grant(0).await;
+    assert_eq!(at, 0);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    lose.send(LossReason::HolderChanged).unwrap();
+    let (at, grant) = h.next_grant(0).await;
+    assert_eq!((at, grant), (700, None));
+    // Let the loop reach its next claim (which never answers).
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(
+        h.log(),
+        vec![
+            (0, Call::Claim),
+            (
+                0,
+                Call::Advance {
+                    fences: vec![START_MS + HORIZON_MS],
+                    published: false
+                }
+            ),
+            (700, Call::Abandon),
+            (700, Call::Claim),
+        ]
+    );
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_withdraws_then_drains_then_lowers_each_fence_to_its_last_stamp() {
+    // Two machine ids: 7 stamps once at 200 ms, 9 never.
+    let (floor7, floor9) = (START_MS - 1_000, START_MS - 2_000);
+    let mut h = Harness::start(
+        vec![vec![held(7, floor7), held(9, floor9)]],
+        true,
+        OnLeaseLost::Exit,
+        None,
+    );
+    let (at, _) = h.next_grant(0).await;
+    assert_eq!(at, 0);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let id = h.generators[0].next_id().await.unwrap();
+    assert_eq!(
+        Layout::default().decode(id).unwrap().timestamp,
+        Millis(START_MS + 200)
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+    assert_eq!(
+        h.log(),
+        vec![
+            (0, Call::Claim),
+            (
+                0,
+                Call::Advance {
+                    fences: vec![START_MS + HORIZON_MS, START_MS + HORIZON_MS],
+                    published: false
+                }
+            ),
+            (
+                400,
+                Call::Release {
+                    last_used: vec![START_MS + 200, floor9],
+                    withdrawn: true
+                }
+            ),
+        ]
+    );
+    // Drained: nothing is stamped under the old grant any more.
+    assert!(h.generators[0].next_id().await.is_err());
+}
