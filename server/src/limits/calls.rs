@@ -43,7 +43,7 @@ use tonic::Status;
 use tower::{Layer, Service};
 use tracing::warn;
 
-use super::conn::{ConnCall, ConnInfo};
+use super::conn::{ConnCall, ConnInfo, Unsent};
 use super::throttle::Throttle;
 use super::weight::{weigh, GRPC_HEADER, NEXT_IDS, SMALL_RESPONSE, STREAM_IDS};
 use super::{status, LimitError};
@@ -310,7 +310,7 @@ where
         let limits = self.limits.clone();
         // Marked now, on the connection's own task, so the connection never
         // looks idle between accepting this call and running it.
-        let conn_call = match request.extensions().get::<ConnInfo>().cloned() {
+        let conn_call: Option<ConnCall> = match request.extensions().get::<ConnInfo>().cloned() {
             Some(c) => {
                 // What tonic's `Request::remote_addr` reads.
                 request.extensions_mut().insert(c.tcp.clone());
@@ -318,6 +318,9 @@ where
             }
             None => None,
         };
+        let unsent = conn_call
+            .as_ref()
+            .map_or_else(Unsent::unwatched, ConnCall::sender);
         Box::pin(async move {
             let path = request.uri().path().to_owned();
             let pool = limits.pool(CallKind::of(&path));
@@ -357,7 +360,8 @@ where
             let response = inner.call(request).await?;
             let hold = Arc::new(hold);
             let paced = pool.kind == CallKind::Stream;
-            Ok(response.map(|body| tonic::body::Body::new(HeldBody::new(body, hold, paced))))
+            Ok(response
+                .map(|body| tonic::body::Body::new(HeldBody::new(body, hold, paced, unsent))))
         })
     }
 }
@@ -377,8 +381,10 @@ impl AsRef<[u8]> for HeldChunk {
 }
 
 /// Whether a body has a chunk in hyper or h2 that is not yet written out.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct InFlight {
+    /// Times the chunk for the connection's `--stream-send-timeout`.
+    unsent: Arc<Unsent>,
     /// True from handing a chunk over until h2 drops it, which it does once
     /// the chunk's last byte is written to the connection (or the stream is
     /// gone).
@@ -393,6 +399,7 @@ struct ChunkOut(Arc<InFlight>);
 impl Drop for ChunkOut {
     fn drop(&mut self) {
         self.0.pending.store(false, Ordering::Release);
+        self.0.unsent.all_written();
         self.0.waker.wake();
     }
 }
@@ -417,12 +424,16 @@ struct HeldBody<B> {
 }
 
 impl<B> HeldBody<B> {
-    fn new(inner: B, hold: Arc<Hold>, paced: bool) -> Self {
+    fn new(inner: B, hold: Arc<Hold>, paced: bool, unsent: Arc<Unsent>) -> Self {
         Self {
             inner,
             hold: Some(hold),
             paced,
-            in_flight: Arc::default(),
+            in_flight: Arc::new(InFlight {
+                unsent,
+                pending: AtomicBool::new(false),
+                waker: AtomicWaker::new(),
+            }),
         }
     }
 
@@ -455,6 +466,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for HeldBody<B> {
             Some(Ok(frame)) => Some(Ok(match (frame.into_data(), &this.hold) {
                 (Ok(data), Some(hold)) => {
                     this.in_flight.pending.store(true, Ordering::Release);
+                    this.in_flight.unsent.handed_over();
                     Frame::data(Bytes::from_owner(HeldChunk {
                         data,
                         _hold: hold.clone(),

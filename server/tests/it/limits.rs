@@ -937,3 +937,105 @@ async fn slowly_read_streams_get_their_shutdown_status_within_the_grace_period()
     );
     conn.abort();
 }
+
+/// A client opens a stream and never takes a byte (window 0) while its
+/// connection answers pings. With `--max-open-streams 1` the stream holds
+/// the only slot: another client's stream is refused at once. After
+/// `--stream-send-timeout` (3 s) the stalled connection is closed, counted
+/// once, and the other client, served throughout on its own connection,
+/// gets its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_stops_reading_loses_its_connection_after_the_send_timeout() {
+    let server = ServerProcess::spawn(&[
+        "--max-open-streams",
+        "1",
+        "--stream-send-timeout",
+        "3s",
+        "--http2-keepalive-interval",
+        "1s",
+    ]);
+    server.wait_serving(Duration::from_secs(15)).await;
+    let port = server.port;
+    let stalls = "snowkeep_stream_send_stalls_total";
+    assert_eq!(server.metric(stalls).await, 0.0);
+
+    let (mut stuck, stuck_conn) = h2_client(port, 0).await;
+    let (response, _send) = stalled(
+        &mut stuck,
+        port,
+        "/snowkeep.v1.IdService/StreamIds",
+        stream_ids(0, 1000),
+    )
+    .await;
+    let response = response.await.unwrap();
+    let opened = tokio::time::Instant::now();
+    assert!(tonic::Status::from_header_map(response.headers()).is_none());
+
+    let (mut good, good_conn) = h2_client(port, 1 << 20).await;
+    let (code, message) = call(
+        &mut good,
+        port,
+        "/snowkeep.v1.IdService/StreamIds",
+        stream_ids(10, 10),
+    )
+    .await;
+    assert!(
+        opened.elapsed() < Duration::from_secs(3),
+        "too slow to test"
+    );
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            Code::ResourceExhausted,
+            "this server already has 1 streams in progress, its limit (--max-open-streams); retry with backoff or call another snowkeep server"
+        )
+    );
+    let freed = eventually(
+        "the stalled stream's slot is freed",
+        Duration::from_secs(15),
+        || {
+            let mut good = good.clone();
+            async move {
+                // The other client is served on the same connection throughout.
+                let (code, _) = call(
+                    &mut good,
+                    port,
+                    "/snowkeep.v1.IdService/NextIds",
+                    next_ids(5),
+                )
+                .await;
+                assert_eq!(code, Code::Ok);
+                let (code, _) = call(
+                    &mut good,
+                    port,
+                    "/snowkeep.v1.IdService/StreamIds",
+                    stream_ids(10, 10),
+                )
+                .await;
+                code == Code::Ok
+            }
+        },
+    )
+    .await;
+    let waited = opened.elapsed();
+    assert!(
+        waited >= Duration::from_secs(3),
+        "freed after {waited:?} ({freed:?} of polling): before the send timeout"
+    );
+    eventually(
+        "the stalled connection is closed",
+        Duration::from_secs(5),
+        || {
+            let done = stuck_conn.is_finished();
+            async move { done }
+        },
+    )
+    .await;
+    assert!(
+        !good_conn.is_finished(),
+        "the reading client's connection was closed"
+    );
+    assert_eq!(server.metric(stalls).await, 1.0);
+    drop(response);
+    good_conn.abort();
+}
