@@ -166,6 +166,12 @@ pub struct Args {
     /// (for clients that all come through one NAT or proxy address).
     #[arg(long, env = "SNOWKEEP_MAX_CONNECTIONS_PER_PEER", default_value_t = DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     pub max_connections_per_peer: u32,
+    /// A connection on which a call's response message (for a stream, the
+    /// message being sent) has waited this long without being fully taken
+    /// by the client is closed, freeing its calls' slots and memory; 0s
+    /// never closes one. Range 1s to 1h.
+    #[arg(long, env = "SNOWKEEP_STREAM_SEND_TIMEOUT", default_value = DEFAULT_STREAM_SEND_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub stream_send_timeout: Duration,
     /// Most concurrent HTTP/2 streams (calls) one connection may open
     /// (SETTINGS_MAX_CONCURRENT_STREAMS); clients queue the rest.
     #[arg(long, env = "SNOWKEEP_HTTP2_MAX_CONCURRENT_STREAMS", default_value_t = DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS)]
@@ -222,6 +228,8 @@ pub const DEFAULT_MAX_CONNECTIONS: u32 = 256;
 /// of [`DEFAULT_MAX_CONNECTIONS`], so one peer cannot take every slot while
 /// a few clients behind one NAT or proxy still fit.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: u32 = 64;
+/// Default longest a response message may wait to be taken by its client.
+pub const DEFAULT_STREAM_SEND_TIMEOUT: &str = "30s";
 /// Default most concurrent streams per HTTP/2 connection.
 pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 64;
 /// Default most unary calls in progress on the server.
@@ -337,6 +345,9 @@ pub struct Limits {
     /// Most open gRPC connections from one source IP address; `None` for no
     /// per-peer cap.
     pub max_connections_per_peer: Option<usize>,
+    /// A connection with a response message unsent for this long is closed;
+    /// `None` never closes one.
+    pub stream_send_timeout: Option<Duration>,
     /// SETTINGS_MAX_CONCURRENT_STREAMS advertised on every connection.
     pub http2_max_concurrent_streams: u32,
     /// Most unary calls in progress server-wide.
@@ -371,6 +382,7 @@ impl Default for Limits {
         Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS as usize,
             max_connections_per_peer: Some(DEFAULT_MAX_CONNECTIONS_PER_PEER as usize),
+            stream_send_timeout: Some(duration(DEFAULT_STREAM_SEND_TIMEOUT)),
             http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
             max_concurrent_calls: DEFAULT_MAX_CONCURRENT_CALLS as usize,
             max_open_streams: DEFAULT_MAX_OPEN_STREAMS as usize,
@@ -790,6 +802,10 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
             "--tcp-keepalive (SNOWKEEP_TCP_KEEPALIVE)",
             args.tcp_keepalive,
         ),
+        (
+            "--stream-send-timeout (SNOWKEEP_STREAM_SEND_TIMEOUT)",
+            args.stream_send_timeout,
+        ),
     ] {
         if !value.is_zero() && !(second..=hour).contains(&value) {
             return Err(ConfigError::OutOfRange {
@@ -807,6 +823,7 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
         max_connections: usize_of(args.max_connections.into()),
         max_connections_per_peer: (args.max_connections_per_peer > 0)
             .then(|| usize_of(args.max_connections_per_peer.into())),
+        stream_send_timeout: off_if_zero(args.stream_send_timeout),
         http2_max_concurrent_streams: args.http2_max_concurrent_streams,
         max_concurrent_calls: usize_of(args.max_concurrent_calls.into()),
         max_open_streams: usize_of(args.max_open_streams.into()),
@@ -1031,20 +1048,33 @@ mod tests {
         assert_eq!(c.limits.idle_timeout, Duration::from_secs(60));
         assert_eq!(c.limits.tcp_keepalive, Some(Duration::from_secs(60)));
         assert_eq!(c.limits.max_connections_per_peer, Some(64));
+        assert_eq!(c.limits.stream_send_timeout, Some(Duration::from_secs(30)));
     }
 
     #[test]
-    fn the_per_peer_connection_cap_turns_off_at_zero() {
-        let c = parse(&["--max-connections-per-peer", "0"]).unwrap();
+    fn the_per_peer_cap_and_the_send_timeout_turn_off_at_zero() {
+        let c = parse(&[
+            "--max-connections-per-peer",
+            "0",
+            "--stream-send-timeout",
+            "0s",
+        ])
+        .unwrap();
         assert_eq!(c.limits.max_connections_per_peer, None);
-        let c = parse(&["--max-connections-per-peer", "3"]).unwrap();
+        assert_eq!(c.limits.stream_send_timeout, None);
+        let c = parse(&[
+            "--max-connections-per-peer",
+            "3",
+            "--stream-send-timeout",
+            "2s",
+        ])
+        .unwrap();
         assert_eq!(c.limits.max_connections_per_peer, Some(3));
-        assert_eq!(
-            parse(&["--max-connections-per-peer", "1000001"])
-                .unwrap_err()
-                .to_string(),
-            "invalid --max-connections-per-peer (SNOWKEEP_MAX_CONNECTIONS_PER_PEER) 1000001: use 0 to 1000000"
-        );
+        assert_eq!(c.limits.stream_send_timeout, Some(Duration::from_secs(2)));
+        assert!(matches!(
+            parse(&["--stream-send-timeout", "10ms"]),
+            Err(ConfigError::OutOfRange { .. })
+        ));
     }
 
     #[test]

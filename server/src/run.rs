@@ -383,6 +383,7 @@ pub async fn run(
             max_connections: limits.max_connections,
             max_connections_flag: "--max-connections",
             max_connections_per_peer: limits.max_connections_per_peer,
+            send_timeout: limits.stream_send_timeout,
             idle_timeout: limits.idle_timeout,
             handshake_timeout: crate::limits::conn::HANDSHAKE_TIMEOUT,
             tcp_keepalive: limits.tcp_keepalive,

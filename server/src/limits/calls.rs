@@ -22,13 +22,19 @@
 //! `ConcurrencyLimitLayer` cannot bound this: it releases its permit when the
 //! response future resolves, which for gRPC is when the response headers are
 //! ready, before a single id is sent.
+//!
+//! A stream hands over its next message only once the last one has been
+//! written out (see `HeldBody`), so at most one message is queued ahead
+//! of whatever ends the stream.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
+use futures_util::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -37,7 +43,7 @@ use tonic::Status;
 use tower::{Layer, Service};
 use tracing::warn;
 
-use super::conn::{ConnCall, ConnInfo};
+use super::conn::{ConnCall, ConnInfo, Unsent};
 use super::throttle::Throttle;
 use super::weight::{weigh, GRPC_HEADER, NEXT_IDS, SMALL_RESPONSE, STREAM_IDS};
 use super::{status, LimitError};
@@ -304,7 +310,7 @@ where
         let limits = self.limits.clone();
         // Marked now, on the connection's own task, so the connection never
         // looks idle between accepting this call and running it.
-        let conn_call = match request.extensions().get::<ConnInfo>().cloned() {
+        let conn_call: Option<ConnCall> = match request.extensions().get::<ConnInfo>().cloned() {
             Some(c) => {
                 // What tonic's `Request::remote_addr` reads.
                 request.extensions_mut().insert(c.tcp.clone());
@@ -312,6 +318,9 @@ where
             }
             None => None,
         };
+        let unsent = conn_call
+            .as_ref()
+            .map_or_else(Unsent::unwatched, ConnCall::sender);
         Box::pin(async move {
             let path = request.uri().path().to_owned();
             let pool = limits.pool(CallKind::of(&path));
@@ -350,21 +359,19 @@ where
             }
             let response = inner.call(request).await?;
             let hold = Arc::new(hold);
-            Ok(response.map(|body| {
-                tonic::body::Body::new(HeldBody {
-                    inner: body,
-                    hold: Some(hold),
-                })
-            }))
+            let paced = pool.kind == CallKind::Stream;
+            Ok(response
+                .map(|body| tonic::body::Body::new(HeldBody::new(body, hold, paced, unsent))))
         })
     }
 }
 
 /// A response chunk that keeps its call's [`Hold`] until hyper and h2 have
-/// dropped it.
+/// dropped it, and tells its body when they have (see [`HeldBody`]).
 struct HeldChunk {
     data: Bytes,
     _hold: Arc<Hold>,
+    _out: ChunkOut,
 }
 
 impl AsRef<[u8]> for HeldChunk {
@@ -373,10 +380,73 @@ impl AsRef<[u8]> for HeldChunk {
     }
 }
 
+/// Whether a body has a chunk in hyper or h2 that is not yet written out.
+#[derive(Debug)]
+struct InFlight {
+    /// Times the chunk for the connection's `--stream-send-timeout`.
+    unsent: Arc<Unsent>,
+    /// True from handing a chunk over until h2 drops it, which it does once
+    /// the chunk's last byte is written to the connection (or the stream is
+    /// gone).
+    pending: AtomicBool,
+    /// The body's task, woken when the chunk is dropped.
+    waker: AtomicWaker,
+}
+
+/// Marks its body's chunk written when dropped.
+struct ChunkOut(Arc<InFlight>);
+
+impl Drop for ChunkOut {
+    fn drop(&mut self) {
+        self.0.pending.store(false, Ordering::Release);
+        self.0.unsent.all_written();
+        self.0.waker.wake();
+    }
+}
+
 /// A response body whose data chunks carry the call's [`Hold`].
+///
+/// A stream's body (`paced`) hands hyper its next message only once the
+/// previous one has been written out to the connection. hyper polls a body
+/// for its next chunk as soon as it has queued the last one, and then holds
+/// that chunk while it waits for the client's flow-control window, not
+/// polling the body again until the window opens. Unpaced, a slowly read
+/// stream would have two whole messages (up to twice
+/// `--max-send-message-size`) queued ahead of anything the server decides
+/// next, such as the counted status that ends a stream at shutdown. Paced,
+/// at most the rest of one message is: the status goes out as soon as the
+/// client has taken it.
 struct HeldBody<B> {
     inner: B,
     hold: Option<Arc<Hold>>,
+    paced: bool,
+    in_flight: Arc<InFlight>,
+}
+
+impl<B> HeldBody<B> {
+    fn new(inner: B, hold: Arc<Hold>, paced: bool, unsent: Arc<Unsent>) -> Self {
+        Self {
+            inner,
+            hold: Some(hold),
+            paced,
+            in_flight: Arc::new(InFlight {
+                unsent,
+                pending: AtomicBool::new(false),
+                waker: AtomicWaker::new(),
+            }),
+        }
+    }
+
+    /// True while a paced body's last chunk is not yet written out; then
+    /// `cx` is woken when it is.
+    fn waiting_for_last_chunk(&self, cx: &mut Context<'_>) -> bool {
+        if !self.paced || !self.in_flight.pending.load(Ordering::Acquire) {
+            return false;
+        }
+        self.in_flight.waker.register(cx.waker());
+        // Dropped between the check and the registration: go on.
+        self.in_flight.pending.load(Ordering::Acquire)
+    }
 }
 
 impl<B: Body<Data = Bytes> + Unpin> Body for HeldBody<B> {
@@ -388,13 +458,21 @@ impl<B: Body<Data = Bytes> + Unpin> Body for HeldBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
+        if this.waiting_for_last_chunk(cx) {
+            return Poll::Pending;
+        }
         let frame = std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx));
         let frame = match frame {
             Some(Ok(frame)) => Some(Ok(match (frame.into_data(), &this.hold) {
-                (Ok(data), Some(hold)) => Frame::data(Bytes::from_owner(HeldChunk {
-                    data,
-                    _hold: hold.clone(),
-                })),
+                (Ok(data), Some(hold)) => {
+                    this.in_flight.pending.store(true, Ordering::Release);
+                    this.in_flight.unsent.handed_over();
+                    Frame::data(Bytes::from_owner(HeldChunk {
+                        data,
+                        _hold: hold.clone(),
+                        _out: ChunkOut(this.in_flight.clone()),
+                    }))
+                }
                 (Ok(data), None) => Frame::data(data),
                 (Err(other), _) => other,
             })),
@@ -543,6 +621,62 @@ mod tests {
         assert_eq!(limits.in_progress(), 1);
         let resp = svc.clone().oneshot(request(path, vec![])).await.unwrap();
         assert!(status_of(&resp).is_none());
+    }
+
+    /// An inner service answering every call with two 1000-byte chunks.
+    fn answering_twice() -> Answering {
+        tower::util::BoxCloneService::new(tower::service_fn(
+            |_req: http::Request<tonic::body::Body>| async {
+                let chunks =
+                    (0..2u8).map(|i| Ok::<_, Status>(Frame::data(Bytes::from(vec![i; 1000]))));
+                Ok::<_, Infallible>(http::Response::new(tonic::body::Body::new(
+                    http_body_util::StreamBody::new(futures_util::stream::iter(chunks)),
+                )))
+            },
+        ))
+    }
+
+    /// A stream's body hands over its next chunk only once the last one has
+    /// been dropped (written out); a unary call's body does not wait.
+    #[tokio::test]
+    async fn a_stream_body_hands_over_a_chunk_only_after_the_last_is_written() {
+        use futures_util::FutureExt;
+        let limits = CallLimits::new(&Limits::default());
+        let svc = limits.layer().layer(answering_twice());
+        let stream = svc
+            .clone()
+            .oneshot(request("/grpc.health.v1.Health/Watch", vec![]))
+            .await
+            .unwrap();
+        let mut body = stream.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, vec![0u8; 1000]);
+        assert!(
+            body.frame().now_or_never().is_none(),
+            "handed over unwritten"
+        );
+        drop(first);
+        let second = body.frame().now_or_never().expect("ready once written");
+        assert_eq!(
+            second.unwrap().unwrap().into_data().unwrap(),
+            vec![1u8; 1000]
+        );
+
+        let unary = svc
+            .oneshot(request("/snowkeep.v1.InfoService/GetInfo", vec![]))
+            .await
+            .unwrap();
+        let mut body = unary.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        let second = body
+            .frame()
+            .now_or_never()
+            .expect("unary bodies are not paced");
+        assert_eq!(
+            second.unwrap().unwrap().into_data().unwrap(),
+            vec![1u8; 1000]
+        );
+        drop(first);
     }
 
     #[tokio::test]

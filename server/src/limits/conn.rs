@@ -23,6 +23,14 @@
 //!   the idle timeout or [`HANDSHAKE_TIMEOUT`], whichever is shorter: a
 //!   client that opens sockets and never speaks holds a connection slot for
 //!   seconds, not for the whole idle timeout.
+//! * A connection on which a call's response message has waited
+//!   `send_timeout` without the client taking all of it is closed: a client
+//!   that stops reading (its flow-control window stays shut) while it
+//!   answers pings would otherwise keep its calls' slots and memory
+//!   forever. Counted in `snowkeep_stream_send_stalls_total`. The whole
+//!   connection goes: while hyper waits for the client's window it polls
+//!   neither the response body nor anything else of the call, so nothing
+//!   short of ending the connection reaches the stalled call.
 //! * At shutdown it ends at once every connection on which no call has ever
 //!   started. Such a connection may have no HTTP/2 session to end gracefully:
 //!   hyper waits for the client's preface before it can send GOAWAY, so a
@@ -37,7 +45,7 @@ use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -73,6 +81,9 @@ pub struct ListenerLimits {
     /// Most open connections from one source IP address; `None` for no
     /// per-peer cap. Named `--max-connections-per-peer` in the log.
     pub max_connections_per_peer: Option<usize>,
+    /// A connection with a response message handed over and not fully
+    /// written out for this long is closed; `None` never closes one.
+    pub send_timeout: Option<Duration>,
     /// A connection with no call in progress and nothing received for this
     /// long is closed.
     pub idle_timeout: Duration,
@@ -135,6 +146,7 @@ impl Listener {
                 .with_keepalive(limits.tcp_keepalive),
             refused_total: refused("max_connections"),
             refused_per_peer: refused("max_connections_per_peer"),
+            stalls: Stalls::default(),
             limits,
             open,
             per_peer: PerPeer::default(),
@@ -172,6 +184,23 @@ struct Accepting {
     peer_refusals: Throttle,
     refused_total: metrics::Counter,
     refused_per_peer: metrics::Counter,
+    stalls: Stalls,
+}
+
+/// The send stalls of a listener's connections: counted, logged throttled.
+#[derive(Clone)]
+struct Stalls {
+    total: metrics::Counter,
+    log: Arc<Mutex<Throttle>>,
+}
+
+impl Default for Stalls {
+    fn default() -> Self {
+        Self {
+            total: metrics::counter!(crate::metrics::STREAM_SEND_STALLS_TOTAL),
+            log: Arc::new(Mutex::new(Throttle::new(WARN_PERIOD))),
+        }
+    }
 }
 
 impl Accepting {
@@ -307,6 +336,9 @@ pub struct ConnState {
     ever_called: AtomicBool,
     /// Milliseconds after `opened` of the last byte received or call ended.
     last_active_ms: AtomicU64,
+    /// The response senders of the calls made on this connection (dead ones
+    /// are pruned as it grows).
+    senders: Mutex<Vec<Weak<Unsent>>>,
 }
 
 impl ConnState {
@@ -316,11 +348,44 @@ impl ConnState {
             calls: AtomicUsize::new(0),
             ever_called: AtomicBool::new(false),
             last_active_ms: AtomicU64::new(0),
+            senders: Mutex::default(),
         }
     }
 
+    fn ms_since_opened(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A new clock of a call's unsent response message, watched by this
+    /// connection's send timeout.
+    pub fn sender(self: &Arc<Self>) -> Arc<Unsent> {
+        let unsent = Arc::new(Unsent {
+            conn: Some(self.clone()),
+            since_ms: AtomicU64::new(0),
+        });
+        let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
+        if senders.len() == senders.capacity() {
+            // Amortized: the vector grows only when all are alive.
+            senders.retain(|s| s.strong_count() > 0);
+        }
+        senders.push(Arc::downgrade(&unsent));
+        unsent
+    }
+
+    /// When the oldest response message on this connection that is not yet
+    /// written out was handed over, if any is.
+    fn oldest_unsent(&self) -> Option<Instant> {
+        let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
+        senders.retain(|s| s.strong_count() > 0);
+        let oldest = senders
+            .iter()
+            .filter_map(|s| s.upgrade()?.since_ms())
+            .min()?;
+        Some(self.opened + Duration::from_millis(oldest))
+    }
+
     fn touch(&self) {
-        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let ms = self.ms_since_opened();
         self.last_active_ms.fetch_max(ms, Ordering::AcqRel);
     }
 
@@ -342,9 +407,56 @@ impl ConnState {
     }
 }
 
+/// Times the response message a call has handed to hyper that is not yet
+/// written out (at most one at a time per call is timed: the oldest).
+#[derive(Debug)]
+pub struct Unsent {
+    /// None for a call with no connection (tests): never times out.
+    conn: Option<Arc<ConnState>>,
+    /// 1 + milliseconds after the connection opened when the oldest message
+    /// not yet written out was handed over; 0 when none is.
+    since_ms: AtomicU64,
+}
+
+impl Unsent {
+    /// A clock watched by no connection.
+    pub fn unwatched() -> Arc<Self> {
+        Arc::new(Self {
+            conn: None,
+            since_ms: AtomicU64::new(0),
+        })
+    }
+
+    /// A message was handed over; the clock starts unless one is running.
+    pub fn handed_over(&self) {
+        if let Some(conn) = &self.conn {
+            let now = conn.ms_since_opened().saturating_add(1);
+            let _ = self
+                .since_ms
+                .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Every message handed over is written out; the clock stops.
+    pub fn all_written(&self) {
+        self.since_ms.store(0, Ordering::Release);
+    }
+
+    fn since_ms(&self) -> Option<u64> {
+        self.since_ms.load(Ordering::Acquire).checked_sub(1)
+    }
+}
+
 /// A call in progress on a connection (see [`ConnState::call`]).
 #[derive(Debug)]
 pub struct ConnCall(Arc<ConnState>);
+
+impl ConnCall {
+    /// A clock for this call's unsent response (see [`ConnState::sender`]).
+    pub fn sender(&self) -> Arc<Unsent> {
+        self.0.sender()
+    }
+}
 
 impl Drop for ConnCall {
     fn drop(&mut self) {
@@ -384,6 +496,11 @@ pub struct GuardedIo {
     /// True once the client has sent a byte.
     heard: bool,
     idle: Pin<Box<Sleep>>,
+    send_timeout: Option<Duration>,
+    /// Fires at the send deadline of the oldest unsent message (or one
+    /// timeout from the last check when none is unsent).
+    send_check: Pin<Box<Sleep>>,
+    stalls: Stalls,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
     shutting_down: bool,
     closed: bool,
@@ -410,9 +527,15 @@ impl GuardedIo {
         let state = Arc::new(ConnState::new());
         let idle_timeout = accepting.limits.idle_timeout;
         let handshake_timeout = accepting.limits.handshake_timeout.min(idle_timeout);
+        let send_timeout = accepting.limits.send_timeout;
         Self {
             inner,
             idle: Box::pin(tokio::time::sleep_until(state.opened + handshake_timeout)),
+            send_check: Box::pin(tokio::time::sleep_until(
+                state.opened + send_timeout.unwrap_or(Duration::MAX / 4),
+            )),
+            send_timeout,
+            stalls: accepting.stalls.clone(),
             state,
             tcp,
             idle_timeout,
@@ -445,6 +568,36 @@ impl GuardedIo {
             debug!(listener = self.listener, peer = ?self.tcp.remote_addr, "shutting down: closing a connection that never made a call");
             self.closed = true;
             return true;
+        }
+        if let Some(timeout) = self.send_timeout {
+            while self.send_check.as_mut().poll(cx).is_ready() {
+                let now = Instant::now();
+                match self.state.oldest_unsent() {
+                    Some(since) if now >= since + timeout => {
+                        self.stalls.total.increment(1);
+                        let held_back = self
+                            .stalls
+                            .log
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .hit(now);
+                        if let Some(held_back) = held_back {
+                            warn!(
+                                listener = self.listener,
+                                peer = ?self.tcp.remote_addr,
+                                send_timeout = ?timeout,
+                                calls = self.state.calls(),
+                                closed_since_last_log = held_back,
+                                "closing a connection: a response message on it has waited --stream-send-timeout for its client to take it; the client stopped reading"
+                            );
+                        }
+                        self.closed = true;
+                        return true;
+                    }
+                    Some(since) => self.send_check.as_mut().reset(since + timeout),
+                    None => self.send_check.as_mut().reset(now + timeout),
+                }
+            }
         }
         while self.idle.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
@@ -543,6 +696,7 @@ mod tests {
             max_connections,
             max_connections_flag: "--max-connections",
             max_connections_per_peer: None,
+            send_timeout: None,
             idle_timeout: Duration::from_millis(idle_ms),
             handshake_timeout: HANDSHAKE_TIMEOUT,
             tcp_keepalive: None,

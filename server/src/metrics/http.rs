@@ -56,6 +56,7 @@ pub async fn serve(
         max_connections: MAX_CONNECTIONS,
         max_connections_flag: "the metrics port's 16",
         max_connections_per_peer: None,
+        send_timeout: None,
         idle_timeout,
         handshake_timeout: crate::limits::conn::HANDSHAKE_TIMEOUT,
         tcp_keepalive: None,

@@ -76,6 +76,9 @@ pub const CORRUPT_KEYS_TOTAL: &str = "snowkeep_corrupt_keys_total";
 /// labels `listener` = `gRPC` | `metrics`, `reason` = `max_connections` |
 /// `max_connections_per_peer`.
 pub const CONNECTIONS_REFUSED_TOTAL: &str = "snowkeep_connections_refused_total";
+/// Connections closed because a response message on them (of a stream or
+/// a unary call) waited `--stream-send-timeout` without being taken.
+pub const STREAM_SEND_STALLS_TOTAL: &str = "snowkeep_stream_send_stalls_total";
 
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
@@ -106,6 +109,7 @@ pub const CATALOG: &[(&str, &str)] = &[
     (CLIENT_CLOCK_SKEW_REQUESTERS, "gauge"),
     (CORRUPT_KEYS_TOTAL, "counter"),
     (CONNECTIONS_REFUSED_TOTAL, "counter"),
+    (STREAM_SEND_STALLS_TOTAL, "counter"),
 ];
 
 /// Where a clock skew was observed.
@@ -354,6 +358,11 @@ pub fn describe_all() {
         Unit::Count,
         "Connections closed as soon as they were accepted because a limit was reached, by listener and reason (max_connections, max_connections_per_peer)."
     );
+    describe_counter!(
+        STREAM_SEND_STALLS_TOTAL,
+        Unit::Count,
+        "Connections closed because a response message on them waited --stream-send-timeout without its client taking it."
+    );
     // Counters exist from the start (at 0) so rates and alerts see them.
     metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);
     for result in ["ok", "error"] {
@@ -370,6 +379,7 @@ pub fn describe_all() {
         metrics::counter!(LEASE_LOSSES_TOTAL, "reason" => reason).increment(0);
     }
     metrics::counter!(FENCE_WAITS_TOTAL).increment(0);
+    metrics::counter!(STREAM_SEND_STALLS_TOTAL).increment(0);
 }
 
 /// Installs the Prometheus recorder as the global `metrics` recorder and

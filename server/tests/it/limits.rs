@@ -798,3 +798,244 @@ async fn one_peer_cannot_take_every_connection_slot() {
     )
     .await;
 }
+
+/// Bytes of one `StreamIds` message of 100,000 ids: the 5-byte gRPC prefix
+/// and 800,004 bytes of `IdBatch`.
+const MESSAGE_OF_100K: usize = 800_009;
+/// The stream receive window of the slow readers below.
+const SLOW_WINDOW: u32 = 65_535;
+
+/// A reader that takes one DATA frame (at most 16 KiB) per 50 ms and
+/// releases its window after the pause; it can be paused between frames.
+#[derive(Default)]
+struct SlowReader {
+    /// Bytes received.
+    read: AtomicUsize,
+    /// Bytes whose window was given back to the server.
+    released: AtomicUsize,
+    paused: std::sync::atomic::AtomicBool,
+    parked: std::sync::atomic::AtomicBool,
+}
+
+impl SlowReader {
+    /// Reads `response` to its end; returns its final status (None when
+    /// the stream was cut without one).
+    async fn read(&self, response: h2::client::ResponseFuture) -> Option<tonic::Status> {
+        let response = response.await.unwrap();
+        assert!(tonic::Status::from_header_map(response.headers()).is_none());
+        let mut body = response.into_body();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.ok()?;
+            self.read.fetch_add(chunk.len(), Ordering::AcqRel);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            while self.paused.load(Ordering::Acquire) {
+                self.parked.store(true, Ordering::Release);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.parked.store(false, Ordering::Release);
+            let _ = body.flow_control().release_capacity(chunk.len());
+            self.released.fetch_add(chunk.len(), Ordering::AcqRel);
+        }
+        tonic::Status::from_header_map(&body.trailers().await.ok()??)
+    }
+}
+
+/// Two streams of 100,000-id batches (800,009-byte messages) on one
+/// connection, each read one 16 KiB frame per 50 ms through a 64 KiB
+/// window. SIGTERM comes while both readers hold back their window. Each
+/// stream then gets its counted UNAVAILABLE status behind at most the rest
+/// of one message (the server made no message after the window closed),
+/// every id it counts was delivered, and the drain ends within the grace
+/// period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowly_read_streams_get_their_shutdown_status_within_the_grace_period() {
+    let mut server = ServerProcess::spawn(&["--shutdown-grace-period", "10s"]);
+    server.wait_serving(Duration::from_secs(15)).await;
+    let port = server.port;
+    let (mut client, conn) = h2_client(port, SLOW_WINDOW).await;
+    let mut tasks = Vec::new();
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let (response, send) = stalled(
+            &mut client,
+            port,
+            "/snowkeep.v1.IdService/StreamIds",
+            stream_ids(0, 100_000),
+        )
+        .await;
+        let reader = Arc::new(SlowReader::default());
+        readers.push(reader.clone());
+        tasks.push(tokio::spawn(async move {
+            let _send = send;
+            reader.read(response).await
+        }));
+    }
+    // Both streams are under way past their first message.
+    eventually("both streams are read", Duration::from_secs(20), || {
+        let readers = readers.clone();
+        async move {
+            readers
+                .iter()
+                .all(|r| r.read.load(Ordering::Acquire) > MESSAGE_OF_100K)
+        }
+    })
+    .await;
+    for r in &readers {
+        r.paused.store(true, Ordering::Release);
+    }
+    eventually("both readers hold back", Duration::from_secs(5), || {
+        let readers = readers.clone();
+        async move { readers.iter().all(|r| r.parked.load(Ordering::Acquire)) }
+    })
+    .await;
+    let released: Vec<usize> = readers
+        .iter()
+        .map(|r| r.released.load(Ordering::Acquire))
+        .collect();
+    server.signal("TERM");
+    eventually(
+        "the server takes the signal",
+        Duration::from_secs(5),
+        || {
+            let log = server.log();
+            async move { log.contains("shutting down signal=") }
+        },
+    )
+    .await;
+    for r in &readers {
+        r.paused.store(false, Ordering::Release);
+    }
+    for ((task, reader), released) in tasks.into_iter().zip(&readers).zip(released) {
+        let status = task.await.unwrap().expect("a status, not a cut stream");
+        let read = reader.read.load(Ordering::Acquire);
+        assert_eq!(read % MESSAGE_OF_100K, 0, "{read} bytes: whole messages");
+        let ids = read / MESSAGE_OF_100K * 100_000;
+        assert_eq!(
+            (status.code(), status.message()),
+            (
+                Code::Unavailable,
+                format!(
+                    "stream ended: {ids} ids sent; this server is shutting down; open a new stream on another snowkeep server"
+                )
+                .as_str()
+            )
+        );
+        assert!(
+            read < released + SLOW_WINDOW as usize + MESSAGE_OF_100K,
+            "{read} bytes sent; {released} released before the signal: more than the rest of one message was queued ahead of the status"
+        );
+    }
+    assert_eq!(
+        server.wait_exit(Duration::from_secs(15)).await.code(),
+        Some(0)
+    );
+    let log = server.log();
+    assert!(!log.contains("drain timed out"), "log:\n{log}");
+    assert!(
+        log.contains("in-flight requests drained gracefully"),
+        "log:\n{log}"
+    );
+    conn.abort();
+}
+
+/// A client opens a stream and never takes a byte (window 0) while its
+/// connection answers pings. With `--max-open-streams 1` the stream holds
+/// the only slot: another client's stream is refused at once. After
+/// `--stream-send-timeout` (3 s) the stalled connection is closed, counted
+/// once, and the other client, served throughout on its own connection,
+/// gets its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_stops_reading_loses_its_connection_after_the_send_timeout() {
+    let server = ServerProcess::spawn(&[
+        "--max-open-streams",
+        "1",
+        "--stream-send-timeout",
+        "3s",
+        "--http2-keepalive-interval",
+        "1s",
+    ]);
+    server.wait_serving(Duration::from_secs(15)).await;
+    let port = server.port;
+    let stalls = "snowkeep_stream_send_stalls_total";
+    assert_eq!(server.metric(stalls).await, 0.0);
+
+    let (mut stuck, stuck_conn) = h2_client(port, 0).await;
+    let (response, _send) = stalled(
+        &mut stuck,
+        port,
+        "/snowkeep.v1.IdService/StreamIds",
+        stream_ids(0, 1000),
+    )
+    .await;
+    let response = response.await.unwrap();
+    let opened = tokio::time::Instant::now();
+    assert!(tonic::Status::from_header_map(response.headers()).is_none());
+
+    let (mut good, good_conn) = h2_client(port, 1 << 20).await;
+    let (code, message) = call(
+        &mut good,
+        port,
+        "/snowkeep.v1.IdService/StreamIds",
+        stream_ids(10, 10),
+    )
+    .await;
+    assert!(
+        opened.elapsed() < Duration::from_secs(3),
+        "too slow to test"
+    );
+    assert_eq!(
+        (code, message.as_str()),
+        (
+            Code::ResourceExhausted,
+            "this server already has 1 streams in progress, its limit (--max-open-streams); retry with backoff or call another snowkeep server"
+        )
+    );
+    let freed = eventually(
+        "the stalled stream's slot is freed",
+        Duration::from_secs(15),
+        || {
+            let mut good = good.clone();
+            async move {
+                // The other client is served on the same connection throughout.
+                let (code, _) = call(
+                    &mut good,
+                    port,
+                    "/snowkeep.v1.IdService/NextIds",
+                    next_ids(5),
+                )
+                .await;
+                assert_eq!(code, Code::Ok);
+                let (code, _) = call(
+                    &mut good,
+                    port,
+                    "/snowkeep.v1.IdService/StreamIds",
+                    stream_ids(10, 10),
+                )
+                .await;
+                code == Code::Ok
+            }
+        },
+    )
+    .await;
+    let waited = opened.elapsed();
+    assert!(
+        waited >= Duration::from_secs(3),
+        "freed after {waited:?} ({freed:?} of polling): before the send timeout"
+    );
+    eventually(
+        "the stalled connection is closed",
+        Duration::from_secs(5),
+        || {
+            let done = stuck_conn.is_finished();
+            async move { done }
+        },
+    )
+    .await;
+    assert!(
+        !good_conn.is_finished(),
+        "the reading client's connection was closed"
+    );
+    assert_eq!(server.metric(stalls).await, 1.0);
+    drop(response);
+    good_conn.abort();
+}
