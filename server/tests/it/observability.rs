@@ -185,7 +185,7 @@ async fn a_peer_two_seconds_ahead_shows_in_both_servers_peer_offset() {
         &[
             ("LD_PRELOAD", &lib),
             ("FAKETIME", "+2"),
-            ("DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
         ],
     );
     real.wait_serving(Duration::from_secs(20)).await;

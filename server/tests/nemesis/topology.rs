@@ -185,7 +185,7 @@ pub fn spawn(args: &[&str], clock: &WallClock) -> ServerProcess {
                 &lib
             }),
             ("FAKETIME", offset),
-            ("DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
         ],
         WallClock::File(path) => {
             file = path.to_string_lossy().into_owned();
@@ -194,7 +194,7 @@ pub fn spawn(args: &[&str], clock: &WallClock) -> ServerProcess {
                 ("LD_PRELOAD", &lib),
                 ("FAKETIME_TIMESTAMP_FILE", &file),
                 ("FAKETIME_CACHE_DURATION", "1"),
-                ("DONT_FAKE_MONOTONIC", "1"),
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
             ]
         }
     };
