@@ -49,6 +49,9 @@ pub enum ServeError {
     /// A background task panicked.
     #[error("a background task panicked")]
     Panic(#[from] tokio::task::JoinError),
+    /// The lease loop's own runtime (a thread) could not be started.
+    #[error("cannot start the lease loop's runtime")]
+    LeaseRuntime(#[source] std::io::Error),
 }
 
 impl ServeError {
@@ -302,10 +305,14 @@ pub async fn run(
         clock.clone(),
         shutdown.clone(),
     ));
+    // The lease loop gets a runtime of its own (see `lease_runtime`); the
+    // etcd clients are made inside it, so their connection tasks and the
+    // holder watch run there too, never queued behind request work.
+    let lease_runtime = lease_runtime().map_err(ServeError::LeaseRuntime)?;
     let mut lease_task = {
         let (clock, ns, layout) = (clock.clone(), ns.clone(), config.layout);
         let (shutdown, release, access) = (shutdown.clone(), release.clone(), access.clone());
-        tracker.spawn(async move {
+        lease_runtime.spawn(async move {
             // The capacity gauges follow the first slot's grant.
             let grant = grant_rxs[0].clone();
             match (local, etcd_settings) {
@@ -472,4 +479,48 @@ pub async fn run(
     lease_result??;
     server_result??;
     Ok(())
+}
+
+/// The runtime the lease loop runs on: one worker thread of its own,
+/// `snowkeep-lease`, with its own timers and IO. Request work (thousands of
+/// streams, each always ready to send) keeps the server runtime's workers
+/// and queues busy; a task queued behind it waits its turn there, and a lease
+/// loop that waits long enough misses its renewals and fence raises (each
+/// etcd request has a quarter of the lease TTL to answer), so issuance stops
+/// at a fence nobody raised. A thread of its own is scheduled by the
+/// operating system as soon as it wakes, whatever the request load.
+fn lease_runtime() -> std::io::Result<LeaseRuntime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .max_blocking_threads(4)
+        .thread_name("snowkeep-lease")
+        .enable_all()
+        .build()
+        .map(|rt| LeaseRuntime(Some(rt)))
+}
+
+/// Owns the lease runtime. Dropped (on any return from [`run`]) it ends the
+/// tasks still on it (a holder watch, idle etcd connections) without
+/// blocking: a runtime dropped the plain way inside another runtime panics.
+struct LeaseRuntime(Option<tokio::runtime::Runtime>);
+
+impl LeaseRuntime {
+    fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.0
+            .as_ref()
+            .expect("the runtime lives until drop")
+            .spawn(future)
+    }
+}
+
+impl Drop for LeaseRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }

@@ -20,7 +20,9 @@
 
 mod sequence;
 mod set;
+mod ticker;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,9 +34,16 @@ use crate::layout::{Layout, MachineId, Millis};
 use sequence::SequenceState;
 pub use sequence::{Step, Taken};
 pub use set::GeneratorSet;
+use ticker::Ticker;
 
 /// Default largest backwards clock step the generator waits out: 100 ms.
 pub const DEFAULT_MAX_BACKWARD_WAIT: Duration = Duration::from_millis(100);
+
+/// A caller takes at most `1/STEP_SHARE` of a millisecond's sequence per step
+/// (128 ids with 10 sequence bits) before callers queued behind it get a
+/// turn: a one-id call queued behind 8 streams waits about one millisecond,
+/// not eight.
+pub const STEP_SHARE: u64 = 8;
 
 /// The right to stamp ids under one machine id, published by a lease source
 /// (etcd lease manager, embedded store, or the Lease API client) through a
@@ -82,6 +91,17 @@ impl Default for GeneratorMetrics {
 
 /// Generates ascending ids for one machine id at a time. Cheap to share
 /// (`Arc`); all methods take `&self`.
+///
+/// # Waiting, and fairness between callers
+///
+/// A call takes ids in steps of at most `1/STEP_SHARE` of a millisecond's
+/// sequence. While nobody waits, a step is taken at once. Once a
+/// millisecond's sequence is used up, callers queue for their turn in
+/// arrival order: the first in the queue waits for the next millisecond
+/// (woken by a process-wide tick thread, not by spinning), takes one step and
+/// goes to the back of the queue if it wants more. So a small call arriving
+/// behind big streams waits for one step of each stream ahead of it, and
+/// waiting costs no CPU.
 pub struct Generator {
     layout: Layout,
     clock: SharedClock,
@@ -89,6 +109,15 @@ pub struct Generator {
     state: Mutex<SequenceState>,
     max_backward_wait: Duration,
     metrics: GeneratorMetrics,
+    /// Ids per step: `sequences_per_ms / STEP_SHARE`, at least 1.
+    step: u64,
+    /// Callers queued for `turn` (or holding it); while any are, new calls
+    /// queue too instead of taking ahead of them.
+    queued: AtomicUsize,
+    /// Served in arrival order (tokio's mutex is fair).
+    turn: tokio::sync::Mutex<()>,
+    /// Wakes the holder of `turn` at the next millisecond.
+    ticker: Arc<Ticker>,
 }
 
 impl std::fmt::Debug for Generator {
@@ -109,6 +138,24 @@ impl Generator {
         max_backward_wait: Duration,
         metrics: GeneratorMetrics,
     ) -> Arc<Self> {
+        Self::with_ticker(
+            layout,
+            clock,
+            grant,
+            max_backward_wait,
+            metrics,
+            Ticker::global(),
+        )
+    }
+
+    fn with_ticker(
+        layout: Layout,
+        clock: SharedClock,
+        grant: watch::Receiver<Option<Grant>>,
+        max_backward_wait: Duration,
+        metrics: GeneratorMetrics,
+        ticker: Arc<Ticker>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             layout,
             clock,
@@ -116,6 +163,10 @@ impl Generator {
             state: Mutex::new(SequenceState::new()),
             max_backward_wait,
             metrics,
+            step: (layout.sequences_per_ms() / STEP_SHARE).max(1),
+            queued: AtomicUsize::new(0),
+            turn: tokio::sync::Mutex::new(()),
+            ticker,
         })
     }
 
@@ -217,15 +268,24 @@ impl Generator {
         Ok(self.take_run(1).await?.first)
     }
 
-    /// Takes a run of up to `want` ids, waiting out sequence exhaustion and
-    /// small backwards clock steps.
+    /// Takes a run of up to `min(want, step)` ids, waiting out sequence
+    /// exhaustion and small backwards clock steps in turn with the other
+    /// callers (see [`Generator`]).
     async fn take_run(&self, want: u64) -> Result<Taken, GenerateError> {
+        let want = want.min(self.step);
+        if self.queued.load(Ordering::Acquire) == 0 {
+            if let Step::Ids(t) = self.try_take(want)? {
+                return Ok(t);
+            }
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        let _queued = Queued(&self.queued);
+        let _turn = self.turn.lock().await;
         loop {
+            let tick = self.ticker.next_tick();
             match self.try_take(want)? {
                 Step::Ids(t) => return Ok(t),
-                // Sub-millisecond: yield instead of sleeping, since tokio's timer
-                // granularity (1 ms) would halve throughput at the layout limit.
-                Step::SequenceExhausted => tokio::task::yield_now().await,
+                Step::SequenceExhausted => self.ticker.wait(tick).await,
                 Step::ClockBackward { wait } => tokio::time::sleep(wait).await,
             }
         }
@@ -243,6 +303,15 @@ impl Generator {
             "drain before the grant is withdrawn"
         );
         state.last()
+    }
+}
+
+/// Counts one caller in [`Generator::take_run`]'s queue until dropped.
+struct Queued<'a>(&'a AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

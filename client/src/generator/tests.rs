@@ -40,6 +40,17 @@ fn grant(machine_id: u16, floor: u64, fence: u64) -> Grant {
     }
 }
 
+/// Moves `clock` on by 1 ms every real millisecond until aborted.
+fn moving_clock(clock: Arc<ManualClock>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_millis(1));
+        loop {
+            every.tick().await;
+            clock.advance(Duration::from_millis(1));
+        }
+    })
+}
+
 fn ids(step: Step) -> Vec<u64> {
     match step {
         Step::Ids(t) => (t.first..t.first + t.count).collect(),
@@ -251,18 +262,10 @@ fn drain_reports_the_last_stamped_timestamp() {
 async fn next_ids_crosses_milliseconds_in_ascending_order() {
     let (g, clock, _) = generator_at(1000, grant(3, 0, 1_000_000));
     // The clock only moves when the test moves it, so run the batch while a
-    // second task ticks the clock.
-    let ticker = {
-        let clock = clock.clone();
-        tokio::spawn(async move {
-            for _ in 0..10 {
-                tokio::task::yield_now().await;
-                clock.advance(Duration::from_millis(1));
-            }
-        })
-    };
+    // second task moves it on by 1 ms every real millisecond.
+    let moving = moving_clock(clock);
     let got = g.next_ids(3000).await.unwrap();
-    ticker.await.unwrap();
+    moving.abort();
     assert_eq!(got.len(), 3000);
     assert!(got.windows(2).all(|w| w[0] < w[1]));
     let layout = Layout::default();
@@ -332,4 +335,139 @@ fn sequence_exhaustion_counts_each_millisecond_once() {
             metrics_util::debugging::DebugValue::Counter(3)
         )]
     );
+}
+
+/// A clock whose wall-time reads are counted.
+#[derive(Debug)]
+struct CountingClock {
+    inner: Arc<ManualClock>,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl Clock for CountingClock {
+    fn unix_ms(&self) -> u64 {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.unix_ms()
+    }
+    fn now(&self) -> std::time::Instant {
+        self.inner.now()
+    }
+}
+
+#[tokio::test]
+async fn a_small_call_behind_streams_gets_its_turn_in_the_next_millisecond() {
+    let (g, clock, _tx) = generator_at(1000, grant(5, 0, 1_000_000));
+    ids(g.try_take(1024).unwrap());
+    // Three streams wanting two milliseconds each, then a one-id call, all
+    // arriving while millisecond 1000 is used up.
+    let streams: Vec<_> = (0..3)
+        .map(|_| {
+            let g = g.clone();
+            tokio::spawn(async move {
+                let mut runs = Vec::new();
+                g.fill(2048, |t| runs.push((t.first & 1023, t.count)))
+                    .await
+                    .map(|()| runs)
+            })
+        })
+        .collect();
+    let small = {
+        let g = g.clone();
+        tokio::spawn(async move { g.next_ids(1).await })
+    };
+    // Let every task arrive (this runtime has one thread: each yield runs
+    // every task that is ready once).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    clock.advance(Duration::from_millis(1));
+    let small = tokio::time::timeout(Duration::from_secs(5), small)
+        .await
+        .expect("the one-id call is served in millisecond 1001")
+        .unwrap()
+        .unwrap();
+    // Each stream took one step (128 ids) of millisecond 1001 first, in
+    // arrival order; the one-id call had the fourth turn.
+    assert_eq!(small, vec![(((1001 << 12) | 5) << 10) | 384]);
+    let moving = moving_clock(clock);
+    let mut firsts = Vec::new();
+    for s in streams {
+        let runs = tokio::time::timeout(Duration::from_secs(5), s)
+            .await
+            .expect("the streams finish once the clock moves on")
+            .unwrap()
+            .unwrap();
+        assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), 2048);
+        assert!(runs.iter().all(|r| r.1 <= 128));
+        firsts.push(runs[0]);
+    }
+    moving.abort();
+    assert_eq!(firsts, vec![(0, 128), (128, 128), (256, 128)]);
+}
+
+#[tokio::test]
+async fn callers_waiting_for_the_next_millisecond_do_not_spin() {
+    let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let clock = Arc::new(CountingClock {
+        inner: manual.clone(),
+        reads: Default::default(),
+    });
+    let (_tx, rx) = watch::channel(Some(grant(2, 0, 1_000_000)));
+    let ticker = Ticker::manual();
+    let g = Generator::with_ticker(
+        Layout::default(),
+        clock.clone(),
+        rx,
+        DEFAULT_MAX_BACKWARD_WAIT,
+        GeneratorMetrics::default(),
+        ticker.clone(),
+    );
+    ids(g.try_take(1024).unwrap());
+    let reads = || clock.reads.load(std::sync::atomic::Ordering::Relaxed);
+    let before = reads();
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let g = g.clone();
+            tokio::spawn(async move { g.next_ids(1000).await })
+        })
+        .collect();
+    for _ in 0..1000 {
+        tokio::task::yield_now().await;
+    }
+    // The first caller looked twice (once on arrival, once holding the
+    // turn) and waits for the tick; the other seven queue behind it
+    // without looking. Nobody looks again until the tick.
+    assert_eq!(reads() - before, 2);
+    assert_eq!(ticker.waiting(), 1);
+    assert_eq!(g.queued.load(Ordering::Acquire), 8);
+    // A tick in the same millisecond: the one waiter looks once more.
+    ticker.tick();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(reads() - before, 3);
+    // The next millisecond: 1024 ids go out in 8 steps, one per caller, in
+    // turn; then the first waits again.
+    manual.advance(Duration::from_millis(1));
+    ticker.tick();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(ticker.waiting(), 1);
+    assert_eq!(g.queued.load(Ordering::Acquire), 8);
+    // Until every caller has its 1000 ids: 8000 ids, 8 ms in all.
+    for _ in 0..7 {
+        manual.advance(Duration::from_millis(1));
+        ticker.tick();
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    }
+    for w in waiters {
+        let got = w.await.unwrap().unwrap();
+        assert_eq!(got.len(), 1000);
+    }
+    assert_eq!(g.queued.load(Ordering::Acquire), 0);
+    assert_eq!(ticker.waiting(), 0);
 }

@@ -43,6 +43,11 @@ pub const FENCE_WAITS_TOTAL: &str = "snowkeep_fence_waits_total";
 pub const FENCE_WAIT_DURATION_SECONDS: &str = "snowkeep_fence_wait_duration_seconds";
 /// Milliseconds whose sequence ran out; label `namespace`.
 pub const SEQUENCE_EXHAUSTED_TOTAL: &str = "snowkeep_sequence_exhausted_total";
+/// `NextIds` and `StreamIds` calls the generator refused; labels
+/// `namespace`, `reason` = `no_lease` | `clock_behind_fence` |
+/// `fence_reached` | `clock_stepped_back` | `clock_before_epoch` |
+/// `layout_exhausted`.
+pub const ISSUANCE_REFUSALS_TOTAL: &str = "snowkeep_issuance_refusals_total";
 /// Backwards clock steps; label `outcome` = `waited`|`halted`.
 pub const CLOCK_BACKWARD_STEPS_TOTAL: &str = "snowkeep_clock_backward_steps_total";
 /// Absolute clock skew observed; labels `namespace`, `source` = `client`
@@ -99,6 +104,7 @@ pub const CATALOG: &[(&str, &str)] = &[
     (FENCE_WAITS_TOTAL, "counter"),
     (FENCE_WAIT_DURATION_SECONDS, "histogram"),
     (SEQUENCE_EXHAUSTED_TOTAL, "counter"),
+    (ISSUANCE_REFUSALS_TOTAL, "counter"),
     (CLOCK_BACKWARD_STEPS_TOTAL, "counter"),
     (CLOCK_SKEW_SECONDS, "histogram"),
     (CLOCK_SKEW_REJECTIONS_TOTAL, "counter"),
@@ -308,6 +314,11 @@ pub fn describe_all() {
         SEQUENCE_EXHAUSTED_TOTAL,
         Unit::Count,
         "Milliseconds whose sequence ran out, moving issuance to the next millisecond."
+    );
+    describe_counter!(
+        ISSUANCE_REFUSALS_TOTAL,
+        Unit::Count,
+        "NextIds and StreamIds calls the generator refused, by reason; fence_reached means the clock reached a fence the lease loop did not raise in time."
     );
     describe_counter!(
         CLOCK_BACKWARD_STEPS_TOTAL,

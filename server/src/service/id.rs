@@ -1,9 +1,11 @@
 //! `IdService`: unary batches and streams of ascending ids.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use snowkeep_client::{Generator, GeneratorSet, MachineId, SharedClock, Taken};
+use snowkeep_client::{GenerateError, Generator, GeneratorSet, MachineId, SharedClock, Taken};
 use snowkeep_proto::v1 as pb;
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
@@ -11,10 +13,75 @@ use tonic::{Request, Response, Status};
 
 use super::status::{ApiError, StreamEnd};
 use crate::config::MAX_BATCH;
+use crate::limits::Throttle;
 use crate::metrics as m;
 
 /// Default ids per streamed message.
 pub const DEFAULT_STREAM_BATCH: u32 = 1000;
+
+/// A refusal of one reason is logged at most once per this period.
+pub const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
+
+/// The `reason` label of `snowkeep_issuance_refusals_total` for a generator
+/// refusal.
+pub fn refusal_reason(e: &GenerateError) -> &'static str {
+    match e {
+        GenerateError::NoGrant | GenerateError::LeaseExpired => "no_lease",
+        GenerateError::ClockBehindFence { .. } => "clock_behind_fence",
+        GenerateError::FenceReached { .. } => "fence_reached",
+        GenerateError::ClockSteppedBack { .. } => "clock_stepped_back",
+        GenerateError::ClockBeforeEpoch => "clock_before_epoch",
+        GenerateError::LayoutExhausted { .. } => "layout_exhausted",
+    }
+}
+
+/// Every `reason` label value, so the counters exist (at 0) from the start.
+pub const REFUSAL_REASONS: [&str; 6] = [
+    "no_lease",
+    "clock_behind_fence",
+    "fence_reached",
+    "clock_stepped_back",
+    "clock_before_epoch",
+    "layout_exhausted",
+];
+
+/// Counts the calls the generator refused, by reason, and logs each reason
+/// at most once per [`REFUSAL_LOG_PERIOD`] with the number held back: while
+/// issuance is stopped, every call is refused, and one log line per call
+/// would flood the logs.
+struct Refusals {
+    namespace: String,
+    logged: Mutex<HashMap<&'static str, Throttle>>,
+}
+
+impl Refusals {
+    fn new(namespace: String) -> Self {
+        for reason in REFUSAL_REASONS {
+            metrics::counter!(m::ISSUANCE_REFUSALS_TOTAL, "namespace" => namespace.clone(), "reason" => reason)
+                .increment(0);
+        }
+        Self {
+            namespace,
+            logged: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn record(&self, method: &'static str, e: &GenerateError) {
+        let reason = refusal_reason(e);
+        metrics::counter!(m::ISSUANCE_REFUSALS_TOTAL, "namespace" => self.namespace.clone(), "reason" => reason)
+            .increment(1);
+        let held_back = self
+            .logged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_insert_with(|| Throttle::new(REFUSAL_LOG_PERIOD))
+            .hit(tokio::time::Instant::now());
+        if let Some(held_back) = held_back {
+            tracing::warn!(namespace = %self.namespace, method, reason, error = %e, refusals_not_logged = held_back, "issuance refused a call; this reason is logged at most once per {}s", REFUSAL_LOG_PERIOD.as_secs());
+        }
+    }
+}
 
 /// Serves `snowkeep.v1.IdService`.
 #[derive(Clone)]
@@ -25,6 +92,7 @@ pub struct IdHandler {
     clock: SharedClock,
     /// Cancelled at shutdown: open streams end with UNAVAILABLE.
     shutdown: CancellationToken,
+    refusals: Arc<Refusals>,
 }
 
 impl std::fmt::Debug for IdHandler {
@@ -45,6 +113,7 @@ impl IdHandler {
     ) -> Self {
         Self {
             generators,
+            refusals: Arc::new(Refusals::new(namespace.clone())),
             namespace,
             clock,
             shutdown,
@@ -78,7 +147,10 @@ impl pb::id_service_server::IdService for IdHandler {
             .generators
             .next_ids(u64::from(count))
             .await
-            .map_err(ApiError::from)?;
+            .map_err(|e| {
+                self.refusals.record("NextIds", &e);
+                ApiError::from(e)
+            })?;
         metrics::counter!(m::IDS_ISSUED_TOTAL, "namespace" => self.namespace.clone(), "method" => "NextIds")
             .increment(ids.len() as u64);
         Ok(Response::new(pb::NextIdsResponse { ids }))
@@ -112,6 +184,7 @@ impl pb::id_service_server::IdService for IdHandler {
             generator: self.generators.pick(),
             shutdown: self.shutdown.clone(),
             issued: metrics::counter!(m::IDS_ISSUED_TOTAL, "namespace" => self.namespace.clone(), "method" => "StreamIds"),
+            refusals: self.refusals.clone(),
             total: req.total,
             batch,
             sent: 0,
@@ -136,6 +209,8 @@ struct StreamState {
     shutdown: CancellationToken,
     /// `snowkeep_ids_issued_total{method="StreamIds"}`.
     issued: metrics::Counter,
+    /// Counts and logs the generator's refusal that ends the stream.
+    refusals: Arc<Refusals>,
     /// Ids asked for; 0 = until cancelled.
     total: u64,
     /// Ids per message.
@@ -191,6 +266,9 @@ impl StreamState {
             r = self.generator.fill(want, sink) => r.map_err(StreamEnd::Generate),
         };
         if let Err(cause) = result.and(moved.map_or(Ok(()), Err)) {
+            if let StreamEnd::Generate(e) = &cause {
+                self.refusals.record("StreamIds", e);
+            }
             return Some(Err(self.end(cause)));
         }
         self.machine_id = pinned;

@@ -11,6 +11,7 @@ mod embedded;
 mod embedded_ranges;
 mod endpoints;
 mod etcd_faults;
+mod fairness;
 mod instance_ids;
 mod issuance;
 mod layout_change;

@@ -1,0 +1,169 @@
+//! The millisecond tick that callers wait on when a millisecond's sequence is
+//! used up.
+//!
+//! Waiting for the next millisecond cannot use tokio's timer: it fires on
+//! whole-millisecond ticks of its own, up to 1 ms late, which would skip
+//! milliseconds and halve throughput at the layout's limit. Spinning on
+//! `yield_now` until the clock moves keeps the sequence fully used but burns
+//! the CPU and the runtime's queues that other calls need, once per waiter.
+//! So one thread per process, `snowkeep-ms-tick`, sleeps (a precise kernel
+//! sleep, typically 50–100 µs late) until just after each wall-clock
+//! millisecond boundary and wakes every waiter of every generator; it runs
+//! only while someone waits and parks otherwise.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
+
+/// How long after a millisecond boundary the tick is aimed at, so that a
+/// sleep that ends a little early still lands in the new millisecond.
+const AFTER_BOUNDARY: Duration = Duration::from_micros(20);
+
+/// Wakes waiters once per millisecond.
+#[derive(Debug)]
+pub(super) struct Ticker {
+    notify: Notify,
+    /// Waiters now; the thread parks at 0.
+    waiting: AtomicUsize,
+    driver: Driver,
+}
+
+#[derive(Debug)]
+enum Driver {
+    /// The process-wide tick thread.
+    Thread(Thread),
+    /// Ticked by hand ([`Ticker::tick`]), for tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Manual,
+    /// The thread could not be started: waiters yield to the runtime and
+    /// try again, as a spin.
+    Yield,
+}
+
+impl Ticker {
+    /// The process-wide ticker; its thread starts on first use.
+    pub(super) fn global() -> Arc<Ticker> {
+        static GLOBAL: OnceLock<Arc<Ticker>> = OnceLock::new();
+        GLOBAL.get_or_init(Ticker::start).clone()
+    }
+
+    fn start() -> Arc<Ticker> {
+        let (tx, rx) = std::sync::mpsc::channel::<Arc<Ticker>>();
+        let spawned = std::thread::Builder::new()
+            .name("snowkeep-ms-tick".into())
+            .spawn(move || {
+                if let Ok(ticker) = rx.recv() {
+                    ticker.run();
+                }
+            });
+        match spawned {
+            Ok(handle) => {
+                let ticker = Arc::new(Ticker {
+                    notify: Notify::new(),
+                    waiting: AtomicUsize::new(0),
+                    driver: Driver::Thread(handle.thread().clone()),
+                });
+                // The thread holds the ticker for the life of the process.
+                let _ = tx.send(ticker.clone());
+                ticker
+            }
+            Err(_) => Arc::new(Ticker {
+                notify: Notify::new(),
+                waiting: AtomicUsize::new(0),
+                driver: Driver::Yield,
+            }),
+        }
+    }
+
+    /// A ticker that ticks only when [`Ticker::tick`] is called.
+    #[cfg(test)]
+    pub(super) fn manual() -> Arc<Ticker> {
+        Arc::new(Ticker {
+            notify: Notify::new(),
+            waiting: AtomicUsize::new(0),
+            driver: Driver::Manual,
+        })
+    }
+
+    /// Wakes every waiter now.
+    #[cfg(test)]
+    pub(super) fn tick(&self) {
+        self.notify.notify_waiters();
+    }
+
+    /// Waiters parked on the ticker now.
+    #[cfg(test)]
+    pub(super) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// A registration for the next tick. Make it (and `enable` it) *before*
+    /// looking at the sequence, so a tick between the look and the wait is
+    /// not lost.
+    pub(super) fn next_tick(&self) -> Pin<Box<Notified<'_>>> {
+        let mut notified = Box::pin(self.notify.notified());
+        notified.as_mut().enable();
+        notified
+    }
+
+    /// Waits for the tick `notified` was registered for.
+    pub(super) async fn wait(&self, notified: Pin<Box<Notified<'_>>>) {
+        match &self.driver {
+            Driver::Yield => tokio::task::yield_now().await,
+            Driver::Manual => self.counted(notified).await,
+            Driver::Thread(thread) => {
+                let wait = self.counted(notified);
+                thread.unpark();
+                wait.await
+            }
+        }
+    }
+
+    fn counted<'a>(&'a self, notified: Pin<Box<Notified<'a>>>) -> impl Future<Output = ()> + 'a {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let guard = Waiting(&self.waiting);
+        async move {
+            notified.await;
+            drop(guard);
+        }
+    }
+
+    /// The thread: while anyone waits, tick just after each millisecond.
+    fn run(&self) {
+        loop {
+            if self.waiting.load(Ordering::Acquire) == 0 {
+                // An unpark between the check and here makes park return at once.
+                std::thread::park();
+                continue;
+            }
+            std::thread::sleep(until_next_ms());
+            self.notify.notify_waiters();
+        }
+    }
+}
+
+/// Counts one waiter until dropped (also when the wait is cancelled).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Time until just after the next wall-clock millisecond boundary. Wall time
+/// is read here for the phase of the tick only, never for a timestamp.
+#[allow(clippy::disallowed_methods)]
+fn until_next_ms() -> Duration {
+    let into_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() % 1_000_000)
+        .unwrap_or(0);
+    Duration::from_nanos(u64::from(1_000_000 - into_ms)) + AFTER_BOUNDARY
+}
