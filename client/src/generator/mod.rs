@@ -45,6 +45,13 @@ pub const DEFAULT_MAX_BACKWARD_WAIT: Duration = Duration::from_millis(100);
 /// not eight.
 pub const STEP_SHARE: u64 = 8;
 
+/// The longest a caller queues for its turn before it waits on the
+/// millisecond tick without one. A call whose future stops being polled
+/// without being dropped (a response body hyper no longer polls, say) while
+/// it holds the turn would otherwise hold every later caller of the machine
+/// id up for good; with it, they lose their order, never their ids.
+pub const TURN_PATIENCE: Duration = Duration::from_millis(10);
+
 /// The right to stamp ids under one machine id, published by a lease source
 /// (etcd lease manager, embedded store, or the Lease API client) through a
 /// `tokio::sync::watch` channel. `None` in the channel means "do not issue".
@@ -101,7 +108,9 @@ impl Default for GeneratorMetrics {
 /// (woken by a process-wide tick thread, not by spinning), takes one step and
 /// goes to the back of the queue if it wants more. So a small call arriving
 /// behind big streams waits for one step of each stream ahead of it, and
-/// waiting costs no CPU.
+/// waiting costs no CPU. A caller queues for its turn at most
+/// [`TURN_PATIENCE`]; after that it waits on the tick out of turn, so a call
+/// its caller stopped polling (without dropping it) cannot hold the others up.
 pub struct Generator {
     layout: Layout,
     clock: SharedClock,
@@ -280,7 +289,9 @@ impl Generator {
         }
         self.queued.fetch_add(1, Ordering::AcqRel);
         let _queued = Queued(&self.queued);
-        let _turn = self.turn.lock().await;
+        let _turn = tokio::time::timeout(TURN_PATIENCE, self.turn.lock())
+            .await
+            .ok();
         loop {
             let tick = self.ticker.next_tick();
             match self.try_take(want)? {

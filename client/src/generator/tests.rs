@@ -471,3 +471,41 @@ async fn callers_waiting_for_the_next_millisecond_do_not_spin() {
     assert_eq!(g.queued.load(Ordering::Acquire), 0);
     assert_eq!(ticker.waiting(), 0);
 }
+
+/// A caller that holds the turn and is then neither polled nor dropped
+/// delays the callers behind it by the turn patience, not for good.
+#[tokio::test(start_paused = true)]
+async fn a_caller_no_longer_polled_holds_the_others_up_only_for_the_turn_patience() {
+    let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let (_tx, rx) = watch::channel(Some(grant(2, 0, 1_000_000)));
+    let ticker = Ticker::manual();
+    let g = Generator::with_ticker(
+        Layout::default(),
+        manual.clone(),
+        rx,
+        DEFAULT_MAX_BACKWARD_WAIT,
+        GeneratorMetrics::default(),
+        ticker.clone(),
+    );
+    ids(g.try_take(1024).unwrap());
+    // It takes the turn, finds ms 1000 used up and waits for the tick.
+    let mut stuck = Box::pin(g.next_ids(1));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(std::future::Future::poll(stuck.as_mut(), &mut cx).is_pending());
+    assert_eq!(ticker.waiting(), 1);
+    manual.advance(Duration::from_millis(1));
+    let started = tokio::time::Instant::now();
+    let other = {
+        let g = g.clone();
+        tokio::spawn(async move { g.next_ids(3).await })
+    };
+    let got = tokio::time::timeout(Duration::from_secs(1), other)
+        .await
+        .expect("the call behind a stuck one is served")
+        .unwrap()
+        .unwrap();
+    let first = ((1001u64 << 12) | 2) << 10;
+    assert_eq!(got, vec![first, first + 1, first + 2]);
+    assert_eq!(started.elapsed(), TURN_PATIENCE);
+    drop(stuck);
+}

@@ -191,11 +191,29 @@ impl pb::id_service_server::IdService for IdHandler {
             machine_id: None,
             ended: false,
         };
-        // Generation happens only when tonic polls for the next message, i.e.
+        // Generation starts only when tonic polls for the next message, i.e.
         // when HTTP/2 flow control lets it send: a slow reader slows issuance.
-        let stream = futures_util::stream::unfold(state, |mut state| async move {
-            let item = state.next_batch().await?;
-            Some((item, state))
+        // Each batch is then made on a task of its own, so it runs to its end
+        // even when hyper stops polling this body (a reader whose window is
+        // shut, with a message already buffered): a batch left half made
+        // would keep its place in the generator's queue of waiting callers
+        // and hold every other call of this machine id up.
+        let stream = futures_util::stream::unfold(Some(state), |state| async move {
+            let mut state = state?;
+            let made = tokio::spawn(async move {
+                let item = state.next_batch().await;
+                (state, item)
+            })
+            .await;
+            match made {
+                Ok((state, item)) => Some((item?, Some(state))),
+                Err(e) => Some((
+                    Err(Status::internal(format!(
+                        "making the next batch of ids failed: {e}; ask for the remaining ids again"
+                    ))),
+                    None,
+                )),
+            }
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -388,6 +406,58 @@ mod tests {
             f.clock.advance(Duration::from_millis(1));
         }
         assert_eq!(got, vec![1000, 1000, 500]);
+    }
+
+    /// A stream whose body stops being polled while its batch waits for the
+    /// next millisecond (hyper holding a message for a reader whose window
+    /// is shut) must not hold other calls of its machine id up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stream_no_longer_polled_mid_batch_does_not_hold_other_calls_up() {
+        let f = fixture(Layout::default(), 1_000_000);
+        let mut s = open(&f, 0, 1000).await;
+        assert_eq!(batch(&mut s).await, ms_of_ids(1000)[..1000].to_vec());
+        // The second batch finds 24 ids of ms 1000 and waits for ms 1001.
+        let pending = {
+            let next = std::pin::pin!(s.next());
+            futures_util::poll!(next).is_pending()
+        };
+        assert!(pending, "the second batch waits for ms 1001");
+        // The stream is never polled again; the clock moves on.
+        f.clock.advance(Duration::from_millis(1));
+        let ids = tokio::time::timeout(
+            Duration::from_secs(5),
+            f.handler.next_ids(Request::new(pb::NextIdsRequest {
+                count: 3,
+                client_time_unix_ms: 0,
+            })),
+        )
+        .await
+        .expect("NextIds is served while the stream is not polled")
+        .expect("NextIds succeeds")
+        .into_inner()
+        .ids;
+        // The stream's batch, made meanwhile on its own task, and the call
+        // share 1,003 ids, each once: the 24 left of ms 1000 and the first
+        // 979 of ms 1001 when the batch task ran before the clock moved, or
+        // the first 1,003 of ms 1001 when it ran after (those 24 are a gap).
+        let second = batch(&mut s).await;
+        assert_eq!(second.len(), 1000);
+        assert_eq!(ids.len(), 3);
+        let mut all: Vec<u64> = second.into_iter().chain(ids).collect();
+        all.sort_unstable();
+        let waited: Vec<u64> = ms_of_ids(1000)[1000..]
+            .iter()
+            .chain(&ms_of_ids(1001)[..979])
+            .copied()
+            .collect();
+        let later = ms_of_ids(1001)[..1003].to_vec();
+        assert!(
+            all == waited || all == later,
+            "ids {:?}..{:?} ({} of them)",
+            all.first(),
+            all.last(),
+            all.len()
+        );
     }
 
     #[tokio::test]
