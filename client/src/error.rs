@@ -157,18 +157,7 @@ impl ClientError {
     /// True when the same call may succeed later or on another server.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Status(s) => matches!(
-                s.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::ResourceExhausted
-                    | tonic::Code::Aborted
-                    | tonic::Code::Internal
-                    | tonic::Code::Unknown
-                    | tonic::Code::FailedPrecondition
-                    | tonic::Code::NotFound
-                    | tonic::Code::Cancelled
-            ),
+            ClientError::Status(s) => is_retryable_code(s.code()),
             ClientError::Resolve { .. }
             | ClientError::PoolEmpty { .. }
             | ClientError::ShortStream { .. } => true,
@@ -183,6 +172,53 @@ impl ClientError {
             | ClientError::Stopped(_) => false,
         }
     }
+}
+
+/// The one list of gRPC status codes after which the same call may succeed
+/// later or on another snowkeep server. [`ClientError::is_retryable`], the
+/// remote client's retries on the next server and the embedded generator's
+/// Acquire retries all follow it. Why each code is on it:
+///
+/// - `UNAVAILABLE`: the server holds no valid lease, its clock is behind a
+///   floor or stepped back, it is shutting down or not connected to etcd
+///   yet, or the connection failed; another server or a later call may
+///   serve.
+/// - `DEADLINE_EXCEEDED`: no answer in time (a slow or unreachable server);
+///   the call may not even have arrived.
+/// - `UNKNOWN` and `CANCELLED`: how tonic reports a connection that broke or
+///   was reset mid-call, for example by a server going away.
+/// - `RESOURCE_EXHAUSTED`: the server is at one of its limits (calls in
+///   progress, call memory), or the namespace has no free machine id; the
+///   server's message says to retry with backoff or call another server.
+/// - `ABORTED`: by gRPC convention, a conflict that a retry at a higher level
+///   resolves.
+/// - `INTERNAL`: a broken HTTP/2 exchange, or a server that found a record it
+///   cannot read; another server, or the same one after an operator's fix,
+///   may answer.
+/// - `FAILED_PRECONDITION`: the Lease API's refusals that heal without the
+///   caller changing its request: a clock skew over the threshold (heals
+///   once the host syncs with NTP) and a rolled-back namespace (heals once an
+///   operator confirms a floor).
+/// - `NOT_FOUND`: the namespace is not created yet; an operator creates it
+///   with `--create-namespace-only`.
+///
+/// Every other code (`INVALID_ARGUMENT`, `PERMISSION_DENIED`,
+/// `ALREADY_EXISTS`, `UNAUTHENTICATED`, `UNIMPLEMENTED`, `OUT_OF_RANGE`,
+/// `DATA_LOSS`, `OK`) says the request itself is wrong or refused, so
+/// sending it again cannot help.
+pub(crate) fn is_retryable_code(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::Aborted
+            | tonic::Code::Internal
+            | tonic::Code::FailedPrecondition
+            | tonic::Code::NotFound
+    )
 }
 
 /// Why an embedded generator stopped issuing for good (fail-fast
@@ -232,4 +268,42 @@ pub enum StopReason {
     /// until an operator confirms a floor (Check or Renew said so).
     #[error("etcd was restored from an older snapshot; the namespace is rolled back")]
     NamespaceRolledBack,
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+
+    #[test]
+    fn the_retryable_codes_are_exactly_the_nine_listed() {
+        let table = [
+            (Code::Ok, false),
+            (Code::Cancelled, true),
+            (Code::Unknown, true),
+            (Code::InvalidArgument, false),
+            (Code::DeadlineExceeded, true),
+            (Code::NotFound, true),
+            (Code::AlreadyExists, false),
+            (Code::PermissionDenied, false),
+            (Code::ResourceExhausted, true),
+            (Code::FailedPrecondition, true),
+            (Code::Aborted, true),
+            (Code::OutOfRange, false),
+            (Code::Unimplemented, false),
+            (Code::Internal, true),
+            (Code::Unavailable, true),
+            (Code::DataLoss, false),
+            (Code::Unauthenticated, false),
+        ];
+        for (code, retryable) in table {
+            assert_eq!(is_retryable_code(code), retryable, "{code:?}");
+            assert_eq!(
+                ClientError::Status(tonic::Status::new(code, "x")).is_retryable(),
+                retryable,
+                "{code:?}"
+            );
+        }
+    }
 }
