@@ -19,6 +19,7 @@ use tracing::debug;
 pub use pool::{IdPool, PoolConfig};
 pub use stream::IdStream;
 
+use crate::backoff::Backoff;
 use crate::error::{is_retryable_code, ClientError};
 
 /// Settings of a remote client.
@@ -105,7 +106,7 @@ impl RemoteClient {
         F: FnMut(pb::id_service_client::IdServiceClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut delay = self.config.backoff;
+        let mut backoff = Backoff::new(self.config.backoff, self.config.max_backoff);
         let mut last = None;
         for attempt in 0..self.config.attempts.max(1) {
             let i = self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len();
@@ -125,8 +126,7 @@ impl RemoteClient {
             // The next server is a different one: only back off once every
             // server has been tried in this round.
             if ((attempt + 1) as usize).is_multiple_of(self.servers.len()) {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(self.config.max_backoff);
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
         Err(ClientError::Status(last.unwrap_or_else(|| {
