@@ -131,31 +131,28 @@ impl Generator {
 
     /// True when a call would issue now: a grant whose deadline has not
     /// passed, a clock inside (floor, fence] and the layout, and no backwards
-    /// step beyond what is waited out. Health and readiness follow this, so
-    /// they never say SERVING while every call fails.
+    /// step beyond what is waited out: the same rule a take follows
+    /// (`sequence::admit`). Health and readiness follow this, so they never
+    /// say SERVING while every call fails.
     pub fn is_ready(&self) -> bool {
         let Some(g) = *self.grant.borrow() else {
             return false;
         };
-        if g.deadline.is_some_and(|d| self.clock.now() >= d) {
-            return false;
-        }
-        let Some(now) = self.layout.to_layout_ms(self.clock.unix_ms()) else {
-            return false;
+        let (now_unix, now_mono) = (self.clock.unix_ms(), self.clock.now());
+        let admitted = match self.state.try_lock() {
+            Ok(state) => state.admit(&self.layout, &g, now_unix, now_mono, self.max_backward_wait),
+            // A busy lock means someone is issuing right now: judge the
+            // grant and the clock alone.
+            Err(_) => sequence::admit(
+                &self.layout,
+                &g,
+                g.floor,
+                now_unix,
+                now_mono,
+                self.max_backward_wait,
+            ),
         };
-        if now <= g.floor || now > g.fence || now > self.layout.max_timestamp() {
-            return false;
-        }
-        // A busy lock means someone is issuing right now: ready enough.
-        let Ok(state) = self.state.try_lock() else {
-            return true;
-        };
-        match state.last() {
-            Some((machine_id, last)) if machine_id == g.machine_id && last > now => {
-                Duration::from_millis(last.get() - now.get()) <= self.max_backward_wait
-            }
-            _ => true,
-        }
+        admitted.is_ok()
     }
 
     /// Takes up to `want` ids in one step without waiting: a run of consecutive
