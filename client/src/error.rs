@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::layout::{LayoutError, MachineId, Millis};
+use crate::layout::{LayoutError, Millis};
 
 /// Why the generator issued no id. Every variant except
 /// [`GenerateError::LayoutExhausted`] is transient: retry later or elsewhere.
@@ -70,7 +70,7 @@ pub enum ClientError {
     /// An endpoint URL could not be used.
     #[error("invalid endpoint {endpoint:?}: use http://host:port")]
     InvalidEndpoint {
-        /// The endpoint given.
+        /// The endpoint as given, which does not parse as a URI.
         endpoint: String,
     },
     /// No server address to call.
@@ -79,9 +79,9 @@ pub enum ClientError {
     /// A DNS name did not resolve.
     #[error("cannot resolve {name}")]
     Resolve {
-        /// The name.
+        /// The DNS name that was looked up.
         name: String,
-        /// The cause.
+        /// The resolver's error.
         #[source]
         source: std::io::Error,
     },
@@ -94,9 +94,9 @@ pub enum ClientError {
     /// A granted machine id does not fit the layout's machine bits.
     #[error("the server granted machine id {machine_id}, outside {machine_bits} machine bits")]
     MachineIdOutOfRange {
-        /// The machine id.
+        /// The machine id in the grant.
         machine_id: u32,
-        /// The layout's machine bits.
+        /// Bits the granted layout gives machine ids.
         machine_bits: u8,
     },
     /// The grant was already expired when it arrived.
@@ -105,9 +105,9 @@ pub enum ClientError {
     /// The grant has a different number of machine ids than asked for.
     #[error("asked for {asked} machine ids, the server granted {granted}")]
     GrantCount {
-        /// Asked.
+        /// Machine ids the Acquire asked for.
         asked: u32,
-        /// Granted.
+        /// Machine ids the grant carried.
         granted: usize,
     },
     /// The local clock is further behind the granted floor (the previous
@@ -138,9 +138,6 @@ pub enum ClientError {
         /// The last refill error.
         last_error: String,
     },
-    /// The embedded generator stopped issuing for good.
-    #[error("issuance stopped: {0}")]
-    Stopped(StopReason),
     /// A finite `StreamIds` stream ended with OK before it delivered the
     /// `total` ids asked for (a server older than the one that says so with
     /// an error status). Ask for the rest again.
@@ -168,8 +165,7 @@ impl ClientError {
             | ClientError::GrantExpired
             | ClientError::GrantCount { .. }
             | ClientError::ClockBehindFloor { .. }
-            | ClientError::ClockPastFence { .. }
-            | ClientError::Stopped(_) => false,
+            | ClientError::ClockPastFence { .. } => false,
         }
     }
 }
@@ -238,9 +234,9 @@ pub enum StopReason {
     /// Renew answered with other machine ids than the ones held.
     #[error("the server renewed {renewed} machine ids, {held} are held")]
     MachineIdsChanged {
-        /// Held.
+        /// Machine ids this generator holds.
         held: usize,
-        /// Renewed.
+        /// Machine ids the renewal answered with.
         renewed: usize,
     },
     /// The lease passed its local deadline without a successful renewal.
@@ -249,9 +245,6 @@ pub enum StopReason {
     /// `shutdown` was called.
     #[error("the generator was shut down")]
     ShutDown,
-    /// A renewal answered with machine ids the layout cannot hold.
-    #[error("a renewal granted machine id {0} outside the layout")]
-    BadRenewal(MachineId),
     /// After a renewal the local clock was still past a granted fence: this
     /// host's clock runs ahead of the server's by more than the renewed lease
     /// covers. The machine ids were released.

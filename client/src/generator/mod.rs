@@ -30,7 +30,8 @@ use crate::clock::SharedClock;
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
 use sequence::SequenceState;
-pub use sequence::{Step, Taken};
+pub(crate) use sequence::Step;
+pub use sequence::Taken;
 pub use set::GeneratorSet;
 
 /// Default largest backwards clock step the generator waits out: 100 ms.
@@ -157,7 +158,7 @@ impl Generator {
 
     /// Takes up to `want` ids in one step without waiting: a run of consecutive
     /// ids in one millisecond, or the reason to wait, or an error.
-    pub fn try_take(&self, want: u64) -> Result<Step, GenerateError> {
+    pub(crate) fn try_take(&self, want: u64) -> Result<Step, GenerateError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let grant = (*self.grant.borrow()).ok_or(GenerateError::NoGrant)?;
         let now_unix = self.clock.unix_ms();
