@@ -17,10 +17,11 @@ pub enum GenerateError {
     /// The grant's local lease deadline has passed (monotonic clock).
     #[error("the machine-id lease passed its local deadline")]
     LeaseExpired,
-    /// The clock has not yet passed the previous holder's fence (design.md, fence protocol rule 3).
-    #[error("clock is behind the previous holder's fence by {wait:?}")]
-    ClockBehindFence {
-        /// How long until the clock passes the fence.
+    /// The clock has not yet passed the grant's floor, the fences of the
+    /// machine id's previous holders (design.md, fence protocol rule 3).
+    #[error("clock is behind the machine id's floor (its previous holders' fences) by {wait:?}")]
+    ClockBehindFloor {
+        /// How long until the clock passes the floor.
         wait: Duration,
     },
     /// The clock reached the persisted fence and the fence was not raised in
@@ -55,7 +56,7 @@ impl GenerateError {
         match self {
             GenerateError::NoGrant
             | GenerateError::LeaseExpired
-            | GenerateError::ClockBehindFence { .. }
+            | GenerateError::ClockBehindFloor { .. }
             | GenerateError::FenceReached { .. }
             | GenerateError::ClockSteppedBack { .. }
             | GenerateError::ClockBeforeEpoch => true,
@@ -268,6 +269,18 @@ mod tests {
     use tonic::Code;
 
     use super::*;
+
+    #[test]
+    fn a_clock_behind_the_floor_says_floor() {
+        let err = GenerateError::ClockBehindFloor {
+            wait: Duration::from_millis(3),
+        };
+        assert_eq!(
+            err.to_string(),
+            "clock is behind the machine id's floor (its previous holders' fences) by 3ms"
+        );
+        assert!(err.is_retryable());
+    }
 
     #[test]
     fn the_retryable_codes_are_exactly_the_nine_listed() {

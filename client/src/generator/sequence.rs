@@ -185,7 +185,7 @@ pub(super) fn admit(
         .to_layout_ms(now_unix)
         .ok_or(GenerateError::ClockBeforeEpoch)?;
     if now <= grant.floor {
-        return Err(GenerateError::ClockBehindFence {
+        return Err(GenerateError::ClockBehindFloor {
             wait: Duration::from_millis(grant.floor.0 - now.0 + 1),
         });
     }

@@ -127,14 +127,14 @@ fn never_stamps_at_or_below_the_floor() {
     assert!(!g.is_ready());
     assert_eq!(
         g.try_take(1),
-        Err(GenerateError::ClockBehindFence {
+        Err(GenerateError::ClockBehindFloor {
             wait: Duration::from_millis(3)
         })
     );
     clock.advance(Duration::from_millis(2));
     assert_eq!(
         g.try_take(1),
-        Err(GenerateError::ClockBehindFence {
+        Err(GenerateError::ClockBehindFloor {
             wait: Duration::from_millis(1)
         })
     );
@@ -154,7 +154,7 @@ fn a_new_floor_at_the_last_stamp_skips_the_rest_of_that_ms() {
     tx.send_replace(Some(grant(1, 1000, 5000)));
     assert!(matches!(
         g.try_take(1),
-        Err(GenerateError::ClockBehindFence { .. })
+        Err(GenerateError::ClockBehindFloor { .. })
     ));
     clock.advance(Duration::from_millis(1));
     assert_eq!(
