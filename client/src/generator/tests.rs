@@ -258,7 +258,7 @@ fn a_clock_past_a_lowered_fence_is_refused_at_once_not_after_a_backwards_wait() 
 fn readiness_says_ready_exactly_when_a_take_would_issue_or_wait() {
     // A deadline in a case's grant is replaced by the generator's "now".
     let expired = Grant {
-        deadline: Some(std::time::Instant::now()),
+        deadline: Some(ManualClock::new(0).now()),
         ..grant(1, 0, 5000)
     };
     // (clock after the first stamp at 1000, grant then) and whether a take
