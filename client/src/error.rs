@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::layout::{LayoutError, MachineId, Millis};
+use crate::layout::{LayoutError, Millis};
 
 /// Why the generator issued no id. Every variant except
 /// [`GenerateError::LayoutExhausted`] is transient: retry later or elsewhere.
@@ -17,10 +17,11 @@ pub enum GenerateError {
     /// The grant's local lease deadline has passed (monotonic clock).
     #[error("the machine-id lease passed its local deadline")]
     LeaseExpired,
-    /// The clock has not yet passed the previous holder's fence (design.md, fence protocol rule 3).
-    #[error("clock is behind the previous holder's fence by {wait:?}")]
-    ClockBehindFence {
-        /// How long until the clock passes the fence.
+    /// The clock has not yet passed the grant's floor, the fences of the
+    /// machine id's previous holders (design.md, fence protocol rule 3).
+    #[error("clock is behind the machine id's floor (its previous holders' fences) by {wait:?}")]
+    ClockBehindFloor {
+        /// How long until the clock passes the floor.
         wait: Duration,
     },
     /// The clock reached the persisted fence and the fence was not raised in
@@ -55,7 +56,7 @@ impl GenerateError {
         match self {
             GenerateError::NoGrant
             | GenerateError::LeaseExpired
-            | GenerateError::ClockBehindFence { .. }
+            | GenerateError::ClockBehindFloor { .. }
             | GenerateError::FenceReached { .. }
             | GenerateError::ClockSteppedBack { .. }
             | GenerateError::ClockBeforeEpoch => true,
@@ -70,7 +71,7 @@ pub enum ClientError {
     /// An endpoint URL could not be used.
     #[error("invalid endpoint {endpoint:?}: use http://host:port")]
     InvalidEndpoint {
-        /// The endpoint given.
+        /// The endpoint as given, which does not parse as a URI.
         endpoint: String,
     },
     /// No server address to call.
@@ -79,9 +80,9 @@ pub enum ClientError {
     /// A DNS name did not resolve.
     #[error("cannot resolve {name}")]
     Resolve {
-        /// The name.
+        /// The DNS name that was looked up.
         name: String,
-        /// The cause.
+        /// The resolver's error.
         #[source]
         source: std::io::Error,
     },
@@ -94,9 +95,9 @@ pub enum ClientError {
     /// A granted machine id does not fit the layout's machine bits.
     #[error("the server granted machine id {machine_id}, outside {machine_bits} machine bits")]
     MachineIdOutOfRange {
-        /// The machine id.
+        /// The machine id in the grant.
         machine_id: u32,
-        /// The layout's machine bits.
+        /// Bits the granted layout gives machine ids.
         machine_bits: u8,
     },
     /// The grant was already expired when it arrived.
@@ -105,9 +106,9 @@ pub enum ClientError {
     /// The grant has a different number of machine ids than asked for.
     #[error("asked for {asked} machine ids, the server granted {granted}")]
     GrantCount {
-        /// Asked.
+        /// Machine ids the Acquire asked for.
         asked: u32,
-        /// Granted.
+        /// Machine ids the grant carried.
         granted: usize,
     },
     /// The local clock is further behind the granted floor (the previous
@@ -138,9 +139,6 @@ pub enum ClientError {
         /// The last refill error.
         last_error: String,
     },
-    /// The embedded generator stopped issuing for good.
-    #[error("issuance stopped: {0}")]
-    Stopped(StopReason),
     /// A finite `StreamIds` stream ended with OK before it delivered the
     /// `total` ids asked for (a server older than the one that says so with
     /// an error status). Ask for the rest again.
@@ -157,18 +155,7 @@ impl ClientError {
     /// True when the same call may succeed later or on another server.
     pub fn is_retryable(&self) -> bool {
         match self {
-            ClientError::Status(s) => matches!(
-                s.code(),
-                tonic::Code::Unavailable
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::ResourceExhausted
-                    | tonic::Code::Aborted
-                    | tonic::Code::Internal
-                    | tonic::Code::Unknown
-                    | tonic::Code::FailedPrecondition
-                    | tonic::Code::NotFound
-                    | tonic::Code::Cancelled
-            ),
+            ClientError::Status(s) => is_retryable_code(s.code()),
             ClientError::Resolve { .. }
             | ClientError::PoolEmpty { .. }
             | ClientError::ShortStream { .. } => true,
@@ -179,10 +166,56 @@ impl ClientError {
             | ClientError::GrantExpired
             | ClientError::GrantCount { .. }
             | ClientError::ClockBehindFloor { .. }
-            | ClientError::ClockPastFence { .. }
-            | ClientError::Stopped(_) => false,
+            | ClientError::ClockPastFence { .. } => false,
         }
     }
+}
+
+/// The one list of gRPC status codes after which the same call may succeed
+/// later or on another snowkeep server. [`ClientError::is_retryable`], the
+/// remote client's retries on the next server and the embedded generator's
+/// Acquire retries all follow it. Why each code is on it:
+///
+/// - `UNAVAILABLE`: the server holds no valid lease, its clock is behind a
+///   floor or stepped back, it is shutting down or not connected to etcd
+///   yet, or the connection failed; another server or a later call may
+///   serve.
+/// - `DEADLINE_EXCEEDED`: no answer in time (a slow or unreachable server);
+///   the call may not even have arrived.
+/// - `UNKNOWN` and `CANCELLED`: how tonic reports a connection that broke or
+///   was reset mid-call, for example by a server going away.
+/// - `RESOURCE_EXHAUSTED`: the server is at one of its limits (calls in
+///   progress, call memory), or the namespace has no free machine id; the
+///   server's message says to retry with backoff or call another server.
+/// - `ABORTED`: by gRPC convention, a conflict that a retry at a higher level
+///   resolves.
+/// - `INTERNAL`: a broken HTTP/2 exchange, or a server that found a record it
+///   cannot read; another server, or the same one after an operator's fix,
+///   may answer.
+/// - `FAILED_PRECONDITION`: the Lease API's refusals that heal without the
+///   caller changing its request: a clock skew over the threshold (heals
+///   once the host syncs with NTP) and a rolled-back namespace (heals once an
+///   operator confirms a floor).
+/// - `NOT_FOUND`: the namespace is not created yet; an operator creates it
+///   with `--create-namespace-only`.
+///
+/// Every other code (`INVALID_ARGUMENT`, `PERMISSION_DENIED`,
+/// `ALREADY_EXISTS`, `UNAUTHENTICATED`, `UNIMPLEMENTED`, `OUT_OF_RANGE`,
+/// `DATA_LOSS`, `OK`) says the request itself is wrong or refused, so
+/// sending it again cannot help.
+pub(crate) fn is_retryable_code(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::ResourceExhausted
+            | tonic::Code::Aborted
+            | tonic::Code::Internal
+            | tonic::Code::FailedPrecondition
+            | tonic::Code::NotFound
+    )
 }
 
 /// Why an embedded generator stopped issuing for good (fail-fast
@@ -202,9 +235,9 @@ pub enum StopReason {
     /// Renew answered with other machine ids than the ones held.
     #[error("the server renewed {renewed} machine ids, {held} are held")]
     MachineIdsChanged {
-        /// Held.
+        /// Machine ids this generator holds.
         held: usize,
-        /// Renewed.
+        /// Machine ids the renewal answered with.
         renewed: usize,
     },
     /// The lease passed its local deadline without a successful renewal.
@@ -213,9 +246,6 @@ pub enum StopReason {
     /// `shutdown` was called.
     #[error("the generator was shut down")]
     ShutDown,
-    /// A renewal answered with machine ids the layout cannot hold.
-    #[error("a renewal granted machine id {0} outside the layout")]
-    BadRenewal(MachineId),
     /// After a renewal the local clock was still past a granted fence: this
     /// host's clock runs ahead of the server's by more than the renewed lease
     /// covers. The machine ids were released.
@@ -232,4 +262,54 @@ pub enum StopReason {
     /// until an operator confirms a floor (Check or Renew said so).
     #[error("etcd was restored from an older snapshot; the namespace is rolled back")]
     NamespaceRolledBack,
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+
+    #[test]
+    fn a_clock_behind_the_floor_says_floor() {
+        let err = GenerateError::ClockBehindFloor {
+            wait: Duration::from_millis(3),
+        };
+        assert_eq!(
+            err.to_string(),
+            "clock is behind the machine id's floor (its previous holders' fences) by 3ms"
+        );
+        assert!(err.is_retryable());
+    }
+
+    #[test]
+    fn the_retryable_codes_are_exactly_the_nine_listed() {
+        let table = [
+            (Code::Ok, false),
+            (Code::Cancelled, true),
+            (Code::Unknown, true),
+            (Code::InvalidArgument, false),
+            (Code::DeadlineExceeded, true),
+            (Code::NotFound, true),
+            (Code::AlreadyExists, false),
+            (Code::PermissionDenied, false),
+            (Code::ResourceExhausted, true),
+            (Code::FailedPrecondition, true),
+            (Code::Aborted, true),
+            (Code::OutOfRange, false),
+            (Code::Unimplemented, false),
+            (Code::Internal, true),
+            (Code::Unavailable, true),
+            (Code::DataLoss, false),
+            (Code::Unauthenticated, false),
+        ];
+        for (code, retryable) in table {
+            assert_eq!(is_retryable_code(code), retryable, "{code:?}");
+            assert_eq!(
+                ClientError::Status(tonic::Status::new(code, "x")).is_retryable(),
+                retryable,
+                "{code:?}"
+            );
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`layout`] | bit layout, epoch, encode/decode, the `MachineId` and `Millis` newtypes |
+//! | [`backoff`] | `Backoff`: the doubling, capped, optionally jittered delay between retries |
 //! | [`clock`] | the only place time is read; `ManualClock` and `TokioClock` for tests |
 //! | [`generator`] | `Generator` and `Grant`: stamping under a fence and a lease deadline |
 //! | [`embedded`] | `EmbeddedGenerator`: ids in process from machine ids leased through the Lease API |
@@ -15,6 +16,7 @@
 //! [`generator::Grant`] through a `tokio::sync::watch` channel and the generator
 //! stamps only under it.
 
+pub mod backoff;
 pub mod clock;
 pub mod embedded;
 pub mod error;
@@ -22,9 +24,10 @@ pub mod generator;
 pub mod layout;
 pub mod remote;
 
+pub use backoff::Backoff;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
 pub use embedded::{EmbeddedConfig, EmbeddedGenerator, Requester};
 pub use error::{ClientError, GenerateError, StopReason};
-pub use generator::{Generator, GeneratorMetrics, GeneratorSet, Grant, Step, Taken};
+pub use generator::{Generator, GeneratorMetrics, GeneratorSet, Grant, Taken};
 pub use layout::{DecodedId, Layout, LayoutError, MachineId, Millis};
 pub use remote::{IdPool, PoolConfig, RemoteClient, RemoteConfig};

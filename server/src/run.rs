@@ -121,7 +121,8 @@ async fn connect_etcd(
 ) -> Result<Option<EtcdStore>, LeaseError> {
     let endpoints = settings.endpoints.clone();
     let mut store = EtcdStore::new(settings, layout, clock).await?;
-    let mut delay = Duration::from_millis(200);
+    let mut backoff =
+        snowkeep_client::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         let checked = tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
@@ -130,12 +131,12 @@ async fn connect_etcd(
         match checked {
             Ok(()) => return Ok(Some(store)),
             Err(e) if e.is_retryable() => {
+                let delay = backoff.next_delay();
                 warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(None),
                     _ = tokio::time::sleep(delay) => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(5));
             }
             Err(e) => return Err(e),
         }

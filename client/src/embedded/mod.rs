@@ -463,7 +463,7 @@ impl EmbeddedGenerator {
         shared.publish(&grant, sent);
         // Like a server with NOT_SERVING: hand the generator over only once the
         // clock has passed every previous holder's fence, so the first
-        // next_id() issues instead of failing with ClockBehindFence. The wait
+        // next_id() issues instead of failing with ClockBehindFloor. The wait
         // is bounded above.
         if !wait.is_zero() {
             info!(namespace = %shared.config.namespace, wait = ?wait, max = ?max, "waiting for the clock to pass the claimed machine ids' floor");

@@ -32,7 +32,8 @@ use crate::clock::SharedClock;
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
 use sequence::SequenceState;
-pub use sequence::{Step, Taken};
+pub(crate) use sequence::Step;
+pub use sequence::Taken;
 pub use set::GeneratorSet;
 use ticker::Ticker;
 
@@ -191,36 +192,33 @@ impl Generator {
 
     /// True when a call would issue now: a grant whose deadline has not
     /// passed, a clock inside (floor, fence] and the layout, and no backwards
-    /// step beyond what is waited out. Health and readiness follow this, so
-    /// they never say SERVING while every call fails.
+    /// step beyond what is waited out: the same rule a take follows
+    /// (`sequence::admit`). Health and readiness follow this, so they never
+    /// say SERVING while every call fails.
     pub fn is_ready(&self) -> bool {
         let Some(g) = *self.grant.borrow() else {
             return false;
         };
-        if g.deadline.is_some_and(|d| self.clock.now() >= d) {
-            return false;
-        }
-        let Some(now) = self.layout.to_layout_ms(self.clock.unix_ms()) else {
-            return false;
+        let (now_unix, now_mono) = (self.clock.unix_ms(), self.clock.now());
+        let admitted = match self.state.try_lock() {
+            Ok(state) => state.admit(&self.layout, &g, now_unix, now_mono, self.max_backward_wait),
+            // A busy lock means someone is issuing right now: judge the
+            // grant and the clock alone.
+            Err(_) => sequence::admit(
+                &self.layout,
+                &g,
+                g.floor,
+                now_unix,
+                now_mono,
+                self.max_backward_wait,
+            ),
         };
-        if now <= g.floor || now > g.fence || now > self.layout.max_timestamp() {
-            return false;
-        }
-        // A busy lock means someone is issuing right now: ready enough.
-        let Ok(state) = self.state.try_lock() else {
-            return true;
-        };
-        match state.last() {
-            Some((machine_id, last)) if machine_id == g.machine_id && last > now => {
-                Duration::from_millis(last.get() - now.get()) <= self.max_backward_wait
-            }
-            _ => true,
-        }
+        admitted.is_ok()
     }
 
     /// Takes up to `want` ids in one step without waiting: a run of consecutive
     /// ids in one millisecond, or the reason to wait, or an error.
-    pub fn try_take(&self, want: u64) -> Result<Step, GenerateError> {
+    pub(crate) fn try_take(&self, want: u64) -> Result<Step, GenerateError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let grant = (*self.grant.borrow()).ok_or(GenerateError::NoGrant)?;
         let now_unix = self.clock.unix_ms();

@@ -138,14 +138,14 @@ fn never_stamps_at_or_below_the_floor() {
     assert!(!g.is_ready());
     assert_eq!(
         g.try_take(1),
-        Err(GenerateError::ClockBehindFence {
+        Err(GenerateError::ClockBehindFloor {
             wait: Duration::from_millis(3)
         })
     );
     clock.advance(Duration::from_millis(2));
     assert_eq!(
         g.try_take(1),
-        Err(GenerateError::ClockBehindFence {
+        Err(GenerateError::ClockBehindFloor {
             wait: Duration::from_millis(1)
         })
     );
@@ -165,7 +165,7 @@ fn a_new_floor_at_the_last_stamp_skips_the_rest_of_that_ms() {
     tx.send_replace(Some(grant(1, 1000, 5000)));
     assert!(matches!(
         g.try_take(1),
-        Err(GenerateError::ClockBehindFence { .. })
+        Err(GenerateError::ClockBehindFloor { .. })
     ));
     clock.advance(Duration::from_millis(1));
     assert_eq!(
@@ -246,6 +246,68 @@ fn refuses_without_a_grant_and_before_the_epoch() {
     tx.send_replace(Some(grant(1, 0, 5000)));
     clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS - 1);
     assert_eq!(g.try_take(1), Err(GenerateError::ClockBeforeEpoch));
+}
+
+#[test]
+fn a_clock_past_a_lowered_fence_is_refused_at_once_not_after_a_backwards_wait() {
+    let (g, clock, tx) = generator_at(1500, grant(1, 0, 2000));
+    ids(g.try_take(1).unwrap());
+    // A renewal lowered the fence below the last stamp, and the clock stepped
+    // back 50 ms (inside the step that is waited out) but stays past it.
+    tx.send_replace(Some(grant(1, 0, 1000)));
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 1450);
+    assert!(!g.is_ready());
+    assert_eq!(
+        g.try_take(1),
+        Err(GenerateError::FenceReached {
+            fence: Millis(1000)
+        })
+    );
+}
+
+#[test]
+fn readiness_says_ready_exactly_when_a_take_would_issue_or_wait() {
+    // A deadline in a case's grant is replaced by the generator's "now".
+    let expired = Grant {
+        deadline: Some(ManualClock::new(0).now()),
+        ..grant(1, 0, 5000)
+    };
+    // (clock after the first stamp at 1000, grant then) and whether a take
+    // issues or waits.
+    let max = Layout::default().max_timestamp().get();
+    let cases: Vec<(u64, Option<Grant>, bool)> = vec![
+        (1000, Some(grant(1, 0, 5000)), true),
+        (1001, Some(grant(1, 0, 5000)), true),
+        (960, Some(grant(1, 0, 5000)), true),
+        (899, Some(grant(1, 0, 5000)), false),
+        (1001, Some(grant(1, 1001, 5000)), false),
+        (1002, Some(grant(1, 1001, 5000)), true),
+        (5000, Some(grant(1, 0, 5000)), true),
+        (5001, Some(grant(1, 0, 5000)), false),
+        (950, Some(grant(1, 0, 900)), false),
+        (1000, Some(grant(2, 0, 5000)), true),
+        (990, Some(grant(2, 0, 5000)), true),
+        (1000, Some(expired), false),
+        (max + 1, Some(grant(1, 0, max + 10)), false),
+        (1000, None, false),
+    ];
+    for (i, (at, later, issues)) in cases.into_iter().enumerate() {
+        let (g, clock, tx) = generator_at(1000, grant(1, 0, 5000));
+        ids(g.try_take(1).unwrap());
+        tx.send_replace(later.map(|l| Grant {
+            deadline: l.deadline.map(|_| clock.now()),
+            ..l
+        }));
+        clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + at);
+        let ready = g.is_ready();
+        let step = g.try_take(1);
+        assert_eq!(ready, issues, "case {i}: is_ready, take gave {step:?}");
+        assert_eq!(
+            step.is_ok(),
+            issues,
+            "case {i}: take gave {step:?}, is_ready {ready}"
+        );
+    }
 }
 
 #[test]

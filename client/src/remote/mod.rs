@@ -1,7 +1,8 @@
 //! `RemoteClient`: calls `IdService` on several snowkeep servers, balancing
 //! round-robin and retrying a retryable failure (UNAVAILABLE, a transport
-//! error) on the next server with backoff, so one server going away costs a
-//! retry, not a failed call. [`IdPool`] prefetches in the background so
+//! error, a server at its limits: the codes `ClientError::is_retryable`
+//! retries) on the next server with backoff, so one server going away costs
+//! a retry, not a failed call. [`IdPool`] prefetches in the background so
 //! `next_id()` is a local pop. [`IdStream`] counts a stream's ids, so one
 //! that ends before its total is an error, never a short success.
 
@@ -18,7 +19,8 @@ use tracing::debug;
 pub use pool::{IdPool, PoolConfig};
 pub use stream::IdStream;
 
-use crate::error::ClientError;
+use crate::backoff::Backoff;
+use crate::error::{is_retryable_code, ClientError};
 
 /// Settings of a remote client.
 #[derive(Debug, Clone)]
@@ -51,16 +53,6 @@ pub struct RemoteClient {
     servers: Vec<pb::id_service_client::IdServiceClient<Channel>>,
     next: std::sync::Arc<AtomicUsize>,
     config: RemoteConfig,
-}
-
-fn retryable(status: &tonic::Status) -> bool {
-    matches!(
-        status.code(),
-        tonic::Code::Unavailable
-            | tonic::Code::Unknown
-            | tonic::Code::Cancelled
-            | tonic::Code::DeadlineExceeded
-    )
 }
 
 impl RemoteClient {
@@ -114,7 +106,7 @@ impl RemoteClient {
         F: FnMut(pb::id_service_client::IdServiceClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut delay = self.config.backoff;
+        let mut backoff = Backoff::new(self.config.backoff, self.config.max_backoff);
         let mut last = None;
         for attempt in 0..self.config.attempts.max(1) {
             let i = self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len();
@@ -126,7 +118,7 @@ impl RemoteClient {
                 Ok(Err(status)) => status,
                 Err(_) => tonic::Status::deadline_exceeded("no answer in time"),
             };
-            if !retryable(&status) {
+            if !is_retryable_code(status.code()) {
                 return Err(ClientError::Status(status));
             }
             debug!(server = i, attempt, code = ?status.code(), "retrying on the next server");
@@ -134,8 +126,7 @@ impl RemoteClient {
             // The next server is a different one: only back off once every
             // server has been tried in this round.
             if ((attempt + 1) as usize).is_multiple_of(self.servers.len()) {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(self.config.max_backoff);
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
         Err(ClientError::Status(last.unwrap_or_else(|| {
@@ -170,5 +161,101 @@ impl RemoteClient {
             })
             .await?;
         Ok(IdStream::new(batches, total))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+    use std::sync::Arc;
+
+    use snowkeep_proto::v1::id_service_server::{IdService, IdServiceServer};
+    use tonic::{Code, Request, Response, Status};
+
+    use super::*;
+
+    /// An `IdService` that answers every `NextIds` with `refusal`, or, when
+    /// that is `None`, with the ids 1 to `count`; it counts the calls.
+    struct Fixed {
+        refusal: Option<Code>,
+        calls: Arc<AtomicU32>,
+    }
+
+    #[tonic::async_trait]
+    impl IdService for Fixed {
+        async fn next_ids(
+            &self,
+            request: Request<pb::NextIdsRequest>,
+        ) -> Result<Response<pb::NextIdsResponse>, Status> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            match self.refusal {
+                Some(code) => Err(Status::new(code, "refused")),
+                None => Ok(Response::new(pb::NextIdsResponse {
+                    ids: (1..=u64::from(request.into_inner().count)).collect(),
+                })),
+            }
+        }
+
+        type StreamIdsStream = futures_util::stream::Empty<Result<pb::IdBatch, Status>>;
+
+        async fn stream_ids(
+            &self,
+            _: Request<pb::StreamIdsRequest>,
+        ) -> Result<Response<Self::StreamIdsStream>, Status> {
+            Err(Status::unimplemented("not in this test"))
+        }
+    }
+
+    /// Serves a [`Fixed`] on a free loopback port; its URL and call count.
+    async fn serve(refusal: Option<Code>) -> (String, Arc<AtomicU32>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let calls = Arc::new(AtomicU32::new(0));
+        let service = IdServiceServer::new(Fixed {
+            refusal,
+            calls: calls.clone(),
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+        );
+        (url, calls)
+    }
+
+    fn config(attempts: u32) -> RemoteConfig {
+        RemoteConfig {
+            attempts,
+            backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(1),
+            ..RemoteConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_at_its_limits_is_retried_on_the_next_server() {
+        for code in [Code::ResourceExhausted, Code::Unavailable] {
+            let (busy, busy_calls) = serve(Some(code)).await;
+            let (ok, ok_calls) = serve(None).await;
+            let client = RemoteClient::new(&[busy, ok], config(2)).unwrap();
+            assert_eq!(client.next_ids(3).await.unwrap(), vec![1, 2, 3], "{code:?}");
+            assert_eq!(busy_calls.load(Ordering::SeqCst), 1, "{code:?}");
+            assert_eq!(ok_calls.load(Ordering::SeqCst), 1, "{code:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refusal_no_retry_can_heal_is_returned_after_one_call() {
+        for code in [Code::InvalidArgument, Code::PermissionDenied] {
+            let (bad, bad_calls) = serve(Some(code)).await;
+            let (ok, ok_calls) = serve(None).await;
+            let client = RemoteClient::new(&[bad, ok], config(2)).unwrap();
+            match client.next_ids(3).await {
+                Err(ClientError::Status(s)) => assert_eq!(s.code(), code),
+                other => panic!("{code:?}: expected the status, got {other:?}"),
+            }
+            assert_eq!(bad_calls.load(Ordering::SeqCst), 1, "{code:?}");
+            assert_eq!(ok_calls.load(Ordering::SeqCst), 0, "{code:?}");
+        }
     }
 }

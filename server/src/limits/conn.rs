@@ -205,7 +205,7 @@ impl Default for Stalls {
 
 impl Accepting {
     async fn next(&mut self) -> GuardedIo {
-        let mut backoff: Option<Duration> = None;
+        let mut backoff = snowkeep_client::Backoff::new(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX);
         loop {
             match self.incoming.next().await {
                 Some(Ok(stream)) => {
@@ -243,9 +243,7 @@ impl Accepting {
                     return GuardedIo::new(stream, self, peer_slot);
                 }
                 Some(Err(error)) => {
-                    let delay =
-                        backoff.map_or(ACCEPT_BACKOFF_MIN, |d| (d * 2).min(ACCEPT_BACKOFF_MAX));
-                    backoff = Some(delay);
+                    let delay = backoff.next_delay();
                     if let Some(held_back) = self.accept_errors.hit(Instant::now()) {
                         warn!(
                             listener = self.limits.name,

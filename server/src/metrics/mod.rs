@@ -44,7 +44,7 @@ pub const FENCE_WAIT_DURATION_SECONDS: &str = "snowkeep_fence_wait_duration_seco
 /// Milliseconds whose sequence ran out; label `namespace`.
 pub const SEQUENCE_EXHAUSTED_TOTAL: &str = "snowkeep_sequence_exhausted_total";
 /// `NextIds` and `StreamIds` calls the generator refused; labels
-/// `namespace`, `reason` = `no_lease` | `clock_behind_fence` |
+/// `namespace`, `reason` = `no_lease` | `clock_behind_floor` |
 /// `fence_reached` | `clock_stepped_back` | `clock_before_epoch` |
 /// `layout_exhausted`.
 pub const ISSUANCE_REFUSALS_TOTAL: &str = "snowkeep_issuance_refusals_total";

@@ -27,7 +27,7 @@ pub const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);
 pub fn refusal_reason(e: &GenerateError) -> &'static str {
     match e {
         GenerateError::NoGrant | GenerateError::LeaseExpired => "no_lease",
-        GenerateError::ClockBehindFence { .. } => "clock_behind_fence",
+        GenerateError::ClockBehindFloor { .. } => "clock_behind_floor",
         GenerateError::FenceReached { .. } => "fence_reached",
         GenerateError::ClockSteppedBack { .. } => "clock_stepped_back",
         GenerateError::ClockBeforeEpoch => "clock_before_epoch",
@@ -38,7 +38,7 @@ pub fn refusal_reason(e: &GenerateError) -> &'static str {
 /// Every `reason` label value, so the counters exist (at 0) from the start.
 pub const REFUSAL_REASONS: [&str; 6] = [
     "no_lease",
-    "clock_behind_fence",
+    "clock_behind_floor",
     "fence_reached",
     "clock_stepped_back",
     "clock_before_epoch",

@@ -1,5 +1,5 @@
 //! The one place errors become gRPC statuses, by exhaustive match: bad
-//! arguments are `INVALID_ARGUMENT`; no valid lease, a clock behind the fence
+//! arguments are `INVALID_ARGUMENT`; no valid lease, a clock behind the floor
 //! or stepped back, and a server shutting down are `UNAVAILABLE` (retryable).
 
 use snowkeep_client::{GenerateError, MachineId};
@@ -260,7 +260,7 @@ fn generate_code(g: &GenerateError) -> Code {
     match g {
         GenerateError::NoGrant
         | GenerateError::LeaseExpired
-        | GenerateError::ClockBehindFence { .. }
+        | GenerateError::ClockBehindFloor { .. }
         | GenerateError::FenceReached { .. }
         | GenerateError::ClockSteppedBack { .. }
         | GenerateError::ClockBeforeEpoch => Code::Unavailable,
@@ -446,7 +446,7 @@ mod tests {
             (GenerateError::NoGrant.into(), Code::Unavailable),
             (GenerateError::LeaseExpired.into(), Code::Unavailable),
             (
-                GenerateError::ClockBehindFence {
+                GenerateError::ClockBehindFloor {
                     wait: Duration::ZERO,
                 }
                 .into(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use snowkeep_proto::v1 as pb;
 
 use crate::support::etcd::EtcdProcess;
+use crate::support::lease::{acquire, check_request, lease_api_server, release, renew};
 use crate::support::server::ServerProcess;
 
 const RULE: &str = r#"a namespace is 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit (so never "." or "..", and no "/")"#;
@@ -106,11 +107,8 @@ async fn a_namespace_outside_the_rule_refuses_to_start_with_64() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_api_refuses_a_namespace_outside_the_rule_with_invalid_argument() {
-    let etcd = EtcdProcess::start().await;
-    let server = ServerProcess::on_etcd(&etcd.endpoint(), "names", &[]);
-    server.wait_serving(Duration::from_secs(20)).await;
-    let mut api = pb::lease_service_client::LeaseServiceClient::new(server.channel().await);
-    let requester = pb::Requester {
+    let (_etcd, _server, mut api) = lease_api_server("names").await;
+    let who = snowkeep_client::Requester {
         host_id: "names-host".into(),
         pid: 9,
         start_unix_ms: 1,
@@ -123,43 +121,14 @@ async fn the_lease_api_refuses_a_namespace_outside_the_rule_with_invalid_argumen
             assert_eq!(status.code(), tonic::Code::InvalidArgument, "{what} {ns:?}");
             assert_eq!(status.message(), want, "{what} {ns:?}");
         };
-        let acquire = api
-            .acquire(pb::AcquireRequest {
-                requester: Some(requester.clone()),
-                namespace: ns.into(),
-                count: 1,
-                client_time_unix_ms: None,
-                lease_token: String::new(),
-            })
-            .await
-            .unwrap_err();
+        let acquire = api.acquire(acquire(ns, &who, 1, None)).await.unwrap_err();
         check("Acquire", acquire);
-        let renew = api
-            .renew(pb::RenewRequest {
-                requester: Some(requester.clone()),
-                namespace: ns.into(),
-                client_time_unix_ms: None,
-                ..Default::default()
-            })
-            .await
-            .unwrap_err();
+        let renew = api.renew(renew(ns, &who, "", None)).await.unwrap_err();
         check("Renew", renew);
-        let release = api
-            .release(pb::ReleaseRequest {
-                requester: Some(requester.clone()),
-                namespace: ns.into(),
-                last_used_ms: Default::default(),
-                lease_token: String::new(),
-            })
-            .await
-            .unwrap_err();
+        let release = api.release(release(ns, &who, "", &[])).await.unwrap_err();
         check("Release", release);
         let lease_check = api
-            .check(pb::CheckRequest {
-                requester: Some(requester.clone()),
-                namespace: ns.into(),
-                ..Default::default()
-            })
+            .check(check_request(&who, "", ns, 0, vec![]))
             .await
             .unwrap_err();
         check("Check", lease_check);

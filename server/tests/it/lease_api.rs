@@ -4,78 +4,17 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use snowkeep_client::{
-    EmbeddedConfig, EmbeddedGenerator, RemoteClient, RemoteConfig, Requester, StopReason,
-    SystemClock,
+    EmbeddedGenerator, RemoteClient, RemoteConfig, Requester, StopReason, SystemClock,
 };
 use snowkeep_proto::v1 as pb;
 use tonic::transport::Channel;
 
 use crate::support::etcd::EtcdProcess;
-use crate::support::eventually;
+use crate::support::lease::{
+    acquire, embedded, ids_of, lease_api_server, lease_client, release, renew, requester,
+};
 use crate::support::server::ServerProcess;
-
-const READY: Duration = Duration::from_secs(20);
-
-pub(crate) fn requester(start: u64) -> Requester {
-    Requester {
-        host_id: "test-host".into(),
-        pid: 4242,
-        start_unix_ms: start,
-        nonce: format!("{start:016x}"),
-    }
-}
-
-pub(crate) async fn lease_client(
-    server: &ServerProcess,
-) -> pb::lease_service_client::LeaseServiceClient<Channel> {
-    pb::lease_service_client::LeaseServiceClient::new(server.channel().await)
-}
-
-pub(crate) fn acquire(
-    ns: &str,
-    who: &Requester,
-    count: u32,
-    client_time: Option<u64>,
-) -> pb::AcquireRequest {
-    pb::AcquireRequest {
-        requester: Some(who.to_pb()),
-        namespace: ns.into(),
-        count,
-        client_time_unix_ms: client_time,
-        lease_token: String::new(),
-    }
-}
-
-/// A Renew of `who`'s lease with `token`.
-pub(crate) fn renew(
-    ns: &str,
-    who: &Requester,
-    token: &str,
-    client_time: Option<u64>,
-) -> pb::RenewRequest {
-    pb::RenewRequest {
-        requester: Some(who.to_pb()),
-        namespace: ns.into(),
-        client_time_unix_ms: client_time,
-        lease_token: token.into(),
-        ..Default::default()
-    }
-}
-
-/// A Release of `who`'s lease with `token`, reporting `last_used`.
-pub(crate) fn release(
-    ns: &str,
-    who: &Requester,
-    token: &str,
-    last_used: &[(u32, u64)],
-) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        requester: Some(who.to_pb()),
-        namespace: ns.into(),
-        last_used_ms: last_used.iter().copied().collect(),
-        lease_token: token.into(),
-    }
-}
+use crate::support::{eventually, READY};
 
 /// Starts an embedded generator with one machine id and waits until it issues.
 async fn start_ready(server: &ServerProcess, ns: &str, who: Requester) -> EmbeddedGenerator {
@@ -89,34 +28,6 @@ async fn start_ready(server: &ServerProcess, ns: &str, who: Requester) -> Embedd
     )
     .await;
     generator
-}
-
-/// A fresh etcd, one server on `namespace`, and a Lease API client of it.
-pub(crate) async fn lease_api_server(
-    namespace: &str,
-) -> (
-    EtcdProcess,
-    ServerProcess,
-    pb::lease_service_client::LeaseServiceClient<Channel>,
-) {
-    let etcd = EtcdProcess::start().await;
-    let server = ServerProcess::on_etcd(&etcd.endpoint(), namespace, &[]);
-    server.wait_serving(READY).await;
-    let api = lease_client(&server).await;
-    (etcd, server, api)
-}
-
-pub(crate) fn ids_of(grant: &pb::LeaseGrant) -> Vec<u32> {
-    grant.machine_ids.iter().map(|m| m.machine_id).collect()
-}
-
-fn embedded(server: &ServerProcess, ns: &str, who: Requester, machine_ids: u32) -> EmbeddedConfig {
-    EmbeddedConfig {
-        machine_ids,
-        requester: who,
-        acquire_attempts: Some(1),
-        ..EmbeddedConfig::new(server.url(), ns)
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -641,15 +552,9 @@ async fn a_requesters_machine_id_stays_held_while_its_record_lives() {
         "held",
         &["--machine-id-range", &format!("{id}..{}", id + 1)],
     );
-    assert_eq!(
-        other.wait_exit(Duration::from_secs(15)).await.code(),
-        Some(1)
-    );
-    assert!(
-        other.log().contains("no free machine id"),
-        "log:\n{}",
-        other.log()
-    );
+    other
+        .assert_exits(Duration::from_secs(15), 1, "no free machine id")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tonic::Code;
 
-use crate::lease_api::{acquire, ids_of, lease_client, release, renew, requester};
 use crate::support::etcd::EtcdProcess;
+use crate::support::lease::{acquire, ids_of, lease_client, release, renew, requester};
 use crate::support::server::ServerProcess;
 
 const READY: Duration = Duration::from_secs(20);

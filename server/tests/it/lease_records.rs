@@ -8,8 +8,8 @@ use std::time::Duration;
 use snowkeep_client::{Clock, Requester, SystemClock};
 use tonic::Code;
 
-use crate::lease_api::{acquire, lease_client, release, renew};
 use crate::support::etcd::EtcdProcess;
+use crate::support::lease::{acquire, lease_client, release, renew};
 use crate::support::server::ServerProcess;
 
 const READY: Duration = Duration::from_secs(20);

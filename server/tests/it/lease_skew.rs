@@ -8,8 +8,8 @@ use snowkeep_client::{Clock, SystemClock};
 use snowkeep_proto::v1 as pb;
 use tonic::Code;
 
-use crate::lease_api::{acquire, lease_client, release, renew, requester};
 use crate::support::etcd::EtcdProcess;
+use crate::support::lease::{acquire, lease_client, release, renew, requester};
 use crate::support::server::ServerProcess;
 
 const READY: Duration = Duration::from_secs(20);

@@ -9,12 +9,10 @@ use snowkeep_client::{EmbeddedGenerator, Requester, StopReason, SystemClock};
 use snowkeep_proto::v1 as pb;
 use tonic::Code;
 
-use crate::lease_api::{acquire, lease_client, release, renew, requester};
 use crate::support::etcd::EtcdProcess;
-use crate::support::eventually;
+use crate::support::lease::{acquire, embedded, lease_client, release, renew, requester};
 use crate::support::server::ServerProcess;
-
-const READY: Duration = Duration::from_secs(20);
+use crate::support::{eventually, READY};
 
 /// Every key of the namespace that belongs to one requester holding
 /// `machine_id`: its holder and fence keys, its record and its token key,
@@ -72,11 +70,7 @@ async fn a_release_or_renew_with_a_stolen_identity_changes_nothing() {
     server.wait_serving(READY).await;
     // A live embedded client ...
     let victim = requester(100);
-    let config = snowkeep_client::EmbeddedConfig {
-        requester: victim.clone(),
-        acquire_attempts: Some(1),
-        ..snowkeep_client::EmbeddedConfig::new(server.url(), "stolen")
-    };
+    let config = embedded(&server, "stolen", victim.clone(), 1);
     let generator = EmbeddedGenerator::start(config, SystemClock::shared())
         .await
         .unwrap();
@@ -142,15 +136,9 @@ async fn a_release_or_renew_with_a_stolen_identity_changes_nothing() {
         "stolen",
         &["--machine-id-range", &format!("{id}..{}", id + 1)],
     );
-    assert_eq!(
-        other.wait_exit(Duration::from_secs(15)).await.code(),
-        Some(1)
-    );
-    assert!(
-        other.log().contains("no free machine id"),
-        "{}",
-        other.log()
-    );
+    other
+        .assert_exits(Duration::from_secs(15), 1, "no free machine id")
+        .await;
     // The identity never reached the log.
     assert!(!server.log().contains(&victim.nonce), "{}", server.log());
     assert_eq!(generator.shutdown().await, 1);
@@ -243,11 +231,7 @@ async fn a_generator_whose_identity_already_holds_machine_ids_starts_over_as_a_n
     // An Acquire was granted but its answer (and the token) never arrived.
     let who = requester(102);
     let lost = api_acquire(&server, &who).await;
-    let config = snowkeep_client::EmbeddedConfig {
-        requester: who.clone(),
-        acquire_attempts: Some(1),
-        ..snowkeep_client::EmbeddedConfig::new(server.url(), "lost")
-    };
+    let config = embedded(&server, "lost", who.clone(), 1);
     let generator = EmbeddedGenerator::start(config, SystemClock::shared())
         .await
         .unwrap();
@@ -283,11 +267,7 @@ async fn a_generator_whose_token_is_refused_stops_for_good() {
     );
     server.wait_serving(READY).await;
     let who = requester(103);
-    let config = snowkeep_client::EmbeddedConfig {
-        requester: who.clone(),
-        acquire_attempts: Some(1),
-        ..snowkeep_client::EmbeddedConfig::new(server.url(), "taken")
-    };
+    let config = embedded(&server, "taken", who.clone(), 1);
     let generator = EmbeddedGenerator::start(config, SystemClock::shared())
         .await
         .unwrap();
@@ -321,10 +301,8 @@ async fn checks_carry_the_token_and_a_stolen_identity_cannot_check() {
     server.wait_serving(READY).await;
     let who = requester(104);
     let config = snowkeep_client::EmbeddedConfig {
-        requester: who.clone(),
-        acquire_attempts: Some(1),
         check_interval: Duration::from_millis(300),
-        ..snowkeep_client::EmbeddedConfig::new(server.url(), "checked")
+        ..embedded(&server, "checked", who.clone(), 1)
     };
     let generator = EmbeddedGenerator::start(config, SystemClock::shared())
         .await

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use snowkeep_proto::v1 as pb;
 
-use crate::lease_api::{acquire, lease_client, release, renew, requester};
 use crate::support::etcd::EtcdProcess;
+use crate::support::lease::{acquire, lease_client, release, renew, requester};
 use crate::support::server::ServerProcess;
 
 const READY: Duration = Duration::from_secs(20);

@@ -15,10 +15,10 @@ use tokio::task::JoinHandle;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::etcd::EtcdProcess;
-use crate::support::eventually;
+use crate::support::lease::{acquire, check_request, lease_client, release};
 use crate::support::server::ServerProcess;
+use crate::support::{eventually, READY};
 
-const READY: Duration = Duration::from_secs(20);
 /// The Lease API's leases here: a first lease of 1 min (the shortest allowed)
 /// and a renewed one of 50 s. A client's fence then runs at most 1 min + the
 /// 60 s margin = 2 min ahead, and its renewals are 25 s apart, so the check
@@ -317,15 +317,9 @@ async fn an_etcd_restored_from_an_older_snapshot_is_refused_until_a_floor_is_con
         "log:\n{log}"
     );
     // The Lease API refuses Acquire the same way.
-    let mut api = pb::lease_service_client::LeaseServiceClient::new(a.channel().await);
+    let mut api = lease_client(&a).await;
     let refused = api
-        .acquire(pb::AcquireRequest {
-            requester: Some(Requester::current().to_pb()),
-            namespace: ns.into(),
-            count: 1,
-            client_time_unix_ms: None,
-            lease_token: String::new(),
-        })
+        .acquire(acquire(ns, &Requester::current(), 1, None))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
@@ -357,13 +351,7 @@ async fn an_etcd_restored_from_an_older_snapshot_is_refused_until_a_floor_is_con
     assert!(acknowledged > 16, "acknowledged gap {acknowledged}");
     // Acquire waits for the floor too: retryable UNAVAILABLE until then.
     let early = api
-        .acquire(pb::AcquireRequest {
-            requester: Some(Requester::current().to_pb()),
-            namespace: ns.into(),
-            count: 1,
-            client_time_unix_ms: None,
-            lease_token: String::new(),
-        })
+        .acquire(acquire(ns, &Requester::current(), 1, None))
         .await
         .unwrap_err();
     assert_eq!(early.code(), tonic::Code::Unavailable);
@@ -457,15 +445,9 @@ async fn a_deleted_namespace_record_refuses_new_servers_while_a_holder_issues_on
         "log:\n{}",
         b.log()
     );
-    let mut api = pb::lease_service_client::LeaseServiceClient::new(a.channel().await);
+    let mut api = lease_client(&a).await;
     let unknown = api
-        .acquire(pb::AcquireRequest {
-            requester: Some(Requester::current().to_pb()),
-            namespace: ns.into(),
-            count: 1,
-            client_time_unix_ms: None,
-            lease_token: String::new(),
-        })
+        .acquire(acquire(ns, &Requester::current(), 1, None))
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
@@ -549,15 +531,9 @@ async fn the_runbooks_restore_procedure_works_as_written() {
     etcd.snapshot_save(&snapshot);
     assert!(std::fs::metadata(&snapshot).unwrap().len() > 0);
     // Writes the restore will lose: a Lease API grant after the snapshot.
-    let mut api = pb::lease_service_client::LeaseServiceClient::new(a.channel().await);
+    let mut api = lease_client(&a).await;
     let lost = api
-        .acquire(pb::AcquireRequest {
-            requester: Some(Requester::current().to_pb()),
-            namespace: ns.into(),
-            count: 1,
-            client_time_unix_ms: None,
-            lease_token: String::new(),
-        })
+        .acquire(acquire(ns, &Requester::current(), 1, None))
         .await
         .unwrap()
         .into_inner();
@@ -570,15 +546,9 @@ async fn the_runbooks_restore_procedure_works_as_written() {
 
     // snowkeep detects it: a new server exits 1, the running one stops.
     let mut refused = on_cluster(&endpoints, ns, &[]);
-    assert_eq!(
-        refused.wait_exit(Duration::from_secs(20)).await.code(),
-        Some(1)
-    );
-    assert!(
-        refused.log().contains("is rolled back since"),
-        "log:\n{}",
-        refused.log()
-    );
+    refused
+        .assert_exits(Duration::from_secs(20), 1, "is rolled back since")
+        .await;
     eventually("A to stop serving", Duration::from_secs(15), || async {
         a.health().await == Some(ServingStatus::NotServing)
     })
@@ -612,23 +582,6 @@ async fn the_runbooks_restore_procedure_works_as_written() {
     assert_eq!(total, 6000);
 }
 
-/// A Check of `who`'s lease with its lease `token` and these comparisons.
-fn check_request(
-    who: &Requester,
-    token: &str,
-    ns: &str,
-    incarnation: u64,
-    machine_ids: Vec<u32>,
-) -> pb::CheckRequest {
-    pb::CheckRequest {
-        requester: Some(who.to_pb()),
-        namespace: ns.into(),
-        namespace_incarnation: incarnation,
-        machine_ids,
-        lease_token: token.into(),
-    }
-}
-
 /// The hex SHA-256 of `who`'s identity: how etcd keys name a requester.
 fn requester_hash(who: &Requester) -> String {
     use sha2::Digest;
@@ -648,16 +601,10 @@ async fn check_answers_by_reading_only() {
     let etcd = EtcdProcess::start().await;
     let server = ServerProcess::on_etcd(&etcd.endpoint(), ns, &[]);
     server.wait_serving(READY).await;
-    let mut api = pb::lease_service_client::LeaseServiceClient::new(server.channel().await);
+    let mut api = lease_client(&server).await;
     let who = Requester::current();
     let grant = api
-        .acquire(pb::AcquireRequest {
-            requester: Some(who.to_pb()),
-            namespace: ns.into(),
-            count: 2,
-            client_time_unix_ms: None,
-            lease_token: String::new(),
-        })
+        .acquire(acquire(ns, &who, 2, None))
         .await
         .unwrap()
         .into_inner();
@@ -750,14 +697,7 @@ async fn check_answers_by_reading_only() {
     // Reads only: every key as it was, no lease granted.
     assert_eq!(revisions().await, before);
     // Once released, the lease is gone; bad input is INVALID_ARGUMENT.
-    api.release(pb::ReleaseRequest {
-        requester: Some(who.to_pb()),
-        namespace: ns.into(),
-        last_used_ms: Default::default(),
-        lease_token: token.into(),
-    })
-    .await
-    .unwrap();
+    api.release(release(ns, &who, token, &[])).await.unwrap();
     assert_eq!(
         gone(check(check_request(&who, token, ns, inc, ids.clone())).await),
         lease_gone
@@ -799,14 +739,8 @@ async fn an_older_versions_plain_layout_serves_and_gets_an_incarnation_on_purpos
         .unwrap();
     let a = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
     a.wait_serving(READY).await;
-    let mut api = pb::lease_service_client::LeaseServiceClient::new(a.channel().await);
-    let acquire = |who: &Requester| pb::AcquireRequest {
-        requester: Some(who.to_pb()),
-        namespace: ns.into(),
-        count: 1,
-        client_time_unix_ms: None,
-        lease_token: String::new(),
-    };
+    let mut api = lease_client(&a).await;
+    let acquire = |who: &Requester| crate::support::lease::acquire(ns, who, 1, None);
     let old = api
         .acquire(acquire(&Requester::current()))
         .await

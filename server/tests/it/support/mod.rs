@@ -2,6 +2,7 @@
 //! loopback ports, with helpers that read like the behaviour under test.
 
 pub mod etcd;
+pub mod lease;
 pub mod server;
 
 /// libfaketime's preload library (Debian's `faketime` package, multi-threaded
@@ -21,6 +22,10 @@ pub fn libfaketime() -> String {
 }
 
 use std::time::Duration;
+
+/// How long a server on a fresh etcd may take to serve (a loaded machine
+/// runs several test binaries at once).
+pub const READY: Duration = Duration::from_secs(20);
 
 /// Returns a TCP port free on 127.0.0.1, never the same twice in this test
 /// binary. Ports come from below the kernel's ephemeral range (32768+ on

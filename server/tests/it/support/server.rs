@@ -261,6 +261,13 @@ impl ServerProcess {
         }
     }
 
+    /// Waits up to `within` for the process to exit; asserts it exited with
+    /// `code` and that its log contains `log_says`.
+    pub async fn assert_exits(&mut self, within: Duration, code: i32, log_says: &str) {
+        assert_eq!(self.wait_exit(within).await.code(), Some(code));
+        assert!(self.log().contains(log_says), "log:\n{}", self.log());
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         self.child

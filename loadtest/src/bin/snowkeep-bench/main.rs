@@ -1,0 +1,219 @@
+//! snowkeep-bench: a gRPC load tester in the manner of ghz, with an id checker.
+//!
+//! Two forms of `--call`:
+//! - `unary` or `stream`: snowkeep's `NextIds` / `StreamIds` with `--count`
+//!   and `--batch-size`;
+//! - `package.Service/Method`: any method of any server, described by server
+//!   reflection or by `--proto` files, with the request as JSON (`-d`) and
+//!   ghz-style templates (`{{.RequestNumber}}`, `{{newUUID}}`, …).
+//!
+//! Load: `-c` workers over `--connections` HTTP/2 connections, `-n` calls or
+//! `-z` duration, `--rps` or a step/line rate schedule, a step/line
+//! concurrency schedule, per-call `--timeout`, `-m` metadata, TLS or
+//! plaintext. Output as summary, json, csv, html or prometheus. `--check`
+//! keeps every id (snowkeep's `ids`, or ferroid's `packed_ids`) and checks
+//! uniqueness and per-call order, and that every finite `StreamIds` stream
+//! delivered its `total`. A finite stream that ended short is a failed call
+//! even when its status was OK (`ShortStream` in the status distribution).
+//! Exit code 2 when the check fails, 1 on a usage or connection error or
+//! when every call failed.
+
+mod args;
+mod call;
+mod report;
+mod worker;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use snowkeep_bench::schedule::Schedule;
+use snowkeep_bench::IdLog;
+use tokio::time::Instant;
+
+use args::{parse_metadata, schedule, Args, Shape, MAX_WORKERS, MIN_RATE};
+use call::{connect, endpoint, one_call, resolve_call};
+use report::progress_bar;
+use worker::{new_histogram, worker, Shared};
+
+/// One run: checks the arguments, connects, waits for the server under
+/// `--wait-ready`, runs the workers and writes the report. `Ok(false)` when
+/// the id check failed (exit 2), an error on a usage or connection error or
+/// when every call failed (exit 1).
+async fn run(args: Args) -> anyhow::Result<bool> {
+    if args.concurrency == 0 || args.connections == 0 {
+        bail!("--concurrency and --connections must be at least 1");
+    }
+    for (flag, rate) in [
+        ("--rps", Some(args.rps)),
+        ("--load-start", args.load_start),
+        ("--load-end", args.load_end),
+    ] {
+        match rate {
+            Some(r) if !r.is_finite() || r < 0.0 => {
+                bail!("{flag} must be a number of calls per second, 0 or more")
+            }
+            Some(r) if r > 0.0 && r < MIN_RATE => {
+                bail!("{flag} {r} is below one call a day; use 0 for no limit")
+            }
+            _ => {}
+        }
+    }
+    if args.concurrency_start == Some(0) {
+        bail!("--concurrency-start must be at least 1");
+    }
+    let ep = endpoint(&args)?;
+    let ready_started = Instant::now();
+    let mut channels = Vec::new();
+    for _ in 0..args.connections {
+        channels.push(connect(&ep, args.wait_ready).await?);
+    }
+    let call = resolve_call(&args, &channels[0]).await?;
+    let metadata = parse_metadata(args.metadata.as_deref())?;
+    let rate = (args.load_schedule != Shape::Const || args.rps > 0.0).then(|| {
+        schedule(
+            args.load_schedule,
+            args.load_start.unwrap_or(args.rps),
+            args.load_step,
+            args.load_end,
+            args.load_step_duration,
+            args.load_max_duration,
+        )
+    });
+    let concurrency = schedule(
+        args.concurrency_schedule,
+        f64::from(args.concurrency_start.unwrap_or(args.concurrency)),
+        args.concurrency_step as f64,
+        args.concurrency_end.map(f64::from),
+        args.concurrency_step_duration,
+        args.concurrency_max_duration,
+    );
+    let workers = match concurrency.peak(args.duration) {
+        Some(p) if p.round() > f64::from(MAX_WORKERS) => bail!(
+            "the concurrency schedule reaches {p:.0} workers; at most {MAX_WORKERS} are allowed"
+        ),
+        Some(p) => p.round().max(1.0) as u32,
+        None => bail!("an unbounded concurrency schedule needs --concurrency-end, --concurrency-max-duration or -z"),
+    };
+    let (level_tx, level) =
+        tokio::sync::watch::channel(concurrency.at(Duration::ZERO).round() as u32);
+    let mut shared = Shared {
+        args,
+        call,
+        metadata,
+        started: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        t0: Instant::now(),
+        deadline: None,
+        rate,
+        concurrency,
+        next_slot: Mutex::new(0.0),
+        latency_us: Mutex::new(new_histogram()?),
+        level,
+    };
+    if let Some(wait) = shared.args.wait_ready {
+        let until = ready_started + wait;
+        let mut log = IdLog::new(false);
+        loop {
+            match one_call(&channels[0], &shared, 0, &mut log).await.1 {
+                Ok(()) => break,
+                // Any definite answer but "not now" means the server is up.
+                Err(e)
+                    if !matches!(
+                        e.code(),
+                        tonic::Code::Unavailable
+                            | tonic::Code::DeadlineExceeded
+                            | tonic::Code::Unknown
+                    ) =>
+                {
+                    break
+                }
+                Err(e) if Instant::now() >= until => {
+                    bail!(
+                        "no successful call within --wait-ready {}: {e}",
+                        humantime::format_duration(wait)
+                    )
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "{} answered after {:.1} ms",
+            ep.uri(),
+            ready_started.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+    shared.t0 = Instant::now();
+    shared.deadline = shared.args.duration.map(|d| shared.t0 + d);
+    let shared = Arc::new(shared);
+    let bar = progress_bar(&shared);
+    // The concurrency schedule's value, for workers waiting their turn.
+    let ticker = (!matches!(shared.concurrency, Schedule::Const { .. })).then(|| {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                let now = shared.concurrency.at(shared.t0.elapsed()).round() as u32;
+                level_tx.send_if_modified(|l| std::mem::replace(l, now) != now);
+                if shared.over() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    });
+    let mut tasks = Vec::new();
+    for i in 0..workers {
+        let channel = channels[(i % shared.args.connections) as usize].clone();
+        tasks.push(tokio::spawn(worker(i, channel, shared.clone())));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.context("worker panicked")?);
+    }
+    let elapsed = shared.t0.elapsed();
+    if let Some(bar) = bar {
+        bar.abort();
+    }
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    report::write(&shared, results, elapsed)
+}
+
+fn main() -> ExitCode {
+    // Usage errors exit 1, like connection errors; 2 is kept for a failed check.
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "snowkeep-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "snowkeep-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Reporting: the progress bar while the run goes, and at its end the
+//! workers' results merged into one report, written in the chosen format,
+//! with the check's verdict.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use snowkeep_bench::{check, IdLog, Report};
+
+use crate::args::Format;
+use crate::worker::{Shared, WorkerResult};
+
+/// A progress bar on stderr for a run longer than 2 s or 10,000 calls,
+/// unless `--no-progress`; the task redraws it every 100 ms.
+pub(crate) fn progress_bar(shared: &Arc<Shared>) -> Option<tokio::task::JoinHandle<()>> {
+    let long = shared
+        .args
+        .duration
+        .is_some_and(|d| d > Duration::from_secs(2))
+        || shared.args.total > 10_000;
+    if shared.args.no_progress || !long {
+        return None;
+    }
+    let (len, by_time) = match shared.args.duration {
+        Some(d) => (d.as_millis() as u64, true),
+        None => (shared.args.total, false),
+    };
+    let bar = indicatif::ProgressBar::new(len);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {percent}% {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let shared = shared.clone();
+    Some(tokio::spawn(async move {
+        loop {
+            let done = shared.done.load(Ordering::Relaxed);
+            bar.set_position(if by_time {
+                shared.t0.elapsed().as_millis() as u64
+            } else {
+                done
+            });
+            bar.set_message(format!("{done} calls"));
+            if shared.over() || (!by_time && done >= shared.args.total) {
+                bar.finish_and_clear();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }))
+}
+
+/// Merges the workers' `results` (in worker order) into the report of a
+/// run that took `elapsed`, writes it to `--output` or stdout, and says a
+/// failed check on stderr. `Ok(false)` when the check failed; an error when
+/// every call failed.
+pub(crate) fn write(
+    shared: &Shared,
+    results: Vec<WorkerResult>,
+    elapsed: Duration,
+) -> anyhow::Result<bool> {
+    let mut logs = Vec::new();
+    let mut codes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    let mut details = Vec::new();
+    let mut ids = 0;
+    for r in results {
+        for (code, n) in r.codes {
+            *codes.entry(code).or_default() += n;
+        }
+        for (error, n) in r.errors {
+            *errors.entry(error).or_default() += n;
+        }
+        ids += r.ids;
+        details.extend(r.details);
+        logs.push(r.log);
+    }
+    let latency = shared
+        .latency_us
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let short_streams = logs.iter().map(IdLog::short_streams).sum();
+    let missing_ids = logs.iter().map(IdLog::missing_ids).sum();
+    let checked = shared.args.check.then(|| check(logs));
+    let mut report = Report::new(
+        &shared.args.call,
+        elapsed,
+        ids,
+        &latency,
+        codes,
+        errors,
+        checked,
+    );
+    details.sort_by(|a, b| a.offset_ms.total_cmp(&b.offset_ms));
+    report.details = details;
+    report.short_streams = short_streams;
+    report.missing_ids = missing_ids;
+    let text = match shared.args.format {
+        Format::Summary => report.to_text(),
+        Format::Json => report.to_json(),
+        Format::Csv => report.to_csv(),
+        Format::Html => report.to_html(),
+        Format::Prometheus => report.to_prometheus(),
+    };
+    match &shared.args.output {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => std::io::stdout().write_all(text.as_bytes())?,
+    }
+    // CSV rows have no place for the verdict, and a failed check should not
+    // hide in a file: say it on stderr too.
+    if let Some(c) = &report.check {
+        if shared.args.format == Format::Csv || !c.passed() {
+            let _ = writeln!(std::io::stderr(), "check: {}", c.summary());
+        }
+    }
+    if let Some(c) = checked {
+        if c.ids == 0 {
+            let _ = writeln!(
+                std::io::stderr(),
+                "check: no ids were checked (the responses carry no `ids` or `packed_ids` field)"
+            );
+        }
+        // A failed check says more than failed calls: it wins the exit code.
+        if !c.passed() {
+            return Ok(false);
+        }
+    }
+    if report.all_failed() {
+        bail!("every call failed (see the error distribution)");
+    }
+    Ok(true)
+}
