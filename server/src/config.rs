@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use crate::etcd::namespace::{FloorSpec, NamespaceSetup};
 use crate::lease::OnLeaseLost;
+use crate::lease_api::LeaseApiConfig;
 
 /// Default gRPC listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -412,17 +413,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| {
             format!("invalid size {text:?}: use a number of bytes, optionally with KiB, MiB or GiB (e.g. 64MiB)")
         })
-}
-
-/// Settings of the Lease API for embedded requesters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseApiConfig {
-    /// Lease granted by Acquire.
-    pub first_lease: Duration,
-    /// Lease granted by Renew.
-    pub renewed_lease: Duration,
-    /// Client clock-skew threshold (0: never refuse).
-    pub skew_threshold: Duration,
 }
 
 /// Invalid configuration (exit code 64).

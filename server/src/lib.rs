@@ -6,10 +6,11 @@
 //! | [`config`] | `Args` (flags + `SNOWKEEP_*` env) → validated `ServerConfig` |
 //! | [`run`](mod@run) | wiring and the ordered shutdown |
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
-//! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` holds embedded requesters' leases |
+//! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` keeps the Lease API's records |
 //! | [`local`] | the embedded single-instance store (a state file) |
-//! | [`lease`] | the lease lifecycle: `LeaseManager` over the `LeaseStore` seam (which `etcd` and `local` implement; `lease` imports neither), the capacity gauges, candidate ranking, client-skew rule, `LeaseError` |
-//! | [`service`] | gRPC adapters (IdService, InfoService, LeaseService), status mapping, health |
+//! | [`lease`] | the lease lifecycle: `LeaseManager` over the `LeaseStore` seam (which `etcd` and `local` implement; `lease` imports neither), the capacity gauges, candidate ranking, `LeaseError` |
+//! | [`lease_api`] | the Lease API (`LeaseService`): its handler, requester records and tokens, the client clock-skew rule, its settings |
+//! | [`service`] | gRPC adapters (IdService, InfoService), the router, status mapping, health |
 //! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
 //! | [`limits`] | bounds on connections, calls, memory and messages under hostile or broken clients |
 //!
@@ -35,6 +36,7 @@
 pub mod config;
 pub mod etcd;
 pub mod lease;
+pub mod lease_api;
 pub mod limits;
 pub mod local;
 pub mod metrics;

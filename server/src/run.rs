@@ -22,14 +22,13 @@ use tracing::{error, info, warn};
 use crate::config::{Limits, ServerConfig, StoreConfig};
 use crate::etcd::{EtcdSettings, EtcdStore};
 use crate::lease::{capacity, LeaseError, LeaseManager, LeaseTiming, Slot};
+use crate::lease_api::LeaseHandler;
 use crate::limits::calls::CallLimits;
 use crate::limits::conn::{Listener, ListenerLimits};
 use crate::limits::wire::WireStatusLayer;
 use crate::local::{LocalCapacity, LocalStore};
 use crate::metrics as m;
-use crate::service::{
-    self, health, id::IdHandler, info::InfoHandler, lease::LeaseHandler, StoreAccess,
-};
+use crate::service::{self, health, id::IdHandler, info::InfoHandler, StoreAccess};
 
 /// Bound on the release at shutdown (release txn + lease revoke).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);

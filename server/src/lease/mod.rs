@@ -26,7 +26,6 @@ pub mod claim;
 mod error;
 mod hold;
 mod manager;
-pub mod skew;
 mod store;
 #[cfg(test)]
 mod tests;

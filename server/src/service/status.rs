@@ -46,10 +46,10 @@ pub enum ApiError {
     /// The client's clock is off the server's, either way, beyond the threshold.
     #[error("client clock is {} {direction} the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
     ClientClockSkew {
-        /// How far off (see [`crate::lease::skew::magnitude`]).
+        /// How far off (see [`crate::lease_api::skew::magnitude`]).
         skew: std::time::Duration,
         /// Which way.
-        direction: crate::lease::skew::SkewDirection,
+        direction: crate::lease_api::skew::SkewDirection,
         /// The threshold.
         threshold: std::time::Duration,
     },
@@ -291,7 +291,7 @@ mod tests {
     use snowkeep_client::{MachineId, Millis};
 
     use super::*;
-    use crate::lease::skew::SkewDirection;
+    use crate::lease_api::skew::SkewDirection;
 
     #[test]
     fn each_error_maps_to_its_code() {

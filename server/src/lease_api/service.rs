@@ -1,5 +1,5 @@
-//! `LeaseService`: the embedded generators' lease API (Acquire, Renew,
-//! Release, Check, Capacity, Version) over [`RequesterLeases`].
+//! `LeaseService`: the Lease API's gRPC handler (Acquire, Renew, Release,
+//! Check, Capacity, Version) over a [`RequesterStore`].
 //!
 //! Requesters appear in logs only as their tag (12 hex digits of the SHA-256
 //! of their identity) with the caller's network address; lease tokens never
@@ -21,18 +21,16 @@ use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
+use super::config::LeaseApiConfig;
 use super::convert;
-use super::status::ApiError;
-use super::StoreAccess;
-use crate::config::LeaseApiConfig;
-use crate::etcd::requesters::{
-    Renewal, RequesterGrant, RequesterId, RequesterLeases, MAX_REQUESTER_IDS,
-};
-use crate::lease::skew::{
-    self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY,
-};
+use super::records::{Renewal, RequesterGrant, RequesterId, RequesterStore, MAX_REQUESTER_IDS};
+use super::skew::{self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY};
+use crate::etcd::requesters::RequesterLeases;
 use crate::lease::LeaseError;
 use crate::metrics as m;
+use crate::service::convert::capacity_to_pb;
+use crate::service::status::ApiError;
+use crate::service::StoreAccess;
 
 /// How often requesters whose lease ended leave the [`SkewBook`] (and its
 /// counts), when no call does it first.
@@ -251,14 +249,10 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             self.open(req.requester.as_ref(), &req.namespace).await?;
         // Refused (FAILED_PRECONDITION) while etcd shows it lost writes, and
         // (UNAVAILABLE) while a confirmed floor is further than a claim waits.
-        let record = leases
-            .namespace(&req.namespace)
+        let incarnation = leases
+            .admit(&req.namespace)
             .await
             .map_err(ApiError::Lease)?;
-        leases
-            .check_floor(&req.namespace, &record)
-            .map_err(ApiError::Lease)?;
-        let incarnation = record.incarnation;
         self.refuse_skewed_acquire(&req.namespace, &requester, peer, req.client_time_unix_ms)?;
         let grant = leases
             .acquire(
@@ -380,9 +374,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         convert::check_namespace(&namespace)?;
         let mut leases = self.leases()?;
         let (capacity, range) = leases.capacity(&namespace).await.map_err(ApiError::Lease)?;
-        Ok(Response::new(convert::capacity_to_pb(
-            &namespace, capacity, range,
-        )))
+        Ok(Response::new(capacity_to_pb(&namespace, capacity, range)))
     }
 
     async fn version(
