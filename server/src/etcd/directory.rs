@@ -1,4 +1,4 @@
-//! Reads about the namespace that live beside the lease loop on their own
+//! Reads about the namespace that live beside the claim loop on their own
 //! copy of the endpoint clients: the peer directory (for the peer clock
 //! check) and the capacity of this instance's range.
 
@@ -10,12 +10,12 @@ use snowkeep_client::MachineId;
 
 use super::endpoints::Endpoints;
 use super::{keys, EtcdStore};
-use crate::lease::capacity::CapacitySource;
-use crate::lease::{Capacity, LeaseError};
+use crate::claim::capacity::CapacitySource;
+use crate::claim::{Capacity, StoreError};
 
 impl EtcdStore {
     /// Counts the machine ids of this instance's range that have a holder.
-    pub async fn capacity(&mut self) -> Result<Capacity, LeaseError> {
+    pub async fn capacity(&mut self) -> Result<Capacity, StoreError> {
         self.capacity_reader().read().await
     }
 
@@ -60,7 +60,7 @@ impl std::fmt::Debug for PeerDirectory {
 
 impl PeerDirectory {
     /// `(instance id, host:port)` of every registered server but this one.
-    pub async fn others(&mut self) -> Result<Vec<(String, String)>, LeaseError> {
+    pub async fn others(&mut self) -> Result<Vec<(String, String)>, StoreError> {
         let prefix = keys::peer_prefix(&self.namespace);
         let resp = self
             .endpoints
@@ -106,7 +106,7 @@ impl CapacityReader {
     }
 
     /// Counts the machine ids of the range that have a holder.
-    pub async fn read(&mut self) -> Result<Capacity, LeaseError> {
+    pub async fn read(&mut self) -> Result<Capacity, StoreError> {
         let start = keys::holder(
             &self.namespace,
             MachineId(u16::try_from(self.range.start).unwrap_or(u16::MAX)),
@@ -132,7 +132,7 @@ impl CapacityReader {
 }
 
 impl CapacitySource for CapacityReader {
-    async fn read(&mut self) -> Result<Capacity, LeaseError> {
+    async fn read(&mut self) -> Result<Capacity, StoreError> {
         CapacityReader::read(self).await
     }
 }

@@ -28,7 +28,7 @@
 
 use snowkeep_client::{MachineId, Millis};
 
-use crate::lease::{HeldId, LeaseError};
+use crate::claim::{HeldId, StoreError};
 
 /// Longest stored value quoted in a log line or an error about an unreadable key.
 const QUOTED_VALUE_CHARS: usize = 100;
@@ -141,14 +141,14 @@ pub fn machine_id_of(key: &[u8], prefix: &str) -> Option<MachineId> {
     std::str::from_utf8(rest).ok()?.parse().ok().map(MachineId)
 }
 
-/// A fence value: decimal layout ms. [`LeaseError::Corrupt`] naming `key`
+/// A fence value: decimal layout ms. [`StoreError::Corrupt`] naming `key`
 /// for anything else.
-pub fn decode_fence(key: &str, value: &[u8]) -> Result<Millis, LeaseError> {
+pub fn decode_fence(key: &str, value: &[u8]) -> Result<Millis, StoreError> {
     std::str::from_utf8(value)
         .ok()
         .and_then(|v| v.parse().ok())
         .map(Millis)
-        .ok_or_else(|| LeaseError::Corrupt {
+        .ok_or_else(|| StoreError::Corrupt {
             key: key.to_owned(),
             value: String::from_utf8_lossy(value).into_owned(),
         })
@@ -164,10 +164,10 @@ pub fn encode_record(held: &[HeldId]) -> String {
 }
 
 /// The machine ids and floors (layout ms) of a requester record's value;
-/// [`LeaseError::Corrupt`] naming `key` (the value quoted) for anything that
+/// [`StoreError::Corrupt`] naming `key` (the value quoted) for anything that
 /// is not [`encode_record`]'s form.
-pub fn decode_record(key: &str, value: &[u8]) -> Result<Vec<(MachineId, Millis)>, LeaseError> {
-    let corrupt = || LeaseError::Corrupt {
+pub fn decode_record(key: &str, value: &[u8]) -> Result<Vec<(MachineId, Millis)>, StoreError> {
+    let corrupt = || StoreError::Corrupt {
         key: key.to_owned(),
         value: quoted(value),
     };

@@ -47,7 +47,7 @@ use snowkeep_client::{Layout, Millis};
 use tracing::{error, info, warn};
 
 use super::{keys, Endpoints, EtcdStore};
-use crate::lease::LeaseError;
+use crate::claim::StoreError;
 
 /// How far (in revisions) etcd's revision may run ahead of its raft applied
 /// index, beyond the acknowledged gap, before the store counts as restored
@@ -157,10 +157,10 @@ impl NamespaceRecord {
     }
 
     /// Parses a stored value (the new format, or an older version's plain
-    /// layout). [`LeaseError::CorruptNamespace`] names `key`, the value and
+    /// layout). [`StoreError::CorruptNamespace`] names `key`, the value and
     /// what is wrong.
-    pub fn parse(key: &str, value: &[u8]) -> Result<Self, LeaseError> {
-        let corrupt = |problem: String| LeaseError::CorruptNamespace {
+    pub fn parse(key: &str, value: &[u8]) -> Result<Self, StoreError> {
+        let corrupt = |problem: String| StoreError::CorruptNamespace {
             key: key.to_owned(),
             value: String::from_utf8_lossy(value).into_owned(),
             problem,
@@ -236,10 +236,10 @@ impl NamespaceRecord {
     }
 
     /// The error for a rolled-back record; `None` when it is ok.
-    pub fn refusal(&self, namespace: &str) -> Option<LeaseError> {
+    pub fn refusal(&self, namespace: &str) -> Option<StoreError> {
         match &self.state {
             NamespaceState::Ok => None,
-            NamespaceState::RolledBack { at, reason } => Some(LeaseError::NamespaceRolledBack {
+            NamespaceState::RolledBack { at, reason } => Some(StoreError::NamespaceRolledBack {
                 namespace: namespace.to_owned(),
                 since: at.clone(),
                 reason: reason.clone(),
@@ -330,8 +330,8 @@ pub const MAX_FLOOR_LEAD: Duration = Duration::from_secs(31 * 86_400);
 
 /// Refuses a floor before `now_unix_ms` (it would protect nothing: a floor
 /// must lie after every timestamp any holder may have stamped) or more than
-/// [`MAX_FLOOR_LEAD`] after it ([`LeaseError::BadFloor`]).
-pub fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), LeaseError> {
+/// [`MAX_FLOOR_LEAD`] after it ([`StoreError::BadFloor`]).
+pub fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), StoreError> {
     let floor = spec.resolve(now_unix_ms);
     let problem = if floor < now_unix_ms {
         format!("it is before the clock ({})", rfc3339(now_unix_ms))
@@ -340,7 +340,7 @@ pub fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), LeaseError> 
     } else {
         return Ok(());
     };
-    Err(LeaseError::BadFloor {
+    Err(StoreError::BadFloor {
         floor: rfc3339(floor),
         problem,
     })
@@ -360,7 +360,7 @@ pub(super) async fn read(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
-) -> Result<Option<(NamespaceRecord, i64)>, LeaseError> {
+) -> Result<Option<(NamespaceRecord, i64)>, StoreError> {
     let key = keys::layout(namespace);
     let resp = endpoints
         .call("read namespace record", timeout, |mut c| {
@@ -381,7 +381,7 @@ pub(super) async fn read(
 pub(super) async fn progress(
     endpoints: &Endpoints,
     timeout: Duration,
-) -> Result<StoreProgress, LeaseError> {
+) -> Result<StoreProgress, StoreError> {
     let status = endpoints
         .call("status", timeout, |mut c| async move { c.status().await })
         .await?;
@@ -406,7 +406,7 @@ async fn mark_rolled_back(
     mod_revision: i64,
     reason: String,
     unix_ms: u64,
-) -> LeaseError {
+) -> StoreError {
     let key = keys::layout(namespace);
     let at = rfc3339(unix_ms);
     error!(namespace, reason = %reason, runbook = RUNBOOK_RESTORE, "etcd lost writes: marking the namespace rolled back; no machine id is claimed in it until an operator confirms a floor");
@@ -434,7 +434,7 @@ async fn mark_rolled_back(
             warn!(namespace, error = %crate::DisplayChain(&e), "could not mark the namespace rolled back; every check refuses by itself until an operator confirms a floor")
         }
     }
-    LeaseError::NamespaceRolledBack {
+    StoreError::NamespaceRolledBack {
         namespace: namespace.to_owned(),
         since: at,
         reason,
@@ -445,16 +445,16 @@ async fn mark_rolled_back(
 /// must exist and be `ok`, and the store must not show a restore; a restore
 /// it finds is marked in the record. Returns the record and its mod revision.
 ///
-/// Errors: [`LeaseError::UnknownNamespace`], [`LeaseError::CorruptNamespace`],
-/// [`LeaseError::NamespaceRolledBack`], or the etcd failure.
+/// Errors: [`StoreError::UnknownNamespace`], [`StoreError::CorruptNamespace`],
+/// [`StoreError::NamespaceRolledBack`], or the etcd failure.
 pub(super) async fn guard(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
     unix_ms: u64,
-) -> Result<(NamespaceRecord, i64), LeaseError> {
+) -> Result<(NamespaceRecord, i64), StoreError> {
     let Some((record, mod_revision)) = read(endpoints, timeout, namespace).await? else {
-        return Err(LeaseError::UnknownNamespace {
+        return Err(StoreError::UnknownNamespace {
             namespace: namespace.to_owned(),
         });
     };
@@ -503,7 +503,7 @@ async fn confirm_existing(
     mod_revision: i64,
     floor: Millis,
     unix_ms: u64,
-) -> Result<Option<Confirmed>, LeaseError> {
+) -> Result<Option<Confirmed>, StoreError> {
     let key = keys::layout(namespace);
     let holder_prefix = keys::holder_prefix(namespace);
     let requester_prefix = keys::requester(namespace, "");
@@ -600,7 +600,7 @@ async fn create(
     timeout: Duration,
     namespace: &str,
     record: &NamespaceRecord,
-) -> Result<bool, LeaseError> {
+) -> Result<bool, StoreError> {
     let key = keys::layout(namespace);
     let value = record.encode();
     let txn = Txn::new()
@@ -623,18 +623,18 @@ impl EtcdStore {
     /// Opens the namespace at connect, as [`NamespaceSetup`] says:
     ///
     /// * no record: create it with `create`, else
-    ///   [`LeaseError::NamespaceNotCreated`] (with `confirm_floor` too, the new
+    ///   [`StoreError::NamespaceNotCreated`] (with `confirm_floor` too, the new
     ///   record carries the floor);
-    /// * a record: check its layout ([`LeaseError::LayoutMismatch`]); with
+    /// * a record: check its layout ([`StoreError::LayoutMismatch`]); with
     ///   `confirm_floor`, confirm it; else refuse a rolled-back namespace or
-    ///   a store that shows a restore ([`LeaseError::NamespaceRolledBack`],
+    ///   a store that shows a restore ([`StoreError::NamespaceRolledBack`],
     ///   marking it), then, with `create`, upgrade an older version's record.
     ///
     /// The first request after [`EtcdStore::new`]. Each request fails over
     /// to the next endpoint like any other; with a retryable error when no
     /// endpoint answers, call it again (it starts on the endpoint after the
     /// last one that failed).
-    pub async fn open_namespace(&mut self) -> Result<(), LeaseError> {
+    pub async fn open_namespace(&mut self) -> Result<(), StoreError> {
         let timeout = self.settings.request_timeout;
         let setup = self.settings.namespace_setup.clone();
         let ns = self.settings.namespace.clone();
@@ -649,7 +649,7 @@ impl EtcdStore {
                 .map(|f| self.layout_ms(f.resolve(unix_ms)));
             let Some((record, mod_revision)) = read(&self.endpoints, timeout, &ns).await? else {
                 if !setup.create {
-                    return Err(LeaseError::NamespaceNotCreated {
+                    return Err(StoreError::NamespaceNotCreated {
                         namespace: ns,
                         endpoints: self.endpoint_list(),
                     });
@@ -667,7 +667,7 @@ impl EtcdStore {
                 continue; // created concurrently: check theirs
             };
             if record.layout != self.layout {
-                return Err(LeaseError::LayoutMismatch {
+                return Err(StoreError::LayoutMismatch {
                     namespace: ns,
                     stored: record.layout,
                     configured: self.layout,
@@ -718,7 +718,7 @@ impl EtcdStore {
             }
             return Ok(());
         }
-        Err(LeaseError::Timeout {
+        Err(StoreError::Timeout {
             op: "open namespace (the record kept changing)",
             after: timeout,
         })
@@ -729,16 +729,16 @@ impl EtcdStore {
     /// marked), the layout is still ours and the confirmed floor is within
     /// `--max-fence-wait`. Returns the namespace floor (layout ms).
     ///
-    /// Errors: [`LeaseError::NamespaceNotCreated`], [`LeaseError::CorruptNamespace`],
-    /// [`LeaseError::NamespaceRolledBack`], [`LeaseError::LayoutMismatch`],
-    /// [`LeaseError::NamespaceFloorAhead`], or the etcd failure.
-    pub async fn guard_namespace(&mut self) -> Result<Millis, LeaseError> {
+    /// Errors: [`StoreError::NamespaceNotCreated`], [`StoreError::CorruptNamespace`],
+    /// [`StoreError::NamespaceRolledBack`], [`StoreError::LayoutMismatch`],
+    /// [`StoreError::NamespaceFloorAhead`], or the etcd failure.
+    pub async fn guard_namespace(&mut self) -> Result<Millis, StoreError> {
         let timeout = self.settings.request_timeout;
         let unix_ms = self.clock.unix_ms();
         let ns = self.settings.namespace.clone();
         let (record, _) = match guard(&self.endpoints, timeout, &ns, unix_ms).await {
-            Err(LeaseError::UnknownNamespace { namespace }) => {
-                return Err(LeaseError::NamespaceNotCreated {
+            Err(StoreError::UnknownNamespace { namespace }) => {
+                return Err(StoreError::NamespaceNotCreated {
                     namespace,
                     endpoints: self.endpoint_list(),
                 })
@@ -746,7 +746,7 @@ impl EtcdStore {
             other => other?,
         };
         if record.layout != self.layout {
-            return Err(LeaseError::LayoutMismatch {
+            return Err(StoreError::LayoutMismatch {
                 namespace: ns,
                 stored: record.layout,
                 configured: self.layout,
@@ -756,7 +756,7 @@ impl EtcdStore {
         let max_wait = self.settings.max_fence_wait;
         let ahead = Duration::from_millis(record.floor.get().saturating_sub(now.get()));
         if ahead > max_wait {
-            return Err(LeaseError::NamespaceFloorAhead {
+            return Err(StoreError::NamespaceFloorAhead {
                 namespace: ns,
                 until: rfc3339(self.layout.to_unix_ms(record.floor)),
                 ahead,
@@ -780,15 +780,15 @@ pub(super) struct ClaimGuard {
 }
 
 impl ClaimGuard {
-    /// Reads the record for a claim: [`LeaseError::UnknownNamespace`] when
-    /// absent, [`LeaseError::NamespaceRolledBack`] when rolled back.
+    /// Reads the record for a claim: [`StoreError::UnknownNamespace`] when
+    /// absent, [`StoreError::NamespaceRolledBack`] when rolled back.
     pub(super) async fn read(
         endpoints: &Endpoints,
         timeout: Duration,
         namespace: &str,
-    ) -> Result<Self, LeaseError> {
+    ) -> Result<Self, StoreError> {
         let Some((record, mod_revision)) = read(endpoints, timeout, namespace).await? else {
-            return Err(LeaseError::UnknownNamespace {
+            return Err(StoreError::UnknownNamespace {
                 namespace: namespace.to_owned(),
             });
         };
@@ -938,7 +938,7 @@ mod tests {
         ] {
             let err = NamespaceRecord::parse(KEY, value).unwrap_err();
             let text = err.to_string();
-            assert!(matches!(err, LeaseError::CorruptNamespace { .. }), "{text}");
+            assert!(matches!(err, StoreError::CorruptNamespace { .. }), "{text}");
             assert!(text.contains(KEY), "{text}");
             assert!(text.contains(problem), "{text}");
         }

@@ -20,7 +20,7 @@ use snowkeep_client::Layout;
 use tracing::{info, warn};
 
 use super::{keys, Endpoints, EtcdStore};
-use crate::lease::LeaseError;
+use crate::claim::StoreError;
 use crate::metrics as m;
 
 /// Most namespaces looked at (three small reads each), so a huge etcd
@@ -75,7 +75,7 @@ impl OverlapCheck {
     /// Every other namespace of the etcd with this namespace's bit split that
     /// has a fence or holder key in this server's machine-id range, in name
     /// order (at most [`MAX_NAMESPACES`] namespaces are looked at).
-    pub async fn find(&mut self) -> Result<Vec<Overlap>, LeaseError> {
+    pub async fn find(&mut self) -> Result<Vec<Overlap>, StoreError> {
         let root = keys::namespaces_root();
         let end = keys::prefix_end(root);
         let mut from = root.as_bytes().to_vec();
@@ -118,7 +118,7 @@ impl OverlapCheck {
 
     /// `namespace` as an [`Overlap`] when it has this layout's bits and has
     /// used machine ids of this range.
-    async fn compare(&mut self, namespace: &str) -> Result<Option<Overlap>, LeaseError> {
+    async fn compare(&mut self, namespace: &str) -> Result<Option<Overlap>, StoreError> {
         let key = keys::layout(namespace);
         let resp = self
             .endpoints
@@ -159,7 +159,7 @@ impl OverlapCheck {
     }
 
     /// Keys `prefix{id:05}` for the ids of this range (count only).
-    async fn count(&mut self, prefix: &str) -> Result<u32, LeaseError> {
+    async fn count(&mut self, prefix: &str) -> Result<u32, StoreError> {
         let start = format!("{prefix}{:05}", self.range.start);
         let end = format!("{prefix}{:05}", self.range.end);
         let resp = self

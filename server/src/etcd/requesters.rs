@@ -14,7 +14,7 @@
 //! **Lease tokens.** Acquire draws 32 random bytes ([`LeaseToken`]), stores
 //! only their SHA-256 and returns them once. Renew, Release, Check and an
 //! Acquire retry act only for a caller that presents them (compared in
-//! constant time); anyone else gets [`LeaseError::TokenRefused`] and nothing
+//! constant time); anyone else gets [`StoreError::TokenRefused`] and nothing
 //! changes, so knowing a requester's identity grants nothing.
 //!
 //! **Cost.** etcd holds one lease and `2 × machine ids + 2` keys per requester
@@ -49,7 +49,7 @@ use tracing::{error, info, warn};
 
 use super::keys::{self, decode_record, encode_record, quoted};
 use super::{claim_ids, ClaimRequest, Endpoints, EtcdStore};
-use crate::lease::{Capacity, HeldId, LeaseError};
+use crate::claim::{Capacity, HeldId, StoreError};
 use crate::lease_api::records::{
     authorize, hex, released_fence, unhex32, FenceRead, LeaseCheck, LeaseToken, Renewal,
     RequesterGrant, RequesterId, RequesterStore, FENCE_MARGIN,
@@ -91,18 +91,18 @@ impl Record {
     }
 
     /// Checks `token` against the stored hash ([`authorize`]).
-    fn authorize(&self, token: Option<&LeaseToken>) -> Result<(), LeaseError> {
+    fn authorize(&self, token: Option<&LeaseToken>) -> Result<(), StoreError> {
         authorize(self.token.as_ref(), token)
     }
 }
 
 /// Logs an unreadable key of `kind` in `namespace` with its full name, counts
 /// it in `snowkeep_corrupt_keys_total`, and returns the error naming it.
-pub(super) fn corrupt_key(namespace: &str, kind: KeyKind, key: &str, value: &[u8]) -> LeaseError {
+pub(super) fn corrupt_key(namespace: &str, kind: KeyKind, key: &str, value: &[u8]) -> StoreError {
     m::count_corrupt(namespace, kind, 1);
     let value = quoted(value);
     error!(namespace, kind = kind.as_str(), key, value, "unreadable key in etcd: repair or delete it (a fence only once no holder uses its machine id)");
-    LeaseError::Corrupt {
+    StoreError::Corrupt {
         key: key.to_owned(),
         value,
     }
@@ -110,8 +110,8 @@ pub(super) fn corrupt_key(namespace: &str, kind: KeyKind, key: &str, value: &[u8
 
 /// Counts and logs `e` when it is an unreadable namespace record (kind
 /// `layout` of `snowkeep_corrupt_keys_total`, the key named in full); returns it.
-fn note_corrupt_namespace(namespace: &str, e: LeaseError) -> LeaseError {
-    if let LeaseError::CorruptNamespace {
+fn note_corrupt_namespace(namespace: &str, e: StoreError) -> StoreError {
+    if let StoreError::CorruptNamespace {
         key,
         value,
         problem,
@@ -137,7 +137,7 @@ fn namespace_record(
     namespace: &str,
     key: &str,
     value: &[u8],
-) -> Result<super::namespace::NamespaceRecord, LeaseError> {
+) -> Result<super::namespace::NamespaceRecord, StoreError> {
     super::namespace::NamespaceRecord::parse(key, value)
         .map_err(|e| note_corrupt_namespace(namespace, e))
 }
@@ -159,7 +159,7 @@ fn got(ops: &[TxnOpResponse], i: usize) -> Option<(Vec<u8>, i64)> {
 
 impl RequesterLeases {
     /// Shares the store's endpoints (a separate copy, so API calls never wait
-    /// behind the server's own lease loop), and creates the server's
+    /// behind the server's own claim loop), and creates the server's
     /// namespace's Lease API series.
     pub fn new(store: &EtcdStore) -> Self {
         m::init_namespace(&store.settings.namespace);
@@ -179,7 +179,7 @@ impl RequesterLeases {
         &mut self,
         namespace: &str,
         requester: &RequesterId,
-    ) -> Result<Option<Record>, LeaseError> {
+    ) -> Result<Option<Record>, StoreError> {
         let key = keys::requester(namespace, &requester.key());
         let token_key = keys::token(namespace, &requester.key());
         let gets = vec![
@@ -215,14 +215,14 @@ impl RequesterLeases {
 
     /// Reads the requester's record and checks `token` against it
     /// ([`Record::authorize`]), before anything else of a call that acts on
-    /// its lease: [`LeaseError::TokenRefused`] when it holds machine ids and
+    /// its lease: [`StoreError::TokenRefused`] when it holds machine ids and
     /// the token is missing or wrong; `None` when it holds nothing.
     async fn authorized(
         &mut self,
         namespace: &str,
         requester: &RequesterId,
         token: Option<&LeaseToken>,
-    ) -> Result<Option<Record>, LeaseError> {
+    ) -> Result<Option<Record>, StoreError> {
         let record = self.record(namespace, requester).await?;
         if let Some(record) = &record {
             record.authorize(token)?;
@@ -236,7 +236,7 @@ impl RequesterLeases {
         &mut self,
         namespace: &str,
         ids: &[MachineId],
-    ) -> Result<HashMap<MachineId, FenceRead>, LeaseError> {
+    ) -> Result<HashMap<MachineId, FenceRead>, StoreError> {
         let fence_keys: Vec<String> = ids.iter().map(|&id| keys::fence(namespace, id)).collect();
         let txn = Txn::new().and_then(
             fence_keys
@@ -259,7 +259,7 @@ impl RequesterLeases {
                     Some((value, _)) => match keys::decode_fence(key, &value) {
                         Ok(fence) => FenceRead::Value(fence),
                         Err(_) => match corrupt_key(namespace, KeyKind::Fence, key, &value) {
-                            LeaseError::Corrupt { value, .. } => FenceRead::Corrupt(value),
+                            StoreError::Corrupt { value, .. } => FenceRead::Corrupt(value),
                             _ => FenceRead::Corrupt(String::new()),
                         },
                     },
@@ -281,7 +281,7 @@ impl RequesterLeases {
             .unwrap_or_default()
     }
 
-    async fn grant_lease(&mut self, duration: Duration) -> Result<i64, LeaseError> {
+    async fn grant_lease(&mut self, duration: Duration) -> Result<i64, StoreError> {
         let ttl = secs(duration);
         let lease = self
             .endpoints
@@ -319,7 +319,7 @@ impl RequesterLeases {
         mut record: Record,
         layout: Layout,
         duration: Duration,
-    ) -> Result<RequesterGrant, LeaseError> {
+    ) -> Result<RequesterGrant, StoreError> {
         // A concurrent renewal by the same requester (a Renew racing its own
         // Acquire retry) moves the keys to another lease first: follow it
         // rather than declare the lease void. Each lost race means another
@@ -361,13 +361,13 @@ impl RequesterLeases {
         record: &Record,
         layout: Layout,
         duration: Duration,
-    ) -> Result<Option<RequesterGrant>, LeaseError> {
+    ) -> Result<Option<RequesterGrant>, StoreError> {
         let current = self.own_fences(namespace, &record.machine_ids()).await?;
         // A fence of its own that cannot be read cannot be kept from going
         // down: refuse (naming the key) before anything is granted or written.
         for (&id, read) in &current {
             if let FenceRead::Corrupt(value) = read {
-                return Err(LeaseError::Corrupt {
+                return Err(StoreError::Corrupt {
                     key: keys::fence(namespace, id),
                     value: value.clone(),
                 });
@@ -488,13 +488,13 @@ impl RequesterLeases {
 // The namespace record and the holder check (the rollback detection).
 impl RequesterLeases {
     /// The namespace record, after the rollback check of every Lease API call
-    /// that claims, renews or checks: [`LeaseError::UnknownNamespace`] when
-    /// absent, [`LeaseError::NamespaceRolledBack`] when rolled back or found
+    /// that claims, renews or checks: [`StoreError::UnknownNamespace`] when
+    /// absent, [`StoreError::NamespaceRolledBack`] when rolled back or found
     /// restored now (then marked).
     async fn namespace(
         &mut self,
         namespace: &str,
-    ) -> Result<super::namespace::NamespaceRecord, LeaseError> {
+    ) -> Result<super::namespace::NamespaceRecord, StoreError> {
         let unix_ms = self.clock.unix_ms();
         super::namespace::guard(&self.endpoints, self.timeout, namespace, unix_ms)
             .await
@@ -511,7 +511,7 @@ impl RequesterLeases {
         &mut self,
         namespace: &str,
         incarnation: u64,
-    ) -> Result<Result<super::namespace::NamespaceRecord, LeaseCheck>, LeaseError> {
+    ) -> Result<Result<super::namespace::NamespaceRecord, LeaseCheck>, StoreError> {
         match self.namespace(namespace).await {
             Ok(record)
                 if incarnation != 0
@@ -521,27 +521,27 @@ impl RequesterLeases {
                 Ok(Err(LeaseCheck::NamespaceGone))
             }
             Ok(record) => Ok(Ok(record)),
-            Err(LeaseError::UnknownNamespace { .. }) => Ok(Err(LeaseCheck::NamespaceGone)),
-            Err(LeaseError::NamespaceRolledBack { .. }) => Ok(Err(LeaseCheck::RolledBack)),
+            Err(StoreError::UnknownNamespace { .. }) => Ok(Err(LeaseCheck::NamespaceGone)),
+            Err(StoreError::NamespaceRolledBack { .. }) => Ok(Err(LeaseCheck::RolledBack)),
             Err(e) => Err(e),
         }
     }
 
     /// Refuses a new claim while the namespace's confirmed floor is further
-    /// ahead than `--max-fence-wait` ([`LeaseError::NamespaceFloorAhead`],
+    /// ahead than `--max-fence-wait` ([`StoreError::NamespaceFloorAhead`],
     /// UNAVAILABLE: retry once the clock is within it).
     fn check_floor(
         &self,
         namespace: &str,
         record: &super::namespace::NamespaceRecord,
-    ) -> Result<(), LeaseError> {
+    ) -> Result<(), StoreError> {
         let now = record
             .layout
             .to_layout_ms(self.clock.unix_ms())
             .unwrap_or_default();
         let ahead = Duration::from_millis(record.floor.get().saturating_sub(now.get()));
         if ahead > self.max_fence_wait {
-            return Err(LeaseError::NamespaceFloorAhead {
+            return Err(StoreError::NamespaceFloorAhead {
                 namespace: namespace.to_owned(),
                 until: super::namespace::rfc3339(record.layout.to_unix_ms(record.floor)),
                 ahead,
@@ -553,14 +553,14 @@ impl RequesterLeases {
 }
 
 impl RequesterStore for RequesterLeases {
-    async fn admit(&mut self, namespace: &str) -> Result<u64, LeaseError> {
+    async fn admit(&mut self, namespace: &str) -> Result<u64, StoreError> {
         let record = self.namespace(namespace).await?;
         self.check_floor(namespace, &record)?;
         Ok(record.incarnation)
     }
 
-    /// The namespace's layout; [`LeaseError::UnknownNamespace`] when none is recorded.
-    async fn layout(&mut self, namespace: &str) -> Result<Layout, LeaseError> {
+    /// The namespace's layout; [`StoreError::UnknownNamespace`] when none is recorded.
+    async fn layout(&mut self, namespace: &str) -> Result<Layout, StoreError> {
         let key = keys::layout(namespace);
         let resp = self
             .endpoints
@@ -572,7 +572,7 @@ impl RequesterStore for RequesterLeases {
         let kv = resp
             .kvs()
             .first()
-            .ok_or_else(|| LeaseError::UnknownNamespace {
+            .ok_or_else(|| StoreError::UnknownNamespace {
                 namespace: namespace.to_owned(),
             })?;
         Ok(namespace_record(namespace, &key, kv.value())?.layout)
@@ -582,8 +582,8 @@ impl RequesterStore for RequesterLeases {
     /// them with a new lease token. When the requester already holds machine
     /// ids, a call presenting their `token` gets them back with the lease
     /// reset to `duration` (an idempotent retry; the same token), failing
-    /// with [`LeaseError::CountMismatch`] when it holds a different number;
-    /// without the token it fails with [`LeaseError::TokenRefused`] and
+    /// with [`StoreError::CountMismatch`] when it holds a different number;
+    /// without the token it fails with [`StoreError::TokenRefused`] and
     /// nothing changes. `layout` is the namespace's, as [`Self::layout`] read it.
     async fn acquire(
         &mut self,
@@ -593,11 +593,11 @@ impl RequesterStore for RequesterLeases {
         count: u32,
         duration: Duration,
         token: Option<&LeaseToken>,
-    ) -> Result<RequesterGrant, LeaseError> {
+    ) -> Result<RequesterGrant, StoreError> {
         if let Some(record) = self.record(namespace, requester).await? {
             record.authorize(token)?;
             if record.ids.len() != count as usize {
-                return Err(LeaseError::CountMismatch {
+                return Err(StoreError::CountMismatch {
                     held: record.ids.len(),
                     asked: count,
                 });
@@ -684,8 +684,8 @@ impl RequesterStore for RequesterLeases {
             Ok(r) if r.succeeded() => {}
             Ok(_) => {
                 self.revoke(lease_id).await;
-                return Err(LeaseError::LeaseLost {
-                    reason: crate::lease::LossReason::HolderChanged,
+                return Err(StoreError::LeaseLost {
+                    reason: crate::claim::LossReason::HolderChanged,
                 });
             }
             Err(e) => {
@@ -704,7 +704,7 @@ impl RequesterStore for RequesterLeases {
     }
 
     /// Extends the requester's lease to `duration` and raises its fences, for
-    /// the caller presenting its `token` ([`LeaseError::TokenRefused`]
+    /// the caller presenting its `token` ([`StoreError::TokenRefused`]
     /// otherwise, checked first, with nothing changed); an empty grant when
     /// it holds nothing (its lease is gone), for which nothing is written.
     /// Then, before anything is extended, the namespace must stand for a
@@ -717,7 +717,7 @@ impl RequesterStore for RequesterLeases {
         duration: Duration,
         token: Option<&LeaseToken>,
         incarnation: u64,
-    ) -> Result<Renewal, LeaseError> {
+    ) -> Result<Renewal, StoreError> {
         let record = self.authorized(namespace, requester, token).await?;
         let standing = match self.standing(namespace, incarnation).await? {
             Ok(standing) => standing,
@@ -740,7 +740,7 @@ impl RequesterStore for RequesterLeases {
     }
 
     /// Gives the requester's machine ids back, for the caller presenting its
-    /// `token` ([`LeaseError::TokenRefused`] otherwise, with nothing
+    /// `token` ([`StoreError::TokenRefused`] otherwise, with nothing
     /// changed): each fence in `last_used` is lowered towards it as
     /// [`released_fence`] allows (others keep theirs), every key of the
     /// requester is deleted and its lease revoked. Returns how many machine
@@ -751,7 +751,7 @@ impl RequesterStore for RequesterLeases {
         requester: &RequesterId,
         last_used: &HashMap<MachineId, Millis>,
         token: Option<&LeaseToken>,
-    ) -> Result<u32, LeaseError> {
+    ) -> Result<u32, StoreError> {
         let Some(record) = self.authorized(namespace, requester, token).await? else {
             return Ok(0);
         };
@@ -831,7 +831,7 @@ impl RequesterStore for RequesterLeases {
     async fn capacity(
         &mut self,
         namespace: &str,
-    ) -> Result<(Capacity, std::ops::Range<u32>), LeaseError> {
+    ) -> Result<(Capacity, std::ops::Range<u32>), StoreError> {
         let layout = self.layout(namespace).await?;
         let range = self.range_in(&layout);
         let mut reader = super::CapacityReader {
@@ -846,7 +846,7 @@ impl RequesterStore for RequesterLeases {
     /// Whether `requester`'s lease in `namespace` still stands, for the
     /// caller presenting its `token`: like every call that acts on a lease it
     /// reads the requester's record and checks the token first
-    /// ([`LeaseError::TokenRefused`] when it holds machine ids and the token
+    /// ([`StoreError::TokenRefused`] when it holds machine ids and the token
     /// is missing or wrong, with nothing else read). Then by reads only (the
     /// one write: marking the namespace rolled back when etcd shows a
     /// restore). `incarnation` 0 and an empty `machine_ids` skip those
@@ -859,7 +859,7 @@ impl RequesterStore for RequesterLeases {
         token: Option<&LeaseToken>,
         incarnation: u64,
         machine_ids: &[u32],
-    ) -> Result<LeaseCheck, LeaseError> {
+    ) -> Result<LeaseCheck, StoreError> {
         let held = self.authorized(namespace, requester, token).await?;
         if let Err(gone) = self.standing(namespace, incarnation).await? {
             return Ok(gone);

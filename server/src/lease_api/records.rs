@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use snowkeep_client::{Layout, MachineId, Millis};
 use subtle::ConstantTimeEq;
 
-use crate::lease::{Capacity, HeldId, LeaseError};
+use crate::claim::{Capacity, HeldId, StoreError};
 
 /// How far beyond the lease's expiry a requester's fence is set: covers a
 /// requester clock running ahead of the server's.
@@ -219,26 +219,26 @@ pub enum Renewal {
 }
 
 /// Checks a presented `token` against the `stored` SHA-256 of the lease's
-/// token, in constant time: [`LeaseError::TokenRefused`] saying why when no
+/// token, in constant time: [`StoreError::TokenRefused`] saying why when no
 /// hash is stored, no token was sent, or it does not match.
 pub(crate) fn authorize(
     stored: Option<&[u8; 32]>,
     token: Option<&LeaseToken>,
-) -> Result<(), LeaseError> {
+) -> Result<(), StoreError> {
     let Some(stored) = stored else {
-        return Err(LeaseError::TokenRefused {
+        return Err(StoreError::TokenRefused {
             reason: "no lease token is stored for this lease (its token key is missing)",
         });
     };
     let Some(token) = token else {
-        return Err(LeaseError::TokenRefused {
+        return Err(StoreError::TokenRefused {
             reason: "no lease_token was sent",
         });
     };
     if bool::from(token.digest().ct_eq(stored)) {
         Ok(())
     } else {
-        Err(LeaseError::TokenRefused {
+        Err(StoreError::TokenRefused {
             reason: "the lease_token does not match",
         })
     }
@@ -248,31 +248,31 @@ pub(crate) fn authorize(
 /// store. Every call that acts on a requester's lease (Renew, Release,
 /// Check, an Acquire retry) checks the presented token with [`authorize`]
 /// before it reads or writes anything else; a refused call changes nothing.
-/// Errors are [`LeaseError`]s, which the handler maps to gRPC statuses.
+/// Errors are [`StoreError`]s, which the handler maps to gRPC statuses.
 pub(crate) trait RequesterStore {
-    /// The namespace's layout; [`LeaseError::UnknownNamespace`] when none is
-    /// recorded, [`LeaseError::CorruptNamespace`] when its record is unreadable.
+    /// The namespace's layout; [`StoreError::UnknownNamespace`] when none is
+    /// recorded, [`StoreError::CorruptNamespace`] when its record is unreadable.
     fn layout(
         &mut self,
         namespace: &str,
-    ) -> impl Future<Output = Result<Layout, LeaseError>> + Send;
+    ) -> impl Future<Output = Result<Layout, StoreError>> + Send;
 
     /// Whether a new claim may be made in `namespace` now; returns its
     /// incarnation (0: a record an older version wrote). Refuses with
-    /// [`LeaseError::NamespaceRolledBack`] while the namespace is rolled back
-    /// (or found restored now), and with [`LeaseError::NamespaceFloorAhead`]
+    /// [`StoreError::NamespaceRolledBack`] while the namespace is rolled back
+    /// (or found restored now), and with [`StoreError::NamespaceFloorAhead`]
     /// while its confirmed floor is further ahead of the clock than a claim
     /// waits.
-    fn admit(&mut self, namespace: &str) -> impl Future<Output = Result<u64, LeaseError>> + Send;
+    fn admit(&mut self, namespace: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Claims `count` machine ids (1 to [`MAX_REQUESTER_IDS`]) of `layout`
     /// for `requester` for `duration` and returns them with a new lease
     /// token. When the requester already holds machine ids, a call
     /// presenting their `token` gets them back with the lease reset to at
     /// least `duration` (an idempotent retry, the same token), failing with
-    /// [`LeaseError::CountMismatch`] when it holds another number; without
-    /// the token it fails with [`LeaseError::TokenRefused`]. A full range is
-    /// [`LeaseError::NoFreeMachineId`].
+    /// [`StoreError::CountMismatch`] when it holds another number; without
+    /// the token it fails with [`StoreError::TokenRefused`]. A full range is
+    /// [`StoreError::NoFreeMachineId`].
     fn acquire(
         &mut self,
         namespace: &str,
@@ -281,7 +281,7 @@ pub(crate) trait RequesterStore {
         count: u32,
         duration: Duration,
         token: Option<&LeaseToken>,
-    ) -> impl Future<Output = Result<RequesterGrant, LeaseError>> + Send;
+    ) -> impl Future<Output = Result<RequesterGrant, StoreError>> + Send;
 
     /// Extends the requester's lease to `duration` and raises its fences, all
     /// or nothing, for the caller presenting its `token`. [`Renewal::Gone`]
@@ -294,7 +294,7 @@ pub(crate) trait RequesterStore {
         duration: Duration,
         token: Option<&LeaseToken>,
         incarnation: u64,
-    ) -> impl Future<Output = Result<Renewal, LeaseError>> + Send;
+    ) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
 
     /// Gives the requester's machine ids back for the caller presenting its
     /// `token`: each fence in `last_used` (layout ms) is lowered as
@@ -306,14 +306,14 @@ pub(crate) trait RequesterStore {
         requester: &RequesterId,
         last_used: &HashMap<MachineId, Millis>,
         token: Option<&LeaseToken>,
-    ) -> impl Future<Output = Result<u32, LeaseError>> + Send;
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send;
 
     /// Counts the machine ids of this deployment's range in `namespace`
     /// (the range cut to the layout); returns the counts and that range.
     fn capacity(
         &mut self,
         namespace: &str,
-    ) -> impl Future<Output = Result<(Capacity, Range<u32>), LeaseError>> + Send;
+    ) -> impl Future<Output = Result<(Capacity, Range<u32>), StoreError>> + Send;
 
     /// Whether `requester`'s lease still stands, for the caller presenting
     /// its `token`, by reads only. `incarnation` 0 and an empty
@@ -326,7 +326,7 @@ pub(crate) trait RequesterStore {
         token: Option<&LeaseToken>,
         incarnation: u64,
         machine_ids: &[u32],
-    ) -> impl Future<Output = Result<LeaseCheck, LeaseError>> + Send;
+    ) -> impl Future<Output = Result<LeaseCheck, StoreError>> + Send;
 }
 
 #[cfg(test)]
@@ -354,8 +354,8 @@ mod tests {
 
         let stored = token.digest();
         assert!(authorize(Some(&stored), Some(&token)).is_ok());
-        let refused = |r: Result<(), LeaseError>| match r {
-            Err(LeaseError::TokenRefused { reason }) => reason,
+        let refused = |r: Result<(), StoreError>| match r {
+            Err(StoreError::TokenRefused { reason }) => reason,
             other => panic!("{other:?}"),
         };
         assert_eq!(

@@ -21,8 +21,8 @@ use status::ApiError;
 /// What the API handlers need from the lease store, once it is connected.
 #[derive(Clone)]
 pub enum StoreAccess {
-    /// The embedded store: no etcd, so no Lease API.
-    Embedded {
+    /// The single-instance store: no etcd, so no Lease API.
+    SingleInstance {
         /// The machine ids this server holds, `[start, end)`.
         machine_ids: std::ops::Range<u32>,
     },
@@ -43,11 +43,11 @@ impl StoreAccess {
         }
     }
 
-    /// The etcd handles; `Ok(None)` on the embedded store,
+    /// The etcd handles; `Ok(None)` on the single-instance store,
     /// [`ApiError::StoreNotConnected`] before etcd answered.
     pub fn etcd_handles(&self) -> Result<Option<(CapacityReader, RequesterLeases)>, ApiError> {
         match self {
-            StoreAccess::Embedded { .. } => Ok(None),
+            StoreAccess::SingleInstance { .. } => Ok(None),
             StoreAccess::Etcd(cell) => cell
                 .get()
                 .cloned()

@@ -6,8 +6,8 @@ use snowkeep_client::{GenerateError, MachineId};
 use tonic::{Code, Status};
 use tracing::debug;
 
+use crate::claim::StoreError;
 use crate::config::MAX_BATCH;
-use crate::lease::LeaseError;
 use crate::limits::LimitError;
 
 /// Errors a gRPC handler returns.
@@ -34,14 +34,14 @@ pub enum ApiError {
     },
     /// The lease store refused or failed.
     #[error(transparent)]
-    Lease(crate::lease::LeaseError),
+    Store(crate::claim::StoreError),
     /// etcd has not answered since the server started.
     #[error(
         "this server is not connected to etcd yet; retry shortly or on another snowkeep server"
     )]
     StoreNotConnected,
     /// The Lease API was called on a server without etcd.
-    #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the embedded single-instance store")]
+    #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the single-instance store")]
     LeaseApiNeedsEtcd,
     /// The client's clock is off the server's, either way, beyond the threshold.
     #[error("client clock is {} {direction} the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
@@ -206,35 +206,35 @@ fn code_of(err: &ApiError) -> Code {
         | ApiError::InvalidMachineId { .. } => Code::InvalidArgument,
         ApiError::ClientClockSkew { .. } | ApiError::LeaseApiNeedsEtcd => Code::FailedPrecondition,
         ApiError::StoreNotConnected => Code::Unavailable,
-        ApiError::Lease(e) => match e {
-            LeaseError::UnknownNamespace { .. } => Code::NotFound,
-            LeaseError::InvalidNamespace { .. } => Code::InvalidArgument,
-            LeaseError::NoFreeMachineId { .. } => Code::ResourceExhausted,
+        ApiError::Store(e) => match e {
+            StoreError::UnknownNamespace { .. } => Code::NotFound,
+            StoreError::InvalidNamespace { .. } => Code::InvalidArgument,
+            StoreError::NoFreeMachineId { .. } => Code::ResourceExhausted,
             // Not FAILED_PRECONDITION: clients retry that (a skew refusal
             // heals with NTP); another Acquire cannot fix a count mismatch.
-            LeaseError::CountMismatch { .. } => Code::AlreadyExists,
+            StoreError::CountMismatch { .. } => Code::AlreadyExists,
             // The caller is who it says, but holds no right to this lease.
-            LeaseError::TokenRefused { .. } => Code::PermissionDenied,
-            LeaseError::LayoutExhausted { .. } => Code::FailedPrecondition,
+            StoreError::TokenRefused { .. } => Code::PermissionDenied,
+            StoreError::LayoutExhausted { .. } => Code::FailedPrecondition,
             // Until an operator confirms a floor (the message says how);
             // clients retry FAILED_PRECONDITION with backoff.
-            LeaseError::NamespaceRolledBack { .. } => Code::FailedPrecondition,
-            LeaseError::NamespaceNotCreated { .. } => Code::NotFound,
-            LeaseError::NamespaceFloorAhead { .. } => Code::Unavailable,
+            StoreError::NamespaceRolledBack { .. } => Code::FailedPrecondition,
+            StoreError::NamespaceNotCreated { .. } => Code::NotFound,
+            StoreError::NamespaceFloorAhead { .. } => Code::Unavailable,
             // Like the namespace's other refusals: an operator must repair
             // the record (the message names its key and how).
-            LeaseError::CorruptNamespace { .. } => Code::FailedPrecondition,
-            LeaseError::BadFloor { .. } => Code::Internal,
-            LeaseError::FenceTooFarAhead { .. }
-            | LeaseError::LeaseLost { .. }
-            | LeaseError::Timeout { .. }
-            | LeaseError::Store { .. }
-            | LeaseError::Io { .. } => Code::Unavailable,
-            LeaseError::Corrupt { .. }
-            | LeaseError::LayoutMismatch { .. }
-            | LeaseError::ClockBeforeEpoch { .. }
-            | LeaseError::DuplicateInstance { .. }
-            | LeaseError::StateLocked { .. } => Code::Internal,
+            StoreError::CorruptNamespace { .. } => Code::FailedPrecondition,
+            StoreError::BadFloor { .. } => Code::Internal,
+            StoreError::FenceTooFarAhead { .. }
+            | StoreError::LeaseLost { .. }
+            | StoreError::Timeout { .. }
+            | StoreError::Request { .. }
+            | StoreError::Io { .. } => Code::Unavailable,
+            StoreError::Corrupt { .. }
+            | StoreError::LayoutMismatch { .. }
+            | StoreError::ClockBeforeEpoch { .. }
+            | StoreError::DuplicateInstance { .. }
+            | StoreError::StateLocked { .. } => Code::Internal,
         },
         ApiError::Limit(l) => match l {
             LimitError::Busy { .. }
@@ -278,7 +278,7 @@ impl From<ApiError> for Status {
             other => crate::DisplayChain(other).to_string(),
         };
         // Per-request refusals would flood the logs while issuance is stopped;
-        // the lease loop logs the cause once, and metrics count the refusals.
+        // the claim loop logs the cause once, and metrics count the refusals.
         debug!(code = ?code, error = %crate::DisplayChain(&err), "request refused");
         Status::new(code, message)
     }
@@ -303,20 +303,20 @@ mod tests {
             ),
             (ApiError::InvalidId { id: 1 << 63 }, Code::InvalidArgument),
             (
-                ApiError::Lease(LeaseError::Timeout {
+                ApiError::Store(StoreError::Timeout {
                     op: "x",
                     after: Duration::ZERO,
                 }),
                 Code::Unavailable,
             ),
             (
-                ApiError::Lease(LeaseError::UnknownNamespace {
+                ApiError::Store(StoreError::UnknownNamespace {
                     namespace: "x".into(),
                 }),
                 Code::NotFound,
             ),
             (
-                ApiError::Lease(LeaseError::NoFreeMachineId {
+                ApiError::Store(StoreError::NoFreeMachineId {
                     namespace: "x".into(),
                     capacity: 1,
                     start: 0,
@@ -325,7 +325,7 @@ mod tests {
                 Code::ResourceExhausted,
             ),
             (
-                ApiError::Lease(LeaseError::CountMismatch { held: 1, asked: 2 }),
+                ApiError::Store(StoreError::CountMismatch { held: 1, asked: 2 }),
                 Code::AlreadyExists,
             ),
             (
@@ -345,14 +345,14 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                ApiError::Lease(LeaseError::InvalidNamespace {
+                ApiError::Store(StoreError::InvalidNamespace {
                     namespace: ".".into(),
                 }),
                 Code::InvalidArgument,
             ),
             (ApiError::LeaseApiNeedsEtcd, Code::FailedPrecondition),
             (
-                ApiError::Lease(LeaseError::NamespaceRolledBack {
+                ApiError::Store(StoreError::NamespaceRolledBack {
                     namespace: "x".into(),
                     since: "2026-12-01T10:00:00Z".into(),
                     reason: "r".into(),
@@ -360,7 +360,7 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                ApiError::Lease(LeaseError::TokenRefused { reason: "x" }),
+                ApiError::Store(StoreError::TokenRefused { reason: "x" }),
                 Code::PermissionDenied,
             ),
             (ApiError::InvalidLeaseToken, Code::InvalidArgument),

@@ -1,9 +1,10 @@
-//! The machine-id lease lifecycle (docs/design.md, lease lifecycle): claim → wait past the previous
-//! fences → raise the fences → issue while renewing → lose or release.
+//! A server's claim of machine ids and its lifecycle (docs/design.md, claim
+//! lifecycle): claim → wait past the previous fences → raise the fences →
+//! issue while renewing → lose or release.
 //!
-//! [`LeaseManager::run`] is one loop over one [`LeaseStore`] (etcd, or the
-//! embedded single-instance file store). An instance holds `N` machine ids under one
-//! lease; slot `i` of the claim feeds generator `i`. The loop is the only
+//! [`ClaimManager::run`] is one loop over one [`ClaimStore`] (etcd, or the
+//! single-instance file store). An instance holds `N` machine ids under one
+//! claim (on etcd, one etcd lease); slot `i` of the claim feeds generator `i`. The loop is the only
 //! writer of the generators' [`Grant`] channels:
 //!
 //! * a grant is published only after the fence it carries is persisted
@@ -21,8 +22,8 @@
 //! action is a method) → *lost* (withdraw, then claim again or exit) or
 //! *releasing* (withdraw, drain, lower the fences, give the ids back).
 
+pub mod candidates;
 pub mod capacity;
-pub mod claim;
 mod error;
 mod hold;
 mod manager;
@@ -30,6 +31,6 @@ mod store;
 #[cfg(test)]
 mod tests;
 
-pub use error::{LeaseError, LossReason};
-pub use manager::{LeaseManager, LeaseTiming, OnLeaseLost, Slot};
-pub use store::{Capacity, Claim, HeldId, HolderWatch, LeaseStore};
+pub use error::{LossReason, StoreError};
+pub use manager::{ClaimManager, ClaimTiming, OnLeaseLost, Slot};
+pub use store::{Capacity, Claim, ClaimStore, HeldId, HolderWatch};

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Claim, LeaseError, LossReason};
+use super::{Claim, LossReason, StoreError};
 
 /// Gauges are refreshed at least this often.
 pub(super) const GAUGE_REFRESH: Duration = Duration::from_millis(500);
@@ -28,7 +28,7 @@ pub(super) enum Held {
     /// The claim is gone (or its deadline passed): withdraw at once.
     Lost(LossReason),
     /// A condition that needs an operator: withdraw and stop.
-    Fatal(LeaseError),
+    Fatal(StoreError),
 }
 
 /// An action that is due.
@@ -140,7 +140,7 @@ impl<L> Hold<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::HeldId;
+    use crate::claim::HeldId;
     use snowkeep_client::{MachineId, Millis};
 
     fn claim(deadline: Option<Instant>) -> Claim {

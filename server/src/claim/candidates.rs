@@ -1,4 +1,4 @@
-//! Which machine id to try to claim, in the order docs/design.md, lease lifecycle prefers:
+//! Which machine id to try to claim, in the order docs/design.md, claim lifecycle prefers:
 //!
 //! 1. ids this instance id already holds (a stable instance restarting, or this
 //!    process re-claiming after a lost lease), then free ids this instance id
