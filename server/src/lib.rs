@@ -12,12 +12,12 @@
 //! | [`run`](mod@run) | wiring and the ordered shutdown |
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
 //! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` keeps the Lease API's records |
-//! | [`single_instance`] | the single-instance store (a state file) |
+//! | `single_instance` | the single-instance store (a state file) |
 //! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam (which `etcd` and `single_instance` implement; `claim` imports neither), the capacity gauges, candidate ranking, `StoreError` |
-//! | [`lease_api`] | the Lease API (`LeaseService`): its handler, requester records and tokens, the client clock-skew rule, its settings |
-//! | [`service`] | gRPC adapters (IdService, InfoService), the router, status mapping, health |
+//! | `lease_api` | the Lease API (`LeaseService`): its handler, requester records and tokens, the client clock-skew rule, its settings |
+//! | `service` | gRPC adapters (IdService, InfoService), the router, status mapping, health |
 //! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
-//! | [`limits`] | bounds on connections, calls, memory and messages under hostile or broken clients |
+//! | `limits` | bounds on connections, calls, memory and messages under hostile or broken clients |
 //!
 //! Core flows (docs/design.md: the safety invariant and the claim lifecycle):
 //!
@@ -42,14 +42,14 @@
 pub mod claim;
 pub mod config;
 pub mod etcd;
-pub mod lease_api;
-pub mod limits;
+pub(crate) mod lease_api;
+pub(crate) mod limits;
 pub mod metrics;
-pub mod peers;
+pub(crate) mod peers;
 pub mod run;
-pub mod service;
+pub(crate) mod service;
 pub mod shutdown;
-pub mod single_instance;
+pub(crate) mod single_instance;
 pub mod telemetry;
 
 pub use run::{run, ServeError};

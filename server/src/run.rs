@@ -3,9 +3,9 @@
 //! in-flight requests (bounded) → release. A machine id is released only
 //! after the calls that could stamp ids under it are done.
 //!
-//! The gRPC server runs under [`crate::limits`]: connections come through a
-//! [`Listener`] (backoff on accept errors, a connection cap, silent
-//! connections closed), calls through [`CallLimits`] (slots and memory per
+//! The gRPC server runs under `crate::limits`: connections come through a
+//! `Listener` (backoff on accept errors, a connection cap, silent
+//! connections closed), calls through `CallLimits` (slots and memory per
 //! pool), and tonic's builder sets the HTTP/2 bounds.
 
 use std::sync::{Arc, OnceLock};

@@ -15,10 +15,10 @@ use super::{Capacity, StoreError};
 use crate::metrics as m;
 
 /// Namespace capacity is read from the store this often.
-pub const CAPACITY_REFRESH: Duration = Duration::from_secs(5);
+pub(crate) const CAPACITY_REFRESH: Duration = Duration::from_secs(5);
 
 /// Where the capacity of a namespace range is read.
-pub trait CapacitySource: Send {
+pub(crate) trait CapacitySource: Send {
     /// Machine ids of the range and how many have a holder; a retryable
     /// error when the store cannot be asked.
     fn read(&mut self) -> impl Future<Output = Result<Capacity, StoreError>> + Send;
@@ -28,7 +28,7 @@ pub trait CapacitySource: Send {
 /// `shutdown`: every [`CAPACITY_REFRESH`], and whenever `grant` (the first
 /// generator slot's) turns from none to some or back. A failed read leaves
 /// the gauges as they are.
-pub async fn run(
+pub(crate) async fn run(
     mut source: impl CapacitySource,
     namespace: String,
     mut grant: watch::Receiver<Option<Grant>>,

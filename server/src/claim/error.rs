@@ -12,8 +12,6 @@ use thiserror::Error;
 pub enum LossReason {
     /// etcd answered a keepalive with TTL 0 or "lease not found".
     Expired,
-    /// The keepalive stream was closed by the server.
-    Revoked,
     /// The holder key was deleted or now names another holder.
     HolderChanged,
     /// No renewal succeeded before the local monotonic deadline.
@@ -29,7 +27,6 @@ impl LossReason {
     pub fn as_str(self) -> &'static str {
         match self {
             LossReason::Expired => "expired",
-            LossReason::Revoked => "revoked",
             LossReason::HolderChanged => "holder_changed",
             LossReason::Deadline => "deadline",
             LossReason::RolledBack => "rolled_back",
@@ -239,7 +236,7 @@ pub enum StoreError {
 impl StoreError {
     /// True when retrying (with backoff) may succeed; false for conditions an
     /// operator must fix.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
             StoreError::LeaseLost { .. }
             | StoreError::Corrupt { .. }

@@ -37,15 +37,15 @@ pub enum OnLeaseLost {
 
 /// Timing rules of the claim loop.
 #[derive(Debug, Clone)]
-pub struct ClaimTiming {
+pub(crate) struct ClaimTiming {
     /// The etcd lease TTL; renewals are sent every TTL/3.
-    pub lease_ttl: Duration,
+    pub(crate) lease_ttl: Duration,
     /// How far ahead of the clock the fences are raised.
-    pub fence_horizon: Duration,
+    pub(crate) fence_horizon: Duration,
     /// The longest wait for the clock to pass a claimed id's previous fence.
-    pub max_fence_wait: Duration,
+    pub(crate) max_fence_wait: Duration,
     /// On loss: re-claim or exit.
-    pub on_lease_lost: OnLeaseLost,
+    pub(crate) on_lease_lost: OnLeaseLost,
 }
 
 /// Delay before retrying a failed claim: 100 ms doubling to 2 s.
@@ -54,15 +54,15 @@ const CLAIM_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duratio
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
 
 /// A generator and the channel that feeds it grants: one per held machine id.
-pub struct Slot {
+pub(crate) struct Slot {
     /// Publishes the grant.
-    pub grant: watch::Sender<Option<Grant>>,
+    pub(crate) grant: watch::Sender<Option<Grant>>,
     /// The generator stamping under it (drained at release).
-    pub generator: Arc<Generator>,
+    pub(crate) generator: Arc<Generator>,
 }
 
 /// Drives one lease over N machine ids and publishes the generators' grants.
-pub struct ClaimManager<S> {
+pub(crate) struct ClaimManager<S> {
     store: S,
     layout: Layout,
     namespace: String,
@@ -82,7 +82,7 @@ struct Claiming {
 impl<S: ClaimStore> ClaimManager<S> {
     /// Creates a manager; nothing happens until [`ClaimManager::run`]. The
     /// store claims exactly `slots.len()` machine ids.
-    pub fn new(
+    pub(crate) fn new(
         store: S,
         layout: Layout,
         namespace: String,
@@ -109,7 +109,7 @@ impl<S: ClaimStore> ClaimManager<S> {
     /// Claims, issues and renews until `release` is cancelled, then drains and
     /// releases. Returns an error for conditions that need an operator (no free
     /// machine id, fence too far ahead, lease lost with `--on-lease-lost exit`).
-    pub async fn run(mut self, release: CancellationToken) -> Result<(), StoreError> {
+    pub(crate) async fn run(mut self, release: CancellationToken) -> Result<(), StoreError> {
         let mut claiming = Claiming {
             backoff: CLAIM_BACKOFF.0,
             held_before: false,
@@ -363,10 +363,7 @@ impl<S: ClaimStore> ClaimManager<S> {
         self.withdraw();
         metrics::counter!(m::LEASE_LOSSES_TOTAL, "reason" => reason.as_str()).increment(1);
         error!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), %reason, "machine-id lease lost; issuance stopped");
-        if matches!(
-            reason,
-            LossReason::HolderChanged | LossReason::Revoked | LossReason::RolledBack
-        ) {
+        if matches!(reason, LossReason::HolderChanged | LossReason::RolledBack) {
             self.store.abandon(&claim).await;
         }
         match self.timing.on_lease_lost {

@@ -2,10 +2,10 @@
 //! lifecycle): claim → wait past the previous fences → raise the fences →
 //! issue while renewing → lose or release.
 //!
-//! [`ClaimManager::run`] is one loop over one [`ClaimStore`] (etcd, or the
+//! `ClaimManager::run` is one loop over one `ClaimStore` (etcd, or the
 //! single-instance file store). An instance holds `N` machine ids under one
 //! claim (on etcd, one etcd lease); slot `i` of the claim feeds generator `i`. The loop is the only
-//! writer of the generators' [`Grant`] channels:
+//! writer of the generators' [`Grant`](snowkeep_client::Grant) channels:
 //!
 //! * a grant is published only after the fence it carries is persisted
 //!   (design.md, fence protocol rule 2), and only once the clock is past the claim's floors (rule 3);
@@ -16,14 +16,14 @@
 //!   fence lowered to the last timestamp actually stamped (rule 4).
 
 //!
-//! The loop is a state machine ([`manager`]): *claiming* (with backoff) →
+//! The loop is a state machine (`manager`): *claiming* (with backoff) →
 //! *holding* a claim, itself *waiting for the floor* and then *issuing*
 //! (`hold`: its timers live in one place with one `next_wake`, and each due
 //! action is a method) → *lost* (withdraw, then claim again or exit) or
 //! *releasing* (withdraw, drain, lower the fences, give the ids back).
 
-pub mod candidates;
-pub mod capacity;
+pub(crate) mod candidates;
+pub(crate) mod capacity;
 mod error;
 mod hold;
 mod manager;
@@ -32,5 +32,7 @@ mod store;
 mod tests;
 
 pub use error::{LossReason, StoreError};
-pub use manager::{ClaimManager, ClaimTiming, OnLeaseLost, Slot};
-pub use store::{Capacity, Claim, ClaimStore, HeldId, HolderWatch};
+pub use manager::OnLeaseLost;
+pub(crate) use manager::{ClaimManager, ClaimTiming, Slot};
+pub(crate) use store::{Capacity, ClaimStore, HolderWatch};
+pub use store::{Claim, HeldId};

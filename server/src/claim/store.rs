@@ -44,28 +44,28 @@ pub struct Claim<L = ()> {
 
 impl<L> Claim<L> {
     /// The highest floor (layout ms): issuance starts once the clock is past it.
-    pub fn max_floor(&self) -> Millis {
+    pub(crate) fn max_floor(&self) -> Millis {
         self.held.iter().map(|h| h.floor).max().unwrap_or_default()
     }
 
     /// The machine ids, for logs.
-    pub fn machine_ids(&self) -> Vec<u16> {
+    pub(crate) fn machine_ids(&self) -> Vec<u16> {
         self.held.iter().map(|h| h.machine_id.get()).collect()
     }
 }
 
 /// Machine ids of a namespace (or of this instance's range of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capacity {
+pub(crate) struct Capacity {
     /// Machine ids in the range.
-    pub total: u32,
+    pub(crate) total: u32,
     /// Machine ids with a holder.
-    pub held: u32,
+    pub(crate) held: u32,
 }
 
 impl Capacity {
     /// Machine ids without a holder.
-    pub fn free(&self) -> u32 {
+    pub(crate) fn free(&self) -> u32 {
         self.total.saturating_sub(self.held)
     }
 }
@@ -74,7 +74,7 @@ impl Capacity {
 /// reason (`HolderChanged`), or with an error that needs an operator (another
 /// live process holds it under the same instance id). Dropping it stops the
 /// watching.
-pub type HolderWatch = Pin<Box<dyn Future<Output = Result<LossReason, StoreError>> + Send>>;
+pub(crate) type HolderWatch = Pin<Box<dyn Future<Output = Result<LossReason, StoreError>> + Send>>;
 
 /// Where claims of machine ids are kept, as the claim loop sees it.
 ///
@@ -82,7 +82,7 @@ pub type HolderWatch = Pin<Box<dyn Future<Output = Result<LossReason, StoreError
 /// claim is gone (the loop stops issuing at once), and any other retryable
 /// error when it could not be asked (the loop retries and, meanwhile, issues
 /// on below the persisted fence).
-pub trait ClaimStore: Send {
+pub(crate) trait ClaimStore: Send {
     /// What a claim of this store carries for the store alone.
     type Lease: Send + Sync;
 

@@ -36,7 +36,7 @@ use crate::claim::StoreError;
 /// Wait past a predecessor lease's remaining TTL (whole seconds, rounded
 /// down) before asking etcd whether it still lives: etcd expires leases on a
 /// 500 ms tick.
-pub const EXPIRY_SLACK: Duration = Duration::from_secs(2);
+pub(crate) const EXPIRY_SLACK: Duration = Duration::from_secs(2);
 
 /// Leases of this process remembered, so that a re-claim after a lost lease
 /// takes its own holder keys back at once.

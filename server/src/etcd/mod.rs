@@ -30,17 +30,17 @@
 //! | [`keys`] | the key schema and the codecs of the values read back (fences, requester records) |
 //! | [`namespace`] | the namespace record: create, confirm a floor, the rollback rule |
 //! | `instance` | one live process per instance id |
-//! | [`overlap`] | the advice about other namespaces sharing this range |
-//! | [`requesters`] | the Lease API's leases of embedded requesters |
+//! | `overlap` | the advice about other namespaces sharing this range |
+//! | `requesters` | the Lease API's leases of embedded requesters |
 
 mod directory;
 mod endpoints;
 mod instance;
 pub mod keys;
 pub mod namespace;
-pub mod overlap;
+pub(crate) mod overlap;
 mod pool;
-pub mod requesters;
+pub(crate) mod requesters;
 mod session;
 mod watch;
 
@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper, Txn};
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 
-pub use directory::{CapacityReader, PeerDirectory};
+pub(crate) use directory::{CapacityReader, PeerDirectory};
 use endpoints::Endpoints;
 use pool::{claim_ids, ClaimRequest};
 
@@ -90,10 +90,10 @@ pub struct EtcdSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EtcdLease {
     /// The etcd lease the claim's holder keys are bound to.
-    pub id: i64,
+    pub(crate) id: i64,
     /// The store revision at which the last claim transaction committed: the
     /// holder watch starts just after it.
-    pub revision: i64,
+    pub(crate) revision: i64,
 }
 
 /// A claim of the etcd store.
@@ -125,9 +125,9 @@ impl std::fmt::Debug for EtcdStore {
 
 impl EtcdStore {
     /// Makes one client per endpoint without sending any request
-    /// (etcd-client connects on first use). Call [`EtcdStore::open_namespace`]
+    /// (etcd-client connects on first use). Call `EtcdStore::open_namespace`
     /// next: it is the first request. Errors only for an unusable endpoint URL.
-    pub async fn new(
+    pub(crate) async fn new(
         settings: EtcdSettings,
         layout: Layout,
         clock: SharedClock,
@@ -145,7 +145,7 @@ impl EtcdStore {
         })
     }
 
-    /// [`EtcdStore::new`], then [`EtcdStore::open_namespace`] once: opens the
+    /// `EtcdStore::new`, then `EtcdStore::open_namespace` once: opens the
     /// namespace as `settings.namespace_setup` says (create it, confirm a
     /// floor, or check it is usable). Errors with
     /// [`StoreError::NamespaceNotCreated`], [`StoreError::LayoutMismatch`],

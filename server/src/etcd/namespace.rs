@@ -33,7 +33,7 @@
 //! compaction, defragmentation). `etcdctl snapshot restore` starts a new raft
 //! log (index ~1 per member) but keeps the snapshot's revision, and keeps the
 //! cluster id, so only the gap `revision - applied index` shows it. A member
-//! answering with a gap above the acknowledged one plus [`ROLLBACK_SLACK`]
+//! answering with a gap above the acknowledged one plus `ROLLBACK_SLACK`
 //! belongs to a restored cluster. The gap only shrinks in a healthy cluster
 //! (entries that write nothing: lease grants, failed transactions, leader
 //! elections), so a restore is caught as long as it lost more than the slack
@@ -54,16 +54,14 @@ use crate::claim::StoreError;
 /// from an older snapshot. A never-restored member is at most 1 ahead; the
 /// slack leaves room for what this reasoning may have missed, and is the
 /// most writes a restore can lose unnoticed.
-pub const ROLLBACK_SLACK: i64 = 16;
+pub(crate) const ROLLBACK_SLACK: i64 = 16;
 
 /// The section of the runbook for a restored etcd.
-pub const RUNBOOK_RESTORE: &str = "docs/operations.md#restoring-etcd-from-a-snapshot";
-/// The section of the runbook for an etcd that lost its data.
-pub const RUNBOOK_LOST: &str = "docs/operations.md#when-etcd-lost-its-data";
+pub(crate) const RUNBOOK_RESTORE: &str = "docs/operations.md#restoring-etcd-from-a-snapshot";
 
 /// Whether a namespace may be claimed in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NamespaceState {
+pub(crate) enum NamespaceState {
     /// Claims go ahead.
     Ok,
     /// etcd lost writes; nothing is claimed until an operator confirms a floor.
@@ -77,19 +75,19 @@ pub enum NamespaceState {
 
 /// The decoded namespace record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NamespaceRecord {
+pub(crate) struct NamespaceRecord {
     /// The namespace's layout.
-    pub layout: Layout,
+    pub(crate) layout: Layout,
     /// Random per creation; 0 for a record an older version wrote.
-    pub incarnation: u64,
+    pub(crate) incarnation: u64,
     /// Ok or rolled back.
-    pub state: NamespaceState,
+    pub(crate) state: NamespaceState,
     /// `revision - applied index` accepted by an operator (revisions).
-    pub acknowledged_gap: i64,
+    pub(crate) acknowledged_gap: i64,
     /// Confirmed floor, layout ms (0: none): every claim's floor is at least this.
-    pub floor: Millis,
+    pub(crate) floor: Millis,
     /// When the floor was confirmed, RFC 3339.
-    pub confirmed_at: Option<String>,
+    pub(crate) confirmed_at: Option<String>,
 }
 
 /// A random non-zero incarnation.
@@ -103,13 +101,13 @@ fn new_incarnation() -> u64 {
 }
 
 /// `unix_ms` as RFC 3339 (UTC, seconds).
-pub fn rfc3339(unix_ms: u64) -> String {
+pub(crate) fn rfc3339(unix_ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
 }
 
 impl NamespaceRecord {
     /// A new record in state `ok` with a fresh incarnation.
-    pub fn new(layout: Layout, acknowledged_gap: i64) -> Self {
+    pub(crate) fn new(layout: Layout, acknowledged_gap: i64) -> Self {
         Self {
             layout,
             incarnation: new_incarnation(),
@@ -122,7 +120,7 @@ impl NamespaceRecord {
 
     /// Gives a record an older version wrote (incarnation 0) an incarnation,
     /// as every record written from now on has one.
-    pub fn with_incarnation(mut self) -> Self {
+    pub(crate) fn with_incarnation(mut self) -> Self {
         if self.incarnation == 0 {
             self.incarnation = new_incarnation();
         }
@@ -131,7 +129,7 @@ impl NamespaceRecord {
 
     /// The value stored in etcd. Write only records with an incarnation
     /// ([`NamespaceRecord::with_incarnation`]): 0 does not parse back.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut text = format!(
             "layout {}\nincarnation {:016x}\nstate {}\nacknowledged_gap {}\nfloor_ms {}\n",
             self.layout,
@@ -159,7 +157,7 @@ impl NamespaceRecord {
     /// Parses a stored value (the new format, or an older version's plain
     /// layout). [`StoreError::CorruptNamespace`] names `key`, the value and
     /// what is wrong.
-    pub fn parse(key: &str, value: &[u8]) -> Result<Self, StoreError> {
+    pub(crate) fn parse(key: &str, value: &[u8]) -> Result<Self, StoreError> {
         let corrupt = |problem: String| StoreError::CorruptNamespace {
             key: key.to_owned(),
             value: String::from_utf8_lossy(value).into_owned(),
@@ -236,7 +234,7 @@ impl NamespaceRecord {
     }
 
     /// The error for a rolled-back record; `None` when it is ok.
-    pub fn refusal(&self, namespace: &str) -> Option<StoreError> {
+    pub(crate) fn refusal(&self, namespace: &str) -> Option<StoreError> {
         match &self.state {
             NamespaceState::Ok => None,
             NamespaceState::RolledBack { at, reason } => Some(StoreError::NamespaceRolledBack {
@@ -250,17 +248,17 @@ impl NamespaceRecord {
 
 /// How far etcd's revision runs ahead of its raft log on the member that answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoreProgress {
+pub(crate) struct StoreProgress {
     /// The mvcc revision (header of the Status answer).
-    pub revision: i64,
+    pub(crate) revision: i64,
     /// The raft applied index (the raft index on etcd versions that do not
     /// report the applied one).
-    pub applied_index: u64,
+    pub(crate) applied_index: u64,
 }
 
 impl StoreProgress {
     /// `revision - applied index`: at most 1 in a cluster never restored.
-    pub fn gap(&self) -> i64 {
+    pub(crate) fn gap(&self) -> i64 {
         self.revision
             .saturating_sub(i64::try_from(self.applied_index).unwrap_or(i64::MAX))
     }
@@ -269,7 +267,7 @@ impl StoreProgress {
 /// The rollback rule: `Some(reason)` when `progress` shows a store restored
 /// from an older snapshot since `acknowledged_gap` was accepted, i.e. its gap
 /// exceeds `acknowledged_gap + ROLLBACK_SLACK`.
-pub fn restored(progress: StoreProgress, acknowledged_gap: i64) -> Option<String> {
+pub(crate) fn restored(progress: StoreProgress, acknowledged_gap: i64) -> Option<String> {
     let gap = progress.gap();
     (gap > acknowledged_gap.saturating_add(ROLLBACK_SLACK)).then(|| {
         format!(
@@ -314,7 +312,7 @@ impl FromStr for FloorSpec {
 
 impl FloorSpec {
     /// The floor in ms since the Unix epoch, for a clock reading `now_unix_ms`.
-    pub fn resolve(self, now_unix_ms: u64) -> u64 {
+    pub(crate) fn resolve(self, now_unix_ms: u64) -> u64 {
         match self {
             FloorSpec::At(t) => t,
             FloorSpec::After(d) => {
@@ -326,12 +324,12 @@ impl FloorSpec {
 
 /// The longest lead a confirmed floor may have: no holder's fence runs
 /// further ahead than the longest renewed lease (30 days) plus its margin.
-pub const MAX_FLOOR_LEAD: Duration = Duration::from_secs(31 * 86_400);
+pub(crate) const MAX_FLOOR_LEAD: Duration = Duration::from_secs(31 * 86_400);
 
 /// Refuses a floor before `now_unix_ms` (it would protect nothing: a floor
 /// must lie after every timestamp any holder may have stamped) or more than
 /// [`MAX_FLOOR_LEAD`] after it ([`StoreError::BadFloor`]).
-pub fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), StoreError> {
+pub(crate) fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), StoreError> {
     let floor = spec.resolve(now_unix_ms);
     let problem = if floor < now_unix_ms {
         format!("it is before the clock ({})", rfc3339(now_unix_ms))
@@ -479,15 +477,15 @@ pub(super) async fn guard(
 
 /// What a confirmation did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Confirmed {
+pub(crate) struct Confirmed {
     /// The namespace floor now, layout ms.
-    pub floor: Millis,
+    pub(crate) floor: Millis,
     /// The gap acknowledged.
-    pub acknowledged_gap: i64,
+    pub(crate) acknowledged_gap: i64,
     /// Holder keys and requester records removed.
-    pub cleared_keys: i64,
+    pub(crate) cleared_keys: i64,
     /// Leases revoked.
-    pub revoked_leases: usize,
+    pub(crate) revoked_leases: usize,
 }
 
 /// Confirms `floor` (layout ms) on an existing namespace: in one transaction
@@ -634,7 +632,7 @@ impl EtcdStore {
     /// to the next endpoint like any other; with a retryable error when no
     /// endpoint answers, call it again (it starts on the endpoint after the
     /// last one that failed).
-    pub async fn open_namespace(&mut self) -> Result<(), StoreError> {
+    pub(crate) async fn open_namespace(&mut self) -> Result<(), StoreError> {
         let timeout = self.settings.request_timeout;
         let setup = self.settings.namespace_setup.clone();
         let ns = self.settings.namespace.clone();
@@ -732,7 +730,7 @@ impl EtcdStore {
     /// Errors: [`StoreError::NamespaceNotCreated`], [`StoreError::CorruptNamespace`],
     /// [`StoreError::NamespaceRolledBack`], [`StoreError::LayoutMismatch`],
     /// [`StoreError::NamespaceFloorAhead`], or the etcd failure.
-    pub async fn guard_namespace(&mut self) -> Result<Millis, StoreError> {
+    pub(crate) async fn guard_namespace(&mut self) -> Result<Millis, StoreError> {
         let timeout = self.settings.request_timeout;
         let unix_ms = self.clock.unix_ms();
         let ns = self.settings.namespace.clone();
@@ -772,11 +770,11 @@ impl EtcdStore {
 /// floor confirmed). Read once per round of candidates.
 pub(super) struct ClaimGuard {
     /// The confirmed floor, layout ms.
-    pub floor: Millis,
+    pub(crate) floor: Millis,
     /// The record's key.
-    pub key: String,
+    pub(crate) key: String,
     /// The record's mod revision when read.
-    pub mod_revision: i64,
+    pub(crate) mod_revision: i64,
 }
 
 impl ClaimGuard {

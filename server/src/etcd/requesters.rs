@@ -58,7 +58,7 @@ use crate::metrics::{self as m, KeyKind};
 
 /// The Lease API's view of etcd: its own copy of the endpoint clients.
 #[derive(Clone)]
-pub struct RequesterLeases {
+pub(crate) struct RequesterLeases {
     endpoints: Endpoints,
     clock: SharedClock,
     timeout: Duration,
@@ -161,7 +161,7 @@ impl RequesterLeases {
     /// Shares the store's endpoints (a separate copy, so API calls never wait
     /// behind the server's own claim loop), and creates the server's
     /// namespace's Lease API series.
-    pub fn new(store: &EtcdStore) -> Self {
+    pub(crate) fn new(store: &EtcdStore) -> Self {
         m::init_namespace(&store.settings.namespace);
         Self {
             endpoints: store.endpoints.clone(),

@@ -217,7 +217,7 @@ impl EtcdStore {
     /// exists. Errors with [`StoreError::LeaseLost`] (`Expired`) when etcd
     /// says the lease is gone, and with a retryable error when no endpoint
     /// answers.
-    pub async fn renew(&mut self, claim: &Claim) -> Result<Instant, StoreError> {
+    pub(crate) async fn renew(&mut self, claim: &Claim) -> Result<Instant, StoreError> {
         let lease_id = claim.lease.id;
         let timeout = self.settings.request_timeout;
         // The earliest send time of this renewal: the deadline counts from it
@@ -272,7 +272,11 @@ impl EtcdStore {
     /// so a rolling restart waits for nothing; then revokes the lease. Both
     /// fail over like any request; a retried release transaction that finds
     /// its own earlier attempt committed counts as done.
-    pub async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), StoreError> {
+    pub(crate) async fn release(
+        &mut self,
+        claim: &Claim,
+        last_used: &[Millis],
+    ) -> Result<(), StoreError> {
         let timeout = self.settings.request_timeout;
         let lease_id = claim.lease.id;
         self.keeper = None;
@@ -332,7 +336,7 @@ impl EtcdStore {
 
     /// Abandons a claim that is no longer used: revokes its etcd lease (etcd
     /// deletes the holder keys with it and keeps the fences), best effort.
-    pub async fn abandon(&mut self, claim: &Claim) {
+    pub(crate) async fn abandon(&mut self, claim: &Claim) {
         self.keeper = None;
         let lease_id = claim.lease.id;
         let timeout = self.settings.request_timeout;

@@ -19,7 +19,7 @@ impl EtcdStore {
     /// returned task ends with `HolderChanged` when one of the claim's keys is
     /// deleted or rewritten for another holder or lease (an operator's
     /// `etcdctl del`, an expiry seen by etcd). Aborted when dropped.
-    pub fn watch_holders(
+    pub(crate) fn watch_holders(
         &self,
         claim: &Claim,
     ) -> AbortOnDropHandle<Result<LossReason, StoreError>> {

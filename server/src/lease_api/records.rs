@@ -209,7 +209,6 @@ pub enum Renewal {
     /// holds nothing), in the namespace of this incarnation (0: a record an
     /// older version wrote).
     Granted {
-        /// The grant.
         grant: RequesterGrant,
         /// The namespace's incarnation.
         incarnation: u64,

@@ -20,7 +20,6 @@ pub mod weight;
 pub mod wire;
 
 pub use error::LimitError;
-pub use throttle::Throttle;
 
 /// The status a client gets for `error`: codes are mapped in one place,
 /// `service::status`.

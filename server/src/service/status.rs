@@ -18,21 +18,11 @@ pub enum ApiError {
     Generate(#[from] GenerateError),
     /// `NextIds.count` out of range.
     #[error("count must be between 1 and {max}, got {got}")]
-    InvalidCount {
-        /// Given.
-        got: u32,
-        /// Maximum.
-        max: u32,
-    },
+    InvalidCount { got: u32, max: u32 },
     /// `StreamIds.batch_size` out of range.
     #[error("batch_size must be between 1 and {max} (0 means 1000), got {got}")]
-    InvalidBatchSize {
-        /// Given.
-        got: u32,
-        /// Maximum.
-        max: u32,
-    },
-    /// The lease store refused or failed.
+    InvalidBatchSize { got: u32, max: u32 },
+    /// The store (a claim store, or the Lease API's) refused or failed.
     #[error(transparent)]
     Store(crate::claim::StoreError),
     /// etcd has not answered since the server started.
@@ -50,7 +40,6 @@ pub enum ApiError {
         skew: std::time::Duration,
         /// Which way.
         direction: crate::lease_api::skew::SkewDirection,
-        /// The threshold.
         threshold: std::time::Duration,
     },
     /// A malformed requester identity.
@@ -61,18 +50,10 @@ pub enum ApiError {
     },
     /// A namespace name that breaks [`crate::config::NAMESPACE_RULE`].
     #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::config::NAMESPACE_RULE)]
-    InvalidNamespace {
-        /// Given.
-        namespace: String,
-    },
+    InvalidNamespace { namespace: String },
     /// `Acquire.count` out of range.
     #[error("count must be between 1 and {max}, got {got}")]
-    InvalidLeaseCount {
-        /// Given.
-        got: u32,
-        /// Maximum.
-        max: u32,
-    },
+    InvalidLeaseCount { got: u32, max: u32 },
     /// A lease token that is not 64 hex digits.
     #[error(
         "invalid lease_token: send the 64 hex digits that Acquire returned, or leave it empty"
@@ -81,7 +62,6 @@ pub enum ApiError {
     /// A machine id that cannot exist.
     #[error("machine id {got} is out of range: the namespace's layout has {machine_bits} machine bits, so machine ids are 0 to {max}")]
     InvalidMachineId {
-        /// Given.
         got: u32,
         /// The largest machine id of the namespace's layout: `2^machine_bits - 1`.
         max: u32,
@@ -90,10 +70,7 @@ pub enum ApiError {
     },
     /// An id with the sign bit set.
     #[error("id {id} has its top bit set; snowkeep ids are 63-bit")]
-    InvalidId {
-        /// Given.
-        id: u64,
-    },
+    InvalidId { id: u64 },
     /// A `StreamIds` call ended before it sent `total` ids (or, for an
     /// unbounded stream, ended at all). The message names the ids sent, the
     /// ids asked for and what to do; the code is the cause's.
