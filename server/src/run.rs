@@ -38,7 +38,7 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum ServeError {
     /// The claim lifecycle failed in a way that needs an operator.
     #[error(transparent)]
-    Lease(#[from] StoreError),
+    Store(#[from] StoreError),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Transport(#[from] tonic::transport::Error),
@@ -55,7 +55,7 @@ impl ServeError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            ServeError::Lease(
+            ServeError::Store(
                 StoreError::LayoutMismatch { .. }
                     | StoreError::ClockBeforeEpoch { .. }
                     | StoreError::LayoutExhausted { .. }
