@@ -11,8 +11,9 @@ use clap::Parser;
 use snowkeep_client::{Layout, LayoutError};
 use thiserror::Error;
 
+use crate::claim::OnLeaseLost;
 use crate::etcd::namespace::{FloorSpec, NamespaceSetup};
-use crate::lease::OnLeaseLost;
+use crate::lease_api::LeaseApiConfig;
 
 /// Default gRPC listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -22,7 +23,7 @@ pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// Default etcd lease TTL.
 pub const DEFAULT_LEASE_TTL: &str = "10s";
-/// Default embedded-store state directory.
+/// Default single-instance-store state directory.
 pub const DEFAULT_STATE_DIR: &str = "snowkeep-state";
 /// Default layout (the Korean reference's 41/12/10 with the 2026-01-01 epoch).
 pub const DEFAULT_LAYOUT: &str = "41/12/10@1767225600000";
@@ -56,7 +57,7 @@ pub const MAX_BATCH: u32 = 100_000;
 pub struct Args {
     /// etcd client URLs (comma-separated), `http://host:port` or `host:port`,
     /// e.g. http://127.0.0.1:2379 (no TLS yet: https:// is refused). Without
-    /// it the server runs on the embedded single-instance store.
+    /// it the server runs on the single-instance store.
     #[arg(long, env = "SNOWKEEP_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
     /// gRPC listen address.
@@ -76,7 +77,7 @@ pub struct Args {
     /// back after a restart; default host:pid:random-suffix.
     #[arg(long, env = "SNOWKEEP_INSTANCE_ID")]
     pub instance_id: Option<String>,
-    /// Directory of the embedded store's state file (used without --etcd-endpoints).
+    /// Directory of the single-instance store's state file (used without --etcd-endpoints).
     #[arg(long, env = "SNOWKEEP_STATE_DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Machine ids this instance holds under its one lease; a unary batch larger
@@ -85,7 +86,7 @@ pub struct Args {
     pub machine_ids: u32,
     /// Machine ids this deployment may claim, START..END (END exclusive), so
     /// deployments with separate etcd clusters own disjoint ranges; default all.
-    /// The embedded store holds the first --machine-ids of it (5..6 means
+    /// The single-instance store holds the first --machine-ids of it (5..6 means
     /// machine id 5).
     #[arg(long, env = "SNOWKEEP_MACHINE_ID_RANGE")]
     pub machine_id_range: Option<String>,
@@ -287,8 +288,8 @@ pub enum StoreConfig {
         /// Client URLs.
         endpoints: Vec<String>,
     },
-    /// The embedded single-instance store in this directory.
-    Embedded {
+    /// The single-instance store in this directory.
+    SingleInstance {
         /// State directory.
         state_dir: PathBuf,
     },
@@ -424,17 +425,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| {
             format!("invalid size {text:?}: use a number of bytes, optionally with KiB, MiB or GiB (e.g. 64MiB)")
         })
-}
-
-/// Settings of the Lease API for embedded requesters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseApiConfig {
-    /// Lease granted by Acquire.
-    pub first_lease: Duration,
-    /// Lease granted by Renew.
-    pub renewed_lease: Duration,
-    /// Client clock-skew threshold (0: never refuse).
-    pub skew_threshold: Duration,
 }
 
 /// Invalid configuration (exit code 64).
@@ -625,7 +615,7 @@ impl TryFrom<Args> for ServerConfig {
             None => default_instance_id(),
         };
         let store = if args.etcd_endpoints.is_empty() {
-            StoreConfig::Embedded {
+            StoreConfig::SingleInstance {
                 state_dir: args.state_dir,
             }
         } else {
@@ -646,10 +636,10 @@ impl TryFrom<Args> for ServerConfig {
             create: args.create_namespace || args.create_namespace_only,
             confirm_floor: args.confirm_namespace_floor,
         };
-        if matches!(store, StoreConfig::Embedded { .. })
+        if matches!(store, StoreConfig::SingleInstance { .. })
             && (namespace_setup.create || namespace_setup.confirm_floor.is_some())
         {
-            return Err(ConfigError::NamespaceSetup("--create-namespace, --create-namespace-only and --confirm-namespace-floor apply to namespaces in etcd: add --etcd-endpoints (the embedded store creates its state file by itself)"));
+            return Err(ConfigError::NamespaceSetup("--create-namespace, --create-namespace-only and --confirm-namespace-floor apply to namespaces in etcd: add --etcd-endpoints (the single-instance store creates its state file by itself)"));
         }
         let setup_only = args.create_namespace_only || namespace_setup.confirm_floor.is_some();
         let machine_id_range = match args.machine_id_range {
@@ -844,8 +834,8 @@ pub const NAMESPACE_RULE: &str = "1-64 characters of A-Z a-z 0-9 . _ -, starting
 
 /// True for a namespace name snowkeep accepts, in flags, in every store and
 /// in API calls alike: 1-64 characters of `A-Z a-z 0-9 . _ -`, the first a
-/// letter or a digit. The name becomes part of etcd keys and of the embedded
-/// store's file names, so `.`, `..` and `/` must never pass. Names are
+/// letter or a digit. The name becomes part of etcd keys and of the
+/// single-instance store's file names, so `.`, `..` and `/` must never pass. Names are
 /// case-sensitive: `Orders` and `orders` are two namespaces.
 pub fn is_valid_namespace(namespace: &str) -> bool {
     let bytes = namespace.as_bytes();
@@ -923,11 +913,11 @@ mod tests {
     }
 
     #[test]
-    fn defaults_run_the_embedded_store_on_the_reference_layout() {
+    fn defaults_run_the_single_instance_store_on_the_reference_layout() {
         let c = parse(&[]).unwrap();
         assert_eq!(
             c.store,
-            StoreConfig::Embedded {
+            StoreConfig::SingleInstance {
                 state_dir: "snowkeep-state".into()
             }
         );

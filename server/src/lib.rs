@@ -1,25 +1,31 @@
-//! snowkeep-server: leases snowflake machine ids from etcd (or an embedded
+//! snowkeep-server: claims snowflake machine ids in etcd (or a
 //! single-instance store) and issues ascending 63-bit ids over gRPC.
+//!
+//! Words: an *etcd lease* is etcd's (keepalive, TTL); a *claim* is a
+//! server's hold of machine ids (holder keys on its etcd lease); a *lease* is
+//! what the Lease API grants a requester; *embedded* names only the
+//! in-process generator applications link and its requesters.
 //!
 //! | module | owns |
 //! | --- | --- |
 //! | [`config`] | `Args` (flags + `SNOWKEEP_*` env) → validated `ServerConfig` |
 //! | [`run`](mod@run) | wiring and the ordered shutdown |
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
-//! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` holds embedded requesters' leases |
-//! | [`local`] | the embedded single-instance store (a state file) |
-//! | [`lease`] | the lease lifecycle: `LeaseManager` over the `LeaseStore` seam (which `etcd` and `local` implement; `lease` imports neither), the capacity gauges, candidate ranking, client-skew rule, `LeaseError` |
-//! | [`service`] | gRPC adapters (IdService, InfoService, LeaseService), status mapping, health |
+//! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` keeps the Lease API's records |
+//! | `single_instance` | the single-instance store (a state file) |
+//! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam (which `etcd` and `single_instance` implement; `claim` imports neither), the capacity gauges, candidate ranking, `StoreError` |
+//! | `lease_api` | the Lease API (`LeaseService`): its handler, requester records and tokens, the client clock-skew rule, its settings |
+//! | `service` | gRPC adapters (IdService, InfoService), the router, status mapping, health |
 //! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
-//! | [`limits`] | bounds on connections, calls, memory and messages under hostile or broken clients |
+//! | `limits` | bounds on connections, calls, memory and messages under hostile or broken clients |
 //!
-//! Core flows (docs/design.md: the safety invariant and the lease lifecycle):
+//! Core flows (docs/design.md: the safety invariant and the claim lifecycle):
 //!
 //! * **Claim**: grant an etcd lease, rank free machine ids, and take one with a
-//!   transaction that creates the holder key bound to the lease and reads the
+//!   transaction that creates the holder key bound to the etcd lease and reads the
 //!   machine id's fence in the same transaction; that fence is the floor.
 //! * **Fence**: wait for the clock to pass the floor, then raise the fence to
-//!   now + horizon with a transaction guarded by the holder key's lease, and
+//!   now + horizon with a transaction guarded by the holder key's etcd lease, and
 //!   only then publish a grant; keep raising it while issuing.
 //! * **Renew**: a keepalive every TTL/3, each under its own timeout; the grant's
 //!   deadline is the last successful keepalive's *send* time + TTL.
@@ -27,21 +33,23 @@
 //!   (floor, fence] and before the deadline.
 //! * **Release**: withdraw the grant, drain the generator, lower the fence to
 //!   the last timestamp used and delete the holder key in one transaction,
-//!   revoke the lease.
+//!   revoke the etcd lease.
 //! * **Lease API**: embedded requesters claim machine ids with the same claim
-//!   transactions, on a lease of their own; their fence is the lease expiry
-//!   plus a margin, and a renewal moves every key to a new lease at once.
+//!   transactions, on an etcd lease of their own as long as their lease;
+//!   their fence is the lease's expiry plus a margin, and a renewal moves
+//!   every key to a new etcd lease at once.
 
+pub mod claim;
 pub mod config;
 pub mod etcd;
-pub mod lease;
-pub mod limits;
-pub mod local;
+pub(crate) mod lease_api;
+pub(crate) mod limits;
 pub mod metrics;
-pub mod peers;
+pub(crate) mod peers;
 pub mod run;
-pub mod service;
+pub(crate) mod service;
 pub mod shutdown;
+pub(crate) mod single_instance;
 pub mod telemetry;
 
 pub use run::{run, ServeError};

@@ -3,9 +3,9 @@
 //! in-flight requests (bounded) → release. A machine id is released only
 //! after the calls that could stamp ids under it are done.
 //!
-//! The gRPC server runs under [`crate::limits`]: connections come through a
-//! [`Listener`] (backoff on accept errors, a connection cap, silent
-//! connections closed), calls through [`CallLimits`] (slots and memory per
+//! The gRPC server runs under `crate::limits`: connections come through a
+//! `Listener` (backoff on accept errors, a connection cap, silent
+//! connections closed), calls through `CallLimits` (slots and memory per
 //! pool), and tonic's builder sets the HTTP/2 bounds.
 
 use std::sync::{Arc, OnceLock};
@@ -19,17 +19,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
+use crate::claim::{capacity, ClaimManager, ClaimTiming, Slot, StoreError};
 use crate::config::{Limits, ServerConfig, StoreConfig};
 use crate::etcd::{EtcdSettings, EtcdStore};
-use crate::lease::{capacity, LeaseError, LeaseManager, LeaseTiming, Slot};
+use crate::lease_api::LeaseHandler;
 use crate::limits::calls::CallLimits;
 use crate::limits::conn::{Listener, ListenerLimits};
 use crate::limits::wire::WireStatusLayer;
-use crate::local::{LocalCapacity, LocalStore};
 use crate::metrics as m;
-use crate::service::{
-    self, health, id::IdHandler, info::InfoHandler, lease::LeaseHandler, StoreAccess,
-};
+use crate::service::{self, health, id::IdHandler, info::InfoHandler, StoreAccess};
+use crate::single_instance::{SingleInstanceCapacity, SingleInstanceStore};
 
 /// Bound on the release at shutdown (release txn + lease revoke).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,9 +36,9 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Why the server stopped with an error.
 #[derive(Debug, Error)]
 pub enum ServeError {
-    /// The lease lifecycle failed in a way that needs an operator.
+    /// The claim lifecycle failed in a way that needs an operator.
     #[error(transparent)]
-    Lease(#[from] LeaseError),
+    Store(#[from] StoreError),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Transport(#[from] tonic::transport::Error),
@@ -59,15 +58,15 @@ impl ServeError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            ServeError::Lease(
-                LeaseError::LayoutMismatch { .. }
-                    | LeaseError::ClockBeforeEpoch { .. }
-                    | LeaseError::LayoutExhausted { .. }
-                    | LeaseError::InvalidNamespace { .. }
-                    | LeaseError::DuplicateInstance { .. }
-                    | LeaseError::NamespaceNotCreated { .. }
-                    | LeaseError::CorruptNamespace { .. }
-                    | LeaseError::BadFloor { .. }
+            ServeError::Store(
+                StoreError::LayoutMismatch { .. }
+                    | StoreError::ClockBeforeEpoch { .. }
+                    | StoreError::LayoutExhausted { .. }
+                    | StoreError::InvalidNamespace { .. }
+                    | StoreError::DuplicateInstance { .. }
+                    | StoreError::NamespaceNotCreated { .. }
+                    | StoreError::CorruptNamespace { .. }
+                    | StoreError::BadFloor { .. }
             )
         )
     }
@@ -87,9 +86,9 @@ fn request_timeout(ttl: Duration) -> Duration {
     (ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2))
 }
 
-/// The machine ids the embedded store holds: the first `--machine-ids` of
+/// The machine ids the single-instance store holds: the first `--machine-ids` of
 /// `--machine-id-range`, `[start, end)`.
-fn embedded_range(config: &ServerConfig) -> std::ops::Range<u32> {
+fn single_instance_range(config: &ServerConfig) -> std::ops::Range<u32> {
     let start = config.machine_id_range.start;
     start
         ..start
@@ -97,9 +96,9 @@ fn embedded_range(config: &ServerConfig) -> std::ops::Range<u32> {
             .min(config.machine_id_range.end)
 }
 
-/// [`embedded_range`] as machine ids (config keeps them below 2^16).
-fn embedded_machine_ids(config: &ServerConfig) -> Vec<snowkeep_client::MachineId> {
-    embedded_range(config)
+/// [`single_instance_range`] as machine ids (config keeps them below 2^16).
+fn single_instance_machine_ids(config: &ServerConfig) -> Vec<snowkeep_client::MachineId> {
+    single_instance_range(config)
         .filter_map(|id| u16::try_from(id).ok())
         .map(snowkeep_client::MachineId)
         .collect()
@@ -118,7 +117,7 @@ async fn connect_etcd(
     layout: snowkeep_client::Layout,
     clock: snowkeep_client::SharedClock,
     shutdown: &CancellationToken,
-) -> Result<Option<EtcdStore>, LeaseError> {
+) -> Result<Option<EtcdStore>, StoreError> {
     let endpoints = settings.endpoints.clone();
     let mut store = EtcdStore::new(settings, layout, clock).await?;
     let mut backoff =
@@ -167,9 +166,9 @@ fn etcd_settings(config: &ServerConfig, endpoints: &[String]) -> EtcdSettings {
 /// claiming or serving anything. `Ok(true)` when done, `Ok(false)` when
 /// `shutdown` came first (or the store is not etcd, which config refuses).
 ///
-/// Errors as [`run`] for the namespace: [`LeaseError::NamespaceNotCreated`],
-/// [`LeaseError::LayoutMismatch`], [`LeaseError::CorruptNamespace`],
-/// [`LeaseError::NamespaceRolledBack`] (creating only), [`LeaseError::BadFloor`].
+/// Errors as [`run`] for the namespace: [`StoreError::NamespaceNotCreated`],
+/// [`StoreError::LayoutMismatch`], [`StoreError::CorruptNamespace`],
+/// [`StoreError::NamespaceRolledBack`] (creating only), [`StoreError::BadFloor`].
 pub async fn setup_namespace(
     config: ServerConfig,
     shutdown: CancellationToken,
@@ -193,7 +192,7 @@ pub async fn run(
     // Checked here too, for every store: `ServerConfig` can be built without
     // the flags' validation, and the name becomes etcd keys and file names.
     if !crate::config::is_valid_namespace(&config.namespace) {
-        return Err(LeaseError::InvalidNamespace {
+        return Err(StoreError::InvalidNamespace {
             namespace: config.namespace,
         }
         .into());
@@ -202,14 +201,14 @@ pub async fn run(
     let unix_ms = clock.unix_ms();
     match config.layout.to_layout_ms(unix_ms) {
         None => {
-            return Err(LeaseError::ClockBeforeEpoch {
+            return Err(StoreError::ClockBeforeEpoch {
                 unix_ms,
                 epoch_unix_ms: config.layout.epoch_unix_ms(),
             }
             .into())
         }
         Some(now) if now > config.layout.max_timestamp() => {
-            return Err(LeaseError::LayoutExhausted {
+            return Err(StoreError::LayoutExhausted {
                 layout: config.layout,
                 ended_unix_ms: config.layout.to_unix_ms(config.layout.max_timestamp()),
                 unix_ms,
@@ -218,29 +217,29 @@ pub async fn run(
         }
         Some(_) => {}
     }
-    // The embedded store opens now (its errors need an operator). etcd is
+    // The single-instance store opens now (its errors need an operator). etcd is
     // connected by the lease task, so the server answers (NOT_SERVING,
     // UNAVAILABLE) while etcd is still coming up instead of hanging callers.
     let (local, etcd_settings) = match &config.store {
         StoreConfig::Etcd { endpoints } => (None, Some(etcd_settings(&config, endpoints))),
-        StoreConfig::Embedded { state_dir } => {
-            let local = LocalStore::open(
+        StoreConfig::SingleInstance { state_dir } => {
+            let local = SingleInstanceStore::open(
                 state_dir,
                 &config.namespace,
                 config.layout,
-                &embedded_machine_ids(&config),
+                &single_instance_machine_ids(&config),
             )?;
-            let range = embedded_range(&config);
-            warn!(state_file = %local.path().display(), machine_ids = ?range, "running on the embedded single-instance store with machine ids {}..{}: every other snowkeep-server issuing ids of this namespace must hold machine ids outside them (on the embedded store, its own disjoint --machine-id-range), or ids will collide; use --etcd-endpoints to have machine ids assigned", range.start, range.end);
+            let range = single_instance_range(&config);
+            warn!(state_file = %local.path().display(), machine_ids = ?range, "running on the single-instance store with machine ids {}..{}: every other snowkeep-server issuing ids of this namespace must hold machine ids outside them (on the single-instance store, its own disjoint --machine-id-range), or ids will collide; use --etcd-endpoints to have machine ids assigned", range.start, range.end);
             (Some(local), None)
         }
     };
     let (store_kind, access) = match &etcd_settings {
         Some(_) => ("etcd", StoreAccess::etcd()),
         None => (
-            "embedded",
-            StoreAccess::Embedded {
-                machine_ids: embedded_range(&config),
+            "single-instance",
+            StoreAccess::SingleInstance {
+                machine_ids: single_instance_range(&config),
             },
         ),
     };
@@ -289,7 +288,7 @@ pub async fn run(
         .cloned()
         .expect("config guarantees at least one machine id");
     let generators = GeneratorSet::new(slots.iter().map(|s| s.generator.clone()).collect());
-    let timing = LeaseTiming {
+    let timing = ClaimTiming {
         lease_ttl: config.lease_ttl,
         fence_horizon: config.fence_horizon,
         max_fence_wait: config.max_fence_wait,
@@ -318,9 +317,9 @@ pub async fn run(
             let grant = grant_rxs[0].clone();
             match (local, etcd_settings) {
                 (Some(local), _) => {
-                    let source = LocalCapacity::new(&local, grant_rxs);
+                    let source = SingleInstanceCapacity::new(&local, grant_rxs);
                     tokio::spawn(capacity::run(source, ns.clone(), grant, shutdown.clone()));
-                    LeaseManager::new(local, layout, ns, clock, timing, slots)
+                    ClaimManager::new(local, layout, ns, clock, timing, slots)
                         .run(release)
                         .await
                 }
@@ -336,7 +335,7 @@ pub async fn run(
                     tokio::spawn(store.overlap_check().warn_once());
                     let source = store.capacity_reader();
                     tokio::spawn(capacity::run(source, ns.clone(), grant, shutdown.clone()));
-                    LeaseManager::new(store, layout, ns, clock, timing, slots)
+                    ClaimManager::new(store, layout, ns, clock, timing, slots)
                         .run(release)
                         .await
                 }

@@ -1,6 +1,6 @@
 //! SIGTERM or SIGINT → a cancelled `CancellationToken`. Nothing exits the
 //! process from a signal handler: the token starts the ordered shutdown in
-//! [`crate::run`].
+//! [`crate::run()`].
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;

@@ -54,7 +54,7 @@ pub const STEP_SHARE: u64 = 8;
 pub const TURN_PATIENCE: Duration = Duration::from_millis(10);
 
 /// The right to stamp ids under one machine id, published by a lease source
-/// (etcd lease manager, embedded store, or the Lease API client) through a
+/// (the claim loop on etcd or on the single-instance store, or the Lease API client) through a
 /// `tokio::sync::watch` channel. `None` in the channel means "do not issue".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {

@@ -1,4 +1,4 @@
-//! Reads about the namespace that live beside the lease loop on their own
+//! Reads about the namespace that live beside the claim loop on their own
 //! copy of the endpoint clients: the peer directory (for the peer clock
 //! check) and the capacity of this instance's range.
 
@@ -10,17 +10,12 @@ use snowkeep_client::MachineId;
 
 use super::endpoints::Endpoints;
 use super::{keys, EtcdStore};
-use crate::lease::capacity::CapacitySource;
-use crate::lease::{Capacity, LeaseError};
+use crate::claim::capacity::CapacitySource;
+use crate::claim::{Capacity, StoreError};
 
 impl EtcdStore {
-    /// Counts the machine ids of this instance's range that have a holder.
-    pub async fn capacity(&mut self) -> Result<Capacity, LeaseError> {
-        self.capacity_reader().read().await
-    }
-
     /// The namespace's peer directory, on its own copy of the endpoint clients.
-    pub fn peer_directory(&self) -> PeerDirectory {
+    pub(crate) fn peer_directory(&self) -> PeerDirectory {
         PeerDirectory {
             endpoints: self.endpoints.clone(),
             namespace: self.settings.namespace.clone(),
@@ -31,7 +26,7 @@ impl EtcdStore {
 
     /// A reader of this store's namespace capacity that can live elsewhere
     /// (the InfoService handler), on its own copy of the endpoint clients.
-    pub fn capacity_reader(&self) -> CapacityReader {
+    pub(crate) fn capacity_reader(&self) -> CapacityReader {
         CapacityReader {
             endpoints: self.endpoints.clone(),
             namespace: self.settings.namespace.clone(),
@@ -43,7 +38,7 @@ impl EtcdStore {
 
 /// Lists the other servers registered under a namespace's peer keys.
 #[derive(Clone)]
-pub struct PeerDirectory {
+pub(crate) struct PeerDirectory {
     endpoints: Endpoints,
     namespace: String,
     instance_id: String,
@@ -60,7 +55,7 @@ impl std::fmt::Debug for PeerDirectory {
 
 impl PeerDirectory {
     /// `(instance id, host:port)` of every registered server but this one.
-    pub async fn others(&mut self) -> Result<Vec<(String, String)>, LeaseError> {
+    pub(crate) async fn others(&mut self) -> Result<Vec<(String, String)>, StoreError> {
         let prefix = keys::peer_prefix(&self.namespace);
         let resp = self
             .endpoints
@@ -83,7 +78,7 @@ impl PeerDirectory {
 
 /// Counts the holders of a namespace range with one count-only range read.
 #[derive(Clone)]
-pub struct CapacityReader {
+pub(crate) struct CapacityReader {
     pub(super) endpoints: Endpoints,
     pub(super) namespace: String,
     pub(super) range: Range<u32>,
@@ -101,12 +96,12 @@ impl std::fmt::Debug for CapacityReader {
 
 impl CapacityReader {
     /// The range `[start, end)` counted.
-    pub fn range(&self) -> Range<u32> {
+    pub(crate) fn range(&self) -> Range<u32> {
         self.range.clone()
     }
 
     /// Counts the machine ids of the range that have a holder.
-    pub async fn read(&mut self) -> Result<Capacity, LeaseError> {
+    pub(crate) async fn read(&mut self) -> Result<Capacity, StoreError> {
         let start = keys::holder(
             &self.namespace,
             MachineId(u16::try_from(self.range.start).unwrap_or(u16::MAX)),
@@ -132,7 +127,7 @@ impl CapacityReader {
 }
 
 impl CapacitySource for CapacityReader {
-    async fn read(&mut self) -> Result<Capacity, LeaseError> {
+    async fn read(&mut self) -> Result<Capacity, StoreError> {
         CapacityReader::read(self).await
     }
 }

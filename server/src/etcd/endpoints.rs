@@ -1,7 +1,7 @@
 //! The endpoint failover client: one etcd-client `Client` per endpoint, each
 //! request under a timeout, moving on to the next endpoint when one fails
 //! (see the module docs of [`super`]), and the mapping of etcd-client's
-//! errors into [`LeaseError`], which only this module looks inside.
+//! errors into [`StoreError`], which only this module looks inside.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,10 +11,10 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, Txn};
 use tracing::{debug, warn};
 
-use crate::lease::LeaseError;
+use crate::claim::StoreError;
 
 /// Clients for each endpoint, moving to the next after a failure. Clones
-/// share the position, so a dead member learnt by one user (the lease loop,
+/// share the position, so a dead member learnt by one user (the claim loop,
 /// a Lease API call) is skipped by all.
 #[derive(Clone)]
 pub(super) struct Endpoints {
@@ -28,10 +28,10 @@ pub(super) struct Endpoints {
 /// timed out, no leader behind it), so another member may; false for a
 /// definite answer that every member would give (not found, invalid argument,
 /// compacted, permission denied).
-pub(super) fn endpoint_failed(e: &LeaseError) -> bool {
+pub(super) fn endpoint_failed(e: &StoreError) -> bool {
     use etcd_client::Error as E;
     use tonic::Code;
-    if let LeaseError::Timeout { .. } = e {
+    if let StoreError::Timeout { .. } = e {
         return true;
     }
     let Some(e) = etcd_error(e) else {
@@ -58,7 +58,7 @@ pub(super) fn endpoint_failed(e: &LeaseError) -> bool {
 }
 
 /// True when `e` is etcd saying the lease does not exist (any more).
-pub(super) fn lease_not_found(e: &LeaseError) -> bool {
+pub(super) fn lease_not_found(e: &StoreError) -> bool {
     match etcd_error(e) {
         Some(etcd_client::Error::GRpcStatus(s)) => {
             s.code() == tonic::Code::NotFound && s.message().contains("lease not found")
@@ -69,16 +69,16 @@ pub(super) fn lease_not_found(e: &LeaseError) -> bool {
 }
 
 /// The etcd-client error behind `e`, if it is one.
-pub(super) fn etcd_error(e: &LeaseError) -> Option<&etcd_client::Error> {
+pub(super) fn etcd_error(e: &StoreError) -> Option<&etcd_client::Error> {
     match e {
-        LeaseError::Store { source, .. } => source.downcast_ref(),
+        StoreError::Request { source, .. } => source.downcast_ref(),
         _ => None,
     }
 }
 
-impl From<etcd_client::Error> for LeaseError {
+impl From<etcd_client::Error> for StoreError {
     fn from(e: etcd_client::Error) -> Self {
-        LeaseError::Store {
+        StoreError::Request {
             store: "etcd",
             source: Box::new(e),
         }
@@ -87,7 +87,7 @@ impl From<etcd_client::Error> for LeaseError {
 
 impl Endpoints {
     /// Makes one lazy client per endpoint URL; no request is sent.
-    pub(super) async fn connect(urls: &[String], timeout: Duration) -> Result<Self, LeaseError> {
+    pub(super) async fn connect(urls: &[String], timeout: Duration) -> Result<Self, StoreError> {
         let options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             // HTTP/2 pings: a connection to a hung member fails within
@@ -145,7 +145,7 @@ impl Endpoints {
         op: &'static str,
         after: Duration,
         f: F,
-    ) -> Result<T, LeaseError>
+    ) -> Result<T, StoreError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -159,7 +159,7 @@ impl Endpoints {
         op: &'static str,
         after: Duration,
         mut f: F,
-    ) -> Result<(T, usize), LeaseError>
+    ) -> Result<(T, usize), StoreError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -189,7 +189,7 @@ impl Endpoints {
                 Err(e) => return Err(e),
             }
         }
-        Err(last.unwrap_or(LeaseError::Timeout { op, after }))
+        Err(last.unwrap_or(StoreError::Timeout { op, after }))
     }
 
     /// Runs one transaction, like [`Endpoints::call`]. A retried transaction
@@ -200,7 +200,7 @@ impl Endpoints {
         op: &'static str,
         after: Duration,
         txn: Txn,
-    ) -> Result<etcd_client::TxnResponse, LeaseError> {
+    ) -> Result<etcd_client::TxnResponse, StoreError> {
         self.call(op, after, |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
@@ -211,7 +211,7 @@ impl Endpoints {
     /// Revokes `lease_id`, failing over like [`Endpoints::call`]; a lease
     /// that is already gone (an earlier attempt revoked it, or it expired)
     /// counts as revoked.
-    pub(super) async fn revoke(&self, after: Duration, lease_id: i64) -> Result<(), LeaseError> {
+    pub(super) async fn revoke(&self, after: Duration, lease_id: i64) -> Result<(), StoreError> {
         match self
             .call("lease revoke", after, |mut c| async move {
                 c.lease_revoke(lease_id).await
@@ -230,9 +230,9 @@ pub(super) async fn timed<T>(
     op: &'static str,
     after: Duration,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, LeaseError> {
+) -> Result<T, StoreError> {
     match tokio::time::timeout(after, fut).await {
-        Ok(r) => r.map_err(LeaseError::from),
-        Err(_) => Err(LeaseError::Timeout { op, after }),
+        Ok(r) => r.map_err(StoreError::from),
+        Err(_) => Err(StoreError::Timeout { op, after }),
     }
 }

@@ -16,7 +16,7 @@
 //! So the newcomer watches the machine id's holder and fence keys: the key
 //! going means the predecessor is gone, and that machine id becomes its
 //! first choice; the fence moving under the key means a live holder, and the
-//! newcomer stops with [`LeaseError::DuplicateInstance`] (exit 64). Past the
+//! newcomer stops with [`StoreError::DuplicateInstance`] (exit 64). Past the
 //! lease's remaining TTL plus [`EXPIRY_SLACK`] without either, etcd is asked
 //! whether the lease still lives (it was renewed: a live holder).
 //!
@@ -31,12 +31,12 @@ use snowkeep_client::MachineId;
 use tracing::{info, warn};
 
 use super::{keys, EtcdStore};
-use crate::lease::LeaseError;
+use crate::claim::StoreError;
 
 /// Wait past a predecessor lease's remaining TTL (whole seconds, rounded
 /// down) before asking etcd whether it still lives: etcd expires leases on a
 /// 500 ms tick.
-pub const EXPIRY_SLACK: Duration = Duration::from_secs(2);
+pub(crate) const EXPIRY_SLACK: Duration = Duration::from_secs(2);
 
 /// Leases of this process remembered, so that a re-claim after a lost lease
 /// takes its own holder keys back at once.
@@ -58,8 +58,8 @@ impl EtcdStore {
         self.own_leases.push(lease_id);
     }
 
-    fn duplicate(&self, machine_id: MachineId) -> LeaseError {
-        LeaseError::DuplicateInstance {
+    fn duplicate(&self, machine_id: MachineId) -> StoreError {
+        StoreError::DuplicateInstance {
             instance_id: self.settings.instance_id.clone(),
             machine_id,
         }
@@ -67,7 +67,7 @@ impl EtcdStore {
 
     /// The namespace's holder keys that name this instance id, and the
     /// revision they were read at.
-    async fn own_holder_keys(&mut self) -> Result<(Vec<OwnKey>, i64), LeaseError> {
+    async fn own_holder_keys(&mut self) -> Result<(Vec<OwnKey>, i64), StoreError> {
         let prefix = keys::holder_prefix(self.ns());
         let resp = self
             .endpoints
@@ -99,9 +99,9 @@ impl EtcdStore {
     /// Before a claim: settles every holder key that names this instance id
     /// under a lease this process never had. Returns the machine ids whose
     /// holder turned out gone (a crashed predecessor: claim them first);
-    /// [`LeaseError::DuplicateInstance`] when one turns out alive. Takes at
+    /// [`StoreError::DuplicateInstance`] when one turns out alive. Takes at
     /// most the remaining TTL of each such lease plus [`EXPIRY_SLACK`].
-    pub(super) async fn settle_own_holders(&mut self) -> Result<Vec<MachineId>, LeaseError> {
+    pub(super) async fn settle_own_holders(&mut self) -> Result<Vec<MachineId>, StoreError> {
         let (own, revision) = self.own_holder_keys().await?;
         let mut gone = Vec::new();
         for key in own {
@@ -117,11 +117,11 @@ impl EtcdStore {
         Ok(gone)
     }
 
-    /// After a claim under `lease_id`: [`LeaseError::DuplicateInstance`] when
+    /// After a claim under `lease_id`: [`StoreError::DuplicateInstance`] when
     /// another process's holder key naming this instance id was created
     /// before this claim's first key (two processes started together: the
     /// later claim stops, the earlier one keeps running).
-    pub(super) async fn check_no_older_twin(&mut self, lease_id: i64) -> Result<(), LeaseError> {
+    pub(super) async fn check_no_older_twin(&mut self, lease_id: i64) -> Result<(), StoreError> {
         let (own, _) = self.own_holder_keys().await?;
         let Some(first_ours) = own
             .iter()
@@ -143,7 +143,7 @@ impl EtcdStore {
 
     /// True when the holder of `key` (read at `revision`) is alive, false
     /// once it is gone.
-    async fn predecessor_lives(&mut self, key: &OwnKey, revision: i64) -> Result<bool, LeaseError> {
+    async fn predecessor_lives(&mut self, key: &OwnKey, revision: i64) -> Result<bool, StoreError> {
         let Some(remaining) = self.lease_remaining(key.lease).await? else {
             return Ok(false);
         };
@@ -160,7 +160,7 @@ impl EtcdStore {
     }
 
     /// The remaining TTL of `lease` (whole seconds), `None` once it expired.
-    async fn lease_remaining(&mut self, lease: i64) -> Result<Option<Duration>, LeaseError> {
+    async fn lease_remaining(&mut self, lease: i64) -> Result<Option<Duration>, StoreError> {
         let ttl = self
             .endpoints
             .call(

@@ -23,12 +23,12 @@
 //! Machine ids are zero-padded to five digits so keys sort numerically.
 //!
 //! The values snowkeep parses back are decoded here too: fences
-//! ([`decode_fence`]) and requester records ([`encode_record`],
-//! [`decode_record`]).
+//! (`decode_fence`) and requester records (`encode_record`,
+//! `decode_record`).
 
 use snowkeep_client::{MachineId, Millis};
 
-use crate::lease::{HeldId, LeaseError};
+use crate::claim::{HeldId, StoreError};
 
 /// Longest stored value quoted in a log line or an error about an unreadable key.
 const QUOTED_VALUE_CHARS: usize = 100;
@@ -36,12 +36,12 @@ const QUOTED_VALUE_CHARS: usize = 100;
 const ROOT: &str = "/snowkeep/v1/ns/";
 
 /// The prefix of every namespace's keys.
-pub fn namespaces_root() -> &'static str {
+pub(crate) fn namespaces_root() -> &'static str {
     ROOT
 }
 
 /// The prefix of everything under a namespace.
-pub fn namespace_prefix(namespace: &str) -> String {
+pub(crate) fn namespace_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/")
 }
 
@@ -64,12 +64,12 @@ pub fn holder(namespace: &str, machine_id: MachineId) -> String {
 /// [`holder`] of the range's start, the key range of a machine-id range
 /// `[start, end)` (five-digit padding keeps numeric order, and `end` may be
 /// 65536, one past the last machine id).
-pub fn holder_range_end(namespace: &str, end: u32) -> String {
+pub(crate) fn holder_range_end(namespace: &str, end: u32) -> String {
     format!("{ROOT}{namespace}/holder/{end:05}")
 }
 
 /// The prefix of the namespace's fence keys.
-pub fn fence_prefix(namespace: &str) -> String {
+pub(crate) fn fence_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/fence/")
 }
 
@@ -79,7 +79,7 @@ pub fn fence(namespace: &str, machine_id: MachineId) -> String {
 }
 
 /// The prefix of the namespace's last-holder keys.
-pub fn last_holder_prefix(namespace: &str) -> String {
+pub(crate) fn last_holder_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/last/")
 }
 
@@ -90,7 +90,7 @@ pub fn last_holder(namespace: &str, machine_id: MachineId) -> String {
 }
 
 /// The prefix of the namespace's requester records.
-pub fn requester_prefix(namespace: &str) -> String {
+pub(crate) fn requester_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/requester/")
 }
 
@@ -102,12 +102,12 @@ pub fn requester(namespace: &str, requester: &str) -> String {
 
 /// The SHA-256 of an embedded requester's lease token; `requester` is the
 /// hex SHA-256 of its identity.
-pub fn token(namespace: &str, requester: &str) -> String {
+pub(crate) fn token(namespace: &str, requester: &str) -> String {
     format!("{ROOT}{namespace}/token/{requester}")
 }
 
 /// The holder value of an embedded requester.
-pub fn requester_holder(requester: &str) -> String {
+pub(crate) fn requester_holder(requester: &str) -> String {
     format!("requester/{requester}")
 }
 
@@ -117,13 +117,13 @@ pub fn peer_prefix(namespace: &str) -> String {
 }
 
 /// The peer key of one server instance.
-pub fn peer(namespace: &str, instance_id: &str) -> String {
+pub(crate) fn peer(namespace: &str, instance_id: &str) -> String {
     format!("{ROOT}{namespace}/peer/{instance_id}")
 }
 
 /// The first key after every key that starts with `prefix`: the exclusive end
 /// of the prefix's range (what etcd's `--prefix` reads up to).
-pub fn prefix_end(prefix: &str) -> Vec<u8> {
+pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
@@ -136,19 +136,19 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
 }
 
 /// Parses the machine id from a key under `prefix`; `None` for a foreign key.
-pub fn machine_id_of(key: &[u8], prefix: &str) -> Option<MachineId> {
+pub(crate) fn machine_id_of(key: &[u8], prefix: &str) -> Option<MachineId> {
     let rest = key.strip_prefix(prefix.as_bytes())?;
     std::str::from_utf8(rest).ok()?.parse().ok().map(MachineId)
 }
 
-/// A fence value: decimal layout ms. [`LeaseError::Corrupt`] naming `key`
+/// A fence value: decimal layout ms. [`StoreError::Corrupt`] naming `key`
 /// for anything else.
-pub fn decode_fence(key: &str, value: &[u8]) -> Result<Millis, LeaseError> {
+pub(crate) fn decode_fence(key: &str, value: &[u8]) -> Result<Millis, StoreError> {
     std::str::from_utf8(value)
         .ok()
         .and_then(|v| v.parse().ok())
         .map(Millis)
-        .ok_or_else(|| LeaseError::Corrupt {
+        .ok_or_else(|| StoreError::Corrupt {
             key: key.to_owned(),
             value: String::from_utf8_lossy(value).into_owned(),
         })
@@ -156,7 +156,7 @@ pub fn decode_fence(key: &str, value: &[u8]) -> Result<Millis, LeaseError> {
 
 /// A requester record's value: `machine_id:floor_ms` per held machine id,
 /// comma-separated, in slot order.
-pub fn encode_record(held: &[HeldId]) -> String {
+pub(crate) fn encode_record(held: &[HeldId]) -> String {
     held.iter()
         .map(|h| format!("{}:{}", h.machine_id.get(), h.floor.get()))
         .collect::<Vec<_>>()
@@ -164,10 +164,13 @@ pub fn encode_record(held: &[HeldId]) -> String {
 }
 
 /// The machine ids and floors (layout ms) of a requester record's value;
-/// [`LeaseError::Corrupt`] naming `key` (the value quoted) for anything that
-/// is not [`encode_record`]'s form.
-pub fn decode_record(key: &str, value: &[u8]) -> Result<Vec<(MachineId, Millis)>, LeaseError> {
-    let corrupt = || LeaseError::Corrupt {
+/// [`StoreError::Corrupt`] naming `key` (the value quoted) for anything that
+/// is not `encode_record`'s form.
+pub(crate) fn decode_record(
+    key: &str,
+    value: &[u8],
+) -> Result<Vec<(MachineId, Millis)>, StoreError> {
+    let corrupt = || StoreError::Corrupt {
         key: key.to_owned(),
         value: quoted(value),
     };
@@ -185,7 +188,7 @@ pub fn decode_record(key: &str, value: &[u8]) -> Result<Vec<(MachineId, Millis)>
 
 /// A stored `value` as text for logs and errors, cut to
 /// [`QUOTED_VALUE_CHARS`] characters.
-pub fn quoted(value: &[u8]) -> String {
+pub(crate) fn quoted(value: &[u8]) -> String {
     let text = String::from_utf8_lossy(value);
     match text.char_indices().nth(QUOTED_VALUE_CHARS) {
         Some((cut, _)) => format!("{}…", &text[..cut]),

@@ -2,14 +2,14 @@
 //! keepalive, holder watch, peer registration and release, each one etcd
 //! request (or transaction) under a timeout, because a hung etcd member
 //! (SIGSTOP, a frozen VM) leaves requests and streams silent rather than
-//! failed, and must never hang the lease loop.
+//! failed, and must never hang the claim loop.
 //!
 //! Failover: etcd-client balances one channel over all endpoints and keeps
 //! picking a dead one, so the store keeps **one client per endpoint**. Every
 //! request starts on the current endpoint; when that endpoint fails (refused,
 //! reset, timed out, or answering without a leader) the request moves on to the
 //! next endpoint at once, and so on around the list, trying each endpoint at
-//! most once. The position is shared by every user (lease loop, holder watch,
+//! most once. The position is shared by every user (claim loop, holder watch,
 //! Lease API, peer check), so the next request starts on the endpoint that
 //! answered. A definite answer from etcd (a failed compare, "lease not found")
 //! is not a failure of the endpoint and is returned as it is. Retried requests
@@ -30,17 +30,17 @@
 //! | [`keys`] | the key schema and the codecs of the values read back (fences, requester records) |
 //! | [`namespace`] | the namespace record: create, confirm a floor, the rollback rule |
 //! | `instance` | one live process per instance id |
-//! | [`overlap`] | the advice about other namespaces sharing this range |
-//! | [`requesters`] | the Lease API's leases of embedded requesters |
+//! | `overlap` | the advice about other namespaces sharing this range |
+//! | `requesters` | the Lease API's leases of embedded requesters |
 
 mod directory;
 mod endpoints;
 mod instance;
 pub mod keys;
 pub mod namespace;
-pub mod overlap;
+pub(crate) mod overlap;
 mod pool;
-pub mod requesters;
+pub(crate) mod requesters;
 mod session;
 mod watch;
 
@@ -51,11 +51,11 @@ use std::time::{Duration, Instant};
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper, Txn};
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 
-pub use directory::{CapacityReader, PeerDirectory};
+pub(crate) use directory::{CapacityReader, PeerDirectory};
 use endpoints::Endpoints;
 use pool::{claim_ids, ClaimRequest};
 
-use crate::lease::{HolderWatch, LeaseError, LeaseStore, LossReason};
+use crate::claim::{ClaimStore, HolderWatch, LossReason, StoreError};
 
 /// Settings of the etcd store.
 #[derive(Debug, Clone)]
@@ -90,14 +90,14 @@ pub struct EtcdSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EtcdLease {
     /// The etcd lease the claim's holder keys are bound to.
-    pub id: i64,
+    pub(crate) id: i64,
     /// The store revision at which the last claim transaction committed: the
     /// holder watch starts just after it.
-    pub revision: i64,
+    pub(crate) revision: i64,
 }
 
 /// A claim of the etcd store.
-pub type Claim = crate::lease::Claim<EtcdLease>;
+pub type Claim = crate::claim::Claim<EtcdLease>;
 
 /// Machine-id leases kept in etcd.
 pub struct EtcdStore {
@@ -125,13 +125,13 @@ impl std::fmt::Debug for EtcdStore {
 
 impl EtcdStore {
     /// Makes one client per endpoint without sending any request
-    /// (etcd-client connects on first use). Call [`EtcdStore::open_namespace`]
+    /// (etcd-client connects on first use). Call `EtcdStore::open_namespace`
     /// next: it is the first request. Errors only for an unusable endpoint URL.
-    pub async fn new(
+    pub(crate) async fn new(
         settings: EtcdSettings,
         layout: Layout,
         clock: SharedClock,
-    ) -> Result<Self, LeaseError> {
+    ) -> Result<Self, StoreError> {
         let endpoints = Endpoints::connect(&settings.endpoints, settings.request_timeout).await?;
         Ok(Self {
             endpoints,
@@ -145,17 +145,17 @@ impl EtcdStore {
         })
     }
 
-    /// [`EtcdStore::new`], then [`EtcdStore::open_namespace`] once: opens the
+    /// `EtcdStore::new`, then `EtcdStore::open_namespace` once: opens the
     /// namespace as `settings.namespace_setup` says (create it, confirm a
     /// floor, or check it is usable). Errors with
-    /// [`LeaseError::NamespaceNotCreated`], [`LeaseError::LayoutMismatch`],
-    /// [`LeaseError::CorruptNamespace`] or [`LeaseError::NamespaceRolledBack`],
+    /// [`StoreError::NamespaceNotCreated`], [`StoreError::LayoutMismatch`],
+    /// [`StoreError::CorruptNamespace`] or [`StoreError::NamespaceRolledBack`],
     /// and with a retryable error when no endpoint answers.
     pub async fn connect(
         settings: EtcdSettings,
         layout: Layout,
         clock: SharedClock,
-    ) -> Result<Self, LeaseError> {
+    ) -> Result<Self, StoreError> {
         let mut store = Self::new(settings, layout, clock).await?;
         store.open_namespace().await?;
         Ok(store)
@@ -170,35 +170,35 @@ impl EtcdStore {
         &mut self,
         op: &'static str,
         txn: Txn,
-    ) -> Result<etcd_client::TxnResponse, LeaseError> {
+    ) -> Result<etcd_client::TxnResponse, StoreError> {
         let timeout = self.settings.request_timeout;
         self.endpoints.txn(op, timeout, txn).await
     }
 }
 
-impl LeaseStore for EtcdStore {
+impl ClaimStore for EtcdStore {
     type Lease = EtcdLease;
 
-    async fn claim(&mut self) -> Result<Claim, LeaseError> {
+    async fn claim(&mut self) -> Result<Claim, StoreError> {
         EtcdStore::claim(self).await
     }
 
-    async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
+    async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), StoreError> {
         EtcdStore::advance_fences(self, claim, fences).await
     }
 
-    async fn renew(&mut self, claim: &Claim) -> Result<Instant, LeaseError> {
+    async fn renew(&mut self, claim: &Claim) -> Result<Instant, StoreError> {
         EtcdStore::renew(self, claim).await
     }
 
-    async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
+    async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), StoreError> {
         EtcdStore::release(self, claim, last_used).await
     }
 
     /// Revokes the claim's lease: etcd deletes the holder keys with it and
     /// leaves the fences.
     async fn abandon(&mut self, claim: &Claim) {
-        self.forget(claim).await
+        EtcdStore::abandon(self, claim).await
     }
 
     fn watch_holders(&self, claim: &Claim) -> HolderWatch {
@@ -208,7 +208,7 @@ impl LeaseStore for EtcdStore {
     }
 
     /// The namespace record and the rollback rule, as before a claim.
-    async fn check_namespace(&mut self) -> Result<(), LeaseError> {
+    async fn check_namespace(&mut self) -> Result<(), StoreError> {
         self.guard_namespace().await.map(|_| ())
     }
 

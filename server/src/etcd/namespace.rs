@@ -33,7 +33,7 @@
 //! compaction, defragmentation). `etcdctl snapshot restore` starts a new raft
 //! log (index ~1 per member) but keeps the snapshot's revision, and keeps the
 //! cluster id, so only the gap `revision - applied index` shows it. A member
-//! answering with a gap above the acknowledged one plus [`ROLLBACK_SLACK`]
+//! answering with a gap above the acknowledged one plus `ROLLBACK_SLACK`
 //! belongs to a restored cluster. The gap only shrinks in a healthy cluster
 //! (entries that write nothing: lease grants, failed transactions, leader
 //! elections), so a restore is caught as long as it lost more than the slack
@@ -47,23 +47,21 @@ use snowkeep_client::{Layout, Millis};
 use tracing::{error, info, warn};
 
 use super::{keys, Endpoints, EtcdStore};
-use crate::lease::LeaseError;
+use crate::claim::StoreError;
 
 /// How far (in revisions) etcd's revision may run ahead of its raft applied
 /// index, beyond the acknowledged gap, before the store counts as restored
 /// from an older snapshot. A never-restored member is at most 1 ahead; the
 /// slack leaves room for what this reasoning may have missed, and is the
 /// most writes a restore can lose unnoticed.
-pub const ROLLBACK_SLACK: i64 = 16;
+pub(crate) const ROLLBACK_SLACK: i64 = 16;
 
 /// The section of the runbook for a restored etcd.
-pub const RUNBOOK_RESTORE: &str = "docs/operations.md#restoring-etcd-from-a-snapshot";
-/// The section of the runbook for an etcd that lost its data.
-pub const RUNBOOK_LOST: &str = "docs/operations.md#when-etcd-lost-its-data";
+pub(crate) const RUNBOOK_RESTORE: &str = "docs/operations.md#restoring-etcd-from-a-snapshot";
 
 /// Whether a namespace may be claimed in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NamespaceState {
+pub(crate) enum NamespaceState {
     /// Claims go ahead.
     Ok,
     /// etcd lost writes; nothing is claimed until an operator confirms a floor.
@@ -77,19 +75,19 @@ pub enum NamespaceState {
 
 /// The decoded namespace record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NamespaceRecord {
+pub(crate) struct NamespaceRecord {
     /// The namespace's layout.
-    pub layout: Layout,
+    pub(crate) layout: Layout,
     /// Random per creation; 0 for a record an older version wrote.
-    pub incarnation: u64,
+    pub(crate) incarnation: u64,
     /// Ok or rolled back.
-    pub state: NamespaceState,
+    pub(crate) state: NamespaceState,
     /// `revision - applied index` accepted by an operator (revisions).
-    pub acknowledged_gap: i64,
+    pub(crate) acknowledged_gap: i64,
     /// Confirmed floor, layout ms (0: none): every claim's floor is at least this.
-    pub floor: Millis,
+    pub(crate) floor: Millis,
     /// When the floor was confirmed, RFC 3339.
-    pub confirmed_at: Option<String>,
+    pub(crate) confirmed_at: Option<String>,
 }
 
 /// A random non-zero incarnation.
@@ -103,13 +101,13 @@ fn new_incarnation() -> u64 {
 }
 
 /// `unix_ms` as RFC 3339 (UTC, seconds).
-pub fn rfc3339(unix_ms: u64) -> String {
+pub(crate) fn rfc3339(unix_ms: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
 }
 
 impl NamespaceRecord {
     /// A new record in state `ok` with a fresh incarnation.
-    pub fn new(layout: Layout, acknowledged_gap: i64) -> Self {
+    pub(crate) fn new(layout: Layout, acknowledged_gap: i64) -> Self {
         Self {
             layout,
             incarnation: new_incarnation(),
@@ -122,7 +120,7 @@ impl NamespaceRecord {
 
     /// Gives a record an older version wrote (incarnation 0) an incarnation,
     /// as every record written from now on has one.
-    pub fn with_incarnation(mut self) -> Self {
+    pub(crate) fn with_incarnation(mut self) -> Self {
         if self.incarnation == 0 {
             self.incarnation = new_incarnation();
         }
@@ -131,7 +129,7 @@ impl NamespaceRecord {
 
     /// The value stored in etcd. Write only records with an incarnation
     /// ([`NamespaceRecord::with_incarnation`]): 0 does not parse back.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut text = format!(
             "layout {}\nincarnation {:016x}\nstate {}\nacknowledged_gap {}\nfloor_ms {}\n",
             self.layout,
@@ -157,10 +155,10 @@ impl NamespaceRecord {
     }
 
     /// Parses a stored value (the new format, or an older version's plain
-    /// layout). [`LeaseError::CorruptNamespace`] names `key`, the value and
+    /// layout). [`StoreError::CorruptNamespace`] names `key`, the value and
     /// what is wrong.
-    pub fn parse(key: &str, value: &[u8]) -> Result<Self, LeaseError> {
-        let corrupt = |problem: String| LeaseError::CorruptNamespace {
+    pub(crate) fn parse(key: &str, value: &[u8]) -> Result<Self, StoreError> {
+        let corrupt = |problem: String| StoreError::CorruptNamespace {
             key: key.to_owned(),
             value: String::from_utf8_lossy(value).into_owned(),
             problem,
@@ -236,10 +234,10 @@ impl NamespaceRecord {
     }
 
     /// The error for a rolled-back record; `None` when it is ok.
-    pub fn refusal(&self, namespace: &str) -> Option<LeaseError> {
+    pub(crate) fn refusal(&self, namespace: &str) -> Option<StoreError> {
         match &self.state {
             NamespaceState::Ok => None,
-            NamespaceState::RolledBack { at, reason } => Some(LeaseError::NamespaceRolledBack {
+            NamespaceState::RolledBack { at, reason } => Some(StoreError::NamespaceRolledBack {
                 namespace: namespace.to_owned(),
                 since: at.clone(),
                 reason: reason.clone(),
@@ -250,17 +248,17 @@ impl NamespaceRecord {
 
 /// How far etcd's revision runs ahead of its raft log on the member that answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StoreProgress {
+pub(crate) struct StoreProgress {
     /// The mvcc revision (header of the Status answer).
-    pub revision: i64,
+    pub(crate) revision: i64,
     /// The raft applied index (the raft index on etcd versions that do not
     /// report the applied one).
-    pub applied_index: u64,
+    pub(crate) applied_index: u64,
 }
 
 impl StoreProgress {
     /// `revision - applied index`: at most 1 in a cluster never restored.
-    pub fn gap(&self) -> i64 {
+    pub(crate) fn gap(&self) -> i64 {
         self.revision
             .saturating_sub(i64::try_from(self.applied_index).unwrap_or(i64::MAX))
     }
@@ -269,7 +267,7 @@ impl StoreProgress {
 /// The rollback rule: `Some(reason)` when `progress` shows a store restored
 /// from an older snapshot since `acknowledged_gap` was accepted, i.e. its gap
 /// exceeds `acknowledged_gap + ROLLBACK_SLACK`.
-pub fn restored(progress: StoreProgress, acknowledged_gap: i64) -> Option<String> {
+pub(crate) fn restored(progress: StoreProgress, acknowledged_gap: i64) -> Option<String> {
     let gap = progress.gap();
     (gap > acknowledged_gap.saturating_add(ROLLBACK_SLACK)).then(|| {
         format!(
@@ -314,7 +312,7 @@ impl FromStr for FloorSpec {
 
 impl FloorSpec {
     /// The floor in ms since the Unix epoch, for a clock reading `now_unix_ms`.
-    pub fn resolve(self, now_unix_ms: u64) -> u64 {
+    pub(crate) fn resolve(self, now_unix_ms: u64) -> u64 {
         match self {
             FloorSpec::At(t) => t,
             FloorSpec::After(d) => {
@@ -326,12 +324,12 @@ impl FloorSpec {
 
 /// The longest lead a confirmed floor may have: no holder's fence runs
 /// further ahead than the longest renewed lease (30 days) plus its margin.
-pub const MAX_FLOOR_LEAD: Duration = Duration::from_secs(31 * 86_400);
+pub(crate) const MAX_FLOOR_LEAD: Duration = Duration::from_secs(31 * 86_400);
 
 /// Refuses a floor before `now_unix_ms` (it would protect nothing: a floor
 /// must lie after every timestamp any holder may have stamped) or more than
-/// [`MAX_FLOOR_LEAD`] after it ([`LeaseError::BadFloor`]).
-pub fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), LeaseError> {
+/// [`MAX_FLOOR_LEAD`] after it ([`StoreError::BadFloor`]).
+pub(crate) fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), StoreError> {
     let floor = spec.resolve(now_unix_ms);
     let problem = if floor < now_unix_ms {
         format!("it is before the clock ({})", rfc3339(now_unix_ms))
@@ -340,7 +338,7 @@ pub fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), LeaseError> 
     } else {
         return Ok(());
     };
-    Err(LeaseError::BadFloor {
+    Err(StoreError::BadFloor {
         floor: rfc3339(floor),
         problem,
     })
@@ -360,7 +358,7 @@ pub(super) async fn read(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
-) -> Result<Option<(NamespaceRecord, i64)>, LeaseError> {
+) -> Result<Option<(NamespaceRecord, i64)>, StoreError> {
     let key = keys::layout(namespace);
     let resp = endpoints
         .call("read namespace record", timeout, |mut c| {
@@ -381,7 +379,7 @@ pub(super) async fn read(
 pub(super) async fn progress(
     endpoints: &Endpoints,
     timeout: Duration,
-) -> Result<StoreProgress, LeaseError> {
+) -> Result<StoreProgress, StoreError> {
     let status = endpoints
         .call("status", timeout, |mut c| async move { c.status().await })
         .await?;
@@ -406,7 +404,7 @@ async fn mark_rolled_back(
     mod_revision: i64,
     reason: String,
     unix_ms: u64,
-) -> LeaseError {
+) -> StoreError {
     let key = keys::layout(namespace);
     let at = rfc3339(unix_ms);
     error!(namespace, reason = %reason, runbook = RUNBOOK_RESTORE, "etcd lost writes: marking the namespace rolled back; no machine id is claimed in it until an operator confirms a floor");
@@ -434,7 +432,7 @@ async fn mark_rolled_back(
             warn!(namespace, error = %crate::DisplayChain(&e), "could not mark the namespace rolled back; every check refuses by itself until an operator confirms a floor")
         }
     }
-    LeaseError::NamespaceRolledBack {
+    StoreError::NamespaceRolledBack {
         namespace: namespace.to_owned(),
         since: at,
         reason,
@@ -445,16 +443,16 @@ async fn mark_rolled_back(
 /// must exist and be `ok`, and the store must not show a restore; a restore
 /// it finds is marked in the record. Returns the record and its mod revision.
 ///
-/// Errors: [`LeaseError::UnknownNamespace`], [`LeaseError::CorruptNamespace`],
-/// [`LeaseError::NamespaceRolledBack`], or the etcd failure.
+/// Errors: [`StoreError::UnknownNamespace`], [`StoreError::CorruptNamespace`],
+/// [`StoreError::NamespaceRolledBack`], or the etcd failure.
 pub(super) async fn guard(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
     unix_ms: u64,
-) -> Result<(NamespaceRecord, i64), LeaseError> {
+) -> Result<(NamespaceRecord, i64), StoreError> {
     let Some((record, mod_revision)) = read(endpoints, timeout, namespace).await? else {
-        return Err(LeaseError::UnknownNamespace {
+        return Err(StoreError::UnknownNamespace {
             namespace: namespace.to_owned(),
         });
     };
@@ -479,15 +477,15 @@ pub(super) async fn guard(
 
 /// What a confirmation did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Confirmed {
+pub(crate) struct Confirmed {
     /// The namespace floor now, layout ms.
-    pub floor: Millis,
+    pub(crate) floor: Millis,
     /// The gap acknowledged.
-    pub acknowledged_gap: i64,
+    pub(crate) acknowledged_gap: i64,
     /// Holder keys and requester records removed.
-    pub cleared_keys: i64,
+    pub(crate) cleared_keys: i64,
     /// Leases revoked.
-    pub revoked_leases: usize,
+    pub(crate) revoked_leases: usize,
 }
 
 /// Confirms `floor` (layout ms) on an existing namespace: in one transaction
@@ -503,7 +501,7 @@ async fn confirm_existing(
     mod_revision: i64,
     floor: Millis,
     unix_ms: u64,
-) -> Result<Option<Confirmed>, LeaseError> {
+) -> Result<Option<Confirmed>, StoreError> {
     let key = keys::layout(namespace);
     let holder_prefix = keys::holder_prefix(namespace);
     let requester_prefix = keys::requester(namespace, "");
@@ -600,7 +598,7 @@ async fn create(
     timeout: Duration,
     namespace: &str,
     record: &NamespaceRecord,
-) -> Result<bool, LeaseError> {
+) -> Result<bool, StoreError> {
     let key = keys::layout(namespace);
     let value = record.encode();
     let txn = Txn::new()
@@ -623,18 +621,18 @@ impl EtcdStore {
     /// Opens the namespace at connect, as [`NamespaceSetup`] says:
     ///
     /// * no record: create it with `create`, else
-    ///   [`LeaseError::NamespaceNotCreated`] (with `confirm_floor` too, the new
+    ///   [`StoreError::NamespaceNotCreated`] (with `confirm_floor` too, the new
     ///   record carries the floor);
-    /// * a record: check its layout ([`LeaseError::LayoutMismatch`]); with
+    /// * a record: check its layout ([`StoreError::LayoutMismatch`]); with
     ///   `confirm_floor`, confirm it; else refuse a rolled-back namespace or
-    ///   a store that shows a restore ([`LeaseError::NamespaceRolledBack`],
+    ///   a store that shows a restore ([`StoreError::NamespaceRolledBack`],
     ///   marking it), then, with `create`, upgrade an older version's record.
     ///
     /// The first request after [`EtcdStore::new`]. Each request fails over
     /// to the next endpoint like any other; with a retryable error when no
     /// endpoint answers, call it again (it starts on the endpoint after the
     /// last one that failed).
-    pub async fn open_namespace(&mut self) -> Result<(), LeaseError> {
+    pub(crate) async fn open_namespace(&mut self) -> Result<(), StoreError> {
         let timeout = self.settings.request_timeout;
         let setup = self.settings.namespace_setup.clone();
         let ns = self.settings.namespace.clone();
@@ -649,7 +647,7 @@ impl EtcdStore {
                 .map(|f| self.layout_ms(f.resolve(unix_ms)));
             let Some((record, mod_revision)) = read(&self.endpoints, timeout, &ns).await? else {
                 if !setup.create {
-                    return Err(LeaseError::NamespaceNotCreated {
+                    return Err(StoreError::NamespaceNotCreated {
                         namespace: ns,
                         endpoints: self.endpoint_list(),
                     });
@@ -667,7 +665,7 @@ impl EtcdStore {
                 continue; // created concurrently: check theirs
             };
             if record.layout != self.layout {
-                return Err(LeaseError::LayoutMismatch {
+                return Err(StoreError::LayoutMismatch {
                     namespace: ns,
                     stored: record.layout,
                     configured: self.layout,
@@ -718,7 +716,7 @@ impl EtcdStore {
             }
             return Ok(());
         }
-        Err(LeaseError::Timeout {
+        Err(StoreError::Timeout {
             op: "open namespace (the record kept changing)",
             after: timeout,
         })
@@ -729,16 +727,16 @@ impl EtcdStore {
     /// marked), the layout is still ours and the confirmed floor is within
     /// `--max-fence-wait`. Returns the namespace floor (layout ms).
     ///
-    /// Errors: [`LeaseError::NamespaceNotCreated`], [`LeaseError::CorruptNamespace`],
-    /// [`LeaseError::NamespaceRolledBack`], [`LeaseError::LayoutMismatch`],
-    /// [`LeaseError::NamespaceFloorAhead`], or the etcd failure.
-    pub async fn guard_namespace(&mut self) -> Result<Millis, LeaseError> {
+    /// Errors: [`StoreError::NamespaceNotCreated`], [`StoreError::CorruptNamespace`],
+    /// [`StoreError::NamespaceRolledBack`], [`StoreError::LayoutMismatch`],
+    /// [`StoreError::NamespaceFloorAhead`], or the etcd failure.
+    pub(crate) async fn guard_namespace(&mut self) -> Result<Millis, StoreError> {
         let timeout = self.settings.request_timeout;
         let unix_ms = self.clock.unix_ms();
         let ns = self.settings.namespace.clone();
         let (record, _) = match guard(&self.endpoints, timeout, &ns, unix_ms).await {
-            Err(LeaseError::UnknownNamespace { namespace }) => {
-                return Err(LeaseError::NamespaceNotCreated {
+            Err(StoreError::UnknownNamespace { namespace }) => {
+                return Err(StoreError::NamespaceNotCreated {
                     namespace,
                     endpoints: self.endpoint_list(),
                 })
@@ -746,7 +744,7 @@ impl EtcdStore {
             other => other?,
         };
         if record.layout != self.layout {
-            return Err(LeaseError::LayoutMismatch {
+            return Err(StoreError::LayoutMismatch {
                 namespace: ns,
                 stored: record.layout,
                 configured: self.layout,
@@ -756,7 +754,7 @@ impl EtcdStore {
         let max_wait = self.settings.max_fence_wait;
         let ahead = Duration::from_millis(record.floor.get().saturating_sub(now.get()));
         if ahead > max_wait {
-            return Err(LeaseError::NamespaceFloorAhead {
+            return Err(StoreError::NamespaceFloorAhead {
                 namespace: ns,
                 until: rfc3339(self.layout.to_unix_ms(record.floor)),
                 ahead,
@@ -772,23 +770,23 @@ impl EtcdStore {
 /// floor confirmed). Read once per round of candidates.
 pub(super) struct ClaimGuard {
     /// The confirmed floor, layout ms.
-    pub floor: Millis,
+    pub(crate) floor: Millis,
     /// The record's key.
-    pub key: String,
+    pub(crate) key: String,
     /// The record's mod revision when read.
-    pub mod_revision: i64,
+    pub(crate) mod_revision: i64,
 }
 
 impl ClaimGuard {
-    /// Reads the record for a claim: [`LeaseError::UnknownNamespace`] when
-    /// absent, [`LeaseError::NamespaceRolledBack`] when rolled back.
+    /// Reads the record for a claim: [`StoreError::UnknownNamespace`] when
+    /// absent, [`StoreError::NamespaceRolledBack`] when rolled back.
     pub(super) async fn read(
         endpoints: &Endpoints,
         timeout: Duration,
         namespace: &str,
-    ) -> Result<Self, LeaseError> {
+    ) -> Result<Self, StoreError> {
         let Some((record, mod_revision)) = read(endpoints, timeout, namespace).await? else {
-            return Err(LeaseError::UnknownNamespace {
+            return Err(StoreError::UnknownNamespace {
                 namespace: namespace.to_owned(),
             });
         };
@@ -938,7 +936,7 @@ mod tests {
         ] {
             let err = NamespaceRecord::parse(KEY, value).unwrap_err();
             let text = err.to_string();
-            assert!(matches!(err, LeaseError::CorruptNamespace { .. }), "{text}");
+            assert!(matches!(err, StoreError::CorruptNamespace { .. }), "{text}");
             assert!(text.contains(KEY), "{text}");
             assert!(text.contains(problem), "{text}");
         }

@@ -20,7 +20,7 @@ use snowkeep_client::Layout;
 use tracing::{info, warn};
 
 use super::{keys, Endpoints, EtcdStore};
-use crate::lease::LeaseError;
+use crate::claim::StoreError;
 use crate::metrics as m;
 
 /// Most namespaces looked at (three small reads each), so a huge etcd
@@ -29,19 +29,19 @@ const MAX_NAMESPACES: usize = 1000;
 
 /// Another namespace whose ids can equal this server's.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Overlap {
+pub(crate) struct Overlap {
     /// Its name.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Its layout (same bits; the epoch may differ).
-    pub layout: Layout,
+    pub(crate) layout: Layout,
     /// How many machine ids of this server's range it has used.
-    pub machine_ids: u32,
+    pub(crate) machine_ids: u32,
 }
 
 /// Finds the namespaces of this server's etcd that overlap its own, on its
 /// own copy of the endpoint clients.
 #[derive(Clone)]
-pub struct OverlapCheck {
+pub(crate) struct OverlapCheck {
     endpoints: Endpoints,
     namespace: String,
     layout: Layout,
@@ -60,7 +60,7 @@ impl std::fmt::Debug for OverlapCheck {
 
 impl EtcdStore {
     /// A check of this store's namespace against the others of its etcd.
-    pub fn overlap_check(&self) -> OverlapCheck {
+    pub(crate) fn overlap_check(&self) -> OverlapCheck {
         OverlapCheck {
             endpoints: self.endpoints.clone(),
             namespace: self.settings.namespace.clone(),
@@ -75,7 +75,7 @@ impl OverlapCheck {
     /// Every other namespace of the etcd with this namespace's bit split that
     /// has a fence or holder key in this server's machine-id range, in name
     /// order (at most [`MAX_NAMESPACES`] namespaces are looked at).
-    pub async fn find(&mut self) -> Result<Vec<Overlap>, LeaseError> {
+    pub(crate) async fn find(&mut self) -> Result<Vec<Overlap>, StoreError> {
         let root = keys::namespaces_root();
         let end = keys::prefix_end(root);
         let mut from = root.as_bytes().to_vec();
@@ -118,7 +118,7 @@ impl OverlapCheck {
 
     /// `namespace` as an [`Overlap`] when it has this layout's bits and has
     /// used machine ids of this range.
-    async fn compare(&mut self, namespace: &str) -> Result<Option<Overlap>, LeaseError> {
+    async fn compare(&mut self, namespace: &str) -> Result<Option<Overlap>, StoreError> {
         let key = keys::layout(namespace);
         let resp = self
             .endpoints
@@ -159,7 +159,7 @@ impl OverlapCheck {
     }
 
     /// Keys `prefix{id:05}` for the ids of this range (count only).
-    async fn count(&mut self, prefix: &str) -> Result<u32, LeaseError> {
+    async fn count(&mut self, prefix: &str) -> Result<u32, StoreError> {
         let start = format!("{prefix}{:05}", self.range.start);
         let end = format!("{prefix}{:05}", self.range.end);
         let resp = self
@@ -181,7 +181,7 @@ impl OverlapCheck {
     /// Runs [`Self::find`] once: logs each overlap at WARN and sets the
     /// gauge. A failed read is logged; the check is advice, never a reason
     /// to stop.
-    pub async fn warn_once(mut self) {
+    pub(crate) async fn warn_once(mut self) {
         let ns = self.namespace.clone();
         let gauge = metrics::gauge!(m::NAMESPACE_OVERLAPS, "namespace" => ns.clone());
         gauge.set(0.0);

@@ -12,8 +12,8 @@ use tracing::{debug, error};
 
 use super::endpoints::{etcd_error, Endpoints};
 use super::{keys, namespace};
-use crate::lease::claim::{rank_candidates, CandidateKind, PoolView};
-use crate::lease::{HeldId, LeaseError};
+use crate::claim::candidates::{rank_candidates, CandidateKind, PoolView};
+use crate::claim::{HeldId, StoreError};
 use crate::metrics as m;
 
 /// Candidates tried per read of the pool before reading it again.
@@ -37,7 +37,7 @@ pub(super) async fn read_pool(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
-) -> Result<PoolView, LeaseError> {
+) -> Result<PoolView, StoreError> {
     let mut attempt = 1;
     loop {
         match read_pool_at_one_revision(endpoints, timeout, namespace).await {
@@ -64,7 +64,7 @@ async fn read_range(
     timeout: Duration,
     prefix: &str,
     revision: &mut i64,
-) -> Result<Vec<etcd_client::KeyValue>, LeaseError> {
+) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
     let end = keys::prefix_end(prefix);
     let mut from = prefix.as_bytes().to_vec();
     let mut kvs = Vec::new();
@@ -103,7 +103,7 @@ async fn read_pool_at_one_revision(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
-) -> Result<PoolView, LeaseError> {
+) -> Result<PoolView, StoreError> {
     let mut revision = 0;
     let mut view = PoolView::default();
     let holder_prefix = keys::holder_prefix(namespace);
@@ -226,7 +226,7 @@ pub(super) async fn claim_ids(
     endpoints: &Endpoints,
     timeout: Duration,
     want: ClaimRequest<'_>,
-) -> Result<Claimed, LeaseError> {
+) -> Result<Claimed, StoreError> {
     let ns = want.namespace;
     let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
     let mut fence_revisions = Vec::with_capacity(want.count);
@@ -266,7 +266,7 @@ pub(super) async fn claim_ids(
         if let (true, Some((machine_id, fence))) = (candidates.is_empty(), too_far) {
             let ahead = Duration::from_millis(fence.get().saturating_sub(want.now.get()));
             let max = Duration::from_millis(want.max_floor.get().saturating_sub(want.now.get()));
-            return Err(LeaseError::FenceTooFarAhead {
+            return Err(StoreError::FenceTooFarAhead {
                 machine_id,
                 fence,
                 ahead,
@@ -274,7 +274,7 @@ pub(super) async fn claim_ids(
             });
         }
         if candidates.is_empty() {
-            return Err(LeaseError::NoFreeMachineId {
+            return Err(StoreError::NoFreeMachineId {
                 namespace: ns.to_owned(),
                 capacity: want.range.end - want.range.start,
                 start: want.range.start,
@@ -360,7 +360,7 @@ pub(super) async fn claim_ids(
             }
         }
     }
-    Err(LeaseError::Timeout {
+    Err(StoreError::Timeout {
         op: "claim (every candidate was taken concurrently)",
         after: timeout,
     })

@@ -1,4 +1,5 @@
-//! Machine-id leases of embedded requesters (the Lease API), on etcd.
+//! The Lease API's records kept in etcd: [`RequesterLeases`] implements
+//! `crate::lease_api::RequesterStore` with etcd transactions.
 //!
 //! etcd names a requester by the SHA-256 of its identity ([`RequesterId`]),
 //! never by the identity itself. A requester's machine ids hang off one etcd
@@ -13,7 +14,7 @@
 //! **Lease tokens.** Acquire draws 32 random bytes ([`LeaseToken`]), stores
 //! only their SHA-256 and returns them once. Renew, Release, Check and an
 //! Acquire retry act only for a caller that presents them (compared in
-//! constant time); anyone else gets [`LeaseError::TokenRefused`] and nothing
+//! constant time); anyone else gets [`StoreError::TokenRefused`] and nothing
 //! changes, so knowing a requester's identity grants nothing.
 //!
 //! **Cost.** etcd holds one lease and `2 × machine ids + 2` keys per requester
@@ -43,156 +44,21 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use sha2::{Digest, Sha256};
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
-use subtle::ConstantTimeEq;
 use tracing::{error, info, warn};
 
 use super::keys::{self, decode_record, encode_record, quoted};
 use super::{claim_ids, ClaimRequest, Endpoints, EtcdStore};
-use crate::lease::{Capacity, HeldId, LeaseError};
+use crate::claim::{Capacity, HeldId, StoreError};
+use crate::lease_api::records::{
+    authorize, hex, released_fence, unhex32, FenceRead, LeaseCheck, LeaseToken, Renewal,
+    RequesterGrant, RequesterId, RequesterStore, FENCE_MARGIN,
+};
 use crate::metrics::{self as m, KeyKind};
-
-/// How far beyond the lease's expiry a requester's fence is set: covers a
-/// requester clock running ahead of the server's.
-pub const FENCE_MARGIN: Duration = Duration::from_secs(60);
-
-/// Most machine ids one requester may hold. A renewal writes two keys per
-/// machine id plus the record and the token key, and etcd allows 128
-/// operations per transaction (`--max-txn-ops` default), so 63.
-pub const MAX_REQUESTER_IDS: u32 = 63;
-
-/// Lower-case hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// 32 bytes from exactly 64 hex digits (either case); `None` otherwise.
-fn unhex32(text: &str) -> Option<[u8; 32]> {
-    let text = text.as_bytes();
-    if text.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (byte, pair) in out.iter_mut().zip(text.chunks_exact(2)) {
-        let digit = |c: u8| (c as char).to_digit(16);
-        *byte = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
-    }
-    Some(out)
-}
-
-/// An embedded requester, as the SHA-256 of its identity
-/// `host_id:pid:start_unix_ms:nonce`. Keys, logs and metrics name requesters
-/// only through it: [`RequesterId::key`] in etcd keys, [`RequesterId::tag`] in
-/// logs. Its `Debug` shows the tag.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RequesterId([u8; 32]);
-
-impl RequesterId {
-    /// The id of the identity string `host_id:pid:start_unix_ms:nonce`.
-    pub fn of(identity: &str) -> Self {
-        Self(Sha256::digest(identity.as_bytes()).into())
-    }
-
-    /// The 64 hex digits of the SHA-256, as etcd keys carry it.
-    pub fn key(&self) -> String {
-        hex(&self.0)
-    }
-
-    /// The first 12 hex digits of the SHA-256 (48 bits), as logs carry it;
-    /// the embedded client logs the same tag for itself.
-    pub fn tag(&self) -> String {
-        hex(&self.0[..6])
-    }
-
-    /// The SHA-256 itself.
-    pub fn digest(&self) -> [u8; 32] {
-        self.0
-    }
-}
-
-impl std::fmt::Debug for RequesterId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "RequesterId({})", self.tag())
-    }
-}
-
-/// The secret that lets a requester act on its lease: 32 random bytes from
-/// the thread's cryptographically secure generator, 64 hex digits on the
-/// wire. Only its SHA-256 is stored. Its `Debug` never shows it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct LeaseToken([u8; 32]);
-
-impl LeaseToken {
-    /// A fresh random token.
-    pub fn generate() -> Self {
-        Self(rand::random())
-    }
-
-    /// The token sent as `text`: `Ok(None)` for an empty string (no token),
-    /// [`MalformedToken`] unless it is exactly 64 hex digits.
-    pub fn parse(text: &str) -> Result<Option<Self>, MalformedToken> {
-        if text.is_empty() {
-            return Ok(None);
-        }
-        unhex32(text).map(|b| Some(Self(b))).ok_or(MalformedToken)
-    }
-
-    /// The 64 hex digits, for the one answer that hands the token out.
-    pub fn to_hex(&self) -> String {
-        hex(&self.0)
-    }
-
-    /// The SHA-256 of the token, as the token key stores it.
-    fn digest(&self) -> [u8; 32] {
-        Sha256::digest(self.0).into()
-    }
-}
-
-/// A lease token that is not 64 hex digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("a lease token is 64 hex digits")]
-pub struct MalformedToken;
-
-impl std::fmt::Debug for LeaseToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LeaseToken(<secret>)")
-    }
-}
-
-/// A requester's machine ids after Acquire or Renew.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequesterGrant {
-    /// Machine ids with floors and fences; empty when the requester holds none.
-    pub held: Vec<HeldId>,
-    /// The lease duration of this grant.
-    pub duration: Duration,
-    /// The namespace layout.
-    pub layout: Layout,
-    /// The lease token: a new one from a first Acquire, the presented one
-    /// from an Acquire retry, `None` from Renew.
-    pub token: Option<LeaseToken>,
-    /// True when the caller held these machine ids before the call and
-    /// proved it with its token (a Renew or an Acquire retry that kept them):
-    /// only then is what it reports (its clock) recorded.
-    pub known: bool,
-}
-
-impl RequesterGrant {
-    fn nothing(duration: Duration, layout: Layout) -> Self {
-        Self {
-            held: Vec::new(),
-            duration,
-            layout,
-            token: None,
-            known: false,
-        }
-    }
-}
 
 /// The Lease API's view of etcd: its own copy of the endpoint clients.
 #[derive(Clone)]
-pub struct RequesterLeases {
+pub(crate) struct RequesterLeases {
     endpoints: Endpoints,
     clock: SharedClock,
     timeout: Duration,
@@ -224,44 +90,19 @@ impl Record {
         self.ids.iter().map(|&(id, _)| id).collect()
     }
 
-    /// Checks `token` against the stored hash, in constant time.
-    fn authorize(&self, token: Option<&LeaseToken>) -> Result<(), LeaseError> {
-        let Some(stored) = self.token else {
-            return Err(LeaseError::TokenRefused {
-                reason: "no lease token is stored for this lease (its token key is missing)",
-            });
-        };
-        let Some(token) = token else {
-            return Err(LeaseError::TokenRefused {
-                reason: "no lease_token was sent",
-            });
-        };
-        if bool::from(token.digest().ct_eq(&stored)) {
-            Ok(())
-        } else {
-            Err(LeaseError::TokenRefused {
-                reason: "the lease_token does not match",
-            })
-        }
+    /// Checks `token` against the stored hash ([`authorize`]).
+    fn authorize(&self, token: Option<&LeaseToken>) -> Result<(), StoreError> {
+        authorize(self.token.as_ref(), token)
     }
-}
-
-/// One fence key as read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum FenceRead {
-    Value(Millis),
-    Missing,
-    /// Unreadable (already logged with its key and counted): the value, quoted.
-    Corrupt(String),
 }
 
 /// Logs an unreadable key of `kind` in `namespace` with its full name, counts
 /// it in `snowkeep_corrupt_keys_total`, and returns the error naming it.
-pub(super) fn corrupt_key(namespace: &str, kind: KeyKind, key: &str, value: &[u8]) -> LeaseError {
+pub(super) fn corrupt_key(namespace: &str, kind: KeyKind, key: &str, value: &[u8]) -> StoreError {
     m::count_corrupt(namespace, kind, 1);
     let value = quoted(value);
     error!(namespace, kind = kind.as_str(), key, value, "unreadable key in etcd: repair or delete it (a fence only once no holder uses its machine id)");
-    LeaseError::Corrupt {
+    StoreError::Corrupt {
         key: key.to_owned(),
         value,
     }
@@ -269,8 +110,8 @@ pub(super) fn corrupt_key(namespace: &str, kind: KeyKind, key: &str, value: &[u8
 
 /// Counts and logs `e` when it is an unreadable namespace record (kind
 /// `layout` of `snowkeep_corrupt_keys_total`, the key named in full); returns it.
-fn note_corrupt_namespace(namespace: &str, e: LeaseError) -> LeaseError {
-    if let LeaseError::CorruptNamespace {
+fn note_corrupt_namespace(namespace: &str, e: StoreError) -> StoreError {
+    if let StoreError::CorruptNamespace {
         key,
         value,
         problem,
@@ -296,32 +137,9 @@ fn namespace_record(
     namespace: &str,
     key: &str,
     value: &[u8],
-) -> Result<super::namespace::NamespaceRecord, LeaseError> {
+) -> Result<super::namespace::NamespaceRecord, StoreError> {
     super::namespace::NamespaceRecord::parse(key, value)
         .map_err(|e| note_corrupt_namespace(namespace, e))
-}
-
-/// The fence a Release leaves on a machine id whose holder reports `last` as
-/// the last timestamp it stamped, at server layout time `now`: `last`, but
-/// never below the `floor` (the previous holder may have stamped up to it) or
-/// `now` (the holder may have stamped up to its own clock, which a healthy
-/// client keeps near the server's; a client ahead reports a `last` past
-/// `now`), and never above the `current` fence (a release never fences a
-/// machine id further out of use). A fence key that went missing under the
-/// holder is written as that lower bound. `None`: leave the key as it is (no
-/// `last` reported, or the key is unreadable).
-fn released_fence(
-    floor: Millis,
-    last: Option<Millis>,
-    current: &FenceRead,
-    now: Millis,
-) -> Option<Millis> {
-    let lower = last?.max(floor).max(now);
-    match current {
-        FenceRead::Value(fence) => Some(lower.min((*fence).max(floor))),
-        FenceRead::Missing => Some(lower),
-        FenceRead::Corrupt(_) => None,
-    }
 }
 
 fn secs(d: Duration) -> i64 {
@@ -341,9 +159,9 @@ fn got(ops: &[TxnOpResponse], i: usize) -> Option<(Vec<u8>, i64)> {
 
 impl RequesterLeases {
     /// Shares the store's endpoints (a separate copy, so API calls never wait
-    /// behind the server's own lease loop), and creates the server's
+    /// behind the server's own claim loop), and creates the server's
     /// namespace's Lease API series.
-    pub fn new(store: &EtcdStore) -> Self {
+    pub(crate) fn new(store: &EtcdStore) -> Self {
         m::init_namespace(&store.settings.namespace);
         Self {
             endpoints: store.endpoints.clone(),
@@ -355,32 +173,13 @@ impl RequesterLeases {
         }
     }
 
-    /// The namespace's layout; [`LeaseError::UnknownNamespace`] when none is recorded.
-    pub async fn layout(&mut self, namespace: &str) -> Result<Layout, LeaseError> {
-        let key = keys::layout(namespace);
-        let resp = self
-            .endpoints
-            .call("read layout", self.timeout, |mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
-            })
-            .await?;
-        let kv = resp
-            .kvs()
-            .first()
-            .ok_or_else(|| LeaseError::UnknownNamespace {
-                namespace: namespace.to_owned(),
-            })?;
-        Ok(namespace_record(namespace, &key, kv.value())?.layout)
-    }
-
     /// Reads the requester's record and token key together (one transaction,
     /// so at one revision); `None` when it holds nothing.
     async fn record(
         &mut self,
         namespace: &str,
         requester: &RequesterId,
-    ) -> Result<Option<Record>, LeaseError> {
+    ) -> Result<Option<Record>, StoreError> {
         let key = keys::requester(namespace, &requester.key());
         let token_key = keys::token(namespace, &requester.key());
         let gets = vec![
@@ -416,14 +215,14 @@ impl RequesterLeases {
 
     /// Reads the requester's record and checks `token` against it
     /// ([`Record::authorize`]), before anything else of a call that acts on
-    /// its lease: [`LeaseError::TokenRefused`] when it holds machine ids and
+    /// its lease: [`StoreError::TokenRefused`] when it holds machine ids and
     /// the token is missing or wrong; `None` when it holds nothing.
     async fn authorized(
         &mut self,
         namespace: &str,
         requester: &RequesterId,
         token: Option<&LeaseToken>,
-    ) -> Result<Option<Record>, LeaseError> {
+    ) -> Result<Option<Record>, StoreError> {
         let record = self.record(namespace, requester).await?;
         if let Some(record) = &record {
             record.authorize(token)?;
@@ -437,7 +236,7 @@ impl RequesterLeases {
         &mut self,
         namespace: &str,
         ids: &[MachineId],
-    ) -> Result<HashMap<MachineId, FenceRead>, LeaseError> {
+    ) -> Result<HashMap<MachineId, FenceRead>, StoreError> {
         let fence_keys: Vec<String> = ids.iter().map(|&id| keys::fence(namespace, id)).collect();
         let txn = Txn::new().and_then(
             fence_keys
@@ -460,7 +259,7 @@ impl RequesterLeases {
                     Some((value, _)) => match keys::decode_fence(key, &value) {
                         Ok(fence) => FenceRead::Value(fence),
                         Err(_) => match corrupt_key(namespace, KeyKind::Fence, key, &value) {
-                            LeaseError::Corrupt { value, .. } => FenceRead::Corrupt(value),
+                            StoreError::Corrupt { value, .. } => FenceRead::Corrupt(value),
                             _ => FenceRead::Corrupt(String::new()),
                         },
                     },
@@ -482,7 +281,7 @@ impl RequesterLeases {
             .unwrap_or_default()
     }
 
-    async fn grant_lease(&mut self, duration: Duration) -> Result<i64, LeaseError> {
+    async fn grant_lease(&mut self, duration: Duration) -> Result<i64, StoreError> {
         let ttl = secs(duration);
         let lease = self
             .endpoints
@@ -510,167 +309,6 @@ impl RequesterLeases {
         Millis(self.now(layout).get().saturating_add(ahead))
     }
 
-    /// Claims `count` machine ids for `requester` for `duration` and returns
-    /// them with a new lease token. When the requester already holds machine
-    /// ids, a call presenting their `token` gets them back with the lease
-    /// reset to `duration` (an idempotent retry; the same token), failing
-    /// with [`LeaseError::CountMismatch`] when it holds a different number;
-    /// without the token it fails with [`LeaseError::TokenRefused`] and
-    /// nothing changes. `layout` is the namespace's, as [`Self::layout`] read it.
-    pub async fn acquire(
-        &mut self,
-        namespace: &str,
-        layout: Layout,
-        requester: &RequesterId,
-        count: u32,
-        duration: Duration,
-        token: Option<&LeaseToken>,
-    ) -> Result<RequesterGrant, LeaseError> {
-        if let Some(record) = self.record(namespace, requester).await? {
-            record.authorize(token)?;
-            if record.ids.len() != count as usize {
-                return Err(LeaseError::CountMismatch {
-                    held: record.ids.len(),
-                    asked: count,
-                });
-            }
-            // A repeated Acquire never shortens a live lease: a late retry
-            // (10 min) after a Renew (48 h) would cut the lease that the
-            // Renew's answer promised. (A Renew sets its own duration, which
-            // its answer reports.)
-            let duration = duration.max(self.remaining(record.lease_id).await);
-            let mut grant = self
-                .extend(namespace, requester, record, layout, duration)
-                .await?;
-            grant.known = !grant.held.is_empty();
-            if grant.known {
-                grant.token = token.cloned();
-            }
-            return Ok(grant);
-        }
-        let lease_id = self.grant_lease(duration).await?;
-        let holder = keys::requester_holder(&requester.key());
-        let now = self.now(&layout);
-        let (absent_floor, max_floor) =
-            ClaimRequest::floors(now, self.fence_horizon, self.max_fence_wait);
-        let want = ClaimRequest {
-            namespace,
-            holder: &holder,
-            range: self.range_in(&layout),
-            count: count as usize,
-            lease_id,
-            now,
-            absent_floor,
-            max_floor,
-            prefer: &[],
-        };
-        let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
-        let held = match claimed {
-            Ok(claimed) => claimed.held,
-            Err(e) => {
-                self.revoke(lease_id).await;
-                return Err(e);
-            }
-        };
-        let fence = self.fence_for(&layout, duration);
-        let held: Vec<HeldId> = held
-            .into_iter()
-            .map(|h| HeldId {
-                fence: fence.max(h.floor),
-                ..h
-            })
-            .collect();
-        let token = LeaseToken::generate();
-        let ns = namespace.to_owned();
-        let on_lease = || Some(PutOptions::new().with_lease(lease_id));
-        let mut ops: Vec<TxnOp> = held
-            .iter()
-            .map(|h| {
-                TxnOp::put(
-                    keys::fence(&ns, h.machine_id),
-                    h.fence.get().to_string(),
-                    None,
-                )
-            })
-            .collect();
-        ops.push(TxnOp::put(
-            keys::requester(&ns, &requester.key()),
-            encode_record(&held),
-            on_lease(),
-        ));
-        ops.push(TxnOp::put(
-            keys::token(&ns, &requester.key()),
-            hex(&token.digest()),
-            on_lease(),
-        ));
-        let guard: Vec<Compare> = held
-            .iter()
-            .map(|h| Compare::lease(keys::holder(&ns, h.machine_id), CompareOp::Equal, lease_id))
-            .collect();
-        let txn = Txn::new().when(guard).and_then(ops);
-        let resp = self
-            .endpoints
-            .txn("requester fence txn", self.timeout, txn)
-            .await;
-        match resp {
-            Ok(r) if r.succeeded() => {}
-            Ok(_) => {
-                self.revoke(lease_id).await;
-                return Err(LeaseError::LeaseLost {
-                    reason: crate::lease::LossReason::HolderChanged,
-                });
-            }
-            Err(e) => {
-                self.revoke(lease_id).await;
-                return Err(e);
-            }
-        }
-        info!(namespace, requester = %requester.tag(), machine_ids = ?held.iter().map(|h| h.machine_id.get()).collect::<Vec<_>>(), "leased machine ids to a requester");
-        Ok(RequesterGrant {
-            held,
-            duration,
-            layout,
-            token: Some(token),
-            known: false,
-        })
-    }
-
-    /// Extends the requester's lease to `duration` and raises its fences, for
-    /// the caller presenting its `token` ([`LeaseError::TokenRefused`]
-    /// otherwise, checked first, with nothing changed); an empty grant when
-    /// it holds nothing (its lease is gone), for which nothing is written.
-    /// Then, before anything is extended, the namespace must stand for a
-    /// grant of `incarnation` (0 skips the comparison): [`Renewal::Gone`] when
-    /// it does not exist, is another incarnation or is rolled back.
-    pub async fn renew(
-        &mut self,
-        namespace: &str,
-        requester: &RequesterId,
-        duration: Duration,
-        token: Option<&LeaseToken>,
-        incarnation: u64,
-    ) -> Result<Renewal, LeaseError> {
-        let record = self.authorized(namespace, requester, token).await?;
-        let standing = match self.standing(namespace, incarnation).await? {
-            Ok(standing) => standing,
-            Err(gone) => return Ok(Renewal::Gone(gone)),
-        };
-        let grant = match record {
-            Some(record) => {
-                let mut grant = self
-                    .extend(namespace, requester, record, standing.layout, duration)
-                    .await?;
-                grant.known = !grant.held.is_empty();
-                grant
-            }
-            None => RequesterGrant::nothing(duration, standing.layout),
-        };
-        Ok(Renewal::Granted {
-            grant,
-            incarnation: standing.incarnation,
-        })
-    }
-
     /// Moves every key of `record` onto a new lease of `duration` and raises
     /// the fences, in one transaction guarded by the old lease and the token;
     /// all or nothing.
@@ -681,7 +319,7 @@ impl RequesterLeases {
         mut record: Record,
         layout: Layout,
         duration: Duration,
-    ) -> Result<RequesterGrant, LeaseError> {
+    ) -> Result<RequesterGrant, StoreError> {
         // A concurrent renewal by the same requester (a Renew racing its own
         // Acquire retry) moves the keys to another lease first: follow it
         // rather than declare the lease void. Each lost race means another
@@ -723,13 +361,13 @@ impl RequesterLeases {
         record: &Record,
         layout: Layout,
         duration: Duration,
-    ) -> Result<Option<RequesterGrant>, LeaseError> {
+    ) -> Result<Option<RequesterGrant>, StoreError> {
         let current = self.own_fences(namespace, &record.machine_ids()).await?;
         // A fence of its own that cannot be read cannot be kept from going
         // down: refuse (naming the key) before anything is granted or written.
         for (&id, read) in &current {
             if let FenceRead::Corrupt(value) = read {
-                return Err(LeaseError::Corrupt {
+                return Err(StoreError::Corrupt {
                     key: keys::fence(namespace, id),
                     value: value.clone(),
                 });
@@ -840,19 +478,280 @@ impl RequesterLeases {
         }
     }
 
+    /// This deployment's range, cut to the machine ids `layout` has.
+    fn range_in(&self, layout: &Layout) -> std::ops::Range<u32> {
+        let count = layout.machine_id_count();
+        self.range.start.min(count)..self.range.end.min(count)
+    }
+}
+
+// The namespace record and the holder check (the rollback detection).
+impl RequesterLeases {
+    /// The namespace record, after the rollback check of every Lease API call
+    /// that claims, renews or checks: [`StoreError::UnknownNamespace`] when
+    /// absent, [`StoreError::NamespaceRolledBack`] when rolled back or found
+    /// restored now (then marked).
+    async fn namespace(
+        &mut self,
+        namespace: &str,
+    ) -> Result<super::namespace::NamespaceRecord, StoreError> {
+        let unix_ms = self.clock.unix_ms();
+        super::namespace::guard(&self.endpoints, self.timeout, namespace, unix_ms)
+            .await
+            .map(|(record, _)| record)
+            .map_err(|e| note_corrupt_namespace(namespace, e))
+    }
+
+    /// The namespace record when a lease granted in `incarnation` (0 skips
+    /// the comparison) can stand in it, else why not: the namespace does not
+    /// exist or is another incarnation ([`LeaseCheck::NamespaceGone`]), or is
+    /// rolled back ([`LeaseCheck::RolledBack`]). An answer, not an error:
+    /// holders retry errors and would go on issuing up to their fence.
+    async fn standing(
+        &mut self,
+        namespace: &str,
+        incarnation: u64,
+    ) -> Result<Result<super::namespace::NamespaceRecord, LeaseCheck>, StoreError> {
+        match self.namespace(namespace).await {
+            Ok(record)
+                if incarnation != 0
+                    && record.incarnation != 0
+                    && incarnation != record.incarnation =>
+            {
+                Ok(Err(LeaseCheck::NamespaceGone))
+            }
+            Ok(record) => Ok(Ok(record)),
+            Err(StoreError::UnknownNamespace { .. }) => Ok(Err(LeaseCheck::NamespaceGone)),
+            Err(StoreError::NamespaceRolledBack { .. }) => Ok(Err(LeaseCheck::RolledBack)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Refuses a new claim while the namespace's confirmed floor is further
+    /// ahead than `--max-fence-wait` ([`StoreError::NamespaceFloorAhead`],
+    /// UNAVAILABLE: retry once the clock is within it).
+    fn check_floor(
+        &self,
+        namespace: &str,
+        record: &super::namespace::NamespaceRecord,
+    ) -> Result<(), StoreError> {
+        let now = record
+            .layout
+            .to_layout_ms(self.clock.unix_ms())
+            .unwrap_or_default();
+        let ahead = Duration::from_millis(record.floor.get().saturating_sub(now.get()));
+        if ahead > self.max_fence_wait {
+            return Err(StoreError::NamespaceFloorAhead {
+                namespace: namespace.to_owned(),
+                until: super::namespace::rfc3339(record.layout.to_unix_ms(record.floor)),
+                ahead,
+                max: self.max_fence_wait,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl RequesterStore for RequesterLeases {
+    async fn admit(&mut self, namespace: &str) -> Result<u64, StoreError> {
+        let record = self.namespace(namespace).await?;
+        self.check_floor(namespace, &record)?;
+        Ok(record.incarnation)
+    }
+
+    /// The namespace's layout; [`StoreError::UnknownNamespace`] when none is recorded.
+    async fn layout(&mut self, namespace: &str) -> Result<Layout, StoreError> {
+        let key = keys::layout(namespace);
+        let resp = self
+            .endpoints
+            .call("read layout", self.timeout, |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await?;
+        let kv = resp
+            .kvs()
+            .first()
+            .ok_or_else(|| StoreError::UnknownNamespace {
+                namespace: namespace.to_owned(),
+            })?;
+        Ok(namespace_record(namespace, &key, kv.value())?.layout)
+    }
+
+    /// Claims `count` machine ids for `requester` for `duration` and returns
+    /// them with a new lease token. When the requester already holds machine
+    /// ids, a call presenting their `token` gets them back with the lease
+    /// reset to `duration` (an idempotent retry; the same token), failing
+    /// with [`StoreError::CountMismatch`] when it holds a different number;
+    /// without the token it fails with [`StoreError::TokenRefused`] and
+    /// nothing changes. `layout` is the namespace's, as [`Self::layout`] read it.
+    async fn acquire(
+        &mut self,
+        namespace: &str,
+        layout: Layout,
+        requester: &RequesterId,
+        count: u32,
+        duration: Duration,
+        token: Option<&LeaseToken>,
+    ) -> Result<RequesterGrant, StoreError> {
+        if let Some(record) = self.record(namespace, requester).await? {
+            record.authorize(token)?;
+            if record.ids.len() != count as usize {
+                return Err(StoreError::CountMismatch {
+                    held: record.ids.len(),
+                    asked: count,
+                });
+            }
+            // A repeated Acquire never shortens a live lease: a late retry
+            // (10 min) after a Renew (48 h) would cut the lease that the
+            // Renew's answer promised. (A Renew sets its own duration, which
+            // its answer reports.)
+            let duration = duration.max(self.remaining(record.lease_id).await);
+            let mut grant = self
+                .extend(namespace, requester, record, layout, duration)
+                .await?;
+            grant.known = !grant.held.is_empty();
+            if grant.known {
+                grant.token = token.cloned();
+            }
+            return Ok(grant);
+        }
+        let lease_id = self.grant_lease(duration).await?;
+        let holder = keys::requester_holder(&requester.key());
+        let now = self.now(&layout);
+        let (absent_floor, max_floor) =
+            ClaimRequest::floors(now, self.fence_horizon, self.max_fence_wait);
+        let want = ClaimRequest {
+            namespace,
+            holder: &holder,
+            range: self.range_in(&layout),
+            count: count as usize,
+            lease_id,
+            now,
+            absent_floor,
+            max_floor,
+            prefer: &[],
+        };
+        let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
+        let held = match claimed {
+            Ok(claimed) => claimed.held,
+            Err(e) => {
+                self.revoke(lease_id).await;
+                return Err(e);
+            }
+        };
+        let fence = self.fence_for(&layout, duration);
+        let held: Vec<HeldId> = held
+            .into_iter()
+            .map(|h| HeldId {
+                fence: fence.max(h.floor),
+                ..h
+            })
+            .collect();
+        let token = LeaseToken::generate();
+        let ns = namespace.to_owned();
+        let on_lease = || Some(PutOptions::new().with_lease(lease_id));
+        let mut ops: Vec<TxnOp> = held
+            .iter()
+            .map(|h| {
+                TxnOp::put(
+                    keys::fence(&ns, h.machine_id),
+                    h.fence.get().to_string(),
+                    None,
+                )
+            })
+            .collect();
+        ops.push(TxnOp::put(
+            keys::requester(&ns, &requester.key()),
+            encode_record(&held),
+            on_lease(),
+        ));
+        ops.push(TxnOp::put(
+            keys::token(&ns, &requester.key()),
+            hex(&token.digest()),
+            on_lease(),
+        ));
+        let guard: Vec<Compare> = held
+            .iter()
+            .map(|h| Compare::lease(keys::holder(&ns, h.machine_id), CompareOp::Equal, lease_id))
+            .collect();
+        let txn = Txn::new().when(guard).and_then(ops);
+        let resp = self
+            .endpoints
+            .txn("requester fence txn", self.timeout, txn)
+            .await;
+        match resp {
+            Ok(r) if r.succeeded() => {}
+            Ok(_) => {
+                self.revoke(lease_id).await;
+                return Err(StoreError::LeaseLost {
+                    reason: crate::claim::LossReason::HolderChanged,
+                });
+            }
+            Err(e) => {
+                self.revoke(lease_id).await;
+                return Err(e);
+            }
+        }
+        info!(namespace, requester = %requester.tag(), machine_ids = ?held.iter().map(|h| h.machine_id.get()).collect::<Vec<_>>(), "leased machine ids to a requester");
+        Ok(RequesterGrant {
+            held,
+            duration,
+            layout,
+            token: Some(token),
+            known: false,
+        })
+    }
+
+    /// Extends the requester's lease to `duration` and raises its fences, for
+    /// the caller presenting its `token` ([`StoreError::TokenRefused`]
+    /// otherwise, checked first, with nothing changed); an empty grant when
+    /// it holds nothing (its lease is gone), for which nothing is written.
+    /// Then, before anything is extended, the namespace must stand for a
+    /// grant of `incarnation` (0 skips the comparison): [`Renewal::Gone`] when
+    /// it does not exist, is another incarnation or is rolled back.
+    async fn renew(
+        &mut self,
+        namespace: &str,
+        requester: &RequesterId,
+        duration: Duration,
+        token: Option<&LeaseToken>,
+        incarnation: u64,
+    ) -> Result<Renewal, StoreError> {
+        let record = self.authorized(namespace, requester, token).await?;
+        let standing = match self.standing(namespace, incarnation).await? {
+            Ok(standing) => standing,
+            Err(gone) => return Ok(Renewal::Gone(gone)),
+        };
+        let grant = match record {
+            Some(record) => {
+                let mut grant = self
+                    .extend(namespace, requester, record, standing.layout, duration)
+                    .await?;
+                grant.known = !grant.held.is_empty();
+                grant
+            }
+            None => RequesterGrant::nothing(duration, standing.layout),
+        };
+        Ok(Renewal::Granted {
+            grant,
+            incarnation: standing.incarnation,
+        })
+    }
+
     /// Gives the requester's machine ids back, for the caller presenting its
-    /// `token` ([`LeaseError::TokenRefused`] otherwise, with nothing
+    /// `token` ([`StoreError::TokenRefused`] otherwise, with nothing
     /// changed): each fence in `last_used` is lowered towards it as
     /// [`released_fence`] allows (others keep theirs), every key of the
     /// requester is deleted and its lease revoked. Returns how many machine
     /// ids were released (0 when it held none).
-    pub async fn release(
+    async fn release(
         &mut self,
         namespace: &str,
         requester: &RequesterId,
         last_used: &HashMap<MachineId, Millis>,
         token: Option<&LeaseToken>,
-    ) -> Result<u32, LeaseError> {
+    ) -> Result<u32, StoreError> {
         let Some(record) = self.authorized(namespace, requester, token).await? else {
             return Ok(0);
         };
@@ -927,18 +826,12 @@ impl RequesterLeases {
         Ok(record.ids.len() as u32)
     }
 
-    /// This deployment's range, cut to the machine ids `layout` has.
-    fn range_in(&self, layout: &Layout) -> std::ops::Range<u32> {
-        let count = layout.machine_id_count();
-        self.range.start.min(count)..self.range.end.min(count)
-    }
-
     /// Counts the machine ids of this deployment's range in a namespace;
     /// returns the counts and the range.
-    pub async fn capacity(
+    async fn capacity(
         &mut self,
         namespace: &str,
-    ) -> Result<(Capacity, std::ops::Range<u32>), LeaseError> {
+    ) -> Result<(Capacity, std::ops::Range<u32>), StoreError> {
         let layout = self.layout(namespace).await?;
         let range = self.range_in(&layout);
         let mut reader = super::CapacityReader {
@@ -949,123 +842,24 @@ impl RequesterLeases {
         };
         Ok((reader.read().await?, range))
     }
-}
-
-/// What [`RequesterLeases::check`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseCheck {
-    /// The lease stands, with this much left at the server.
-    Valid {
-        /// Time left on the requester's etcd lease.
-        remaining: Duration,
-    },
-    /// The requester holds nothing, or other machine ids.
-    LeaseGone,
-    /// The namespace does not exist, or is another incarnation than the grant's.
-    NamespaceGone,
-    /// etcd was restored from an older snapshot: the namespace is rolled back.
-    RolledBack,
-}
-
-/// What [`RequesterLeases::renew`] did.
-#[derive(Debug)]
-pub enum Renewal {
-    /// The namespace stands: the renewed grant (empty when the requester
-    /// holds nothing), in the namespace of this incarnation (0: a record an
-    /// older version wrote).
-    Granted {
-        /// The grant.
-        grant: RequesterGrant,
-        /// The namespace's incarnation.
-        incarnation: u64,
-    },
-    /// The namespace does not stand for the grant: nothing was renewed.
-    Gone(LeaseCheck),
-}
-
-// The namespace record and the holder check (the rollback detection).
-impl RequesterLeases {
-    /// The namespace record, after the rollback check of every Lease API call
-    /// that claims, renews or checks: [`LeaseError::UnknownNamespace`] when
-    /// absent, [`LeaseError::NamespaceRolledBack`] when rolled back or found
-    /// restored now (then marked).
-    pub async fn namespace(
-        &mut self,
-        namespace: &str,
-    ) -> Result<super::namespace::NamespaceRecord, LeaseError> {
-        let unix_ms = self.clock.unix_ms();
-        super::namespace::guard(&self.endpoints, self.timeout, namespace, unix_ms)
-            .await
-            .map(|(record, _)| record)
-            .map_err(|e| note_corrupt_namespace(namespace, e))
-    }
-
-    /// The namespace record when a lease granted in `incarnation` (0 skips
-    /// the comparison) can stand in it, else why not: the namespace does not
-    /// exist or is another incarnation ([`LeaseCheck::NamespaceGone`]), or is
-    /// rolled back ([`LeaseCheck::RolledBack`]). An answer, not an error:
-    /// holders retry errors and would go on issuing up to their fence.
-    async fn standing(
-        &mut self,
-        namespace: &str,
-        incarnation: u64,
-    ) -> Result<Result<super::namespace::NamespaceRecord, LeaseCheck>, LeaseError> {
-        match self.namespace(namespace).await {
-            Ok(record)
-                if incarnation != 0
-                    && record.incarnation != 0
-                    && incarnation != record.incarnation =>
-            {
-                Ok(Err(LeaseCheck::NamespaceGone))
-            }
-            Ok(record) => Ok(Ok(record)),
-            Err(LeaseError::UnknownNamespace { .. }) => Ok(Err(LeaseCheck::NamespaceGone)),
-            Err(LeaseError::NamespaceRolledBack { .. }) => Ok(Err(LeaseCheck::RolledBack)),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Refuses a new claim while the namespace's confirmed floor is further
-    /// ahead than `--max-fence-wait` ([`LeaseError::NamespaceFloorAhead`],
-    /// UNAVAILABLE: retry once the clock is within it).
-    pub fn check_floor(
-        &self,
-        namespace: &str,
-        record: &super::namespace::NamespaceRecord,
-    ) -> Result<(), LeaseError> {
-        let now = record
-            .layout
-            .to_layout_ms(self.clock.unix_ms())
-            .unwrap_or_default();
-        let ahead = Duration::from_millis(record.floor.get().saturating_sub(now.get()));
-        if ahead > self.max_fence_wait {
-            return Err(LeaseError::NamespaceFloorAhead {
-                namespace: namespace.to_owned(),
-                until: super::namespace::rfc3339(record.layout.to_unix_ms(record.floor)),
-                ahead,
-                max: self.max_fence_wait,
-            });
-        }
-        Ok(())
-    }
 
     /// Whether `requester`'s lease in `namespace` still stands, for the
     /// caller presenting its `token`: like every call that acts on a lease it
     /// reads the requester's record and checks the token first
-    /// ([`LeaseError::TokenRefused`] when it holds machine ids and the token
+    /// ([`StoreError::TokenRefused`] when it holds machine ids and the token
     /// is missing or wrong, with nothing else read). Then by reads only (the
     /// one write: marking the namespace rolled back when etcd shows a
     /// restore). `incarnation` 0 and an empty `machine_ids` skip those
     /// comparisons. Errors only when etcd does not answer or a record is
     /// unreadable.
-    pub async fn check(
+    async fn check(
         &mut self,
         namespace: &str,
         requester: &RequesterId,
         token: Option<&LeaseToken>,
         incarnation: u64,
         machine_ids: &[u32],
-    ) -> Result<LeaseCheck, LeaseError> {
+    ) -> Result<LeaseCheck, StoreError> {
         let held = self.authorized(namespace, requester, token).await?;
         if let Err(gone) = self.standing(namespace, incarnation).await? {
             return Ok(gone);
@@ -1125,116 +919,6 @@ impl RequesterLeases {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_token_is_64_hex_digits_and_only_its_hash_matches() {
-        let token = LeaseToken::generate();
-        let text = token.to_hex();
-        assert_eq!(text.len(), 64);
-        assert_eq!(LeaseToken::parse(&text), Ok(Some(token.clone())));
-        assert_eq!(
-            LeaseToken::parse(&text.to_uppercase()),
-            Ok(Some(token.clone()))
-        );
-        assert_eq!(LeaseToken::parse(""), Ok(None));
-        assert_eq!(LeaseToken::parse(&text[..63]), Err(MalformedToken));
-        assert_eq!(
-            LeaseToken::parse(&format!("{}g", &text[..63])),
-            Err(MalformedToken)
-        );
-        assert_ne!(LeaseToken::generate(), token, "32 random bytes each");
-        assert_eq!(format!("{token:?}"), "LeaseToken(<secret>)");
-
-        let record = Record {
-            lease_id: 1,
-            ids: vec![],
-            token: Some(token.digest()),
-        };
-        assert!(record.authorize(Some(&token)).is_ok());
-        let refused = |r: Result<(), LeaseError>| match r {
-            Err(LeaseError::TokenRefused { reason }) => reason,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(refused(record.authorize(None)), "no lease_token was sent");
-        assert_eq!(
-            refused(record.authorize(Some(&LeaseToken::generate()))),
-            "the lease_token does not match"
-        );
-        let legacy = Record {
-            token: None,
-            ..record
-        };
-        assert!(refused(legacy.authorize(Some(&token))).starts_with("no lease token is stored"));
-    }
-
-    #[test]
-    fn a_requester_is_named_by_the_sha256_of_its_identity() {
-        let id = RequesterId::of("abc");
-        assert_eq!(
-            id.key(),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-        assert_eq!(id.tag(), "ba7816bf8f01");
-        assert_eq!(format!("{id:?}"), "RequesterId(ba7816bf8f01)");
-    }
-
-    #[test]
-    fn the_client_logs_the_same_tag_the_server_does() {
-        let who = snowkeep_client::Requester {
-            host_id: "host-1".into(),
-            pid: 42,
-            start_unix_ms: 1_700_000_000_000,
-            nonce: "00112233445566778899aabbccddeeff".into(),
-        };
-        let id = crate::service::convert::requester_id(Some(&who.to_pb())).unwrap();
-        assert_eq!(
-            id,
-            RequesterId::of("host-1:42:1700000000000:00112233445566778899aabbccddeeff")
-        );
-        assert_eq!(who.tag(), id.tag());
-    }
-
-    #[test]
-    fn a_release_lowers_a_fence_to_the_last_timestamp_within_its_bounds() {
-        let (floor, now) = (Millis(1_000), Millis(5_000));
-        let fence = &FenceRead::Value(Millis(9_000));
-        // The reported last timestamp, when it is past the clock and the floor.
-        assert_eq!(
-            released_fence(floor, Some(Millis(6_000)), fence, now),
-            Some(Millis(6_000))
-        );
-        // Never below the server's clock, nor the floor.
-        assert_eq!(
-            released_fence(floor, Some(Millis(0)), fence, now),
-            Some(now)
-        );
-        assert_eq!(
-            released_fence(Millis(7_000), Some(Millis(0)), fence, now),
-            Some(Millis(7_000))
-        );
-        // Never above the fence: an absurd report keeps it.
-        assert_eq!(
-            released_fence(floor, Some(Millis(u64::MAX)), fence, now),
-            Some(Millis(9_000))
-        );
-        // A clock past the fence leaves the fence (never raised by a release).
-        assert_eq!(
-            released_fence(floor, Some(Millis(0)), fence, Millis(20_000)),
-            Some(Millis(9_000))
-        );
-        // Not reported: left alone. Unreadable: left alone (quarantined).
-        assert_eq!(released_fence(floor, None, fence, now), None);
-        let corrupt = &FenceRead::Corrupt("x".into());
-        assert_eq!(
-            released_fence(floor, Some(Millis(6_000)), corrupt, now),
-            None
-        );
-        // A fence key deleted under the holder comes back at the lower bound.
-        assert_eq!(
-            released_fence(floor, Some(Millis(6_000)), &FenceRead::Missing, now),
-            Some(Millis(6_000))
-        );
-    }
 
     #[test]
     fn a_quoted_value_is_cut_to_a_hundred_characters() {

@@ -11,7 +11,7 @@ use tracing::{debug, info, warn};
 use super::endpoints::lease_not_found;
 use super::pool::{claim_ids, ClaimRequest, Claimed};
 use super::{keys, Claim, EtcdLease, EtcdStore};
-use crate::lease::{LeaseError, LossReason};
+use crate::claim::{LossReason, StoreError};
 
 impl EtcdStore {
     /// Grants a lease and claims `machine_ids` machine ids for it, with an
@@ -24,9 +24,9 @@ impl EtcdStore {
     /// First checks the namespace may be claimed in, and settles holder keys
     /// that name this instance id under another process's lease (see the
     /// `instance` module): a crashed predecessor's machine id is claimed back
-    /// once its lease ends, and [`LeaseError::DuplicateInstance`] stops this
+    /// once its lease ends, and [`StoreError::DuplicateInstance`] stops this
     /// process when another live one holds it.
-    pub async fn claim(&mut self) -> Result<Claim, LeaseError> {
+    pub async fn claim(&mut self) -> Result<Claim, StoreError> {
         // Before granting anything: the namespace may be claimed in.
         self.guard_namespace().await?;
         let prefer = self.settle_own_holders().await?;
@@ -44,8 +44,8 @@ impl EtcdStore {
         self.remember_lease(lease_id);
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
         let claimed = match self.claim_with_lease(lease_id, &prefer).await {
-            Err(LeaseError::UnknownNamespace { namespace }) => {
-                Err(LeaseError::NamespaceNotCreated {
+            Err(StoreError::UnknownNamespace { namespace }) => {
+                Err(StoreError::NamespaceNotCreated {
                     namespace,
                     endpoints: self.settings.endpoints.join(","),
                 })
@@ -85,7 +85,7 @@ impl EtcdStore {
         &mut self,
         lease_id: i64,
         prefer: &[MachineId],
-    ) -> Result<Claimed, LeaseError> {
+    ) -> Result<Claimed, StoreError> {
         let now = self
             .layout
             .to_layout_ms(self.clock.unix_ms())
@@ -119,14 +119,14 @@ impl EtcdStore {
     /// may still be applied when that member resumes; it then finds the fence
     /// moved on and changes nothing, rather than lowering a fence already in
     /// use. A retried write that finds its own earlier attempt committed
-    /// counts as done. [`LeaseError::LeaseLost`] with `HolderChanged` when a
+    /// counts as done. [`StoreError::LeaseLost`] with `HolderChanged` when a
     /// holder key is not ours any more, or a fence key was changed by anyone
     /// else (the caller stops issuing and claims again, reading the fence).
     pub async fn advance_fences(
         &mut self,
         claim: &Claim,
         fences: &[Millis],
-    ) -> Result<(), LeaseError> {
+    ) -> Result<(), StoreError> {
         let ns = self.ns().to_owned();
         let lease_id = claim.lease.id;
         let mut guard = self.ownership(claim);
@@ -171,7 +171,7 @@ impl EtcdStore {
                 .and_then(Option::as_ref)
                 .is_some_and(|kv| kv.lease() == lease_id);
             if !holder_ours {
-                return Err(LeaseError::LeaseLost {
+                return Err(StoreError::LeaseLost {
                     reason: LossReason::HolderChanged,
                 });
             }
@@ -182,7 +182,7 @@ impl EtcdStore {
                 other => {
                     let now = other.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
                     warn!(namespace = %ns, machine_id = h.machine_id.get(), fence_now = ?now, fence_written_ms = h.fence.get(), "a fence key changed under its holder, not by it; stopping issuance and claiming again");
-                    return Err(LeaseError::LeaseLost {
+                    return Err(StoreError::LeaseLost {
                         reason: LossReason::HolderChanged,
                     });
                 }
@@ -214,10 +214,10 @@ impl EtcdStore {
     /// keepalive stream that fails, ends or stays silent is reopened at once
     /// on the next endpoint, failing over like any request; opening a stream
     /// sends a keepalive too, and its answer says whether the lease still
-    /// exists. Errors with [`LeaseError::LeaseLost`] (`Expired`) when etcd
+    /// exists. Errors with [`StoreError::LeaseLost`] (`Expired`) when etcd
     /// says the lease is gone, and with a retryable error when no endpoint
     /// answers.
-    pub async fn renew(&mut self, claim: &Claim) -> Result<Instant, LeaseError> {
+    pub(crate) async fn renew(&mut self, claim: &Claim) -> Result<Instant, StoreError> {
         let lease_id = claim.lease.id;
         let timeout = self.settings.request_timeout;
         // The earliest send time of this renewal: the deadline counts from it
@@ -235,7 +235,7 @@ impl EtcdStore {
                 }
                 Ok(Ok(Some(_))) => {
                     self.keeper = None;
-                    return Err(LeaseError::LeaseLost {
+                    return Err(StoreError::LeaseLost {
                         reason: LossReason::Expired,
                     });
                 }
@@ -259,7 +259,7 @@ impl EtcdStore {
                 self.keeper_position = position;
                 Ok(sent + self.settings.lease_ttl)
             }
-            Err(e) if lease_not_found(&e) => Err(LeaseError::LeaseLost {
+            Err(e) if lease_not_found(&e) => Err(StoreError::LeaseLost {
                 reason: LossReason::Expired,
             }),
             Err(e) => Err(e),
@@ -272,7 +272,11 @@ impl EtcdStore {
     /// so a rolling restart waits for nothing; then revokes the lease. Both
     /// fail over like any request; a retried release transaction that finds
     /// its own earlier attempt committed counts as done.
-    pub async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
+    pub(crate) async fn release(
+        &mut self,
+        claim: &Claim,
+        last_used: &[Millis],
+    ) -> Result<(), StoreError> {
         let timeout = self.settings.request_timeout;
         let lease_id = claim.lease.id;
         self.keeper = None;
@@ -330,8 +334,9 @@ impl EtcdStore {
         Ok(())
     }
 
-    /// Revokes a lease that is no longer used, best effort.
-    pub async fn forget(&mut self, claim: &Claim) {
+    /// Abandons a claim that is no longer used: revokes its etcd lease (etcd
+    /// deletes the holder keys with it and keeps the fences), best effort.
+    pub(crate) async fn abandon(&mut self, claim: &Claim) {
         self.keeper = None;
         let lease_id = claim.lease.id;
         let timeout = self.settings.request_timeout;

@@ -9,7 +9,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 
 use super::{keys, Claim, EtcdStore};
-use crate::lease::{LeaseError, LossReason};
+use crate::claim::{LossReason, StoreError};
 
 /// Pause before re-opening a failed holder watch.
 const WATCH_RETRY: Duration = Duration::from_millis(250);
@@ -19,20 +19,22 @@ impl EtcdStore {
     /// returned task ends with `HolderChanged` when one of the claim's keys is
     /// deleted or rewritten for another holder or lease (an operator's
     /// `etcdctl del`, an expiry seen by etcd). Aborted when dropped.
-    pub fn watch_holders(
+    pub(crate) fn watch_holders(
         &self,
         claim: &Claim,
-    ) -> AbortOnDropHandle<Result<LossReason, LeaseError>> {
+    ) -> AbortOnDropHandle<Result<LossReason, StoreError>> {
         let prefix = keys::holder_prefix(self.ns());
         let ours: Vec<MachineId> = claim.held.iter().map(|h| h.machine_id).collect();
-        let instance_id = self.settings.instance_id.clone();
-        let instance_id_for_log = instance_id.clone();
+        // The holder value of this server's keys: its instance id. The same
+        // value on another etcd lease is a second live process with it.
+        let own_instance_id = self.settings.instance_id.clone();
+        let holder_value = own_instance_id.clone();
         let lease_id = claim.lease.id;
         let endpoints = self.endpoints.clone();
         let timeout = self.settings.request_timeout;
         let mut next_revision = claim.lease.revision + 1;
         let is_ours = move |kv: &etcd_client::KeyValue| {
-            kv.value() == instance_id.as_bytes() && kv.lease() == lease_id
+            kv.value() == holder_value.as_bytes() && kv.lease() == lease_id
         };
         AbortOnDropHandle::new(tokio::spawn(async move {
             loop {
@@ -115,14 +117,14 @@ impl EtcdStore {
                                     continue;
                                 }
                                 if event.event_type() == EventType::Put
-                                    && kv.value() == instance_id_for_log.as_bytes()
+                                    && kv.value() == own_instance_id.as_bytes()
                                     && kv.lease() != lease_id
                                 {
                                     // Our instance id, another lease: a second live
                                     // process with our --instance-id. Stop rather
                                     // than take it back and forth forever.
-                                    return Err(LeaseError::DuplicateInstance {
-                                        instance_id: instance_id_for_log,
+                                    return Err(StoreError::DuplicateInstance {
+                                        instance_id: own_instance_id,
                                         machine_id: id,
                                     });
                                 }

@@ -20,7 +20,7 @@ pub mod weight;
 pub mod wire;
 
 pub use error::LimitError;
-pub use throttle::Throttle;
+pub(crate) use throttle::Throttle;
 
 /// The status a client gets for `error`: codes are mapped in one place,
 /// `service::status`.

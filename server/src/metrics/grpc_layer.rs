@@ -89,7 +89,7 @@ fn grpc_status(headers: &http::HeaderMap) -> Option<Code> {
 
 /// Adds [`GrpcMetrics`] around a service.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct GrpcMetricsLayer;
+pub(crate) struct GrpcMetricsLayer;
 
 impl<S> Layer<S> for GrpcMetricsLayer {
     type Service = GrpcMetrics<S>;
@@ -101,7 +101,7 @@ impl<S> Layer<S> for GrpcMetricsLayer {
 
 /// Records `snowkeep_grpc_*` metrics for every call through it.
 #[derive(Debug, Clone)]
-pub struct GrpcMetrics<S> {
+pub(crate) struct GrpcMetrics<S> {
     inner: S,
 }
 
@@ -172,7 +172,7 @@ where
 }
 
 /// A response body that finishes its call's measurement at its end.
-pub struct MeasuredBody<B> {
+pub(crate) struct MeasuredBody<B> {
     inner: B,
     call: Option<Call>,
 }

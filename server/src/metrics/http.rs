@@ -25,7 +25,7 @@ use crate::limits::conn::{Listener, ListenerLimits};
 
 /// Most open connections to the metrics port (Prometheus keeps one per
 /// scraper).
-pub const MAX_CONNECTIONS: usize = 16;
+pub(crate) const MAX_CONNECTIONS: usize = 16;
 /// A request's headers must arrive within this.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often histograms and summaries are maintained between scrapes.

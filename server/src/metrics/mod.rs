@@ -1,89 +1,89 @@
-//! The metric catalog: every metric name snowkeep-server exports is a `pub
-//! const` here, described in [`describe_all`]. Dashboards and alert rules in
+//! The metric catalog: every metric name snowkeep-server exports is a
+//! `const` here, described in `describe_all`. Dashboards and alert rules in
 //! `deploy/` use these names, so renaming one breaks them. Labels take
 //! bounded values only: `namespace` (configured), enums with `as_str`, never
 //! ids or text. The scrape is served by [`http`].
 
-pub mod grpc_layer;
+pub(crate) mod grpc_layer;
 pub mod http;
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Build information, gauge = 1; labels `version`.
-pub const BUILD_INFO: &str = "snowkeep_build_info";
+pub(crate) const BUILD_INFO: &str = "snowkeep_build_info";
 /// gRPC calls by final status; labels `service`, `method`, `code` (canonical names).
-pub const GRPC_REQUESTS_TOTAL: &str = "snowkeep_grpc_requests_total";
+pub(crate) const GRPC_REQUESTS_TOTAL: &str = "snowkeep_grpc_requests_total";
 /// gRPC call duration, until the last message of a stream; labels `service`, `method`.
-pub const GRPC_REQUEST_DURATION_SECONDS: &str = "snowkeep_grpc_request_duration_seconds";
+pub(crate) const GRPC_REQUEST_DURATION_SECONDS: &str = "snowkeep_grpc_request_duration_seconds";
 /// gRPC calls in progress (open streams included); labels `service`, `method`.
-pub const GRPC_REQUESTS_IN_FLIGHT: &str = "snowkeep_grpc_requests_in_flight";
+pub(crate) const GRPC_REQUESTS_IN_FLIGHT: &str = "snowkeep_grpc_requests_in_flight";
 /// Ids issued; labels `namespace`, `method`.
-pub const IDS_ISSUED_TOTAL: &str = "snowkeep_ids_issued_total";
+pub(crate) const IDS_ISSUED_TOTAL: &str = "snowkeep_ids_issued_total";
 /// Lease renewals (etcd keepalives); label `result` = `ok`|`error`.
-pub const LEASE_RENEWALS_TOTAL: &str = "snowkeep_lease_renewals_total";
+pub(crate) const LEASE_RENEWALS_TOTAL: &str = "snowkeep_lease_renewals_total";
 /// Latency of a lease renewal round trip.
-pub const LEASE_RENEWAL_DURATION_SECONDS: &str = "snowkeep_lease_renewal_duration_seconds";
+pub(crate) const LEASE_RENEWAL_DURATION_SECONDS: &str = "snowkeep_lease_renewal_duration_seconds";
 /// Time left to the local monotonic lease deadline (0 when none is held).
-pub const LEASE_REMAINING_SECONDS: &str = "snowkeep_lease_remaining_seconds";
-/// Leases lost; label `reason` = `expired`|`revoked`|`holder_changed`|`deadline`|`rolled_back`.
-pub const LEASE_LOSSES_TOTAL: &str = "snowkeep_lease_losses_total";
+pub(crate) const LEASE_REMAINING_SECONDS: &str = "snowkeep_lease_remaining_seconds";
+/// Claims lost; label `reason` = `expired`|`holder_changed`|`deadline`|`rolled_back`.
+pub(crate) const LEASE_LOSSES_TOTAL: &str = "snowkeep_lease_losses_total";
 /// Machine ids held by this instance with a valid grant; label `namespace`.
-pub const MACHINE_IDS_HELD: &str = "snowkeep_machine_ids_held";
+pub(crate) const MACHINE_IDS_HELD: &str = "snowkeep_machine_ids_held";
 /// Machine ids of the namespace (this instance's range), label `state` =
 /// `held`|`free` (sum = capacity); label `namespace`.
-pub const NAMESPACE_MACHINE_IDS: &str = "snowkeep_namespace_machine_ids";
+pub(crate) const NAMESPACE_MACHINE_IDS: &str = "snowkeep_namespace_machine_ids";
 /// Fence − now over held machine ids; label `namespace`.
-pub const FENCE_HEADROOM_SECONDS: &str = "snowkeep_fence_headroom_seconds";
+pub(crate) const FENCE_HEADROOM_SECONDS: &str = "snowkeep_fence_headroom_seconds";
 /// Fence advances; label `result` = `ok`|`error`.
-pub const FENCE_ADVANCES_TOTAL: &str = "snowkeep_fence_advances_total";
+pub(crate) const FENCE_ADVANCES_TOTAL: &str = "snowkeep_fence_advances_total";
 /// Waits for the clock to pass a previous holder's fence.
-pub const FENCE_WAITS_TOTAL: &str = "snowkeep_fence_waits_total";
+pub(crate) const FENCE_WAITS_TOTAL: &str = "snowkeep_fence_waits_total";
 /// Length of those waits.
-pub const FENCE_WAIT_DURATION_SECONDS: &str = "snowkeep_fence_wait_duration_seconds";
+pub(crate) const FENCE_WAIT_DURATION_SECONDS: &str = "snowkeep_fence_wait_duration_seconds";
 /// Milliseconds whose sequence ran out; label `namespace`.
-pub const SEQUENCE_EXHAUSTED_TOTAL: &str = "snowkeep_sequence_exhausted_total";
+pub(crate) const SEQUENCE_EXHAUSTED_TOTAL: &str = "snowkeep_sequence_exhausted_total";
 /// `NextIds` and `StreamIds` calls the generator refused; labels
 /// `namespace`, `reason` = `no_lease` | `clock_behind_floor` |
 /// `fence_reached` | `clock_stepped_back` | `clock_before_epoch` |
 /// `layout_exhausted`.
-pub const ISSUANCE_REFUSALS_TOTAL: &str = "snowkeep_issuance_refusals_total";
+pub(crate) const ISSUANCE_REFUSALS_TOTAL: &str = "snowkeep_issuance_refusals_total";
 /// Backwards clock steps; label `outcome` = `waited`|`halted`.
-pub const CLOCK_BACKWARD_STEPS_TOTAL: &str = "snowkeep_clock_backward_steps_total";
+pub(crate) const CLOCK_BACKWARD_STEPS_TOTAL: &str = "snowkeep_clock_backward_steps_total";
 /// Absolute clock skew observed; labels `namespace`, `source` = `client`
 /// (Lease API requesters) | `caller` (NextIds callers that send their time) |
 /// `peer` (other servers).
-pub const CLOCK_SKEW_SECONDS: &str = "snowkeep_clock_skew_seconds";
+pub(crate) const CLOCK_SKEW_SECONDS: &str = "snowkeep_clock_skew_seconds";
 /// Lease API Acquires refused for client clock skew.
-pub const CLOCK_SKEW_REJECTIONS_TOTAL: &str = "snowkeep_clock_skew_rejections_total";
+pub(crate) const CLOCK_SKEW_REJECTIONS_TOTAL: &str = "snowkeep_clock_skew_rejections_total";
 /// 1 while ids can be issued, else 0; label `namespace` (mirrors gRPC health).
-pub const ISSUANCE_READY: &str = "snowkeep_issuance_ready";
+pub(crate) const ISSUANCE_READY: &str = "snowkeep_issuance_ready";
 /// Other namespaces of the same etcd, with the same bit layout, that have
 /// used machine ids of this server's range (their ids can equal this
 /// namespace's); checked at start; label `namespace`.
-pub const NAMESPACE_OVERLAPS: &str = "snowkeep_namespace_overlaps";
+pub(crate) const NAMESPACE_OVERLAPS: &str = "snowkeep_namespace_overlaps";
 /// Largest absolute clock offset to a peer server in the last measuring
 /// round, seconds (0 with no peers); label `namespace`.
-pub const PEER_CLOCK_OFFSET_MAX_SECONDS: &str = "snowkeep_peer_clock_offset_max_seconds";
+pub(crate) const PEER_CLOCK_OFFSET_MAX_SECONDS: &str = "snowkeep_peer_clock_offset_max_seconds";
 /// Clock skews recorded at [`MAX_RECORDED_SKEW_MS`] because they were
 /// further off; labels `namespace`, `source` (as [`CLOCK_SKEW_SECONDS`]).
-pub const CLOCK_SKEW_CLAMPED_TOTAL: &str = "snowkeep_clock_skew_clamped_total";
+pub(crate) const CLOCK_SKEW_CLAMPED_TOTAL: &str = "snowkeep_clock_skew_clamped_total";
 /// Lease API requesters this server knows (they hold machine ids and
 /// presented their lease token) whose last reported clock is off by more
 /// than a share of `--client-skew-threshold`, either way; labels `namespace`,
 /// `over` = `half_threshold` | `threshold`.
-pub const CLIENT_CLOCK_SKEW_REQUESTERS: &str = "snowkeep_client_clock_skew_requesters";
+pub(crate) const CLIENT_CLOCK_SKEW_REQUESTERS: &str = "snowkeep_client_clock_skew_requesters";
 /// Unreadable keys met while reading etcd, one per key per read; labels
 /// `namespace`, `kind` = `fence` | `requester` | `token` | `layout`. The log
 /// names each key in full.
-pub const CORRUPT_KEYS_TOTAL: &str = "snowkeep_corrupt_keys_total";
+pub(crate) const CORRUPT_KEYS_TOTAL: &str = "snowkeep_corrupt_keys_total";
 /// Connections closed as soon as they were accepted, because of a limit;
 /// labels `listener` = `gRPC` | `metrics`, `reason` = `max_connections` |
 /// `max_connections_per_peer`.
-pub const CONNECTIONS_REFUSED_TOTAL: &str = "snowkeep_connections_refused_total";
+pub(crate) const CONNECTIONS_REFUSED_TOTAL: &str = "snowkeep_connections_refused_total";
 /// Connections closed because a response message on them (of a stream or
 /// a unary call) waited `--stream-send-timeout` without being taken.
-pub const STREAM_SEND_STALLS_TOTAL: &str = "snowkeep_stream_send_stalls_total";
+pub(crate) const STREAM_SEND_STALLS_TOTAL: &str = "snowkeep_stream_send_stalls_total";
 
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
@@ -120,7 +120,7 @@ pub const CATALOG: &[(&str, &str)] = &[
 
 /// Where a clock skew was observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SkewSource {
+pub(crate) enum SkewSource {
     /// An embedded requester, through the Lease API (its Acquire is refused
     /// past the threshold: the client-skew alerts watch this one).
     Client,
@@ -132,7 +132,7 @@ pub enum SkewSource {
 
 impl SkewSource {
     /// The `source` label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SkewSource::Client => "client",
             SkewSource::Caller => "caller",
@@ -145,12 +145,12 @@ impl SkewSource {
 /// further off is recorded as this and counted in
 /// [`CLOCK_SKEW_CLAMPED_TOTAL`], so a client time of 0 or 2^64−1 cannot blow
 /// up the histogram's sum.
-pub const MAX_RECORDED_SKEW_MS: i64 = 86_400_000;
+pub(crate) const MAX_RECORDED_SKEW_MS: i64 = 86_400_000;
 
 /// Records an observed clock skew of `skew_ms` (either sign) from `source`
 /// in `namespace`, clamped to ±[`MAX_RECORDED_SKEW_MS`]; returns the value
 /// recorded.
-pub fn record_skew(namespace: &str, source: SkewSource, skew_ms: i64) -> i64 {
+pub(crate) fn record_skew(namespace: &str, source: SkewSource, skew_ms: i64) -> i64 {
     let clamped = skew_ms.clamp(-MAX_RECORDED_SKEW_MS, MAX_RECORDED_SKEW_MS);
     metrics::counter!(CLOCK_SKEW_CLAMPED_TOTAL, "namespace" => namespace.to_owned(), "source" => source.as_str())
         .increment(u64::from(clamped != skew_ms));
@@ -161,7 +161,7 @@ pub fn record_skew(namespace: &str, source: SkewSource, skew_ms: i64) -> i64 {
 
 /// What an unreadable etcd key held (the `kind` label of [`CORRUPT_KEYS_TOTAL`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyKind {
+pub(crate) enum KeyKind {
     /// A machine id's fence.
     Fence,
     /// An embedded requester's record of machine ids and floors.
@@ -174,7 +174,7 @@ pub enum KeyKind {
 
 impl KeyKind {
     /// Every kind, for the series created at start.
-    pub const ALL: [KeyKind; 4] = [
+    pub(crate) const ALL: [KeyKind; 4] = [
         KeyKind::Fence,
         KeyKind::Requester,
         KeyKind::Token,
@@ -182,7 +182,7 @@ impl KeyKind {
     ];
 
     /// The `kind` label value.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             KeyKind::Fence => "fence",
             KeyKind::Requester => "requester",
@@ -193,14 +193,14 @@ impl KeyKind {
 }
 
 /// Counts `n` unreadable keys of `kind` met in `namespace`.
-pub fn count_corrupt(namespace: &str, kind: KeyKind, n: u64) {
+pub(crate) fn count_corrupt(namespace: &str, kind: KeyKind, n: u64) {
     metrics::counter!(CORRUPT_KEYS_TOTAL, "namespace" => namespace.to_owned(), "kind" => kind.as_str())
         .increment(n);
 }
 
 /// Sets [`CLIENT_CLOCK_SKEW_REQUESTERS`] of `namespace`: `over_half` and
 /// `over` requesters off by more than half the threshold and the threshold.
-pub fn set_skewed_requesters(namespace: &str, over_half: usize, over: usize) {
+pub(crate) fn set_skewed_requesters(namespace: &str, over_half: usize, over: usize) {
     for (band, n) in [("half_threshold", over_half), ("threshold", over)] {
         metrics::gauge!(CLIENT_CLOCK_SKEW_REQUESTERS, "namespace" => namespace.to_owned(), "over" => band)
             .set(n as f64);
@@ -210,7 +210,7 @@ pub fn set_skewed_requesters(namespace: &str, over_half: usize, over: usize) {
 /// Creates the Lease API's and the etcd store's labelled series of
 /// `namespace` at 0, so rates and alerts see them before the first event.
 /// Never lowers a value already there.
-pub fn init_namespace(namespace: &str) {
+pub(crate) fn init_namespace(namespace: &str) {
     for kind in KeyKind::ALL {
         count_corrupt(namespace, kind, 0);
     }
@@ -235,7 +235,7 @@ const SKEW_BUCKETS: &[f64] = &[
 ];
 
 /// Describes every metric (unit and help) for the installed recorder.
-pub fn describe_all() {
+pub(crate) fn describe_all() {
     describe_gauge!(
         BUILD_INFO,
         "Build information of the running snowkeep-server; always 1."
@@ -380,13 +380,7 @@ pub fn describe_all() {
         metrics::counter!(LEASE_RENEWALS_TOTAL, "result" => result).increment(0);
         metrics::counter!(FENCE_ADVANCES_TOTAL, "result" => result).increment(0);
     }
-    for reason in [
-        "expired",
-        "revoked",
-        "holder_changed",
-        "deadline",
-        "rolled_back",
-    ] {
+    for reason in ["expired", "holder_changed", "deadline", "rolled_back"] {
         metrics::counter!(LEASE_LOSSES_TOTAL, "reason" => reason).increment(0);
     }
     metrics::counter!(FENCE_WAITS_TOTAL).increment(0);

@@ -38,7 +38,7 @@ async fn set(reporter: &HealthReporter, status: ServingStatus, namespace: &str) 
 }
 
 /// Follows issuance until `shutdown`, then reports NOT_SERVING for good. The
-/// lease loop publishes every machine id's grant together, so the first
+/// claim loop publishes every machine id's grant together, so the first
 /// slot's channel (`grants`) signals every change.
 pub async fn follow_issuance(
     reporter: HealthReporter,

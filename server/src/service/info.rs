@@ -18,7 +18,7 @@ pub struct InfoHandler {
     namespace: String,
     instance_id: String,
     store: &'static str,
-    /// The store, for capacity reads (the embedded store's machine ids are all
+    /// The store, for capacity reads (the single-instance store's machine ids are all
     /// this server's).
     access: StoreAccess,
 }
@@ -101,17 +101,17 @@ impl pb::info_service_server::InfoService for InfoHandler {
     ) -> Result<Response<pb::Capacity>, Status> {
         let (capacity, range) = match self.access.etcd_handles()? {
             Some((mut reader, _)) => (
-                reader.read().await.map_err(ApiError::Lease)?,
+                reader.read().await.map_err(ApiError::Store)?,
                 reader.range(),
             ),
             None => {
                 let range = match &self.access {
-                    StoreAccess::Embedded { machine_ids } => machine_ids.clone(),
+                    StoreAccess::SingleInstance { machine_ids } => machine_ids.clone(),
                     StoreAccess::Etcd(_) => 0..0,
                 };
                 let total = range.end - range.start;
                 let held = if self.generators.is_ready() { total } else { 0 };
-                (crate::lease::Capacity { total, held }, range)
+                (crate::claim::Capacity { total, held }, range)
             }
         };
         Ok(Response::new(convert::capacity_to_pb(

@@ -5,7 +5,6 @@ pub mod convert;
 pub mod health;
 pub mod id;
 pub mod info;
-pub mod lease;
 pub mod status;
 
 use std::sync::{Arc, OnceLock};
@@ -22,8 +21,8 @@ use status::ApiError;
 /// What the API handlers need from the lease store, once it is connected.
 #[derive(Clone)]
 pub enum StoreAccess {
-    /// The embedded store: no etcd, so no Lease API.
-    Embedded {
+    /// The single-instance store: no etcd, so no Lease API.
+    SingleInstance {
         /// The machine ids this server holds, `[start, end)`.
         machine_ids: std::ops::Range<u32>,
     },
@@ -44,11 +43,11 @@ impl StoreAccess {
         }
     }
 
-    /// The etcd handles; `Ok(None)` on the embedded store,
+    /// The etcd handles; `Ok(None)` on the single-instance store,
     /// [`ApiError::StoreNotConnected`] before etcd answered.
     pub fn etcd_handles(&self) -> Result<Option<(CapacityReader, RequesterLeases)>, ApiError> {
         match self {
-            StoreAccess::Embedded { .. } => Ok(None),
+            StoreAccess::SingleInstance { .. } => Ok(None),
             StoreAccess::Etcd(cell) => cell
                 .get()
                 .cloned()
@@ -58,14 +57,14 @@ impl StoreAccess {
     }
 }
 
-/// Builds the routes: IdService, InfoService, grpc.health.v1 and server
+/// Builds the routes: IdService, InfoService, LeaseService, grpc.health.v1 and server
 /// reflection (v1 and v1alpha, so grpcurl 1.8 works too). Every service
 /// decodes requests of at most `limits.max_recv_message_size` bytes and
 /// encodes responses of at most `limits.max_send_message_size` bytes.
 pub fn router(
     id: id::IdHandler,
     info: info::InfoHandler,
-    lease: lease::LeaseHandler,
+    lease: crate::lease_api::LeaseHandler,
     limits: &Limits,
 ) -> Result<(Routes, HealthReporter), tonic_reflection::server::Error> {
     let (recv, send) = (limits.max_recv_message_size, limits.max_send_message_size);

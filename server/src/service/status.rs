@@ -6,8 +6,8 @@ use snowkeep_client::{GenerateError, MachineId};
 use tonic::{Code, Status};
 use tracing::debug;
 
+use crate::claim::StoreError;
 use crate::config::MAX_BATCH;
-use crate::lease::LeaseError;
 use crate::limits::LimitError;
 
 /// Errors a gRPC handler returns.
@@ -18,39 +18,28 @@ pub enum ApiError {
     Generate(#[from] GenerateError),
     /// `NextIds.count` out of range.
     #[error("count must be between 1 and {max}, got {got}")]
-    InvalidCount {
-        /// Given.
-        got: u32,
-        /// Maximum.
-        max: u32,
-    },
+    InvalidCount { got: u32, max: u32 },
     /// `StreamIds.batch_size` out of range.
     #[error("batch_size must be between 1 and {max} (0 means 1000), got {got}")]
-    InvalidBatchSize {
-        /// Given.
-        got: u32,
-        /// Maximum.
-        max: u32,
-    },
-    /// The lease store refused or failed.
+    InvalidBatchSize { got: u32, max: u32 },
+    /// The store (a claim store, or the Lease API's) refused or failed.
     #[error(transparent)]
-    Lease(crate::lease::LeaseError),
+    Store(crate::claim::StoreError),
     /// etcd has not answered since the server started.
     #[error(
         "this server is not connected to etcd yet; retry shortly or on another snowkeep server"
     )]
     StoreNotConnected,
     /// The Lease API was called on a server without etcd.
-    #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the embedded single-instance store")]
+    #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the single-instance store")]
     LeaseApiNeedsEtcd,
     /// The client's clock is off the server's, either way, beyond the threshold.
     #[error("client clock is {} {direction} the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
     ClientClockSkew {
-        /// How far off (see [`crate::lease::skew::magnitude`]).
+        /// How far off (see [`crate::lease_api::skew::magnitude`]).
         skew: std::time::Duration,
         /// Which way.
-        direction: crate::lease::skew::SkewDirection,
-        /// The threshold.
+        direction: crate::lease_api::skew::SkewDirection,
         threshold: std::time::Duration,
     },
     /// A malformed requester identity.
@@ -61,18 +50,10 @@ pub enum ApiError {
     },
     /// A namespace name that breaks [`crate::config::NAMESPACE_RULE`].
     #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::config::NAMESPACE_RULE)]
-    InvalidNamespace {
-        /// Given.
-        namespace: String,
-    },
+    InvalidNamespace { namespace: String },
     /// `Acquire.count` out of range.
     #[error("count must be between 1 and {max}, got {got}")]
-    InvalidLeaseCount {
-        /// Given.
-        got: u32,
-        /// Maximum.
-        max: u32,
-    },
+    InvalidLeaseCount { got: u32, max: u32 },
     /// A lease token that is not 64 hex digits.
     #[error(
         "invalid lease_token: send the 64 hex digits that Acquire returned, or leave it empty"
@@ -81,7 +62,6 @@ pub enum ApiError {
     /// A machine id that cannot exist.
     #[error("machine id {got} is out of range: the namespace's layout has {machine_bits} machine bits, so machine ids are 0 to {max}")]
     InvalidMachineId {
-        /// Given.
         got: u32,
         /// The largest machine id of the namespace's layout: `2^machine_bits - 1`.
         max: u32,
@@ -90,10 +70,7 @@ pub enum ApiError {
     },
     /// An id with the sign bit set.
     #[error("id {id} has its top bit set; snowkeep ids are 63-bit")]
-    InvalidId {
-        /// Given.
-        id: u64,
-    },
+    InvalidId { id: u64 },
     /// A `StreamIds` call ended before it sent `total` ids (or, for an
     /// unbounded stream, ended at all). The message names the ids sent, the
     /// ids asked for and what to do; the code is the cause's.
@@ -206,35 +183,35 @@ fn code_of(err: &ApiError) -> Code {
         | ApiError::InvalidMachineId { .. } => Code::InvalidArgument,
         ApiError::ClientClockSkew { .. } | ApiError::LeaseApiNeedsEtcd => Code::FailedPrecondition,
         ApiError::StoreNotConnected => Code::Unavailable,
-        ApiError::Lease(e) => match e {
-            LeaseError::UnknownNamespace { .. } => Code::NotFound,
-            LeaseError::InvalidNamespace { .. } => Code::InvalidArgument,
-            LeaseError::NoFreeMachineId { .. } => Code::ResourceExhausted,
+        ApiError::Store(e) => match e {
+            StoreError::UnknownNamespace { .. } => Code::NotFound,
+            StoreError::InvalidNamespace { .. } => Code::InvalidArgument,
+            StoreError::NoFreeMachineId { .. } => Code::ResourceExhausted,
             // Not FAILED_PRECONDITION: clients retry that (a skew refusal
             // heals with NTP); another Acquire cannot fix a count mismatch.
-            LeaseError::CountMismatch { .. } => Code::AlreadyExists,
+            StoreError::CountMismatch { .. } => Code::AlreadyExists,
             // The caller is who it says, but holds no right to this lease.
-            LeaseError::TokenRefused { .. } => Code::PermissionDenied,
-            LeaseError::LayoutExhausted { .. } => Code::FailedPrecondition,
+            StoreError::TokenRefused { .. } => Code::PermissionDenied,
+            StoreError::LayoutExhausted { .. } => Code::FailedPrecondition,
             // Until an operator confirms a floor (the message says how);
             // clients retry FAILED_PRECONDITION with backoff.
-            LeaseError::NamespaceRolledBack { .. } => Code::FailedPrecondition,
-            LeaseError::NamespaceNotCreated { .. } => Code::NotFound,
-            LeaseError::NamespaceFloorAhead { .. } => Code::Unavailable,
+            StoreError::NamespaceRolledBack { .. } => Code::FailedPrecondition,
+            StoreError::NamespaceNotCreated { .. } => Code::NotFound,
+            StoreError::NamespaceFloorAhead { .. } => Code::Unavailable,
             // Like the namespace's other refusals: an operator must repair
             // the record (the message names its key and how).
-            LeaseError::CorruptNamespace { .. } => Code::FailedPrecondition,
-            LeaseError::BadFloor { .. } => Code::Internal,
-            LeaseError::FenceTooFarAhead { .. }
-            | LeaseError::LeaseLost { .. }
-            | LeaseError::Timeout { .. }
-            | LeaseError::Store { .. }
-            | LeaseError::Io { .. } => Code::Unavailable,
-            LeaseError::Corrupt { .. }
-            | LeaseError::LayoutMismatch { .. }
-            | LeaseError::ClockBeforeEpoch { .. }
-            | LeaseError::DuplicateInstance { .. }
-            | LeaseError::StateLocked { .. } => Code::Internal,
+            StoreError::CorruptNamespace { .. } => Code::FailedPrecondition,
+            StoreError::BadFloor { .. } => Code::Internal,
+            StoreError::FenceTooFarAhead { .. }
+            | StoreError::LeaseLost { .. }
+            | StoreError::Timeout { .. }
+            | StoreError::Request { .. }
+            | StoreError::Io { .. } => Code::Unavailable,
+            StoreError::Corrupt { .. }
+            | StoreError::LayoutMismatch { .. }
+            | StoreError::ClockBeforeEpoch { .. }
+            | StoreError::DuplicateInstance { .. }
+            | StoreError::StateLocked { .. } => Code::Internal,
         },
         ApiError::Limit(l) => match l {
             LimitError::Busy { .. }
@@ -278,7 +255,7 @@ impl From<ApiError> for Status {
             other => crate::DisplayChain(other).to_string(),
         };
         // Per-request refusals would flood the logs while issuance is stopped;
-        // the lease loop logs the cause once, and metrics count the refusals.
+        // the claim loop logs the cause once, and metrics count the refusals.
         debug!(code = ?code, error = %crate::DisplayChain(&err), "request refused");
         Status::new(code, message)
     }
@@ -291,7 +268,7 @@ mod tests {
     use snowkeep_client::{MachineId, Millis};
 
     use super::*;
-    use crate::lease::skew::SkewDirection;
+    use crate::lease_api::skew::SkewDirection;
 
     #[test]
     fn each_error_maps_to_its_code() {
@@ -303,20 +280,20 @@ mod tests {
             ),
             (ApiError::InvalidId { id: 1 << 63 }, Code::InvalidArgument),
             (
-                ApiError::Lease(LeaseError::Timeout {
+                ApiError::Store(StoreError::Timeout {
                     op: "x",
                     after: Duration::ZERO,
                 }),
                 Code::Unavailable,
             ),
             (
-                ApiError::Lease(LeaseError::UnknownNamespace {
+                ApiError::Store(StoreError::UnknownNamespace {
                     namespace: "x".into(),
                 }),
                 Code::NotFound,
             ),
             (
-                ApiError::Lease(LeaseError::NoFreeMachineId {
+                ApiError::Store(StoreError::NoFreeMachineId {
                     namespace: "x".into(),
                     capacity: 1,
                     start: 0,
@@ -325,7 +302,7 @@ mod tests {
                 Code::ResourceExhausted,
             ),
             (
-                ApiError::Lease(LeaseError::CountMismatch { held: 1, asked: 2 }),
+                ApiError::Store(StoreError::CountMismatch { held: 1, asked: 2 }),
                 Code::AlreadyExists,
             ),
             (
@@ -345,14 +322,14 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                ApiError::Lease(LeaseError::InvalidNamespace {
+                ApiError::Store(StoreError::InvalidNamespace {
                     namespace: ".".into(),
                 }),
                 Code::InvalidArgument,
             ),
             (ApiError::LeaseApiNeedsEtcd, Code::FailedPrecondition),
             (
-                ApiError::Lease(LeaseError::NamespaceRolledBack {
+                ApiError::Store(StoreError::NamespaceRolledBack {
                     namespace: "x".into(),
                     since: "2026-12-01T10:00:00Z".into(),
                     reason: "r".into(),
@@ -360,7 +337,7 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (
-                ApiError::Lease(LeaseError::TokenRefused { reason: "x" }),
+                ApiError::Store(StoreError::TokenRefused { reason: "x" }),
                 Code::PermissionDenied,
             ),
             (ApiError::InvalidLeaseToken, Code::InvalidArgument),

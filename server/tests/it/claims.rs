@@ -5,9 +5,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use snowkeep_client::{Layout, SystemClock};
+use snowkeep_server::claim::StoreError;
 use snowkeep_server::etcd::namespace::NamespaceSetup;
 use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
-use snowkeep_server::lease::LeaseError;
 
 use crate::support::etcd::EtcdProcess;
 
@@ -91,7 +91,7 @@ async fn a_thousand_crash_restarts_never_exhaust_the_pool() {
                     .entry(claim.held[0].machine_id.get())
                     .or_default() += 1
             }
-            Err(e @ LeaseError::NoFreeMachineId { .. }) => panic!("restart {i}: {e}"),
+            Err(e @ StoreError::NoFreeMachineId { .. }) => panic!("restart {i}: {e}"),
             Err(e) => panic!("restart {i}: unexpected {e}"),
         }
         drop(store); // kill -9: no release, the lease is left to expire

@@ -617,9 +617,9 @@ async fn the_one_shot_modes_and_a_joining_server_work_with_a_dead_first_endpoint
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
     use snowkeep_client::{Millis, SystemClock};
+    use snowkeep_server::claim::{LossReason, StoreError};
     use snowkeep_server::etcd::namespace::NamespaceSetup;
     use snowkeep_server::etcd::{keys, EtcdSettings, EtcdStore};
-    use snowkeep_server::lease::{LeaseError, LossReason};
 
     let ns = "fence-guard";
     let etcd = EtcdProcess::start().await;
@@ -693,7 +693,7 @@ async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
     assert!(
         matches!(
             err,
-            LeaseError::LeaseLost {
+            StoreError::LeaseLost {
                 reason: LossReason::HolderChanged
             }
         ),

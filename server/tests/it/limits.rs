@@ -1,7 +1,7 @@
 //! Bounded resources under hostile or broken clients, against the real
 //! server: a raw HTTP/2 client (the `h2` crate) that never reads, silent TCP
 //! connections under a low file limit, malformed and oversized messages,
-//! and SIGTERM with a silent client connected. All on the embedded store.
+//! and SIGTERM with a silent client connected. All on the single-instance store.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

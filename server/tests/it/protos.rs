@@ -258,7 +258,7 @@ async fn python_stubs_generated_with_grpcio_tools_call_a_live_server() {
         json!({
             "version": env!("CARGO_PKG_VERSION"),
             "namespace": "default",
-            "store": "embedded",
+            "store": "single-instance",
             "layout": {
                 "timestamp_bits": 41,
                 "machine_bits": 12,

@@ -1,18 +1,17 @@
-//! `LeaseError`: what can go wrong while claiming, renewing, fencing or
-//! releasing machine ids.
+//! `StoreError`: what a store (the claim stores, and the Lease API's store
+//! of requesters' leases) can answer instead of success: claiming, renewing,
+//! fencing or releasing machine ids.
 
 use std::time::Duration;
 
 use snowkeep_client::{Layout, MachineId, Millis};
 use thiserror::Error;
 
-/// Why a lease was lost (the `reason` label of `snowkeep_lease_losses_total`).
+/// Why a claim was lost (the `reason` label of `snowkeep_lease_losses_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LossReason {
     /// etcd answered a keepalive with TTL 0 or "lease not found".
     Expired,
-    /// The keepalive stream was closed by the server.
-    Revoked,
     /// The holder key was deleted or now names another holder.
     HolderChanged,
     /// No renewal succeeded before the local monotonic deadline.
@@ -28,7 +27,6 @@ impl LossReason {
     pub fn as_str(self) -> &'static str {
         match self {
             LossReason::Expired => "expired",
-            LossReason::Revoked => "revoked",
             LossReason::HolderChanged => "holder_changed",
             LossReason::Deadline => "deadline",
             LossReason::RolledBack => "rolled_back",
@@ -42,9 +40,9 @@ impl std::fmt::Display for LossReason {
     }
 }
 
-/// Errors of the lease lifecycle.
+/// Errors of a store: of the claim lifecycle, and of the Lease API's calls.
 #[derive(Debug, Error)]
-pub enum LeaseError {
+pub enum StoreError {
     /// Every machine id of the namespace's range is held.
     #[error("no free machine id in namespace {namespace:?}: all {capacity} machine ids of range {start}..{end} are held")]
     NoFreeMachineId {
@@ -183,7 +181,9 @@ pub enum LeaseError {
         /// The machine id taken.
         machine_id: MachineId,
     },
-    /// The lease was lost.
+    /// The claim was lost: its etcd lease ended, or its keys changed under
+    /// it. (The message keeps the word of the `snowkeep_lease_losses_total`
+    /// metric and the logs operators search for.)
     #[error("machine-id lease lost ({reason})")]
     LeaseLost {
         /// Why.
@@ -205,8 +205,8 @@ pub enum LeaseError {
         /// The value found.
         value: String,
     },
-    /// Another process holds the embedded store's state file lock.
-    #[error("state file {path} is locked by another snowkeep process; one embedded server runs per --state-dir and namespace (stop the other one, or give this one its own --state-dir and a --machine-id-range disjoint from every other embedded server's: servers with overlapping ranges issue equal ids; or run on etcd with --etcd-endpoints, which assigns machine ids)")]
+    /// Another process holds the single-instance store's state file lock.
+    #[error("state file {path} is locked by another snowkeep process; one single-instance server runs per --state-dir and namespace (stop the other one, or give this one its own --state-dir and a --machine-id-range disjoint from every other single-instance server's: servers with overlapping ranges issue equal ids; or run on etcd with --etcd-endpoints, which assigns machine ids)")]
     StateLocked {
         /// The state file.
         path: String,
@@ -215,7 +215,7 @@ pub enum LeaseError {
     /// reset, no leader behind it): retried. The backend's own error is the
     /// source; only that backend looks inside it.
     #[error("{store} request failed")]
-    Store {
+    Request {
         /// The store asked: `etcd`.
         store: &'static str,
         /// The backend's error.
@@ -233,32 +233,32 @@ pub enum LeaseError {
     },
 }
 
-impl LeaseError {
+impl StoreError {
     /// True when retrying (with backoff) may succeed; false for conditions an
     /// operator must fix.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self {
-            LeaseError::LeaseLost { .. }
-            | LeaseError::Corrupt { .. }
-            | LeaseError::Timeout { .. }
-            | LeaseError::Store { .. }
-            | LeaseError::Io { .. } => true,
-            LeaseError::NoFreeMachineId { .. }
-            | LeaseError::UnknownNamespace { .. }
-            | LeaseError::InvalidNamespace { .. }
-            | LeaseError::CountMismatch { .. }
-            | LeaseError::TokenRefused { .. }
-            | LeaseError::LayoutMismatch { .. }
-            | LeaseError::FenceTooFarAhead { .. }
-            | LeaseError::ClockBeforeEpoch { .. }
-            | LeaseError::LayoutExhausted { .. }
-            | LeaseError::DuplicateInstance { .. }
-            | LeaseError::StateLocked { .. }
-            | LeaseError::NamespaceNotCreated { .. }
-            | LeaseError::CorruptNamespace { .. }
-            | LeaseError::NamespaceRolledBack { .. }
-            | LeaseError::NamespaceFloorAhead { .. }
-            | LeaseError::BadFloor { .. } => false,
+            StoreError::LeaseLost { .. }
+            | StoreError::Corrupt { .. }
+            | StoreError::Timeout { .. }
+            | StoreError::Request { .. }
+            | StoreError::Io { .. } => true,
+            StoreError::NoFreeMachineId { .. }
+            | StoreError::UnknownNamespace { .. }
+            | StoreError::InvalidNamespace { .. }
+            | StoreError::CountMismatch { .. }
+            | StoreError::TokenRefused { .. }
+            | StoreError::LayoutMismatch { .. }
+            | StoreError::FenceTooFarAhead { .. }
+            | StoreError::ClockBeforeEpoch { .. }
+            | StoreError::LayoutExhausted { .. }
+            | StoreError::DuplicateInstance { .. }
+            | StoreError::StateLocked { .. }
+            | StoreError::NamespaceNotCreated { .. }
+            | StoreError::CorruptNamespace { .. }
+            | StoreError::NamespaceRolledBack { .. }
+            | StoreError::NamespaceFloorAhead { .. }
+            | StoreError::BadFloor { .. } => false,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The embedded single-instance store: no etcd. An operator assigns machine
-//! ids statically, one range per embedded server: the server holds the first
+//! The single-instance store: no etcd. An operator assigns machine
+//! ids statically, one range per single-instance server: the server holds the first
 //! `--machine-ids` of `--machine-id-range` (`5..6` means machine id 5; the
 //! default range starts at 0). Each machine id's fence is persisted in a
 //! local state file, so a restart with the clock set back is detected (the
@@ -25,7 +25,7 @@
 //!
 //! `{namespace}.lock` is held with an exclusive lock for the life of the
 //! process, so a second server on the same state dir refuses to start.
-//! Nothing stops two servers on *different* state dirs: each embedded server
+//! Nothing stops two servers on *different* state dirs: each single-instance server
 //! of a namespace must have its own disjoint `--machine-id-range`.
 
 use std::collections::BTreeMap;
@@ -36,12 +36,12 @@ use std::path::{Path, PathBuf};
 use snowkeep_client::{Grant, Layout, MachineId, Millis};
 use tokio::sync::watch;
 
-use crate::lease::capacity::CapacitySource;
-use crate::lease::{Capacity, Claim, HeldId, HolderWatch, LeaseError, LeaseStore};
+use crate::claim::capacity::CapacitySource;
+use crate::claim::{Capacity, Claim, ClaimStore, HeldId, HolderWatch, StoreError};
 
 /// Fences kept in a local file, one per machine id.
 #[derive(Debug)]
-pub struct LocalStore {
+pub struct SingleInstanceStore {
     path: PathBuf,
     namespace: String,
     layout: Layout,
@@ -55,31 +55,31 @@ pub struct LocalStore {
     _lock: File,
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LeaseError + '_ {
-    move |source| LeaseError::Io {
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
         path: path.display().to_string(),
         source,
     }
 }
 
-impl LocalStore {
+impl SingleInstanceStore {
     /// Opens (or creates) the state of `namespace` under `dir` for
     /// `machine_ids` (the first `--machine-ids` of `--machine-id-range`, each
     /// below the layout's `2^machine_bits`) and takes its lock.
     ///
-    /// Errors: [`LeaseError::InvalidNamespace`] for a name that breaks
+    /// Errors: [`StoreError::InvalidNamespace`] for a name that breaks
     /// [`crate::config::NAMESPACE_RULE`] (it becomes a file name),
-    /// [`LeaseError::StateLocked`] when another process holds the lock,
-    /// [`LeaseError::LayoutMismatch`] when the file was written under another
-    /// layout, [`LeaseError::Corrupt`] for an unreadable file.
+    /// [`StoreError::StateLocked`] when another process holds the lock,
+    /// [`StoreError::LayoutMismatch`] when the file was written under another
+    /// layout, [`StoreError::Corrupt`] for an unreadable file.
     pub fn open(
         dir: &Path,
         namespace: &str,
         layout: Layout,
         machine_ids: &[MachineId],
-    ) -> Result<Self, LeaseError> {
+    ) -> Result<Self, StoreError> {
         if !crate::config::is_valid_namespace(namespace) {
-            return Err(LeaseError::InvalidNamespace {
+            return Err(StoreError::InvalidNamespace {
                 namespace: namespace.to_owned(),
             });
         }
@@ -97,7 +97,7 @@ impl LocalStore {
         match lock.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => {
-                return Err(LeaseError::StateLocked {
+                return Err(StoreError::StateLocked {
                     path: lock_path.display().to_string(),
                 })
             }
@@ -106,12 +106,12 @@ impl LocalStore {
         let path = dir.join(format!("{namespace}.state"));
         let (fences, unlisted) = match fs::read_to_string(&path) {
             Ok(text) => {
-                let state = parse_state(&text).ok_or_else(|| LeaseError::Corrupt {
+                let state = parse_state(&text).ok_or_else(|| StoreError::Corrupt {
                     key: path.display().to_string(),
                     value: text.clone(),
                 })?;
                 if state.layout != layout {
-                    return Err(LeaseError::LayoutMismatch {
+                    return Err(StoreError::LayoutMismatch {
                         namespace: namespace.to_owned(),
                         stored: state.layout,
                         configured: layout,
@@ -171,14 +171,14 @@ impl LocalStore {
 
     /// Persists `fences[i]` as the fence of `claim.held[i]` (durably) before
     /// any of them may be used; the fences of other machine ids are kept.
-    pub fn write_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
+    pub fn write_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), StoreError> {
         let mut next = self.fences.clone();
         for (h, f) in claim.held.iter().zip(fences) {
             next.insert(h.machine_id, *f);
         }
         let tmp = self.path.with_extension("state.tmp");
         let mut body = format!(
-            "# snowkeep embedded store; do not edit while the server runs\nnamespace {}\nlayout {}\n",
+            "# snowkeep single-instance store; do not edit while the server runs\nnamespace {}\nlayout {}\n",
             self.namespace, self.layout,
         );
         if self.unlisted > Millis(0) {
@@ -201,28 +201,28 @@ impl LocalStore {
     }
 }
 
-/// The embedded store's claims never expire and it has no holder keys: it
+/// The single-instance store's claims never expire and it has no holder keys: it
 /// claims the same machine ids each time, renews nothing, and a release
 /// only lowers the fences.
-impl LeaseStore for LocalStore {
+impl ClaimStore for SingleInstanceStore {
     type Lease = ();
 
-    async fn claim(&mut self) -> Result<Claim, LeaseError> {
-        Ok(LocalStore::claim(self))
+    async fn claim(&mut self) -> Result<Claim, StoreError> {
+        Ok(SingleInstanceStore::claim(self))
     }
 
-    async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), LeaseError> {
+    async fn advance_fences(&mut self, claim: &Claim, fences: &[Millis]) -> Result<(), StoreError> {
         self.write_fences(claim, fences)
     }
 
     /// Never called: the claims have no deadline.
-    async fn renew(&mut self, _claim: &Claim) -> Result<std::time::Instant, LeaseError> {
-        Err(LeaseError::LeaseLost {
-            reason: crate::lease::LossReason::Expired,
+    async fn renew(&mut self, _claim: &Claim) -> Result<std::time::Instant, StoreError> {
+        Err(StoreError::LeaseLost {
+            reason: crate::claim::LossReason::Expired,
         })
     }
 
-    async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
+    async fn release(&mut self, claim: &Claim, last_used: &[Millis]) -> Result<(), StoreError> {
         self.write_fences(claim, last_used)
     }
 
@@ -233,7 +233,7 @@ impl LeaseStore for LocalStore {
     }
 
     /// The state file's layout was checked at open; there is no namespace record.
-    async fn check_namespace(&mut self) -> Result<(), LeaseError> {
+    async fn check_namespace(&mut self) -> Result<(), StoreError> {
         Ok(())
     }
 
@@ -242,18 +242,18 @@ impl LeaseStore for LocalStore {
     }
 }
 
-/// The embedded store's capacity: its machine ids, all held while the lease
+/// The single-instance store's capacity: its machine ids, all held while the lease
 /// loop issues under them (a grant is published), none otherwise.
 #[derive(Debug)]
-pub struct LocalCapacity {
+pub struct SingleInstanceCapacity {
     total: u32,
     grants: Vec<watch::Receiver<Option<Grant>>>,
 }
 
-impl LocalCapacity {
+impl SingleInstanceCapacity {
     /// The capacity of `store`, held as far as `grants` (one per generator
     /// slot) carry a grant.
-    pub fn new(store: &LocalStore, grants: Vec<watch::Receiver<Option<Grant>>>) -> Self {
+    pub fn new(store: &SingleInstanceStore, grants: Vec<watch::Receiver<Option<Grant>>>) -> Self {
         Self {
             total: store.machine_ids(),
             grants,
@@ -261,8 +261,8 @@ impl LocalCapacity {
     }
 }
 
-impl CapacitySource for LocalCapacity {
-    async fn read(&mut self) -> Result<Capacity, LeaseError> {
+impl CapacitySource for SingleInstanceCapacity {
+    async fn read(&mut self) -> Result<Capacity, StoreError> {
         let held = self.grants.iter().filter(|g| g.borrow().is_some()).count();
         Ok(Capacity {
             total: self.total,
@@ -312,7 +312,7 @@ mod tests {
         range.map(MachineId).collect()
     }
 
-    fn floors(store: &mut LocalStore) -> Vec<(u16, u64)> {
+    fn floors(store: &mut SingleInstanceStore) -> Vec<(u16, u64)> {
         store
             .claim()
             .held
@@ -324,23 +324,26 @@ mod tests {
     #[test]
     fn fence_survives_reopen_and_lock_excludes_a_second_store() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
+        let mut store =
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
         let claim = store.claim();
         assert_eq!(claim.max_floor(), Millis(0));
         store.write_fences(&claim, &[Millis(123_456)]).unwrap();
         assert!(matches!(
-            LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)),
-            Err(LeaseError::StateLocked { .. })
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)),
+            Err(StoreError::StateLocked { .. })
         ));
         drop(store);
-        let mut again = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
+        let mut again =
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
         assert_eq!(again.claim().max_floor(), Millis(123_456));
     }
 
     #[test]
     fn holds_the_configured_machine_ids_each_with_its_own_fence() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(5..7)).unwrap();
+        let mut store =
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(5..7)).unwrap();
         assert_eq!(floors(&mut store), vec![(5, 0), (6, 0)]);
         let claim = store.claim();
         store
@@ -350,7 +353,8 @@ mod tests {
 
         // Another range: machine id 9 never inherits 5's or 6's fence, and 6
         // keeps its own.
-        let mut other = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(6..8)).unwrap();
+        let mut other =
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(6..8)).unwrap();
         assert_eq!(floors(&mut other), vec![(6, 2_000), (7, 0)]);
         let claim = other.claim();
         other
@@ -359,7 +363,8 @@ mod tests {
         drop(other);
 
         // Back to the first range: 5's fence was kept through the other run.
-        let mut back = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(5..7)).unwrap();
+        let mut back =
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(5..7)).unwrap();
         assert_eq!(floors(&mut back), vec![(5, 1_000), (6, 2_500)]);
         let text = std::fs::read_to_string(back.path()).unwrap();
         assert!(
@@ -376,12 +381,14 @@ mod tests {
             format!("namespace ns\nlayout {}\nfence_ms 777\n", Layout::default()),
         )
         .unwrap();
-        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(3..4)).unwrap();
+        let mut store =
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(3..4)).unwrap();
         assert_eq!(floors(&mut store), vec![(3, 777)]);
         let claim = store.claim();
         store.write_fences(&claim, &[Millis(900)]).unwrap();
         drop(store);
-        let mut again = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..4)).unwrap();
+        let mut again =
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(0..4)).unwrap();
         assert_eq!(
             floors(&mut again),
             vec![(0, 777), (1, 777), (2, 777), (3, 900)]
@@ -391,14 +398,15 @@ mod tests {
     #[test]
     fn refuses_a_state_file_of_another_layout() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
+        let mut store =
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)).unwrap();
         let claim = store.claim();
         store.write_fences(&claim, &[Millis(5)]).unwrap();
         drop(store);
         let other: Layout = "40/13/10".parse().unwrap();
         assert!(matches!(
-            LocalStore::open(dir.path(), "ns", other, &ids(0..1)),
-            Err(LeaseError::LayoutMismatch { .. })
+            SingleInstanceStore::open(dir.path(), "ns", other, &ids(0..1)),
+            Err(StoreError::LayoutMismatch { .. })
         ));
     }
 
@@ -414,8 +422,8 @@ mod tests {
             std::fs::write(dir.path().join("ns.state"), body).unwrap();
             assert!(
                 matches!(
-                    LocalStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)),
-                    Err(LeaseError::Corrupt { .. })
+                    SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(0..1)),
+                    Err(StoreError::Corrupt { .. })
                 ),
                 "{body:?}"
             );
@@ -428,8 +436,8 @@ mod tests {
         for bad in [".", "..", "a/b", ""] {
             assert!(
                 matches!(
-                    LocalStore::open(dir.path(), bad, Layout::default(), &ids(0..1)),
-                    Err(LeaseError::InvalidNamespace { .. })
+                    SingleInstanceStore::open(dir.path(), bad, Layout::default(), &ids(0..1)),
+                    Err(StoreError::InvalidNamespace { .. })
                 ),
                 "{bad:?}"
             );

@@ -1,5 +1,5 @@
-//! `LeaseService`: the embedded generators' lease API (Acquire, Renew,
-//! Release, Check, Capacity, Version) over [`RequesterLeases`].
+//! `LeaseService`: the Lease API's gRPC handler (Acquire, Renew, Release,
+//! Check, Capacity, Version) over a [`RequesterStore`].
 //!
 //! Requesters appear in logs only as their tag (12 hex digits of the SHA-256
 //! of their identity) with the caller's network address; lease tokens never
@@ -21,18 +21,16 @@ use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
+use super::config::LeaseApiConfig;
 use super::convert;
-use super::status::ApiError;
-use super::StoreAccess;
-use crate::config::LeaseApiConfig;
-use crate::etcd::requesters::{
-    Renewal, RequesterGrant, RequesterId, RequesterLeases, MAX_REQUESTER_IDS,
-};
-use crate::lease::skew::{
-    self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY,
-};
-use crate::lease::LeaseError;
+use super::records::{Renewal, RequesterGrant, RequesterId, RequesterStore, MAX_REQUESTER_IDS};
+use super::skew::{self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY};
+use crate::claim::StoreError;
+use crate::etcd::requesters::RequesterLeases;
 use crate::metrics as m;
+use crate::service::convert::capacity_to_pb;
+use crate::service::status::ApiError;
+use crate::service::StoreAccess;
 
 /// How often requesters whose lease ended leave the [`SkewBook`] (and its
 /// counts), when no call does it first.
@@ -78,9 +76,9 @@ impl LeaseHandler {
         }
     }
 
-    fn leases(&self) -> Result<RequesterLeases, ApiError> {
+    fn store(&self) -> Result<RequesterLeases, ApiError> {
         match self.access.etcd_handles()? {
-            Some((_, leases)) => Ok(leases),
+            Some((_, store)) => Ok(store),
             None => Err(ApiError::LeaseApiNeedsEtcd),
         }
     }
@@ -96,9 +94,9 @@ impl LeaseHandler {
     ) -> Result<(RequesterId, RequesterLeases, Layout), ApiError> {
         let requester = convert::requester_id(requester)?;
         convert::check_namespace(namespace)?;
-        let mut leases = self.leases()?;
-        let layout = leases.layout(namespace).await.map_err(ApiError::Lease)?;
-        Ok((requester, leases, layout))
+        let mut store = self.store()?;
+        let layout = store.layout(namespace).await.map_err(ApiError::Store)?;
+        Ok((requester, store, layout))
     }
 
     /// Server − client clock, ms.
@@ -247,20 +245,13 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             .into());
         }
         let token = convert::lease_token(&req.lease_token)?;
-        let (requester, mut leases, layout) =
+        let (requester, mut store, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
         // Refused (FAILED_PRECONDITION) while etcd shows it lost writes, and
         // (UNAVAILABLE) while a confirmed floor is further than a claim waits.
-        let record = leases
-            .namespace(&req.namespace)
-            .await
-            .map_err(ApiError::Lease)?;
-        leases
-            .check_floor(&req.namespace, &record)
-            .map_err(ApiError::Lease)?;
-        let incarnation = record.incarnation;
+        let incarnation = store.admit(&req.namespace).await.map_err(ApiError::Store)?;
         self.refuse_skewed_acquire(&req.namespace, &requester, peer, req.client_time_unix_ms)?;
-        let grant = leases
+        let grant = store
             .acquire(
                 &req.namespace,
                 layout,
@@ -270,7 +261,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 token.as_ref(),
             )
             .await
-            .map_err(ApiError::Lease)?;
+            .map_err(ApiError::Store)?;
         Ok(self.answer(
             &req.namespace,
             &requester,
@@ -296,7 +287,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         // than the holder's, or is rolled back: holders retry errors and
         // would go on issuing up to their fence, a whole renewed lease ahead.
         let renewal = self
-            .leases()?
+            .store()?
             .renew(
                 &req.namespace,
                 &requester,
@@ -305,7 +296,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 req.namespace_incarnation,
             )
             .await
-            .map_err(ApiError::Lease)?;
+            .map_err(ApiError::Store)?;
         let (grant, incarnation) = match renewal {
             Renewal::Granted { grant, incarnation } => (grant, incarnation),
             Renewal::Gone(gone) => {
@@ -334,17 +325,17 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         let token = convert::lease_token(&req.lease_token)?;
         let requester = convert::requester_id(req.requester.as_ref())?;
         convert::check_namespace(&req.namespace)?;
-        let mut leases = self.leases()?;
+        let mut store = self.store()?;
         // The machine ids reported are checked against the namespace's
         // layout. A namespace without a record holds nothing to release, as
         // before: the release below answers 0.
         let layout = if req.last_used_ms.is_empty() {
             None
         } else {
-            match leases.layout(&req.namespace).await {
+            match store.layout(&req.namespace).await {
                 Ok(layout) => Some(layout),
-                Err(LeaseError::UnknownNamespace { .. }) => None,
-                Err(e) => return Err(ApiError::Lease(e).into()),
+                Err(StoreError::UnknownNamespace { .. }) => None,
+                Err(e) => return Err(ApiError::Store(e).into()),
             }
         };
         let (max, machine_bits) = layout.map_or((u32::from(u16::MAX), 16), |l| {
@@ -362,10 +353,10 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 })?;
             last_used.insert(MachineId(id), Millis(ts));
         }
-        let released = leases
+        let released = store
             .release(&req.namespace, &requester, &last_used, token.as_ref())
             .await
-            .map_err(ApiError::Lease)?;
+            .map_err(ApiError::Store)?;
         if released > 0 {
             self.forget_skew(&req.namespace, &requester);
         }
@@ -378,11 +369,9 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
     ) -> Result<Response<pb::Capacity>, Status> {
         let namespace = request.into_inner().namespace;
         convert::check_namespace(&namespace)?;
-        let mut leases = self.leases()?;
-        let (capacity, range) = leases.capacity(&namespace).await.map_err(ApiError::Lease)?;
-        Ok(Response::new(convert::capacity_to_pb(
-            &namespace, capacity, range,
-        )))
+        let mut store = self.store()?;
+        let (capacity, range) = store.capacity(&namespace).await.map_err(ApiError::Store)?;
+        Ok(Response::new(capacity_to_pb(&namespace, capacity, range)))
     }
 
     async fn version(
@@ -407,7 +396,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         let requester = convert::requester_id(req.requester.as_ref())?;
         convert::check_namespace(&req.namespace)?;
         let check = self
-            .leases()?
+            .store()?
             .check(
                 &req.namespace,
                 &requester,
@@ -416,7 +405,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 &req.machine_ids,
             )
             .await
-            .map_err(ApiError::Lease)?;
+            .map_err(ApiError::Store)?;
         Ok(Response::new(convert::check_to_pb(check)))
     }
 }

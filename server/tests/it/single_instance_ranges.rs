@@ -1,5 +1,5 @@
-//! The embedded store holds the machine ids an operator assigns with
-//! `--machine-id-range` (the first `--machine-ids` of it), so embedded servers
+//! The single-instance store holds the machine ids an operator assigns with
+//! `--machine-id-range` (the first `--machine-ids` of it), so single-instance servers
 //! with disjoint ranges never issue equal ids.
 
 use std::collections::HashSet;
@@ -25,7 +25,7 @@ fn machine_ids_of(ids: &[u64]) -> HashSet<u16> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_embedded_servers_with_disjoint_ranges_issue_no_equal_ids() {
+async fn two_single_instance_servers_with_disjoint_ranges_issue_no_equal_ids() {
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = ServerProcess::spawn(&[
         "--state-dir",
@@ -77,10 +77,10 @@ async fn two_embedded_servers_with_disjoint_ranges_issue_no_equal_ids() {
     assert_eq!(machine_ids_of(&from_b), HashSet::from([7, 8]));
     assert!(a
         .log()
-        .contains("running on the embedded single-instance store with machine ids 5..6"));
+        .contains("running on the single-instance store with machine ids 5..6"));
     assert!(b
         .log()
-        .contains("running on the embedded single-instance store with machine ids 7..9"));
+        .contains("running on the single-instance store with machine ids 7..9"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The embedded single-instance store: a fence ahead of the clock in its state
+//! The single-instance store: a fence ahead of the clock in its state
 //! file is waited out when near, refused when far.
 
 use std::time::Duration;
@@ -70,10 +70,10 @@ async fn a_second_server_on_the_same_state_dir_refuses_to_start() {
         log.contains("is locked by another snowkeep process"),
         "log:\n{log}"
     );
-    // The advice must never be a second embedded server elsewhere without
+    // The advice must never be a second single-instance server elsewhere without
     // its own machine ids: it would issue equal ids.
     assert!(
-        log.contains("give this one its own --state-dir and a --machine-id-range disjoint from every other embedded server's")
+        log.contains("give this one its own --state-dir and a --machine-id-range disjoint from every other single-instance server's")
             && log.contains("--etcd-endpoints"),
         "log:\n{log}"
     );

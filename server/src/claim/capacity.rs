@@ -1,5 +1,5 @@
 //! The capacity gauges (`snowkeep_namespace_machine_ids{state="held"|"free"}`),
-//! kept by a task of their own beside the lease loop: read every
+//! kept by a task of their own beside the claim loop: read every
 //! [`CAPACITY_REFRESH`], and at once whenever this instance starts or stops
 //! issuing, so a claim shows without waiting for the next refresh.
 
@@ -11,24 +11,24 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::{Capacity, LeaseError};
+use super::{Capacity, StoreError};
 use crate::metrics as m;
 
 /// Namespace capacity is read from the store this often.
-pub const CAPACITY_REFRESH: Duration = Duration::from_secs(5);
+pub(crate) const CAPACITY_REFRESH: Duration = Duration::from_secs(5);
 
 /// Where the capacity of a namespace range is read.
-pub trait CapacitySource: Send {
+pub(crate) trait CapacitySource: Send {
     /// Machine ids of the range and how many have a holder; a retryable
     /// error when the store cannot be asked.
-    fn read(&mut self) -> impl Future<Output = Result<Capacity, LeaseError>> + Send;
+    fn read(&mut self) -> impl Future<Output = Result<Capacity, StoreError>> + Send;
 }
 
 /// Refreshes the capacity gauges of `namespace` from `source` until
 /// `shutdown`: every [`CAPACITY_REFRESH`], and whenever `grant` (the first
 /// generator slot's) turns from none to some or back. A failed read leaves
 /// the gauges as they are.
-pub async fn run(
+pub(crate) async fn run(
     mut source: impl CapacitySource,
     namespace: String,
     mut grant: watch::Receiver<Option<Grant>>,
@@ -53,7 +53,7 @@ pub async fn run(
                 _ = tokio::time::sleep_until(next) => break,
                 changed = grant.changed() => {
                     if changed.is_err() {
-                        // The lease loop is gone: keep the time-based refresh.
+                        // The claim loop is gone: keep the time-based refresh.
                         tokio::select! {
                             _ = shutdown.cancelled() => return,
                             _ = tokio::time::sleep_until(next) => break,

@@ -1,10 +1,11 @@
-//! The machine-id lease lifecycle (docs/design.md, lease lifecycle): claim → wait past the previous
-//! fences → raise the fences → issue while renewing → lose or release.
+//! A server's claim of machine ids and its lifecycle (docs/design.md, claim
+//! lifecycle): claim → wait past the previous fences → raise the fences →
+//! issue while renewing → lose or release.
 //!
-//! [`LeaseManager::run`] is one loop over one [`LeaseStore`] (etcd, or the
-//! embedded single-instance file store). An instance holds `N` machine ids under one
-//! lease; slot `i` of the claim feeds generator `i`. The loop is the only
-//! writer of the generators' [`Grant`] channels:
+//! `ClaimManager::run` is one loop over one `ClaimStore` (etcd, or the
+//! single-instance file store). An instance holds `N` machine ids under one
+//! claim (on etcd, one etcd lease); slot `i` of the claim feeds generator `i`. The loop is the only
+//! writer of the generators' [`Grant`](snowkeep_client::Grant) channels:
 //!
 //! * a grant is published only after the fence it carries is persisted
 //!   (design.md, fence protocol rule 2), and only once the clock is past the claim's floors (rule 3);
@@ -15,22 +16,23 @@
 //!   fence lowered to the last timestamp actually stamped (rule 4).
 
 //!
-//! The loop is a state machine ([`manager`]): *claiming* (with backoff) →
+//! The loop is a state machine (`manager`): *claiming* (with backoff) →
 //! *holding* a claim, itself *waiting for the floor* and then *issuing*
 //! (`hold`: its timers live in one place with one `next_wake`, and each due
 //! action is a method) → *lost* (withdraw, then claim again or exit) or
 //! *releasing* (withdraw, drain, lower the fences, give the ids back).
 
-pub mod capacity;
-pub mod claim;
+pub(crate) mod candidates;
+pub(crate) mod capacity;
 mod error;
 mod hold;
 mod manager;
-pub mod skew;
 mod store;
 #[cfg(test)]
 mod tests;
 
-pub use error::{LeaseError, LossReason};
-pub use manager::{LeaseManager, LeaseTiming, OnLeaseLost, Slot};
-pub use store::{Capacity, Claim, HeldId, HolderWatch, LeaseStore};
+pub use error::{LossReason, StoreError};
+pub use manager::OnLeaseLost;
+pub(crate) use manager::{ClaimManager, ClaimTiming, Slot};
+pub(crate) use store::{Capacity, ClaimStore, HolderWatch};
+pub use store::{Claim, HeldId};

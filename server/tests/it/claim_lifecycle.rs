@@ -1,4 +1,4 @@
-//! The lease lifecycle under faults (docs/design.md: the safety invariant and the lease lifecycle), with real etcd processes and
+//! The claim lifecycle under faults (docs/design.md: the safety invariant and the claim lifecycle), with real etcd processes and
 //! real servers.
 
 use std::collections::HashSet;

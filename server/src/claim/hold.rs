@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Claim, LeaseError, LossReason};
+use super::{Claim, LossReason, StoreError};
 
 /// Gauges are refreshed at least this often.
 pub(super) const GAUGE_REFRESH: Duration = Duration::from_millis(500);
@@ -28,7 +28,7 @@ pub(super) enum Held {
     /// The claim is gone (or its deadline passed): withdraw at once.
     Lost(LossReason),
     /// A condition that needs an operator: withdraw and stop.
-    Fatal(LeaseError),
+    Fatal(StoreError),
 }
 
 /// An action that is due.
@@ -48,11 +48,11 @@ pub(super) enum Due {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Timers {
     /// The next renewal; `None` for a claim without deadline.
-    pub renew: Option<Instant>,
+    pub(crate) renew: Option<Instant>,
     /// The next floor check or fence write.
-    pub fence: Instant,
+    pub(crate) fence: Instant,
     /// The next namespace check.
-    pub namespace_check: Instant,
+    pub(crate) namespace_check: Instant,
 }
 
 impl Timers {
@@ -68,7 +68,7 @@ impl Timers {
     /// When the loop must wake next, at `now`, for a lease ending at
     /// `deadline`: the earliest timer, the deadline, and at least every
     /// [`GAUGE_REFRESH`] to refresh the gauges.
-    pub fn next_wake(&self, now: Instant, deadline: Option<Instant>) -> Instant {
+    pub(crate) fn next_wake(&self, now: Instant, deadline: Option<Instant>) -> Instant {
         [
             Some(self.fence),
             Some(self.namespace_check),
@@ -87,24 +87,24 @@ impl Timers {
 #[derive(Debug)]
 pub(super) struct Hold<L> {
     /// The claim, its fences as last persisted.
-    pub claim: Claim<L>,
+    pub(crate) claim: Claim<L>,
     /// Where the hold is.
-    pub phase: Phase,
+    pub(crate) phase: Phase,
     /// When each action is due.
-    pub timers: Timers,
+    pub(crate) timers: Timers,
     /// When the current wait for the clock to pass the floor began (also a
     /// clock stepped back below it while issuing); `None` while not waiting.
-    pub floor_wait_since: Option<Instant>,
+    pub(crate) floor_wait_since: Option<Instant>,
     /// The namespace record was found missing or unreadable (logged once).
-    pub namespace_trouble: bool,
+    pub(crate) namespace_trouble: bool,
     /// The interval between renewals and between namespace checks.
-    pub renew_every: Duration,
+    pub(crate) renew_every: Duration,
 }
 
 impl<L> Hold<L> {
     /// A hold of `claim` from `start`, renewing every `renew_every` when the
     /// claim has a deadline.
-    pub fn new(claim: Claim<L>, start: Instant, renew_every: Duration) -> Self {
+    pub(crate) fn new(claim: Claim<L>, start: Instant, renew_every: Duration) -> Self {
         let renews = claim.deadline.is_some();
         Self {
             claim,
@@ -117,7 +117,7 @@ impl<L> Hold<L> {
     }
 
     /// The action due at `now`, most urgent first; `None` when nothing is.
-    pub fn due(&self, now: Instant) -> Option<Due> {
+    pub(crate) fn due(&self, now: Instant) -> Option<Due> {
         if self.claim.deadline.is_some_and(|d| now >= d) {
             Some(Due::Deadline)
         } else if self.timers.renew.is_some_and(|t| now >= t) {
@@ -132,7 +132,7 @@ impl<L> Hold<L> {
     }
 
     /// The claim while its grants are published.
-    pub fn issuing(&self) -> Option<&Claim<L>> {
+    pub(crate) fn issuing(&self) -> Option<&Claim<L>> {
         (self.phase == Phase::Issuing).then_some(&self.claim)
     }
 }
@@ -140,7 +140,7 @@ impl<L> Hold<L> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::HeldId;
+    use crate::claim::HeldId;
     use snowkeep_client::{MachineId, Millis};
 
     fn claim(deadline: Option<Instant>) -> Claim {

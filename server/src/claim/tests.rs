@@ -1,4 +1,4 @@
-//! The lease loop's decisions against a scripted [`LeaseStore`] double, on
+//! The claim loop's decisions against a scripted [`ClaimStore`] double, on
 //! tokio's paused time with a [`TokioClock`], so every figure is exact: when
 //! each store call happens (ms since start), what it carries, and what the
 //! generators see. etcd's own semantics are the integration tests' business.
@@ -12,8 +12,8 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Claim, HeldId, HolderWatch, LeaseError, LeaseManager, LeaseStore, LeaseTiming, LossReason,
-    OnLeaseLost, Slot,
+    Claim, ClaimManager, ClaimStore, ClaimTiming, HeldId, HolderWatch, LossReason, OnLeaseLost,
+    Slot, StoreError,
 };
 
 /// Layout ms at the start of every test.
@@ -70,10 +70,10 @@ impl FakeStore {
     }
 }
 
-impl LeaseStore for FakeStore {
+impl ClaimStore for FakeStore {
     type Lease = ();
 
-    async fn claim(&mut self) -> Result<Claim, LeaseError> {
+    async fn claim(&mut self) -> Result<Claim, StoreError> {
         self.record(Call::Claim);
         let Some(held) = self.claims.pop_front() else {
             return std::future::pending().await;
@@ -89,7 +89,7 @@ impl LeaseStore for FakeStore {
         &mut self,
         _claim: &Claim,
         fences: &[Millis],
-    ) -> Result<(), LeaseError> {
+    ) -> Result<(), StoreError> {
         let published = self.any_published();
         self.record(Call::Advance {
             fences: fences.iter().map(|f| f.get()).collect(),
@@ -98,19 +98,19 @@ impl LeaseStore for FakeStore {
         Ok(())
     }
 
-    async fn renew(&mut self, _claim: &Claim) -> Result<Instant, LeaseError> {
+    async fn renew(&mut self, _claim: &Claim) -> Result<Instant, StoreError> {
         self.record(Call::Renew);
         if self.renew_ok {
             Ok(now() + TTL)
         } else {
-            Err(LeaseError::Timeout {
+            Err(StoreError::Timeout {
                 op: "keepalive",
                 after: Duration::from_millis(500),
             })
         }
     }
 
-    async fn release(&mut self, _claim: &Claim, last_used: &[Millis]) -> Result<(), LeaseError> {
+    async fn release(&mut self, _claim: &Claim, last_used: &[Millis]) -> Result<(), StoreError> {
         let withdrawn = !self.any_published();
         self.record(Call::Release {
             last_used: last_used.iter().map(|f| f.get()).collect(),
@@ -135,7 +135,7 @@ impl LeaseStore for FakeStore {
         }
     }
 
-    async fn check_namespace(&mut self) -> Result<(), LeaseError> {
+    async fn check_namespace(&mut self) -> Result<(), StoreError> {
         self.record(Call::CheckNamespace);
         Ok(())
     }
@@ -166,7 +166,7 @@ struct Harness {
     grants: Vec<watch::Receiver<Option<Grant>>>,
     generators: Vec<Arc<Generator>>,
     release: CancellationToken,
-    run: tokio::task::JoinHandle<Result<(), LeaseError>>,
+    run: tokio::task::JoinHandle<Result<(), StoreError>>,
 }
 
 impl Harness {
@@ -207,14 +207,14 @@ impl Harness {
             holder_watch: Mutex::new(holder_watch),
             grants: grants.clone(),
         };
-        let timing = LeaseTiming {
+        let timing = ClaimTiming {
             lease_ttl: TTL,
             fence_horizon: Duration::from_millis(HORIZON_MS),
             max_fence_wait: Duration::from_secs(10),
             on_lease_lost,
         };
         let release = CancellationToken::new();
-        let manager = LeaseManager::new(store, layout, "ns".into(), clock, timing, slots);
+        let manager = ClaimManager::new(store, layout, "ns".into(), clock, timing, slots);
         let run = tokio::spawn(manager.run(release.clone()));
         Self {
             start,
@@ -243,7 +243,7 @@ impl Harness {
     }
 
     /// Waits for the loop to end.
-    async fn ended(&mut self) -> Result<(), LeaseError> {
+    async fn ended(&mut self) -> Result<(), StoreError> {
         (&mut self.run).await.unwrap()
     }
 }
@@ -314,7 +314,7 @@ async fn failing_keepalives_stop_issuance_exactly_at_the_deadline() {
     assert!(
         matches!(
             err,
-            LeaseError::LeaseLost {
+            StoreError::LeaseLost {
                 reason: LossReason::Deadline
             }
         ),

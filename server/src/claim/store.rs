@@ -1,12 +1,12 @@
-//! The seam between the lease loop and where leases are kept: what
-//! [`super::LeaseManager`] needs from a store, and nothing a single backend
-//! alone knows about. The etcd store (`crate::etcd`) and the embedded
-//! single-instance store (`crate::local`) implement [`LeaseStore`]; this
+//! The seam between the claim loop and where claims are kept: what
+//! [`super::ClaimManager`] needs from a store, and nothing a single backend
+//! alone knows about. The etcd store (`crate::etcd`) and the
+//! single-instance store (`crate::single_instance`) implement [`ClaimStore`]; this
 //! module imports neither.
 //!
 //! Static dispatch (`impl Future` in the trait, the manager generic over its
 //! store): there are two stores and a test double, chosen once at start, so
-//! nothing needs a `dyn LeaseStore` and no future is boxed on the renew path.
+//! nothing needs a `dyn ClaimStore` and no future is boxed on the renew path.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use snowkeep_client::{MachineId, Millis};
 
-use super::{LeaseError, LossReason};
+use super::{LossReason, StoreError};
 
 /// One claimed machine id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,28 +44,28 @@ pub struct Claim<L = ()> {
 
 impl<L> Claim<L> {
     /// The highest floor (layout ms): issuance starts once the clock is past it.
-    pub fn max_floor(&self) -> Millis {
+    pub(crate) fn max_floor(&self) -> Millis {
         self.held.iter().map(|h| h.floor).max().unwrap_or_default()
     }
 
     /// The machine ids, for logs.
-    pub fn machine_ids(&self) -> Vec<u16> {
+    pub(crate) fn machine_ids(&self) -> Vec<u16> {
         self.held.iter().map(|h| h.machine_id.get()).collect()
     }
 }
 
 /// Machine ids of a namespace (or of this instance's range of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Capacity {
+pub(crate) struct Capacity {
     /// Machine ids in the range.
-    pub total: u32,
+    pub(crate) total: u32,
     /// Machine ids with a holder.
-    pub held: u32,
+    pub(crate) held: u32,
 }
 
 impl Capacity {
     /// Machine ids without a holder.
-    pub fn free(&self) -> u32 {
+    pub(crate) fn free(&self) -> u32 {
         self.total.saturating_sub(self.held)
     }
 }
@@ -74,21 +74,21 @@ impl Capacity {
 /// reason (`HolderChanged`), or with an error that needs an operator (another
 /// live process holds it under the same instance id). Dropping it stops the
 /// watching.
-pub type HolderWatch = Pin<Box<dyn Future<Output = Result<LossReason, LeaseError>> + Send>>;
+pub(crate) type HolderWatch = Pin<Box<dyn Future<Output = Result<LossReason, StoreError>> + Send>>;
 
-/// Where machine-id leases are kept, as the lease loop sees it.
+/// Where claims of machine ids are kept, as the claim loop sees it.
 ///
-/// Every method answers [`LeaseError::LeaseLost`] when the store *says* the
+/// Every method answers [`StoreError::LeaseLost`] when the store *says* the
 /// claim is gone (the loop stops issuing at once), and any other retryable
 /// error when it could not be asked (the loop retries and, meanwhile, issues
 /// on below the persisted fence).
-pub trait LeaseStore: Send {
+pub(crate) trait ClaimStore: Send {
     /// What a claim of this store carries for the store alone.
     type Lease: Send + Sync;
 
     /// Claims as many machine ids as the loop has generator slots. Each
     /// floor is the previous holder's fence read after the claim committed.
-    fn claim(&mut self) -> impl Future<Output = Result<Claim<Self::Lease>, LeaseError>> + Send;
+    fn claim(&mut self) -> impl Future<Output = Result<Claim<Self::Lease>, StoreError>> + Send;
 
     /// Persists `fences[i]` (layout ms) as the fence of `claim.held[i]`
     /// before any of them may be used.
@@ -96,14 +96,14 @@ pub trait LeaseStore: Send {
         &mut self,
         claim: &Claim<Self::Lease>,
         fences: &[Millis],
-    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Renews the claim's lease; the new local deadline. Called only for a
     /// claim that has a deadline.
     fn renew(
         &mut self,
         claim: &Claim<Self::Lease>,
-    ) -> impl Future<Output = Result<Instant, LeaseError>> + Send;
+    ) -> impl Future<Output = Result<Instant, StoreError>> + Send;
 
     /// Lowers each fence to `last_used[i]` (layout ms, the last timestamp
     /// stamped under `claim.held[i]`) and gives the machine ids back.
@@ -111,7 +111,7 @@ pub trait LeaseStore: Send {
         &mut self,
         claim: &Claim<Self::Lease>,
         last_used: &[Millis],
-    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Gives up a claim that will not be used (lost, or fenced too far
     /// ahead), leaving its fences as they are. Best effort: never fails.
@@ -123,7 +123,7 @@ pub trait LeaseStore: Send {
 
     /// Re-checks the namespace while holding: `NamespaceRolledBack` and
     /// `LayoutMismatch` end the hold, anything else is logged.
-    fn check_namespace(&mut self) -> impl Future<Output = Result<(), LeaseError>> + Send;
+    fn check_namespace(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// True when a new claim may come back with other machine ids (so a
     /// claim fenced too far ahead is abandoned and claimed again); false for

@@ -219,13 +219,9 @@ impl SkewBook {
     }
 
     /// Requesters kept, over every namespace.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    /// True when no requester is kept.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 }
 

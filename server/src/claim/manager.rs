@@ -1,4 +1,4 @@
-//! [`LeaseManager`]: the lease loop as a state machine over a [`LeaseStore`].
+//! [`ClaimManager`]: the claim loop as a state machine over a [`ClaimStore`].
 //!
 //! ```text
 //!            ┌──────────── lost (reclaim) ────────────┐
@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::hold::{Due, Held, Hold, Phase};
-use super::{Claim, LeaseError, LeaseStore, LossReason};
+use super::{Claim, ClaimStore, LossReason, StoreError};
 use crate::metrics as m;
 
 /// What to do when a lease is lost.
@@ -35,17 +35,17 @@ pub enum OnLeaseLost {
     Exit,
 }
 
-/// Timing rules of the lease loop.
+/// Timing rules of the claim loop.
 #[derive(Debug, Clone)]
-pub struct LeaseTiming {
+pub(crate) struct ClaimTiming {
     /// The etcd lease TTL; renewals are sent every TTL/3.
-    pub lease_ttl: Duration,
+    pub(crate) lease_ttl: Duration,
     /// How far ahead of the clock the fences are raised.
-    pub fence_horizon: Duration,
+    pub(crate) fence_horizon: Duration,
     /// The longest wait for the clock to pass a claimed id's previous fence.
-    pub max_fence_wait: Duration,
+    pub(crate) max_fence_wait: Duration,
     /// On loss: re-claim or exit.
-    pub on_lease_lost: OnLeaseLost,
+    pub(crate) on_lease_lost: OnLeaseLost,
 }
 
 /// Delay before retrying a failed claim: 100 ms doubling to 2 s.
@@ -54,20 +54,20 @@ const CLAIM_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duratio
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
 
 /// A generator and the channel that feeds it grants: one per held machine id.
-pub struct Slot {
+pub(crate) struct Slot {
     /// Publishes the grant.
-    pub grant: watch::Sender<Option<Grant>>,
+    pub(crate) grant: watch::Sender<Option<Grant>>,
     /// The generator stamping under it (drained at release).
-    pub generator: Arc<Generator>,
+    pub(crate) generator: Arc<Generator>,
 }
 
 /// Drives one lease over N machine ids and publishes the generators' grants.
-pub struct LeaseManager<S> {
+pub(crate) struct ClaimManager<S> {
     store: S,
     layout: Layout,
     namespace: String,
     clock: SharedClock,
-    timing: LeaseTiming,
+    timing: ClaimTiming,
     slots: Vec<Slot>,
 }
 
@@ -79,15 +79,15 @@ struct Claiming {
     held_before: bool,
 }
 
-impl<S: LeaseStore> LeaseManager<S> {
-    /// Creates a manager; nothing happens until [`LeaseManager::run`]. The
+impl<S: ClaimStore> ClaimManager<S> {
+    /// Creates a manager; nothing happens until [`ClaimManager::run`]. The
     /// store claims exactly `slots.len()` machine ids.
-    pub fn new(
+    pub(crate) fn new(
         store: S,
         layout: Layout,
         namespace: String,
         clock: SharedClock,
-        timing: LeaseTiming,
+        timing: ClaimTiming,
         slots: Vec<Slot>,
     ) -> Self {
         Self {
@@ -109,7 +109,7 @@ impl<S: LeaseStore> LeaseManager<S> {
     /// Claims, issues and renews until `release` is cancelled, then drains and
     /// releases. Returns an error for conditions that need an operator (no free
     /// machine id, fence too far ahead, lease lost with `--on-lease-lost exit`).
-    pub async fn run(mut self, release: CancellationToken) -> Result<(), LeaseError> {
+    pub(crate) async fn run(mut self, release: CancellationToken) -> Result<(), StoreError> {
         let mut claiming = Claiming {
             backoff: CLAIM_BACKOFF.0,
             held_before: false,
@@ -139,7 +139,7 @@ impl<S: LeaseStore> LeaseManager<S> {
         &mut self,
         state: &mut Claiming,
         release: &CancellationToken,
-    ) -> Result<Option<Claim<S::Lease>>, LeaseError> {
+    ) -> Result<Option<Claim<S::Lease>>, StoreError> {
         loop {
             let claimed = tokio::select! {
                 _ = release.cancelled() => return Ok(None),
@@ -165,7 +165,7 @@ impl<S: LeaseStore> LeaseManager<S> {
             if let Some(h) = claim.held.iter().max_by_key(|h| h.floor) {
                 let ahead = Duration::from_millis(h.floor.get().saturating_sub(now.get()));
                 if ahead > self.timing.max_fence_wait {
-                    let err = LeaseError::FenceTooFarAhead {
+                    let err = StoreError::FenceTooFarAhead {
                         machine_id: h.machine_id,
                         fence: h.floor,
                         ahead,
@@ -239,7 +239,7 @@ impl<S: LeaseStore> LeaseManager<S> {
                 }
                 None
             }
-            Err(LeaseError::LeaseLost { reason }) => Some(Held::Lost(reason)),
+            Err(StoreError::LeaseLost { reason }) => Some(Held::Lost(reason)),
             Err(e) => {
                 hold.timers.renew = Some(self.retry_after(
                     m::LEASE_RENEWALS_TOTAL,
@@ -317,7 +317,7 @@ impl<S: LeaseStore> LeaseManager<S> {
                 hold.timers.fence = self.clock.now() + self.timing.fence_horizon / 2;
                 None
             }
-            Err(LeaseError::LeaseLost { reason }) => Some(Held::Lost(reason)),
+            Err(StoreError::LeaseLost { reason }) => Some(Held::Lost(reason)),
             Err(e) => {
                 hold.timers.fence =
                     self.retry_after(m::FENCE_ADVANCES_TOTAL, "fence advance", &hold.claim, &e);
@@ -332,16 +332,16 @@ impl<S: LeaseStore> LeaseManager<S> {
         hold.timers.namespace_check = now + hold.renew_every;
         match self.store.check_namespace().await {
             Ok(()) => hold.namespace_trouble = false,
-            Err(LeaseError::NamespaceRolledBack { .. }) => {
+            Err(StoreError::NamespaceRolledBack { .. }) => {
                 return Some(Held::Lost(LossReason::RolledBack))
             }
-            Err(e @ LeaseError::LayoutMismatch { .. }) => return Some(Held::Fatal(e)),
+            Err(e @ StoreError::LayoutMismatch { .. }) => return Some(Held::Fatal(e)),
             // The record missing or unreadable while our holder keys and
             // fences stand: the claim is still ours and safe, so keep issuing
             // under it (a wipe takes the holder keys and the lease too, which
             // stops issuance at once); a new claim waits for an operator.
             Err(
-                e @ (LeaseError::NamespaceNotCreated { .. } | LeaseError::CorruptNamespace { .. }),
+                e @ (StoreError::NamespaceNotCreated { .. } | StoreError::CorruptNamespace { .. }),
             ) => {
                 if !hold.namespace_trouble {
                     error!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), error = %crate::DisplayChain(&e), "the namespace record is gone or unreadable; issuing on under the machine ids held, but no new claim until an operator repairs it");
@@ -358,19 +358,16 @@ impl<S: LeaseStore> LeaseManager<S> {
 
     /// Lost: withdraws every grant at once, counts and logs the loss, gives
     /// up a claim the store still binds, then claims again or (with
-    /// `--on-lease-lost exit`) ends with [`LeaseError::LeaseLost`].
-    async fn lost(&mut self, claim: Claim<S::Lease>, reason: LossReason) -> Result<(), LeaseError> {
+    /// `--on-lease-lost exit`) ends with [`StoreError::LeaseLost`].
+    async fn lost(&mut self, claim: Claim<S::Lease>, reason: LossReason) -> Result<(), StoreError> {
         self.withdraw();
         metrics::counter!(m::LEASE_LOSSES_TOTAL, "reason" => reason.as_str()).increment(1);
         error!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), %reason, "machine-id lease lost; issuance stopped");
-        if matches!(
-            reason,
-            LossReason::HolderChanged | LossReason::Revoked | LossReason::RolledBack
-        ) {
+        if matches!(reason, LossReason::HolderChanged | LossReason::RolledBack) {
             self.store.abandon(&claim).await;
         }
         match self.timing.on_lease_lost {
-            OnLeaseLost::Exit => Err(LeaseError::LeaseLost { reason }),
+            OnLeaseLost::Exit => Err(StoreError::LeaseLost { reason }),
             OnLeaseLost::Reclaim => Ok(()),
         }
     }
@@ -382,7 +379,7 @@ impl<S: LeaseStore> LeaseManager<S> {
         metric: &'static str,
         op: &'static str,
         claim: &Claim<S::Lease>,
-        e: &LeaseError,
+        e: &StoreError,
     ) -> Instant {
         metrics::counter!(metric, "result" => "error").increment(1);
         warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), op, error = %crate::DisplayChain(e), "store request failed; retrying");
@@ -450,14 +447,14 @@ impl<S: LeaseStore> LeaseManager<S> {
 /// first claim they are an operator's problem and end the loop): others may
 /// release, and until an operator fixes the namespace the server stays
 /// NOT_SERVING, the reason logged each retry.
-fn retried_after_a_hold(e: &LeaseError) -> bool {
+fn retried_after_a_hold(e: &StoreError) -> bool {
     matches!(
         e,
-        LeaseError::NoFreeMachineId { .. }
-            | LeaseError::FenceTooFarAhead { .. }
-            | LeaseError::NamespaceNotCreated { .. }
-            | LeaseError::CorruptNamespace { .. }
-            | LeaseError::NamespaceRolledBack { .. }
-            | LeaseError::NamespaceFloorAhead { .. }
+        StoreError::NoFreeMachineId { .. }
+            | StoreError::FenceTooFarAhead { .. }
+            | StoreError::NamespaceNotCreated { .. }
+            | StoreError::CorruptNamespace { .. }
+            | StoreError::NamespaceRolledBack { .. }
+            | StoreError::NamespaceFloorAhead { .. }
     )
 }

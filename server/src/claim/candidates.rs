@@ -1,4 +1,4 @@
-//! Which machine id to try to claim, in the order docs/design.md, lease lifecycle prefers:
+//! Which machine id to try to claim, in the order docs/design.md, claim lifecycle prefers:
 //!
 //! 1. ids this instance id already holds (a stable instance restarting, or this
 //!    process re-claiming after a lost lease), then free ids this instance id
@@ -20,7 +20,7 @@ use snowkeep_client::{MachineId, Millis};
 
 /// How a candidate machine id would be claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CandidateKind {
+pub(crate) enum CandidateKind {
     /// The holder key names this instance id: rebind it to our lease.
     Own,
     /// No holder key: create it.
@@ -29,31 +29,31 @@ pub enum CandidateKind {
 
 /// A machine id to try, with how to claim it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     /// The machine id.
-    pub machine_id: MachineId,
+    pub(crate) machine_id: MachineId,
     /// Own or free.
-    pub kind: CandidateKind,
+    pub(crate) kind: CandidateKind,
 }
 
 /// A snapshot of a namespace's machine ids.
 #[derive(Debug, Default, Clone)]
-pub struct PoolView {
+pub(crate) struct PoolView {
     /// Holder keys present: machine id → holder's instance id.
-    pub holders: BTreeMap<MachineId, String>,
+    pub(crate) holders: BTreeMap<MachineId, String>,
     /// Fence keys present: machine id → fence (layout ms).
-    pub fences: BTreeMap<MachineId, Millis>,
+    pub(crate) fences: BTreeMap<MachineId, Millis>,
     /// Last-holder keys present: machine id → instance id of its last release.
-    pub last_holders: BTreeMap<MachineId, String>,
+    pub(crate) last_holders: BTreeMap<MachineId, String>,
     /// Machine ids whose fence key holds an unreadable value: never claimed
     /// (their true fence is unknown) until an operator repairs the key.
-    pub quarantined: std::collections::BTreeSet<MachineId>,
+    pub(crate) quarantined: std::collections::BTreeSet<MachineId>,
 }
 
 /// Ranks the machine ids of `range` for `instance_id` at layout time `now`.
 /// Held ids of other instances are never candidates; an empty result means the
 /// range is full.
-pub fn rank_candidates(
+pub(crate) fn rank_candidates(
     view: &PoolView,
     range: Range<u32>,
     instance_id: &str,
