@@ -50,7 +50,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rand::Rng;
 use snowkeep_proto::v1 as pb;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -60,6 +59,7 @@ use tracing::{debug, error, info, warn};
 use api::LeaseApi;
 pub use requester::Requester;
 
+use crate::backoff::Backoff;
 use crate::clock::SharedClock;
 use crate::error::{ClientError, GenerateError, StopReason};
 use crate::generator::{
@@ -319,11 +319,6 @@ async fn release(
     }
 }
 
-/// `base` ± `jitter` (a fraction), at random.
-fn jittered(base: Duration, jitter: f64) -> Duration {
-    base.mul_f64(1.0 + rand::rng().random_range(-jitter..=jitter))
-}
-
 impl EmbeddedGenerator {
     /// Acquires machine ids (retrying per the config) and starts renewing.
     pub async fn start(config: EmbeddedConfig, clock: SharedClock) -> Result<Self, ClientError> {
@@ -334,7 +329,8 @@ impl EmbeddedGenerator {
             .connect_timeout(config.request_timeout)
             .connect_lazy();
         let mut client = pb::lease_service_client::LeaseServiceClient::new(channel);
-        let mut delay = config.acquire_backoff.0;
+        let mut backoff =
+            Backoff::new(config.acquire_backoff.0, config.acquire_backoff.1).with_jitter(0.2);
         let mut attempt = 0u32;
         let mut requester = config.requester.clone();
         let mut switched = false;
@@ -372,10 +368,9 @@ impl EmbeddedGenerator {
             if !err.is_retryable() || config.acquire_attempts.is_some_and(|n| attempt >= n) {
                 return Err(err);
             }
-            let wait = jittered(delay, 0.2);
+            let wait = backoff.next_delay();
             warn!(namespace = %config.namespace, error = %err, retry_in = ?wait, "Acquire failed; retrying");
             tokio::time::sleep(wait).await;
-            delay = (delay * 2).min(config.acquire_backoff.1);
         };
         // From here on the server holds machine ids for us: every failure
         // gives them back before it returns.

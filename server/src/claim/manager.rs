@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use snowkeep_client::{Generator, Grant, Layout, Millis, SharedClock};
+use snowkeep_client::{Backoff, Generator, Grant, Layout, Millis, SharedClock};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -75,7 +75,7 @@ pub(crate) struct ClaimManager<S> {
 /// ever succeeded (after one, a full pool or a namespace waiting for an
 /// operator is retried instead of ending the loop: others may release).
 struct Claiming {
-    backoff: Duration,
+    backoff: Backoff,
     held_before: bool,
 }
 
@@ -111,7 +111,7 @@ impl<S: ClaimStore> ClaimManager<S> {
     /// machine id, fence too far ahead, lease lost with `--on-lease-lost exit`).
     pub(crate) async fn run(mut self, release: CancellationToken) -> Result<(), StoreError> {
         let mut claiming = Claiming {
-            backoff: CLAIM_BACKOFF.0,
+            backoff: Backoff::new(CLAIM_BACKOFF.0, CLAIM_BACKOFF.1),
             held_before: false,
         };
         loop {
@@ -148,18 +148,18 @@ impl<S: ClaimStore> ClaimManager<S> {
             let claim = match claimed {
                 Ok(c) => c,
                 Err(e) if e.is_retryable() || (state.held_before && retried_after_a_hold(&e)) => {
-                    warn!(namespace = %self.namespace, error = %crate::DisplayChain(&e), retry_in = ?state.backoff, "claim failed");
+                    let wait = state.backoff.next_delay();
+                    warn!(namespace = %self.namespace, error = %crate::DisplayChain(&e), retry_in = ?wait, "claim failed");
                     tokio::select! {
                         _ = release.cancelled() => return Ok(None),
-                        _ = tokio::time::sleep(state.backoff) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
-                    state.backoff = (state.backoff * 2).min(CLAIM_BACKOFF.1);
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             debug_assert_eq!(claim.held.len(), self.slots.len());
-            state.backoff = CLAIM_BACKOFF.0;
+            state.backoff.reset();
             state.held_before = true;
             let now = self.now_ms();
             if let Some(h) = claim.held.iter().max_by_key(|h| h.floor) {
