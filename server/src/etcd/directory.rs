@@ -107,21 +107,12 @@ impl CapacityReader {
             MachineId(u16::try_from(self.range.start).unwrap_or(u16::MAX)),
         );
         let end = keys::holder_range_end(&self.namespace, self.range.end);
-        let resp = self
+        let count = self
             .endpoints
-            .call("count holders", self.timeout, |mut c| {
-                let (start, end) = (start.clone(), end.clone());
-                async move {
-                    c.get(
-                        start,
-                        Some(GetOptions::new().with_range(end).with_count_only()),
-                    )
-                    .await
-                }
-            })
+            .count("count holders", self.timeout, start, end)
             .await?;
         let total = self.range.end - self.range.start;
-        let held = u32::try_from(resp.count()).unwrap_or(u32::MAX).min(total);
+        let held = u32::try_from(count).unwrap_or(u32::MAX).min(total);
         Ok(Capacity { total, held })
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, Txn};
+use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
 use tracing::{debug, warn};
 
 use crate::claim::StoreError;
@@ -151,6 +151,30 @@ impl Endpoints {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         self.call_at(op, after, f).await.map(|(answer, _)| answer)
+    }
+
+    /// How many keys lie in `[start, end)`: one count-only range read (no
+    /// values travel), with failover like [`Endpoints::call`].
+    pub(super) async fn count(
+        &self,
+        op: &'static str,
+        after: Duration,
+        start: String,
+        end: String,
+    ) -> Result<i64, StoreError> {
+        let resp = self
+            .call(op, after, |mut c| {
+                let (start, end) = (start.clone(), end.clone());
+                async move {
+                    c.get(
+                        start,
+                        Some(GetOptions::new().with_range(end).with_count_only()),
+                    )
+                    .await
+                }
+            })
+            .await?;
+        Ok(resp.count())
     }
 
     /// [`Endpoints::call`], also returning the position that answered.

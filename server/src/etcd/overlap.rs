@@ -162,20 +162,11 @@ impl OverlapCheck {
     async fn count(&mut self, prefix: &str) -> Result<u32, StoreError> {
         let start = format!("{prefix}{:05}", self.range.start);
         let end = format!("{prefix}{:05}", self.range.end);
-        let resp = self
+        let count = self
             .endpoints
-            .call("count used machine ids", self.timeout, |mut c| {
-                let (start, end) = (start.clone(), end.clone());
-                async move {
-                    c.get(
-                        start,
-                        Some(GetOptions::new().with_range(end).with_count_only()),
-                    )
-                    .await
-                }
-            })
+            .count("count used machine ids", self.timeout, start, end)
             .await?;
-        Ok(u32::try_from(resp.count()).unwrap_or(u32::MAX))
+        Ok(u32::try_from(count).unwrap_or(u32::MAX))
     }
 
     /// Runs [`Self::find`] once: logs each overlap at WARN and sets the
