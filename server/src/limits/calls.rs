@@ -240,6 +240,10 @@ struct Hold {
 
 /// Reads a unary call's request body: at most one message of `max_recv`
 /// bytes, refused as soon as its length prefix says it is larger.
+/// The longest a shed call waits for the rest of its request before it is
+/// answered anyway (see [`CallLimit`]).
+const SHED_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn read_request(mut body: tonic::body::Body, max_recv: usize) -> Result<Bytes, Status> {
     let mut buf = BytesMut::new();
     while let Some(frame) = body.frame().await {
@@ -333,7 +337,20 @@ where
             });
             let mut hold = match admitted {
                 Ok(hold) => hold,
-                Err(error) => return Ok(limits.shed(&path, error)),
+                Err(error) => {
+                    // Take the request's end before answering: a call
+                    // answered while its request is still open is reset by
+                    // h2, and h2 closes a connection after 1,024 such resets
+                    // (ENHANCE_YOUR_CALM), failing every call on it. A
+                    // client busy enough to be shed that often must keep
+                    // its connection. Bounded by the message size limit and
+                    // SHED_BODY_WAIT.
+                    let (_, body) = request.into_parts();
+                    let _ =
+                        tokio::time::timeout(SHED_BODY_WAIT, read_request(body, limits.0.max_recv))
+                            .await;
+                    return Ok(limits.shed(&path, error));
+                }
             };
             let weight = if path == NEXT_IDS || path == STREAM_IDS {
                 let (parts, body) = request.into_parts();
@@ -577,6 +594,54 @@ mod tests {
 
     fn status_of(resp: &http::Response<tonic::body::Body>) -> Option<Status> {
         Status::from_header_map(resp.headers())
+    }
+
+    /// A shed call is answered only once its request has ended, so h2 never
+    /// has to reset it (after 1,024 such resets h2 closes the connection,
+    /// and every call on it fails).
+    #[tokio::test(start_paused = true)]
+    async fn a_shed_call_is_answered_after_its_request_ends_or_a_second() {
+        let limits = CallLimits::new(&Limits {
+            max_concurrent_calls: 1,
+            ..Limits::default()
+        });
+        let svc = limits.layer().layer(answering());
+        let path = "/snowkeep.v1.InfoService/GetInfo";
+        let held = svc.clone().oneshot(request(path, vec![])).await.unwrap();
+        assert!(status_of(&held).is_none());
+        // A request whose body is still on its way when the call is shed.
+        let late_body = |rx: tokio::sync::mpsc::Receiver<Bytes>| {
+            let frames = tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::ReceiverStream::new(rx),
+                |b| Ok::<_, Status>(Frame::data(b)),
+            );
+            http::Request::post(path)
+                .body(tonic::body::Body::new(http_body_util::StreamBody::new(
+                    frames,
+                )))
+                .unwrap()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let mut shed = Box::pin(svc.clone().oneshot(late_body(rx)));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(shed.as_mut().poll(&mut cx).is_pending());
+        tx.send(Bytes::from_static(&[0, 0, 0, 0, 0])).await.unwrap();
+        assert!(
+            shed.as_mut().poll(&mut cx).is_pending(),
+            "answered before the request ended"
+        );
+        drop(tx);
+        let started = tokio::time::Instant::now();
+        let resp = shed.await.unwrap();
+        assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+        assert_eq!(status_of(&resp).unwrap().code(), Code::ResourceExhausted);
+        // A request that never ends is answered after SHED_BODY_WAIT.
+        let (_tx, rx) = tokio::sync::mpsc::channel(1);
+        let started = tokio::time::Instant::now();
+        let resp = svc.clone().oneshot(late_body(rx)).await.unwrap();
+        assert_eq!(started.elapsed(), SHED_BODY_WAIT);
+        assert_eq!(status_of(&resp).unwrap().code(), Code::ResourceExhausted);
+        drop(held);
     }
 
     #[tokio::test]
