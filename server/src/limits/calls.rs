@@ -521,14 +521,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-
-    fn frame(msg: &impl Message) -> Vec<u8> {
-        let body = msg.encode_to_vec();
-        let mut out = vec![0];
-        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&body);
-        out
-    }
+    use crate::limits::test_frame as frame;
 
     /// Every server-streaming method the server serves is in the streams
     /// pool, and no other.

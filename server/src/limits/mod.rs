@@ -27,3 +27,14 @@ pub(crate) use throttle::Throttle;
 fn status(error: LimitError) -> tonic::Status {
     crate::service::status::ApiError::from(error).into()
 }
+
+/// `msg` as one uncompressed gRPC message: flag, 4-byte big-endian length,
+/// body. For the tests of this module's layers.
+#[cfg(test)]
+fn test_frame(msg: &impl prost::Message) -> Vec<u8> {
+    let body = msg.encode_to_vec();
+    let mut out = vec![0];
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}

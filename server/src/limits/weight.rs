@@ -122,14 +122,7 @@ mod tests {
 
     use super::*;
     use crate::limits::status;
-
-    fn frame(msg: &impl Message) -> Vec<u8> {
-        let body = msg.encode_to_vec();
-        let mut out = vec![0];
-        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&body);
-        out
-    }
+    use crate::limits::test_frame as frame;
 
     #[test]
     fn ids_message_len_matches_prost() {
