@@ -748,6 +748,7 @@ impl RequesterStore for RequesterLeases {
     async fn release(
         &mut self,
         namespace: &str,
+        layout: Option<Layout>,
         requester: &RequesterId,
         last_used: &HashMap<MachineId, Millis>,
         token: Option<&LeaseToken>,
@@ -755,7 +756,10 @@ impl RequesterStore for RequesterLeases {
         let Some(record) = self.authorized(namespace, requester, token).await? else {
             return Ok(0);
         };
-        let layout = self.layout(namespace).await?;
+        let layout = match layout {
+            Some(layout) => layout,
+            None => self.layout(namespace).await?,
+        };
         let current = self.own_fences(namespace, &record.machine_ids()).await?;
         let now = self.now(&layout);
         let ns = namespace.to_owned();

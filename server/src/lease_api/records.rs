@@ -298,10 +298,13 @@ pub(crate) trait RequesterStore {
     /// Gives the requester's machine ids back for the caller presenting its
     /// `token`: each fence in `last_used` (layout ms) is lowered as
     /// [`released_fence`] allows, the others are kept. Returns how many
-    /// machine ids were released (0 when it held none).
+    /// machine ids were released (0 when it held none). `layout` is the
+    /// namespace's when the caller has read it already (it is read here
+    /// otherwise, only once the requester is known to hold something).
     fn release(
         &mut self,
         namespace: &str,
+        layout: Option<Layout>,
         requester: &RequesterId,
         last_used: &HashMap<MachineId, Millis>,
         token: Option<&LeaseToken>,

@@ -354,7 +354,13 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
             last_used.insert(MachineId(id), Millis(ts));
         }
         let released = store
-            .release(&req.namespace, &requester, &last_used, token.as_ref())
+            .release(
+                &req.namespace,
+                layout,
+                &requester,
+                &last_used,
+                token.as_ref(),
+            )
             .await
             .map_err(ApiError::Store)?;
         if released > 0 {
