@@ -90,6 +90,27 @@ impl Record {
         self.ids.iter().map(|&(id, _)| id).collect()
     }
 
+    /// The guard of a transaction that changes this record: its holder keys,
+    /// the record and the token key are all still on the record's etcd
+    /// lease, and the token key still holds the token's hash.
+    fn unchanged(&self, ns: &str, requester_key: &str) -> Vec<Compare> {
+        let on_lease = |key: String| Compare::lease(key, CompareOp::Equal, self.lease_id);
+        let tk = keys::token(ns, requester_key);
+        let mut guard: Vec<Compare> = self
+            .ids
+            .iter()
+            .map(|&(machine_id, _)| on_lease(keys::holder(ns, machine_id)))
+            .collect();
+        guard.push(on_lease(keys::requester(ns, requester_key)));
+        guard.push(on_lease(tk.clone()));
+        guard.push(Compare::value(
+            tk,
+            CompareOp::Equal,
+            hex(&self.token.unwrap_or_default()),
+        ));
+        guard
+    }
+
     /// Checks `token` against the stored hash ([`authorize`]).
     fn authorize(&self, token: Option<&LeaseToken>) -> Result<(), StoreError> {
         authorize(self.token.as_ref(), token)
@@ -391,15 +412,10 @@ impl RequesterLeases {
             .collect();
         let ns = namespace.to_owned();
         let on_new_lease = || Some(PutOptions::new().with_lease(new_lease));
-        let mut guard = Vec::new();
+        let guard = record.unchanged(&ns, &requester.key());
         let mut ops = Vec::new();
         for h in &held {
             let hk = keys::holder(&ns, h.machine_id);
-            guard.push(Compare::lease(
-                hk.clone(),
-                CompareOp::Equal,
-                record.lease_id,
-            ));
             ops.push(TxnOp::put(hk, holder.clone(), on_new_lease()));
             ops.push(TxnOp::put(
                 keys::fence(&ns, h.machine_id),
@@ -408,25 +424,12 @@ impl RequesterLeases {
             ));
         }
         let rk = keys::requester(&ns, &requester.key());
-        guard.push(Compare::lease(
-            rk.clone(),
-            CompareOp::Equal,
-            record.lease_id,
-        ));
         ops.push(TxnOp::put(rk.clone(), encode_record(&held), on_new_lease()));
-        let tk = keys::token(&ns, &requester.key());
-        let token_hash = hex(&record.token.unwrap_or_default());
-        guard.push(Compare::lease(
-            tk.clone(),
-            CompareOp::Equal,
-            record.lease_id,
+        ops.push(TxnOp::put(
+            keys::token(&ns, &requester.key()),
+            hex(&record.token.unwrap_or_default()),
+            on_new_lease(),
         ));
-        guard.push(Compare::value(
-            tk.clone(),
-            CompareOp::Equal,
-            token_hash.clone(),
-        ));
-        ops.push(TxnOp::put(tk, token_hash, on_new_lease()));
         // The failure branch reads the record: a transaction retried on
         // another endpoint after its first attempt committed (and the answer
         // was lost) finds the record already on the new lease, which only
@@ -763,15 +766,10 @@ impl RequesterStore for RequesterLeases {
         let current = self.own_fences(namespace, &record.machine_ids()).await?;
         let now = self.now(&layout);
         let ns = namespace.to_owned();
-        let mut guard = Vec::new();
+        let guard = record.unchanged(&ns, &requester.key());
         let mut ops = Vec::new();
         for &(machine_id, floor) in &record.ids {
             let hk = keys::holder(&ns, machine_id);
-            guard.push(Compare::lease(
-                hk.clone(),
-                CompareOp::Equal,
-                record.lease_id,
-            ));
             let read = current
                 .get(&machine_id)
                 .cloned()
@@ -790,25 +788,8 @@ impl RequesterStore for RequesterLeases {
             }
             ops.push(TxnOp::delete(hk, None));
         }
-        let rk = keys::requester(&ns, &requester.key());
-        let tk = keys::token(&ns, &requester.key());
-        guard.push(Compare::lease(
-            rk.clone(),
-            CompareOp::Equal,
-            record.lease_id,
-        ));
-        guard.push(Compare::lease(
-            tk.clone(),
-            CompareOp::Equal,
-            record.lease_id,
-        ));
-        guard.push(Compare::value(
-            tk.clone(),
-            CompareOp::Equal,
-            hex(&record.token.unwrap_or_default()),
-        ));
-        ops.push(TxnOp::delete(rk, None));
-        ops.push(TxnOp::delete(tk, None));
+        ops.push(TxnOp::delete(keys::requester(&ns, &requester.key()), None));
+        ops.push(TxnOp::delete(keys::token(&ns, &requester.key()), None));
         let txn = Txn::new().when(guard).and_then(ops);
         let resp = self
             .endpoints
