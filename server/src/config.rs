@@ -27,8 +27,10 @@ pub const DEFAULT_LEASE_TTL: &str = "10s";
 pub const DEFAULT_STATE_DIR: &str = "snowkeep-state";
 /// Default layout (the Korean reference's 41/12/10 with the 2026-01-01 epoch).
 pub const DEFAULT_LAYOUT: &str = "41/12/10@1767225600000";
-/// Default fence horizon: how far ahead of the clock the fence is raised.
-pub const DEFAULT_FENCE_HORIZON: &str = "3s";
+/// Default outage budget: how long a server keeps issuing with etcd
+/// unreachable (its fences run between one and 1.5 budgets ahead of its clock
+/// while it issues).
+pub const DEFAULT_OUTAGE_BUDGET: &str = "60s";
 /// Default longest wait for the clock to pass a previous holder's fence.
 pub const DEFAULT_MAX_FENCE_WAIT: &str = "10s";
 /// Default largest backwards clock step that is waited out.
@@ -93,10 +95,13 @@ pub struct Args {
     /// Id layout TIMESTAMP/MACHINE/SEQUENCE bits (sum 63), optional @EPOCH_UNIX_MS.
     #[arg(long, env = "SNOWKEEP_LAYOUT", default_value = DEFAULT_LAYOUT)]
     pub layout: String,
-    /// How far ahead of the clock the fence is raised (and how long a crashed
-    /// holder's successor may have to wait).
-    #[arg(long, env = "SNOWKEEP_FENCE_HORIZON", default_value = DEFAULT_FENCE_HORIZON, value_parser = humantime::parse_duration)]
-    pub fence_horizon: Duration,
+    /// How long a server keeps issuing while etcd is stalled or unreachable
+    /// (e.g. 60s): a busy server keeps its fences at least this far ahead of
+    /// its clock, raising them to 1.5 budgets ahead once per half budget. A
+    /// crashed holder's machine ids are skipped by new claimers (or waited
+    /// out) for up to 1.5 budgets. etcd store only.
+    #[arg(long, env = "SNOWKEEP_OUTAGE_BUDGET", default_value = DEFAULT_OUTAGE_BUDGET, value_parser = humantime::parse_duration)]
+    pub outage_budget: Duration,
     /// Longest wait for the clock to pass a claimed machine id's previous fence;
     /// a fence further ahead is refused.
     #[arg(long, env = "SNOWKEEP_MAX_FENCE_WAIT", default_value = DEFAULT_MAX_FENCE_WAIT, value_parser = humantime::parse_duration)]
@@ -314,8 +319,8 @@ pub struct ServerConfig {
     pub machine_id_range: Range<u32>,
     /// Machine ids held under the one lease (at least 1, at most the range).
     pub machine_ids: u32,
-    /// Fence horizon.
-    pub fence_horizon: Duration,
+    /// Outage budget (etcd store).
+    pub outage_budget: Duration,
     /// Longest fence wait.
     pub max_fence_wait: Duration,
     /// Largest backwards step waited out.
@@ -334,6 +339,22 @@ pub struct ServerConfig {
     pub setup_only: bool,
     /// Bounds on connections, calls and messages.
     pub limits: Limits,
+}
+
+impl ServerConfig {
+    /// How far ahead of its clock a server raises its fences: 1.5 outage
+    /// budgets, so a busy server that raises once its fence is less than one
+    /// budget ahead raises at most once per half budget. Also the farthest
+    /// ahead any live server's fence can be, so the floor assumed for a
+    /// fence key that may have been deleted under a live holder.
+    pub fn fence_lead(&self) -> Duration {
+        fence_lead(self.outage_budget)
+    }
+}
+
+/// 1.5 × `outage_budget`: see [`ServerConfig::fence_lead`].
+pub fn fence_lead(outage_budget: Duration) -> Duration {
+    outage_budget + outage_budget / 2
 }
 
 /// Bounds on what clients can make the server hold: connections, calls,
@@ -461,17 +482,9 @@ pub enum ConfigError {
         /// Largest allowed.
         max: Duration,
     },
-    /// The fence horizon is not below the longest fence wait.
-    #[error("--fence-horizon {} must be less than --max-fence-wait {}: a crashed holder's fence is up to one horizon ahead, and its successor must be allowed to wait it out", humantime::format_duration(*horizon), humantime::format_duration(*max_wait))]
-    HorizonNotBelowMaxWait {
-        /// The horizon.
-        horizon: Duration,
-        /// The longest wait.
-        max_wait: Duration,
-    },
-    /// Bad fence horizon.
-    #[error("invalid --fence-horizon (SNOWKEEP_FENCE_HORIZON) {}: use at least 100ms", humantime::format_duration(*.0))]
-    FenceHorizon(Duration),
+    /// Bad outage budget.
+    #[error("invalid --outage-budget (SNOWKEEP_OUTAGE_BUDGET) {}: use at least 1s", humantime::format_duration(*.0))]
+    OutageBudget(Duration),
     /// Bad instance id.
     #[error("invalid --instance-id (SNOWKEEP_INSTANCE_ID) {0:?}: use 1-256 printable characters, no '/'")]
     InstanceId(String),
@@ -544,15 +557,15 @@ impl TryFrom<Args> for ServerConfig {
         if args.lease_ttl < Duration::from_secs(2) || args.lease_ttl.subsec_nanos() != 0 {
             return Err(ConfigError::LeaseTtl(args.lease_ttl));
         }
-        if args.fence_horizon < Duration::from_millis(100) {
-            return Err(ConfigError::FenceHorizon(args.fence_horizon));
+        if args.outage_budget < Duration::from_secs(1) {
+            return Err(ConfigError::OutageBudget(args.outage_budget));
         }
         let hour = Duration::from_secs(3600);
         for (flag, value, max) in [
             ("--lease-ttl (SNOWKEEP_LEASE_TTL)", args.lease_ttl, hour),
             (
-                "--fence-horizon (SNOWKEEP_FENCE_HORIZON)",
-                args.fence_horizon,
+                "--outage-budget (SNOWKEEP_OUTAGE_BUDGET)",
+                args.outage_budget,
                 hour,
             ),
             (
@@ -591,12 +604,6 @@ impl TryFrom<Args> for ServerConfig {
                 value: args.renewed_lease_duration,
                 min: min_renew,
                 max: max_renew,
-            });
-        }
-        if args.fence_horizon >= args.max_fence_wait {
-            return Err(ConfigError::HorizonNotBelowMaxWait {
-                horizon: args.fence_horizon,
-                max_wait: args.max_fence_wait,
             });
         }
         let limits = limits_from(&args)?;
@@ -668,7 +675,7 @@ impl TryFrom<Args> for ServerConfig {
             instance_id,
             stable_instance,
             lease_ttl: args.lease_ttl,
-            fence_horizon: args.fence_horizon,
+            outage_budget: args.outage_budget,
             max_fence_wait: args.max_fence_wait,
             max_backward_wait: args.max_backward_wait,
             shutdown_grace_period: args.shutdown_grace_period,
@@ -971,8 +978,12 @@ mod tests {
             Err(ConfigError::MachineIds { got: 3, max: 2 })
         ));
         assert!(matches!(
-            parse(&["--fence-horizon", "10s"]),
-            Err(ConfigError::HorizonNotBelowMaxWait { .. })
+            parse(&["--outage-budget", "500ms"]),
+            Err(ConfigError::OutageBudget(d)) if d == Duration::from_millis(500)
+        ));
+        assert!(matches!(
+            parse(&["--outage-budget", "61m"]),
+            Err(ConfigError::TooLong { max, .. }) if max == Duration::from_secs(3600)
         ));
         assert!(matches!(
             parse(&["--lease-ttl", "2h"]),

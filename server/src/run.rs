@@ -11,7 +11,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use snowkeep_client::{Generator, GeneratorMetrics, GeneratorSet, SystemClock};
+use snowkeep_client::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, SystemClock};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -142,6 +142,21 @@ async fn connect_etcd(
     }
 }
 
+/// The single-instance store's outage budget. It has no outage to ride out
+/// (its store is a local file), and its successor is always itself: after a
+/// crash it waits out its own fences, which run at most 1.5 budgets (3 s)
+/// ahead.
+pub const SINGLE_INSTANCE_OUTAGE_BUDGET: Duration = Duration::from_secs(2);
+
+/// The outage budget the claim loop runs with: `--outage-budget` on etcd,
+/// [`SINGLE_INSTANCE_OUTAGE_BUDGET`] on the single-instance store.
+fn timing_budget(config: &ServerConfig) -> Duration {
+    match config.store {
+        StoreConfig::Etcd { .. } => config.outage_budget,
+        StoreConfig::SingleInstance { .. } => SINGLE_INSTANCE_OUTAGE_BUDGET,
+    }
+}
+
 /// The etcd store's settings for `config`.
 fn etcd_settings(config: &ServerConfig, endpoints: &[String]) -> EtcdSettings {
     EtcdSettings {
@@ -151,7 +166,7 @@ fn etcd_settings(config: &ServerConfig, endpoints: &[String]) -> EtcdSettings {
         lease_ttl: config.lease_ttl,
         machine_id_range: config.machine_id_range.clone(),
         machine_ids: config.machine_ids,
-        fence_horizon: config.fence_horizon,
+        fence_horizon: config.fence_lead(),
         max_fence_wait: config.max_fence_wait,
         request_timeout: request_timeout(config.lease_ttl),
         advertise_address: (!config.peer_skew.interval.is_zero())
@@ -257,7 +272,7 @@ pub async fn run(
         instance_id = %config.instance_id,
         layout = %config.layout,
         lease_ttl = ?config.lease_ttl,
-        fence_horizon = ?config.fence_horizon,
+        outage_budget = ?timing_budget(&config),
         listen = %listen,
         "snowkeep-server starting"
     );
@@ -271,15 +286,17 @@ pub async fn run(
     };
     let mut slots = Vec::new();
     let mut grant_rxs = Vec::new();
+    let demand = FenceDemand::new();
     for _ in 0..config.machine_ids {
         let (grant, rx) = watch::channel(None);
         grant_rxs.push(rx.clone());
-        let generator = Generator::new(
+        let generator = Generator::with_demand(
             config.layout,
             clock.clone(),
             rx,
             config.max_backward_wait,
             metrics.clone(),
+            demand.clone(),
         );
         slots.push(Slot { grant, generator });
     }
@@ -290,7 +307,7 @@ pub async fn run(
     let generators = GeneratorSet::new(slots.iter().map(|s| s.generator.clone()).collect());
     let timing = ClaimTiming {
         lease_ttl: config.lease_ttl,
-        fence_horizon: config.fence_horizon,
+        outage_budget: timing_budget(&config),
         max_fence_wait: config.max_fence_wait,
         on_lease_lost: config.on_lease_lost,
     };
@@ -319,7 +336,7 @@ pub async fn run(
                 (Some(local), _) => {
                     let source = SingleInstanceCapacity::new(&local, grant_rxs);
                     tokio::spawn(capacity::run(source, ns.clone(), grant, shutdown.clone()));
-                    ClaimManager::new(local, layout, ns, clock, timing, slots)
+                    ClaimManager::new(local, layout, ns, clock, timing, slots, demand)
                         .run(release)
                         .await
                 }
@@ -335,7 +352,7 @@ pub async fn run(
                     tokio::spawn(store.overlap_check().warn_once());
                     let source = store.capacity_reader();
                     tokio::spawn(capacity::run(source, ns.clone(), grant, shutdown.clone()));
-                    ClaimManager::new(store, layout, ns, clock, timing, slots)
+                    ClaimManager::new(store, layout, ns, clock, timing, slots, demand)
                         .run(release)
                         .await
                 }

@@ -18,6 +18,7 @@
 //! publishes `None` and [`Generator::drain`] has taken that lock, no id can be
 //! stamped under the old grant: that is what "drain before release" means here.
 
+mod demand;
 mod sequence;
 mod set;
 mod ticker;
@@ -31,6 +32,7 @@ use tokio::sync::watch;
 use crate::clock::SharedClock;
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
+pub use demand::{FenceDemand, FENCE_DEMAND_WAIT};
 use sequence::SequenceState;
 pub(crate) use sequence::Step;
 pub use sequence::Taken;
@@ -128,6 +130,9 @@ pub struct Generator {
     turn: tokio::sync::Mutex<()>,
     /// Wakes the holder of `turn` at the next millisecond.
     ticker: Arc<Ticker>,
+    /// Where a caller that finds the fence reached asks for a raise; `None`
+    /// refuses it at once.
+    demand: Option<Arc<FenceDemand>>,
 }
 
 impl std::fmt::Debug for Generator {
@@ -155,6 +160,30 @@ impl Generator {
             max_backward_wait,
             metrics,
             Ticker::global(),
+            None,
+        )
+    }
+
+    /// Like [`Generator::new`], for a lease source that raises its fences on
+    /// demand: a call that finds the fence reached asks `demand` for a raise
+    /// and waits for it (at most [`FENCE_DEMAND_WAIT`]) while the source says
+    /// it can raise, and readiness counts such a generator as ready.
+    pub fn with_demand(
+        layout: Layout,
+        clock: SharedClock,
+        grant: watch::Receiver<Option<Grant>>,
+        max_backward_wait: Duration,
+        metrics: GeneratorMetrics,
+        demand: Arc<FenceDemand>,
+    ) -> Arc<Self> {
+        Self::with_ticker(
+            layout,
+            clock,
+            grant,
+            max_backward_wait,
+            metrics,
+            Ticker::global(),
+            Some(demand),
         )
     }
 
@@ -165,6 +194,7 @@ impl Generator {
         max_backward_wait: Duration,
         metrics: GeneratorMetrics,
         ticker: Arc<Ticker>,
+        demand: Option<Arc<FenceDemand>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             layout,
@@ -177,6 +207,7 @@ impl Generator {
             queued: AtomicUsize::new(0),
             turn: tokio::sync::Mutex::new(()),
             ticker,
+            demand,
         })
     }
 
@@ -213,7 +244,26 @@ impl Generator {
                 self.max_backward_wait,
             ),
         };
-        admitted.is_ok()
+        match admitted {
+            Ok(_) => true,
+            // An idle holder's fence fell behind: a call gets it raised.
+            Err(GenerateError::FenceReached { .. }) => self.raisable(),
+            Err(_) => false,
+        }
+    }
+
+    /// True when a raise asked for now would be acted on.
+    fn raisable(&self) -> bool {
+        self.demand.as_ref().is_some_and(|d| d.raisable())
+    }
+
+    /// The last timestamp stamped under the current machine id (its floor
+    /// before any stamp), or `None` before any grant was seen. The lease
+    /// source compares it across fence raises to tell a busy holder from an
+    /// idle one.
+    pub fn last_stamped(&self) -> Option<Millis> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.last().map(|(_, last)| last)
     }
 
     /// Takes up to `want` ids in one step without waiting: a run of consecutive
@@ -275,10 +325,43 @@ impl Generator {
         Ok(self.take_run(1).await?.first)
     }
 
+    /// Takes a run of up to `min(want, step)` ids (see
+    /// [`Generator::take_in_turn`]); a fence found reached is raised on
+    /// demand first when the lease source can raise it.
+    async fn take_run(&self, want: u64) -> Result<Taken, GenerateError> {
+        match self.take_in_turn(want).await {
+            Err(GenerateError::FenceReached { fence }) if self.raisable() => {
+                self.raise_fence(fence).await;
+                self.take_in_turn(want).await
+            }
+            taken => taken,
+        }
+    }
+
+    /// Asks the lease source to raise the fence `reached` and waits until a
+    /// grant without it (a higher fence, or none) is published, at most
+    /// [`FENCE_DEMAND_WAIT`].
+    async fn raise_fence(&self, reached: Millis) {
+        let Some(demand) = &self.demand else { return };
+        let mut grant = self.grant.clone();
+        demand.request();
+        let _ = tokio::time::timeout(FENCE_DEMAND_WAIT, async {
+            loop {
+                if grant.borrow_and_update().map(|g| g.fence) != Some(reached) {
+                    return;
+                }
+                if grant.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+
     /// Takes a run of up to `min(want, step)` ids, waiting out sequence
     /// exhaustion and small backwards clock steps in turn with the other
     /// callers (see [`Generator`]).
-    async fn take_run(&self, want: u64) -> Result<Taken, GenerateError> {
+    async fn take_in_turn(&self, want: u64) -> Result<Taken, GenerateError> {
         let want = want.min(self.step);
         if self.queued.load(Ordering::Acquire) == 0 {
             if let Step::Ids(t) = self.try_take(want)? {

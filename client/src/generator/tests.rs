@@ -484,6 +484,7 @@ async fn callers_waiting_for_the_next_millisecond_do_not_spin() {
         DEFAULT_MAX_BACKWARD_WAIT,
         GeneratorMetrics::default(),
         ticker.clone(),
+        None,
     );
     ids(g.try_take(1024).unwrap());
     let reads = || clock.reads.load(std::sync::atomic::Ordering::Relaxed);
@@ -548,6 +549,7 @@ async fn a_caller_no_longer_polled_holds_the_others_up_only_for_the_turn_patienc
         DEFAULT_MAX_BACKWARD_WAIT,
         GeneratorMetrics::default(),
         ticker.clone(),
+        None,
     );
     ids(g.try_take(1024).unwrap());
     // It takes the turn, finds ms 1000 used up and waits for the tick.
@@ -570,4 +572,78 @@ async fn a_caller_no_longer_polled_holds_the_others_up_only_for_the_turn_patienc
     assert_eq!(got, vec![first, first + 1, first + 2]);
     assert_eq!(started.elapsed(), TURN_PATIENCE);
     drop(stuck);
+}
+
+/// A generator at layout ms 2,000 whose fence (1,000) is reached, with a
+/// fence demand; the demand's lease source says `raisable`.
+fn reached_with_demand(
+    raisable: bool,
+) -> (
+    Arc<Generator>,
+    watch::Sender<Option<Grant>>,
+    Arc<FenceDemand>,
+) {
+    let clock = crate::clock::TokioClock::new(DEFAULT_EPOCH_UNIX_MS + 2_000);
+    let (tx, rx) = watch::channel(Some(grant(6, 0, 1_000)));
+    let demand = FenceDemand::new();
+    demand.set_raisable(raisable);
+    let g = Generator::with_demand(
+        Layout::default(),
+        clock,
+        rx,
+        DEFAULT_MAX_BACKWARD_WAIT,
+        GeneratorMetrics::default(),
+        demand.clone(),
+    );
+    (g, tx, demand)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reached_fence_is_refused_at_once_when_no_raise_can_happen() {
+    let (g, _tx, _demand) = reached_with_demand(false);
+    assert!(!g.is_ready());
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        g.next_id().await,
+        Err(GenerateError::FenceReached {
+            fence: Millis(1_000)
+        })
+    );
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reached_fence_is_raised_on_demand_and_the_call_stamps_under_the_new_one() {
+    let (g, tx, demand) = reached_with_demand(true);
+    assert!(g.is_ready(), "ready: a call gets the fence raised");
+    let source = tokio::spawn(async move {
+        demand.requested().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        tx.send_replace(Some(grant(6, 0, 5_000)));
+        tx
+    });
+    let started = tokio::time::Instant::now();
+    let id = g.next_id().await.unwrap();
+    let d = Layout::default().decode(id).unwrap();
+    // Stamped when the raise came, 5 ms later.
+    assert_eq!((d.timestamp, d.machine_id), (Millis(2_005), MachineId(6)));
+    assert_eq!(started.elapsed(), Duration::from_millis(5));
+    drop(source.await.unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_raise_that_never_comes_is_waited_for_at_most_the_demand_wait() {
+    let (g, _tx, demand) = reached_with_demand(true);
+    let started = tokio::time::Instant::now();
+    assert_eq!(
+        g.next_id().await,
+        Err(GenerateError::FenceReached {
+            fence: Millis(1_000)
+        })
+    );
+    assert_eq!(started.elapsed(), FENCE_DEMAND_WAIT);
+    // The request is there for the lease source to find.
+    tokio::time::timeout(Duration::ZERO, demand.requested())
+        .await
+        .expect("a pending request");
 }

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use snowkeep_client::Millis;
+
 use super::{Claim, LossReason, StoreError};
 
 /// Gauges are refreshed at least this often.
@@ -16,7 +18,8 @@ pub(super) enum Phase {
     /// floors (the previous holders' fences), or the first fence write has
     /// not succeeded yet.
     WaitingForFloor,
-    /// The fences are persisted ahead of the clock and the grants published.
+    /// The fences were persisted ahead of the clock and the grants published;
+    /// issuance goes on up to them, whether or not the store answers.
     Issuing,
 }
 
@@ -25,7 +28,7 @@ pub(super) enum Phase {
 pub(super) enum Held {
     /// Release was asked for: withdraw, drain, lower the fences, give back.
     Released,
-    /// The claim is gone (or its deadline passed): withdraw at once.
+    /// The store said the claim is gone: withdraw at once.
     Lost(LossReason),
     /// A condition that needs an operator: withdraw and stop.
     Fatal(StoreError),
@@ -34,11 +37,9 @@ pub(super) enum Held {
 /// An action that is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Due {
-    /// The local lease deadline passed without a renewal.
-    Deadline,
     /// Renew the lease.
     Renew,
-    /// Check the floor and raise the fences (or wait on).
+    /// Check the floor, and raise the fences if they need it.
     Fence,
     /// Re-check the namespace.
     NamespaceCheck,
@@ -65,16 +66,15 @@ impl Timers {
         }
     }
 
-    /// When the loop must wake next, at `now`, for a lease ending at
-    /// `deadline`: the earliest timer, the deadline, and at least every
-    /// [`GAUGE_REFRESH`] to refresh the gauges.
-    pub(crate) fn next_wake(&self, now: Instant, deadline: Option<Instant>) -> Instant {
+    /// When the loop must wake next, at `now`: the earliest timer, and at
+    /// least every [`GAUGE_REFRESH`] to refresh the gauges. (The lease
+    /// deadline is no reason to wake: issuance outlives it, up to the fences.)
+    pub(crate) fn next_wake(&self, now: Instant) -> Instant {
         [
             Some(self.fence),
             Some(self.namespace_check),
             Some(now + GAUGE_REFRESH),
             self.renew,
-            deadline,
         ]
         .into_iter()
         .flatten()
@@ -99,6 +99,16 @@ pub(super) struct Hold<L> {
     pub(crate) namespace_trouble: bool,
     /// The interval between renewals and between namespace checks.
     pub(crate) renew_every: Duration,
+    /// Each generator's last stamped timestamp when the fences were last
+    /// raised: a change since means the holder is busy (slot order).
+    pub(crate) stamps_at_raise: Vec<Option<Millis>>,
+    /// A caller found a fence reached and asked for a raise.
+    pub(crate) demanded: bool,
+    /// Since when store requests have failed with none succeeding (an
+    /// outage); `None` while the store answers.
+    pub(crate) outage_since: Option<Instant>,
+    /// The lease deadline passed during this outage (logged once).
+    pub(crate) past_deadline: bool,
 }
 
 impl<L> Hold<L> {
@@ -113,14 +123,16 @@ impl<L> Hold<L> {
             floor_wait_since: None,
             namespace_trouble: false,
             renew_every,
+            stamps_at_raise: Vec::new(),
+            demanded: false,
+            outage_since: None,
+            past_deadline: false,
         }
     }
 
     /// The action due at `now`, most urgent first; `None` when nothing is.
     pub(crate) fn due(&self, now: Instant) -> Option<Due> {
-        if self.claim.deadline.is_some_and(|d| now >= d) {
-            Some(Due::Deadline)
-        } else if self.timers.renew.is_some_and(|t| now >= t) {
+        if self.timers.renew.is_some_and(|t| now >= t) {
             Some(Due::Renew)
         } else if now >= self.timers.fence {
             Some(Due::Fence)
@@ -134,6 +146,23 @@ impl<L> Hold<L> {
     /// The claim while its grants are published.
     pub(crate) fn issuing(&self) -> Option<&Claim<L>> {
         (self.phase == Phase::Issuing).then_some(&self.claim)
+    }
+
+    /// True when a fence raise asked for now would be acted on: issuing,
+    /// and the store answering.
+    pub(crate) fn raisable(&self) -> bool {
+        self.phase == Phase::Issuing && self.outage_since.is_none()
+    }
+
+    /// A store request failed at `now`: an outage starts (or goes on).
+    pub(crate) fn store_failed(&mut self, now: Instant) {
+        self.outage_since.get_or_insert(now);
+    }
+
+    /// A store request succeeded: any outage is over.
+    pub(crate) fn store_answered(&mut self) {
+        self.outage_since = None;
+        self.past_deadline = false;
     }
 }
 
@@ -163,22 +192,23 @@ mod tests {
         assert_eq!(hold.due(t0), Some(Due::Fence));
         hold.timers.fence = t0 + 2 * s;
         assert_eq!(hold.due(t0), None);
-        assert_eq!(
-            hold.timers.next_wake(t0, hold.claim.deadline),
-            t0 + GAUGE_REFRESH
-        );
+        assert_eq!(hold.timers.next_wake(t0), t0 + GAUGE_REFRESH);
         let later = t0 + s;
         // Renewal and namespace check are both due at 1 s: renewal first.
         assert_eq!(hold.due(later), Some(Due::Renew));
         hold.timers.renew = Some(t0 + 4 * s);
         assert_eq!(hold.due(later), Some(Due::NamespaceCheck));
         hold.timers.namespace_check = t0 + 10 * s;
+        assert_eq!(hold.timers.next_wake(later), later + GAUGE_REFRESH);
+        // The lease deadline (3 s) is no action of its own: issuance outlives
+        // it up to the fences, and the renewal goes on being retried.
+        hold.timers.fence = t0 + 5 * s;
+        assert_eq!(hold.due(t0 + 3 * s), None);
         assert_eq!(
-            hold.timers.next_wake(later, hold.claim.deadline),
-            later + GAUGE_REFRESH
+            hold.timers.next_wake(t0 + 3 * s),
+            t0 + 3 * s + GAUGE_REFRESH
         );
-        // Past the deadline nothing else matters.
-        assert_eq!(hold.due(t0 + 3 * s), Some(Due::Deadline));
+        assert_eq!(hold.due(t0 + 4 * s), Some(Due::Renew));
     }
 
     #[test]

@@ -17,12 +17,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use snowkeep_client::{Backoff, Generator, Grant, Layout, Millis, SharedClock};
+use snowkeep_client::{Backoff, FenceDemand, Generator, Grant, Layout, Millis, SharedClock};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::hold::{Due, Held, Hold, Phase};
+use super::hold::{Due, Held, Hold, Phase, GAUGE_REFRESH};
 use super::{Claim, ClaimStore, LossReason, StoreError};
 use crate::metrics as m;
 
@@ -40,8 +40,11 @@ pub enum OnLeaseLost {
 pub(crate) struct ClaimTiming {
     /// The etcd lease TTL; renewals are sent every TTL/3.
     pub(crate) lease_ttl: Duration,
-    /// How far ahead of the clock the fences are raised.
-    pub(crate) fence_horizon: Duration,
+    /// How long issuance goes on with the store unreachable: a busy holder
+    /// keeps its fences at least this far ahead of its clock, raising them
+    /// to 1.5 budgets ahead (`crate::config::fence_lead`) once they are
+    /// less; an idle one lets them fall behind and raises on demand.
+    pub(crate) outage_budget: Duration,
     /// The longest wait for the clock to pass a claimed id's previous fence.
     pub(crate) max_fence_wait: Duration,
     /// On loss: re-claim or exit.
@@ -69,6 +72,8 @@ pub(crate) struct ClaimManager<S> {
     clock: SharedClock,
     timing: ClaimTiming,
     slots: Vec<Slot>,
+    /// Raise requests from callers that found a fence reached.
+    demand: Arc<FenceDemand>,
 }
 
 /// The claiming state: the backoff of the next retry, and whether a claim
@@ -89,6 +94,7 @@ impl<S: ClaimStore> ClaimManager<S> {
         clock: SharedClock,
         timing: ClaimTiming,
         slots: Vec<Slot>,
+        demand: Arc<FenceDemand>,
     ) -> Self {
         Self {
             store,
@@ -97,6 +103,7 @@ impl<S: ClaimStore> ClaimManager<S> {
             clock,
             timing,
             slots,
+            demand,
         }
     }
 
@@ -200,31 +207,42 @@ impl<S: ClaimStore> ClaimManager<S> {
         loop {
             let now = self.clock.now();
             let ended = match hold.due(now) {
-                Some(Due::Deadline) => Some(Held::Lost(LossReason::Deadline)),
                 Some(Due::Renew) => self.renew(&mut hold).await,
                 Some(Due::Fence) => self.fence(&mut hold, now).await,
                 Some(Due::NamespaceCheck) => self.check_namespace(&mut hold, now).await,
                 None => {
-                    self.publish_gauges(hold.issuing());
-                    let wake = hold.timers.next_wake(now, hold.claim.deadline);
+                    self.publish_gauges(Some(&hold));
+                    let wake = hold.timers.next_wake(now);
                     tokio::select! {
                         _ = release.cancelled() => Some(Held::Released),
                         outcome = &mut holder_watch => Some(match outcome {
                             Ok(reason) => Held::Lost(reason),
                             Err(e) => Held::Fatal(e),
                         }),
+                        // Only while issuing: before, the first raise is
+                        // already on its way.
+                        _ = self.demand.requested(), if hold.phase == Phase::Issuing => {
+                            hold.demanded = true;
+                            hold.timers.fence = now;
+                            None
+                        }
                         _ = tokio::time::sleep_until(tokio::time::Instant::from_std(wake)) => None,
                     }
                 }
             };
+            self.demand.set_raisable(hold.raisable());
             if let Some(ended) = ended {
                 return (hold.claim, ended);
             }
         }
     }
 
-    /// Due action: renews the lease; the deadline (and the published grants)
-    /// move to the send time + TTL.
+    /// Due action: renews the lease; the deadline moves to the send time +
+    /// TTL. A renewal that fails starts (or continues) an outage: issuance
+    /// goes on below the persisted fences, the lease deadline passing or not
+    /// (the lease decides who may raise a fence and when a dead holder's
+    /// machine id may be claimed, not how long a holder stamps below its own
+    /// fence), until the store answers or says the claim is gone.
     async fn renew(&mut self, hold: &mut Hold<S::Lease>) -> Option<Held> {
         let sent = self.clock.now();
         match self.store.renew(&hold.claim).await {
@@ -234,13 +252,21 @@ impl<S: ClaimStore> ClaimManager<S> {
                 metrics::histogram!(m::LEASE_RENEWAL_DURATION_SECONDS).record(took.as_secs_f64());
                 hold.claim.deadline = Some(deadline);
                 hold.timers.renew = Some(sent + hold.renew_every);
-                if let Some(claim) = hold.issuing() {
-                    self.publish(claim);
+                if hold.outage_since.is_some() {
+                    info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), "the store answers again; the outage is over");
                 }
+                hold.store_answered();
                 None
             }
             Err(StoreError::LeaseLost { reason }) => Some(Held::Lost(reason)),
             Err(e) => {
+                let now = self.clock.now();
+                hold.store_failed(now);
+                if !hold.past_deadline && hold.claim.deadline.is_some_and(|d| now >= d) {
+                    hold.past_deadline = true;
+                    let left = self.fence_headroom(&hold.claim);
+                    warn!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), issuing_for_s = left, "the etcd lease deadline passed without a renewal; issuing on below the persisted fences until they are reached (the outage budget), since a new holder of these machine ids starts above them");
+                }
                 hold.timers.renew = Some(self.retry_after(
                     m::LEASE_RENEWALS_TOTAL,
                     "lease renewal",
@@ -252,17 +278,49 @@ impl<S: ClaimStore> ClaimManager<S> {
         }
     }
 
-    /// Due action: waits on while the clock is not past the floors, else
-    /// raises the fences.
+    /// Due action: waits on while the clock is not past the floors; else
+    /// raises the fences when they need it, and otherwise says when to look
+    /// again. They need it for the first grant, when a caller found one
+    /// reached, and when the holder is busy (a generator stamped since the
+    /// last raise) and a fence is one outage budget or less ahead. An idle
+    /// holder writes nothing: its fences fall behind its clock and the next
+    /// call asks for a raise.
     async fn fence(&mut self, hold: &mut Hold<S::Lease>, now: Instant) -> Option<Held> {
         let now_ms = self.now_ms();
         let floor = hold.claim.max_floor();
         if now_ms <= floor {
             self.wait_for_floor(hold, now, now_ms, floor);
-            None
-        } else {
-            self.raise_fences(hold, now_ms).await
+            return None;
         }
+        let stamps = self.last_stamps();
+        let demanded = std::mem::take(&mut hold.demanded);
+        let budget_ms = millis(self.timing.outage_budget);
+        let ahead = min_fence(&hold.claim).get().saturating_sub(now_ms.get());
+        let busy = stamps != hold.stamps_at_raise;
+        if hold.phase == Phase::WaitingForFloor || demanded || (ahead <= budget_ms && busy) {
+            return self.raise_fences(hold, now_ms, stamps).await;
+        }
+        hold.timers.fence = if ahead <= budget_ms {
+            // Idle: look for use again soon (no store request).
+            now + GAUGE_REFRESH
+        } else {
+            now + Duration::from_millis(ahead - budget_ms)
+        };
+        None
+    }
+
+    /// Each generator's last stamped timestamp, in slot order.
+    fn last_stamps(&self) -> Vec<Option<Millis>> {
+        self.slots
+            .iter()
+            .map(|s| s.generator.last_stamped())
+            .collect()
+    }
+
+    /// Seconds from the clock to the lowest fence of `claim` (0 once reached).
+    fn fence_headroom(&self, claim: &Claim<S::Lease>) -> f64 {
+        let ahead = min_fence(claim).get().saturating_sub(self.now_ms().get());
+        ahead as f64 / 1000.0
     }
 
     /// The clock is not past the floor (design.md, fence protocol rule 3):
@@ -283,11 +341,18 @@ impl<S: ClaimStore> ClaimManager<S> {
         hold.timers.fence = now + wait;
     }
 
-    /// Persists the fences one horizon ahead of the clock (never lower than
-    /// they are), and only then publishes the grants carrying them.
-    async fn raise_fences(&mut self, hold: &mut Hold<S::Lease>, now_ms: Millis) -> Option<Held> {
-        let horizon_ms = u64::try_from(self.timing.fence_horizon.as_millis()).unwrap_or(u64::MAX);
-        let target = Millis(now_ms.get().saturating_add(horizon_ms));
+    /// Persists every fence 1.5 outage budgets ahead of the clock (never
+    /// lower than it is) in one store request, and only then publishes the
+    /// grants carrying them; `stamps` are the generators' last stamps read
+    /// before the write.
+    async fn raise_fences(
+        &mut self,
+        hold: &mut Hold<S::Lease>,
+        now_ms: Millis,
+        stamps: Vec<Option<Millis>>,
+    ) -> Option<Held> {
+        let lead_ms = millis(crate::config::fence_lead(self.timing.outage_budget));
+        let target = Millis(now_ms.get().saturating_add(lead_ms));
         // Never lower a fence while holding it (a clock stepped back).
         let fences: Vec<Millis> = hold
             .claim
@@ -313,12 +378,17 @@ impl<S: ClaimStore> ClaimManager<S> {
                     info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), fence_ms = target.get(), "issuing");
                     hold.phase = Phase::Issuing;
                 }
+                hold.stamps_at_raise = stamps;
+                hold.store_answered();
                 self.publish(&hold.claim);
-                hold.timers.fence = self.clock.now() + self.timing.fence_horizon / 2;
+                // Looked at again once the fences are one budget ahead.
+                hold.timers.fence = self.clock.now()
+                    + Duration::from_millis(lead_ms - millis(self.timing.outage_budget));
                 None
             }
             Err(StoreError::LeaseLost { reason }) => Some(Held::Lost(reason)),
             Err(e) => {
+                hold.store_failed(self.clock.now());
                 hold.timers.fence =
                     self.retry_after(m::FENCE_ADVANCES_TOTAL, "fence advance", &hold.claim, &e);
                 None
@@ -386,41 +456,58 @@ impl<S: ClaimStore> ClaimManager<S> {
         self.clock.now() + RETRY_AFTER_FAILURE
     }
 
+    /// Publishes each slot's grant. No deadline: the fence alone bounds
+    /// issuance (stamps above it are refused), so it outlives a lease that
+    /// could not be renewed.
     fn publish(&self, claim: &Claim<S::Lease>) {
         for (slot, h) in self.slots.iter().zip(&claim.held) {
             slot.grant.send_replace(Some(Grant {
                 machine_id: h.machine_id,
                 floor: h.floor,
                 fence: h.fence,
-                deadline: claim.deadline,
+                deadline: None,
             }));
         }
     }
 
     fn withdraw(&self) {
+        self.demand.set_raisable(false);
         for slot in &self.slots {
             slot.grant.send_replace(None);
         }
         self.publish_gauges(None);
     }
 
-    fn publish_gauges(&self, claim: Option<&Claim<S::Lease>>) {
+    /// The hold's gauges; `None` (or a hold not issuing) zeroes them.
+    fn publish_gauges(&self, hold: Option<&Hold<S::Lease>>) {
         let ns = self.namespace.clone();
-        let (held, remaining, headroom) = match claim {
-            Some(c) => {
-                let remaining = c
-                    .deadline
-                    .map(|d| d.saturating_duration_since(self.clock.now()).as_secs_f64())
-                    .unwrap_or(0.0);
-                let min_fence = c.held.iter().map(|h| h.fence).min().unwrap_or_default();
-                let headroom = (min_fence.get() as f64 - self.now_ms().get() as f64) / 1000.0;
-                (c.held.len() as f64, remaining, headroom)
-            }
-            None => (0.0, 0.0, 0.0),
-        };
+        let budget = self.timing.outage_budget.as_secs_f64();
+        let (held, remaining, headroom, budget_left) =
+            match hold.and_then(|h| Some((h, h.issuing()?))) {
+                Some((hold, c)) => {
+                    let remaining = c
+                        .deadline
+                        .map(|d| d.saturating_duration_since(self.clock.now()).as_secs_f64())
+                        .unwrap_or(0.0);
+                    let min_fence = min_fence(c);
+                    let headroom = (min_fence.get() as f64 - self.now_ms().get() as f64) / 1000.0;
+                    // While the store answers, a fence can be raised whenever
+                    // needed: the whole budget is left. During an outage, what is
+                    // left is the way to the lowest fence.
+                    let budget_left = if hold.outage_since.is_none() {
+                        budget
+                    } else {
+                        self.fence_headroom(c)
+                    };
+                    (c.held.len() as f64, remaining, headroom, budget_left)
+                }
+                None => (0.0, 0.0, 0.0, 0.0),
+            };
         metrics::gauge!(m::MACHINE_IDS_HELD, "namespace" => ns.clone()).set(held);
         metrics::gauge!(m::LEASE_REMAINING_SECONDS).set(remaining);
-        metrics::gauge!(m::FENCE_HEADROOM_SECONDS, "namespace" => ns).set(headroom);
+        metrics::gauge!(m::FENCE_HEADROOM_SECONDS, "namespace" => ns.clone()).set(headroom);
+        metrics::gauge!(m::OUTAGE_BUDGET_SECONDS, "namespace" => ns.clone()).set(budget);
+        metrics::gauge!(m::OUTAGE_BUDGET_REMAINING_SECONDS, "namespace" => ns).set(budget_left);
     }
 
     /// Releasing: withdraws the grants, drains the generators and releases
@@ -457,4 +544,14 @@ fn retried_after_a_hold(e: &StoreError) -> bool {
             | StoreError::NamespaceRolledBack { .. }
             | StoreError::NamespaceFloorAhead { .. }
     )
+}
+
+/// `d` in whole ms, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The lowest fence of `claim` (layout ms).
+fn min_fence<L>(claim: &Claim<L>) -> Millis {
+    claim.held.iter().map(|h| h.fence).min().unwrap_or_default()
 }

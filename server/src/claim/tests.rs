@@ -4,10 +4,14 @@
 //! generators see. etcd's own semantics are the integration tests' business.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use snowkeep_client::{Generator, GeneratorMetrics, Grant, Layout, MachineId, Millis, TokioClock};
+use snowkeep_client::{
+    FenceDemand, GenerateError, Generator, GeneratorMetrics, Grant, Layout, MachineId, Millis,
+    TokioClock,
+};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -20,8 +24,11 @@ use super::{
 const START_MS: u64 = 1_000_000;
 /// The lease TTL: renewals every 1 s.
 const TTL: Duration = Duration::from_secs(3);
-/// The fence horizon: fences 3 s ahead, raised every 1.5 s.
-const HORIZON_MS: u64 = 3_000;
+/// The outage budget: 2 s.
+const BUDGET_MS: u64 = 2_000;
+/// Fences are raised 1.5 budgets ahead (3 s), once they are one budget or
+/// less ahead and the holder is busy: at most once per half budget (1 s).
+const LEAD_MS: u64 = 3_000;
 
 /// A store call as the double saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,8 +58,9 @@ struct FakeStore {
     log: Log,
     /// Claims handed out in order; once empty, a claim never answers.
     claims: VecDeque<Vec<HeldId>>,
-    /// Whether renewals succeed (with a new deadline now + TTL).
-    renew_ok: bool,
+    /// Whether the store answers: renewals (with a new deadline now + TTL)
+    /// and fence writes succeed, or time out.
+    up: Arc<AtomicBool>,
     /// Resolves the holder watch of the first hold when the test says so.
     holder_watch: Mutex<Option<oneshot::Receiver<LossReason>>>,
     /// The generators' grant channels, to see what was published at each call.
@@ -95,12 +103,19 @@ impl ClaimStore for FakeStore {
             fences: fences.iter().map(|f| f.get()).collect(),
             published,
         });
-        Ok(())
+        if self.up.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(StoreError::Timeout {
+                op: "fence txn",
+                after: Duration::from_millis(500),
+            })
+        }
     }
 
     async fn renew(&mut self, _claim: &Claim) -> Result<Instant, StoreError> {
         self.record(Call::Renew);
-        if self.renew_ok {
+        if self.up.load(Ordering::SeqCst) {
             Ok(now() + TTL)
         } else {
             Err(StoreError::Timeout {
@@ -167,6 +182,8 @@ struct Harness {
     generators: Vec<Arc<Generator>>,
     release: CancellationToken,
     run: tokio::task::JoinHandle<Result<(), StoreError>>,
+    /// Whether the store answers.
+    up: Arc<AtomicBool>,
 }
 
 impl Harness {
@@ -174,7 +191,7 @@ impl Harness {
     /// the first), at layout time [`START_MS`].
     fn start(
         claims: Vec<Vec<HeldId>>,
-        renew_ok: bool,
+        up: bool,
         on_lease_lost: OnLeaseLost,
         holder_watch: Option<oneshot::Receiver<LossReason>>,
     ) -> Self {
@@ -183,14 +200,16 @@ impl Harness {
         let start = tokio::time::Instant::now();
         let log = Log::default();
         let (mut slots, mut grants, mut generators) = (Vec::new(), Vec::new(), Vec::new());
+        let demand = FenceDemand::new();
         for _ in &claims[0] {
             let (tx, rx) = watch::channel(None);
-            let generator = Generator::new(
+            let generator = Generator::with_demand(
                 layout,
                 clock.clone(),
                 rx.clone(),
                 Duration::from_millis(100),
                 GeneratorMetrics::default(),
+                demand.clone(),
             );
             generators.push(generator.clone());
             grants.push(rx);
@@ -203,18 +222,19 @@ impl Harness {
             start,
             log: log.clone(),
             claims: claims.into(),
-            renew_ok,
+            up: Arc::new(AtomicBool::new(up)),
             holder_watch: Mutex::new(holder_watch),
             grants: grants.clone(),
         };
         let timing = ClaimTiming {
             lease_ttl: TTL,
-            fence_horizon: Duration::from_millis(HORIZON_MS),
+            outage_budget: Duration::from_millis(BUDGET_MS),
             max_fence_wait: Duration::from_secs(10),
             on_lease_lost,
         };
+        let up = store.up.clone();
         let release = CancellationToken::new();
-        let manager = ClaimManager::new(store, layout, "ns".into(), clock, timing, slots);
+        let manager = ClaimManager::new(store, layout, "ns".into(), clock, timing, slots, demand);
         let run = tokio::spawn(manager.run(release.clone()));
         Self {
             start,
@@ -223,6 +243,7 @@ impl Harness {
             generators,
             release,
             run,
+            up,
         }
     }
 
@@ -251,20 +272,20 @@ impl Harness {
 #[tokio::test(start_paused = true)]
 async fn a_grant_is_published_only_past_the_floor_and_after_its_fence_is_persisted() {
     // Floor 1.5 s ahead of the clock: the loop waits until the clock is at
-    // floor + 1, writes the fence one horizon ahead, and only then publishes.
+    // floor + 1, writes the fence 1.5 budgets ahead, and only then publishes.
     let floor = START_MS + 1_500;
     let mut h = Harness::start(vec![vec![held(7, floor)]], true, OnLeaseLost::Exit, None);
     let (at, grant) = h.next_grant(0).await;
     assert_eq!(at, 1_501);
-    let fence = floor + 1 + HORIZON_MS;
+    let fence = floor + 1 + LEAD_MS;
     assert_eq!(
         grant,
         Some(Grant {
             machine_id: MachineId(7),
             floor: Millis(floor),
             fence: Millis(fence),
-            // Renewed at 1 s: the deadline counts from that renewal.
-            deadline: Some(h.start.into_std() + Duration::from_millis(1_000) + TTL),
+            // The fence alone bounds issuance, not the lease deadline.
+            deadline: None,
         })
     );
     assert_eq!(
@@ -293,62 +314,155 @@ async fn a_grant_is_published_only_past_the_floor_and_after_its_fence_is_persist
     assert!(h.ended().await.is_ok());
 }
 
+/// Layout ms of `id`.
+fn ts(id: u64) -> u64 {
+    Layout::default().decode(id).unwrap().timestamp.get()
+}
+
 #[tokio::test(start_paused = true)]
-async fn failing_keepalives_stop_issuance_exactly_at_the_deadline() {
+async fn an_outage_issues_on_past_the_lease_deadline_stops_exactly_at_the_fence_and_resumes() {
     let floor = START_MS - 1_000;
-    let mut h = Harness::start(vec![vec![held(3, floor)]], false, OnLeaseLost::Exit, None);
+    let mut h = Harness::start(vec![vec![held(3, floor)]], true, OnLeaseLost::Exit, None);
     let (at, grant) = h.next_grant(0).await;
     assert_eq!(at, 0);
-    assert_eq!(grant.map(|g| g.fence), Some(Millis(START_MS + HORIZON_MS)));
-    // The fence write at 1.5 s republishes the same deadline.
+    let fence = START_MS + LEAD_MS;
+    assert_eq!(grant.map(|g| g.fence), Some(Millis(fence)));
+    // The store stops answering at 500 ms, with the holder busy.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.up.store(false, Ordering::SeqCst);
+    for at in [500, 1_500, 2_500, 2_999, 3_000] {
+        tokio::time::sleep_until(h.start + Duration::from_millis(at)).await;
+        let id = h.generators[0].next_id().await.unwrap();
+        // Past the lease deadline (3 s after the claim, never renewed) too.
+        assert_eq!(ts(id), START_MS + at, "at {at} ms");
+    }
+    tokio::time::sleep_until(h.start + Duration::from_millis(3_001)).await;
+    // One ms past the fence: refused at once (no raise can happen), and the
+    // grant is still published: nothing was lost, the store is just away.
+    assert_eq!(
+        h.generators[0].next_id().await,
+        Err(GenerateError::FenceReached {
+            fence: Millis(fence)
+        })
+    );
+    assert!(!h.generators[0].is_ready());
+    assert_eq!(h.grants[0].borrow().map(|g| g.fence), Some(Millis(fence)));
+    // Back at 4 s: the next renewal succeeds, the fence write follows, and
+    // issuance resumes without a new claim.
+    tokio::time::sleep_until(h.start + Duration::from_millis(4_000)).await;
+    h.up.store(true, Ordering::SeqCst);
     let (at, grant) = h.next_grant(0).await;
-    assert_eq!(at, 1_500);
+    assert_eq!(at, 4_000);
     assert_eq!(
         grant.map(|g| g.fence),
-        Some(Millis(START_MS + 1_500 + HORIZON_MS))
+        Some(Millis(START_MS + 4_000 + LEAD_MS))
     );
-    // Never renewed: withdrawn at the claim's deadline, not a ms later.
-    let (at, grant) = h.next_grant(0).await;
-    assert_eq!((at, grant), (3_000, None));
-    let err = h.ended().await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            StoreError::LeaseLost {
-                reason: LossReason::Deadline
-            }
-        ),
-        "{err:?}"
-    );
-    let advance = |at: u64, published| {
-        (
-            at,
-            Call::Advance {
-                fences: vec![START_MS + at + HORIZON_MS],
-                published,
-            },
-        )
-    };
-    // Renewals every TTL/3, then every 250 ms after each failure; no
-    // abandon: an expired lease frees its keys by itself.
     assert_eq!(
-        h.log(),
+        ts(h.generators[0].next_id().await.unwrap()),
+        START_MS + 4_000
+    );
+    let log = h.log();
+    assert_eq!(
+        log.iter().filter(|(_, c)| *c == Call::Claim).count(),
+        1,
+        "no new claim: {log:?}"
+    );
+    // While the store was away, the busy holder tried its fence write at 1 s
+    // (one budget ahead) and every 250 ms after each failure.
+    let advances: Vec<u64> = log
+        .iter()
+        .filter(|(_, c)| matches!(c, Call::Advance { .. }))
+        .map(|(at, _)| *at)
+        .collect();
+    assert_eq!(
+        advances,
         vec![
-            (0, Call::Claim),
-            advance(0, false),
-            (1_000, Call::Renew),
-            (1_000, Call::CheckNamespace),
-            (1_250, Call::Renew),
-            (1_500, Call::Renew),
-            advance(1_500, true),
-            (1_750, Call::Renew),
-            (2_000, Call::Renew),
-            (2_000, Call::CheckNamespace),
-            (2_250, Call::Renew),
-            (2_500, Call::Renew),
-            (2_750, Call::Renew),
+            0, 1_000, 1_250, 1_500, 1_750, 2_000, 2_250, 2_500, 2_750, 3_000, 3_250, 3_500, 3_750,
+            4_000
         ]
     );
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_holder_writes_only_its_first_fence_and_a_call_gets_it_raised() {
+    let floor = START_MS - 1_000;
+    let mut h = Harness::start(vec![vec![held(4, floor)]], true, OnLeaseLost::Exit, None);
+    let (at, _) = h.next_grant(0).await;
+    assert_eq!(at, 0);
+    // Idle for 10 s: the fence (3 s) falls behind the clock, but a call
+    // would get it raised, so the generator stays ready.
+    tokio::time::sleep_until(h.start + Duration::from_millis(10_000)).await;
+    assert!(h.generators[0].is_ready());
+    assert_eq!(
+        h.log()
+            .iter()
+            .filter(|(_, c)| matches!(c, Call::Advance { .. }))
+            .count(),
+        1
+    );
+    let id = h.generators[0].next_id().await.unwrap();
+    assert_eq!(ts(id), START_MS + 10_000);
+    let advances: Vec<(u64, Call)> = h
+        .log()
+        .into_iter()
+        .filter(|(_, c)| matches!(c, Call::Advance { .. }))
+        .collect();
+    assert_eq!(
+        advances,
+        vec![
+            (
+                0,
+                Call::Advance {
+                    fences: vec![START_MS + LEAD_MS],
+                    published: false
+                }
+            ),
+            (
+                10_000,
+                Call::Advance {
+                    fences: vec![START_MS + 10_000 + LEAD_MS],
+                    published: true
+                }
+            ),
+        ]
+    );
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_busy_holder_raises_all_its_fences_in_one_write_once_per_half_budget() {
+    let floor = START_MS - 1_000;
+    let mut h = Harness::start(
+        vec![vec![held(1, floor), held(2, floor)]],
+        true,
+        OnLeaseLost::Exit,
+        None,
+    );
+    let (at, _) = h.next_grant(0).await;
+    assert_eq!(at, 0);
+    // Machine id 1 stamps every 100 ms for 4.5 s; 2 never does.
+    for at in (100..=4_500).step_by(100) {
+        tokio::time::sleep_until(h.start + Duration::from_millis(at)).await;
+        assert_eq!(ts(h.generators[0].next_id().await.unwrap()), START_MS + at);
+    }
+    let advances: Vec<(u64, Vec<u64>)> = h
+        .log()
+        .into_iter()
+        .filter_map(|(at, c)| match c {
+            Call::Advance { fences, .. } => Some((at, fences)),
+            _ => None,
+        })
+        .collect();
+    let both = |at: u64| (at, vec![START_MS + at + LEAD_MS; 2]);
+    assert_eq!(
+        advances,
+        vec![both(0), both(1_000), both(2_000), both(3_000), both(4_000)]
+    );
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
 }
 
 #[tokio::test(start_paused = true)]
@@ -376,7 +490,7 @@ async fn a_deleted_holder_key_withdraws_at_once_gives_the_claim_up_and_claims_ag
             (
                 0,
                 Call::Advance {
-                    fences: vec![START_MS + HORIZON_MS],
+                    fences: vec![START_MS + LEAD_MS],
                     published: false
                 }
             ),
@@ -416,7 +530,7 @@ async fn release_withdraws_then_drains_then_lowers_each_fence_to_its_last_stamp(
             (
                 0,
                 Call::Advance {
-                    fences: vec![START_MS + HORIZON_MS, START_MS + HORIZON_MS],
+                    fences: vec![START_MS + LEAD_MS, START_MS + LEAD_MS],
                     published: false
                 }
             ),

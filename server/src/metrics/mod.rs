@@ -35,6 +35,12 @@ pub(crate) const MACHINE_IDS_HELD: &str = "snowkeep_machine_ids_held";
 pub(crate) const NAMESPACE_MACHINE_IDS: &str = "snowkeep_namespace_machine_ids";
 /// Fence − now over held machine ids; label `namespace`.
 pub(crate) const FENCE_HEADROOM_SECONDS: &str = "snowkeep_fence_headroom_seconds";
+/// The configured outage budget; label `namespace`.
+pub(crate) const OUTAGE_BUDGET_SECONDS: &str = "snowkeep_outage_budget_seconds";
+/// How much longer issuance lasts if the store stays unreachable: the whole
+/// budget while it answers, the way to the lowest fence during an outage, 0
+/// when not issuing; label `namespace`.
+pub(crate) const OUTAGE_BUDGET_REMAINING_SECONDS: &str = "snowkeep_outage_budget_remaining_seconds";
 /// Fence advances; label `result` = `ok`|`error`.
 pub(crate) const FENCE_ADVANCES_TOTAL: &str = "snowkeep_fence_advances_total";
 /// Waits for the clock to pass a previous holder's fence.
@@ -100,6 +106,8 @@ pub const CATALOG: &[(&str, &str)] = &[
     (MACHINE_IDS_HELD, "gauge"),
     (NAMESPACE_MACHINE_IDS, "gauge"),
     (FENCE_HEADROOM_SECONDS, "gauge"),
+    (OUTAGE_BUDGET_SECONDS, "gauge"),
+    (OUTAGE_BUDGET_REMAINING_SECONDS, "gauge"),
     (FENCE_ADVANCES_TOTAL, "counter"),
     (FENCE_WAITS_TOTAL, "counter"),
     (FENCE_WAIT_DURATION_SECONDS, "histogram"),
@@ -294,6 +302,16 @@ pub(crate) fn describe_all() {
         FENCE_HEADROOM_SECONDS,
         Unit::Seconds,
         "Persisted fence minus the clock, minimum over held machine ids."
+    );
+    describe_gauge!(
+        OUTAGE_BUDGET_SECONDS,
+        Unit::Seconds,
+        "The configured outage budget: how long issuance goes on with the store unreachable."
+    );
+    describe_gauge!(
+        OUTAGE_BUDGET_REMAINING_SECONDS,
+        Unit::Seconds,
+        "Outage budget left: the whole budget while the store answers, the time to the lowest persisted fence during an outage, 0 when not issuing."
     );
     describe_counter!(
         FENCE_ADVANCES_TOTAL,

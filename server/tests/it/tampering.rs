@@ -150,8 +150,8 @@ async fn a_fence_far_ahead_is_skipped_and_only_fatal_when_nothing_else_is_free()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_turns_not_serving_as_soon_as_calls_are_refused() {
     let etcd = EtcdProcess::start().await;
-    // A lease TTL longer than the fence horizon: with etcd frozen, the clock
-    // reaches the unraised fence (3 s) well before the lease deadline (10 s).
+    // A 2 s outage budget: with etcd frozen, the busy server issues on
+    // until the clock reaches its unraised fence (2 to 3 s ahead).
     let server = ServerProcess::spawn(&[
         "--etcd-endpoints",
         &etcd.endpoint(),
@@ -160,6 +160,8 @@ async fn health_turns_not_serving_as_soon_as_calls_are_refused() {
         "--create-namespace",
         "--lease-ttl",
         "10s",
+        "--outage-budget",
+        "2s",
     ]);
     server.wait_serving(READY).await;
     etcd.pause();
