@@ -19,10 +19,6 @@ fn decode(id: u64) -> snowkeep_client::DecodedId {
     Layout::default().decode(id).unwrap()
 }
 
-async fn refuses(server: &ServerProcess) -> bool {
-    matches!(server.next_ids(1).await, Err(s) if s.code() == Code::Unavailable)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_key_deleted_by_an_operator_stops_issuance_within_500ms() {
     let etcd = EtcdProcess::start().await;
