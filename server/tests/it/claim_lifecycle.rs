@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use snowkeep_client::{Layout, MachineId, Millis};
-use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::etcd::EtcdProcess;
