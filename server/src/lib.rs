@@ -25,12 +25,14 @@
 //!   transaction that creates the holder key bound to the etcd lease and reads the
 //!   machine id's fence in the same transaction; that fence is the floor.
 //! * **Fence**: wait for the clock to pass the floor, then raise the fence to
-//!   now + horizon with a transaction guarded by the holder key's etcd lease, and
-//!   only then publish a grant; keep raising it while issuing.
-//! * **Renew**: a keepalive every TTL/3, each under its own timeout; the grant's
-//!   deadline is the last successful keepalive's *send* time + TTL.
+//!   now + 1.5 outage budgets with a transaction guarded by the holder key's
+//!   etcd lease, and only then publish a grant; while busy, raise it again
+//!   once it is one budget or less ahead; while idle, only when a call finds
+//!   it reached.
+//! * **Renew**: a keepalive every TTL/3, each under its own timeout. A failed
+//!   one starts an outage: issuance goes on up to the fences.
 //! * **Issue**: the shared `snowkeep_client::Generator` stamps ids inside
-//!   (floor, fence] and before the deadline.
+//!   (floor, fence].
 //! * **Release**: withdraw the grant, drain the generator, lower the fence to
 //!   the last timestamp used and delete the holder key in one transaction,
 //!   revoke the etcd lease.

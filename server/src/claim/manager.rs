@@ -336,7 +336,7 @@ impl<S: ClaimStore> ClaimManager<S> {
         if hold.floor_wait_since.is_none() {
             hold.floor_wait_since = Some(now);
             metrics::counter!(m::FENCE_WAITS_TOTAL).increment(1);
-            info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), fence_ms = floor.get(), wait = ?wait, "waiting for the clock to pass the claimed machine ids' floor (the previous holder's fence, or one fence horizon for a never-used id)");
+            info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), fence_ms = floor.get(), wait = ?wait, "waiting for the clock to pass the claimed machine ids' floor (the previous holder's fence, or the namespace floor for a never-used id)");
         }
         hold.timers.fence = now + wait;
     }

@@ -8,8 +8,8 @@
 //! which of the two survives a race, so the newcomer tells them apart first,
 //! before it claims anything, and never disturbs a live holder:
 //!
-//! * a live holder keeps its lease alive and keeps raising the machine id's
-//!   fence (every half fence horizon while it issues);
+//! * a live holder keeps its lease alive, and while it is busy raises the
+//!   machine id's fence (once per half outage budget; an idle one does not);
 //! * a crashed holder's lease expires within its TTL, and etcd deletes the
 //!   key with it.
 //!

@@ -72,8 +72,10 @@ pub struct EtcdSettings {
     pub machine_id_range: Range<u32>,
     /// How many machine ids to hold under the one lease.
     pub machine_ids: u32,
-    /// How far ahead of the clock fences are raised; also the floor assumed
-    /// for a machine id whose fence key is missing.
+    /// How far ahead of its clock a server raises its fences (1.5 outage
+    /// budgets, `crate::config::fence_lead`): the farthest any live holder
+    /// of ours can be stamping, so the floor assumed for a machine id whose
+    /// fence key may have been deleted.
     pub fence_horizon: Duration,
     /// Machine ids whose fence is further ahead of the clock are not claimed.
     pub max_fence_wait: Duration,
