@@ -24,6 +24,7 @@
 //! | --- | --- |
 //! | `endpoints` | the failover client: one client per endpoint, timeouts, which errors move on |
 //! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions |
+//! | `fence_count` | the per-shard counts of fence keys created, which tell a never-written fence key from a deleted one |
 //! | `session` | the server's own lease: grant and claim, fence writes, keepalive, peer registration, release and revoke |
 //! | `watch` | the holder watch of a hold |
 //! | `directory` | the peer directory and the capacity reader |
@@ -35,6 +36,7 @@
 
 mod directory;
 mod endpoints;
+mod fence_count;
 mod instance;
 pub mod keys;
 pub mod namespace;
@@ -72,8 +74,9 @@ pub struct EtcdSettings {
     pub machine_id_range: Range<u32>,
     /// How many machine ids to hold under the one lease.
     pub machine_ids: u32,
-    /// How far ahead of the clock fences are raised; also the floor assumed
-    /// for a machine id whose fence key is missing.
+    /// How far ahead of the clock fences are raised; also the lead of the
+    /// floor assumed for a machine id whose fence key is missing when the
+    /// namespace's fence count cannot vouch that it was never written.
     pub fence_horizon: Duration,
     /// Machine ids whose fence is further ahead of the clock are not claimed.
     pub max_fence_wait: Duration,

@@ -74,7 +74,8 @@ pub(crate) const CLOCK_SKEW_CLAMPED_TOTAL: &str = "snowkeep_clock_skew_clamped_t
 /// `over` = `half_threshold` | `threshold`.
 pub(crate) const CLIENT_CLOCK_SKEW_REQUESTERS: &str = "snowkeep_client_clock_skew_requesters";
 /// Unreadable keys met while reading etcd, one per key per read; labels
-/// `namespace`, `kind` = `fence` | `requester` | `token` | `layout`. The log
+/// `namespace`, `kind` = `fence` | `requester` | `token` | `layout` |
+/// `fence_count`. The log
 /// names each key in full.
 pub(crate) const CORRUPT_KEYS_TOTAL: &str = "snowkeep_corrupt_keys_total";
 /// Connections closed as soon as they were accepted, because of a limit;
@@ -170,15 +171,18 @@ pub(crate) enum KeyKind {
     Token,
     /// The namespace's layout.
     Layout,
+    /// A fence-count shard of the namespace.
+    FenceCount,
 }
 
 impl KeyKind {
     /// Every kind, for the series created at start.
-    pub(crate) const ALL: [KeyKind; 4] = [
+    pub(crate) const ALL: [KeyKind; 5] = [
         KeyKind::Fence,
         KeyKind::Requester,
         KeyKind::Token,
         KeyKind::Layout,
+        KeyKind::FenceCount,
     ];
 
     /// The `kind` label value.
@@ -188,6 +192,7 @@ impl KeyKind {
             KeyKind::Requester => "requester",
             KeyKind::Token => "token",
             KeyKind::Layout => "layout",
+            KeyKind::FenceCount => "fence_count",
         }
     }
 }
