@@ -27,6 +27,10 @@ const CLAIM_ROUNDS: usize = 16;
 /// Keys per page of a pool read. A page of holder keys with long instance ids
 /// stays far below etcd-client's 4 MiB response limit.
 const POOL_PAGE_KEYS: i64 = 1024;
+/// Keys of each range in the first, combined read of a pool: five ranges
+/// of 512 keys (instance ids of up to 256 bytes, requester records of up to
+/// 63 machine ids) stay far below the 4 MiB limit too.
+const FIRST_PAGE_KEYS: i64 = 512;
 /// Pool reads started over after etcd compacted the revision they read at.
 const POOL_READ_ATTEMPTS: usize = 3;
 
@@ -42,11 +46,14 @@ pub(super) struct Pool {
 }
 
 /// Reads a namespace's pool: its holder, fence, last-holder, requester
-/// record and fence-count keys, at one revision. Never the whole namespace prefix: other keys
-/// (peers, tokens, keys of older versions) grow with what anyone sends, and
-/// one response past etcd-client's 4 MiB limit would stop every claim. Each
-/// range is read in pages of [`POOL_PAGE_KEYS`]; the requester records are
-/// bounded too, since only requesters that hold machine ids have one.
+/// record and fence-count keys, at one revision. Never the whole namespace
+/// prefix: other keys (peers, tokens, keys of older versions) grow with what
+/// anyone sends, and one response past etcd-client's 4 MiB limit would stop
+/// every claim. The first page of every range comes in one read-only
+/// transaction (one round trip, where five sequential reads cost a claim
+/// storm a fifth of a second each), the rest in pages of [`POOL_PAGE_KEYS`];
+/// the requester records are bounded too, since only requesters that hold
+/// machine ids have one.
 pub(super) async fn read_pool(
     endpoints: &Endpoints,
     timeout: Duration,
@@ -70,34 +77,28 @@ pub(super) async fn read_pool(
     }
 }
 
-/// Every key-value under `prefix`, read in pages of [`POOL_PAGE_KEYS`] at
-/// `revision`; a `revision` of 0 becomes the first page's, for the reads
-/// that follow.
+/// The key-values under `prefix` from `from` on, read in pages of
+/// [`POOL_PAGE_KEYS`] at `revision`.
 async fn read_range(
     endpoints: &Endpoints,
     timeout: Duration,
     prefix: &str,
-    revision: &mut i64,
+    mut from: Vec<u8>,
+    revision: i64,
 ) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
     let end = keys::prefix_end(prefix);
-    let mut from = prefix.as_bytes().to_vec();
     let mut kvs = Vec::new();
     loop {
-        let mut options = GetOptions::new()
+        let options = GetOptions::new()
             .with_range(end.clone())
-            .with_limit(POOL_PAGE_KEYS);
-        if *revision > 0 {
-            options = options.with_revision(*revision);
-        }
+            .with_limit(POOL_PAGE_KEYS)
+            .with_revision(revision);
         let mut resp = endpoints
             .call("read pool", timeout, |mut c| {
                 let (key, options) = (from.clone(), options.clone());
                 async move { c.get(key, Some(options)).await }
             })
             .await?;
-        if *revision == 0 {
-            *revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        }
         let more = resp.more();
         kvs.extend(resp.take_kvs());
         match kvs.last() {
@@ -111,28 +112,84 @@ async fn read_range(
     }
 }
 
-/// One attempt of [`read_pool`]: the first page fixes the revision every
-/// later page reads at.
+/// The key-values under each of `prefixes`, in order, all at one revision:
+/// the first [`FIRST_PAGE_KEYS`] of each in one read-only transaction (one
+/// round trip, which fixes the revision), the rest of a longer range in
+/// pages at that revision.
+async fn read_ranges(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    prefixes: &[String],
+) -> Result<Vec<Vec<etcd_client::KeyValue>>, StoreError> {
+    let gets: Vec<TxnOp> = prefixes
+        .iter()
+        .map(|p| {
+            let page = GetOptions::new()
+                .with_range(keys::prefix_end(p))
+                .with_limit(FIRST_PAGE_KEYS);
+            TxnOp::get(p.clone(), Some(page))
+        })
+        .collect();
+    let resp = endpoints
+        .txn("read pool", timeout, Txn::new().and_then(gets))
+        .await?;
+    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+    let mut ranges = Vec::with_capacity(prefixes.len());
+    for (prefix, op) in prefixes.iter().zip(resp.op_responses()) {
+        let TxnOpResponse::Get(mut get) = op else {
+            ranges.push(Vec::new());
+            continue;
+        };
+        let more = get.more();
+        let mut kvs = get.take_kvs();
+        if let Some(last) = kvs.last().filter(|_| more) {
+            let mut from = last.key().to_vec();
+            from.push(0);
+            kvs.extend(read_range(endpoints, timeout, prefix, from, revision).await?);
+        }
+        ranges.push(kvs);
+    }
+    Ok(ranges)
+}
+
+/// One attempt of [`read_pool`].
 async fn read_pool_at_one_revision(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
 ) -> Result<Pool, StoreError> {
-    let mut revision = 0;
-    let mut view = PoolView::default();
     let holder_prefix = keys::holder_prefix(namespace);
-    for kv in read_range(endpoints, timeout, &holder_prefix, &mut revision).await? {
+    let fence_prefix = keys::fence_prefix(namespace);
+    let last_prefix = keys::last_holder_prefix(namespace);
+    let requester_prefix = keys::requester_prefix(namespace);
+    let count_root = keys::fence_count_root(namespace);
+    let [holders, fences, lasts, requesters, counts]: [Vec<etcd_client::KeyValue>; 5] =
+        read_ranges(
+            endpoints,
+            timeout,
+            &[
+                holder_prefix.clone(),
+                fence_prefix.clone(),
+                last_prefix.clone(),
+                requester_prefix.clone(),
+                count_root,
+            ],
+        )
+        .await?
+        .try_into()
+        .unwrap_or_default();
+    let mut view = PoolView::default();
+    for kv in holders {
         if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
             view.holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
         }
     }
-    let fence_prefix = keys::fence_prefix(namespace);
     let mut corrupt = 0;
     // Fence keys per fence-count block, by key order, as the claim
     // transaction's range count finds them.
     let mut present: BTreeMap<u16, u64> = BTreeMap::new();
-    for kv in read_range(endpoints, timeout, &fence_prefix, &mut revision).await? {
+    for kv in fences {
         if let Some(block) = keys::fence_block_of_key(kv.key(), namespace) {
             *present.entry(block).or_default() += 1;
         }
@@ -152,16 +209,14 @@ async fn read_pool_at_one_revision(
         }
     }
     m::count_corrupt(namespace, m::KeyKind::Fence, corrupt);
-    let last_prefix = keys::last_holder_prefix(namespace);
-    for kv in read_range(endpoints, timeout, &last_prefix, &mut revision).await? {
+    for kv in lasts {
         if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
             view.last_holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
         }
     }
-    let requester_prefix = keys::requester_prefix(namespace);
     let mut corrupt = 0;
-    for kv in read_range(endpoints, timeout, &requester_prefix, &mut revision).await? {
+    for kv in requesters {
         let Some(requester) = kv.key().strip_prefix(requester_prefix.as_bytes()) else {
             continue;
         };
@@ -187,8 +242,7 @@ async fn read_pool_at_one_revision(
     let mut root = Counter::Absent;
     let mut blocks: BTreeMap<u16, Block> = BTreeMap::new();
     let mut corrupt = 0;
-    let count_root = keys::fence_count_root(namespace);
-    for kv in read_range(endpoints, timeout, &count_root, &mut revision).await? {
+    for kv in counts {
         let mut counter = || {
             let counter = Counter::decode(Some(kv.value()));
             if let Counter::Unreadable(value) = &counter {
