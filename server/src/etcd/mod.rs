@@ -24,7 +24,7 @@
 //! | --- | --- |
 //! | `endpoints` | the failover client: one client per endpoint, timeouts, which errors move on |
 //! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions |
-//! | `fence_count` | the per-shard counts of fence keys created, which tell a never-written fence key from a deleted one |
+//! | `fence_count` | the counts of fence keys created, per block of 64 machine ids, which tell a never-written fence key from a deleted one |
 //! | `session` | the server's own lease: grant and claim, fence writes, keepalive, peer registration, release and revoke |
 //! | `watch` | the holder watch of a hold |
 //! | `directory` | the peer directory and the capacity reader |

@@ -171,7 +171,7 @@ pub(crate) enum KeyKind {
     Token,
     /// The namespace's layout.
     Layout,
-    /// A fence-count shard of the namespace.
+    /// A fence-count key of the namespace (its root or a block's).
     FenceCount,
 }
 
