@@ -8,7 +8,9 @@
 //! creates, in blocks of 64 machine ids.
 //!
 //! **The count.** Snowkeep never deletes a fence key, and creates one only in
-//! the claim transaction that takes a machine id without one. That
+//! the claim transaction that takes a machine id without one (a holder that
+//! finds its own key deleted and writes it again, with its own fence, puts
+//! back what the deletion took: that pairs with the deletion). That
 //! transaction also puts a *creation marker*, `fence-count/BBBB/NONCE` with
 //! an empty value, named by 64 random bits, so concurrent first claims never
 //! contend for one key, and deleting "every key of a machine id" leaves the
