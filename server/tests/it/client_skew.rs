@@ -66,6 +66,9 @@ impl Clock for SkewedClock {
     fn now(&self) -> Instant {
         SystemClock.now()
     }
+    fn monotonic_ns(&self) -> u64 {
+        SystemClock.monotonic_ns()
+    }
 }
 
 /// A clock `offset_ms` away from this host's.
