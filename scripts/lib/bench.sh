@@ -17,7 +17,7 @@ port=${BENCH_FIRST_PORT:-24000}
 # take_port: sets $port to the next free port (no subshells: the counter must persist).
 take_port() { port=$((port + 1)); while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done; }
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) m = v[(NR + 1) / 2]; else m = (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.10g\n", m }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "n/a"; else printf "%.3f", a / b }'; }
 # Reads one series of snowkeep-bench's Prometheus output (the first line
 # starting with it).
