@@ -1,6 +1,6 @@
 //! The scale benchmark's claimer (`snowkeep-scale`, `scripts/bench-scale`):
 //! one server's claim, run on the production code (the etcd claim store and
-//! the claim loop, `ClaimManager`, built exactly as [`crate::run`] builds
+//! the claim loop, `ClaimManager`, built exactly as `crate::run::run` builds
 //! them) as a task of the caller's runtime, without the gRPC server around
 //! it. Many of them in one process stand in for a fleet of servers against
 //! one etcd. Not a supported API: it exists so the benchmark copies no
