@@ -157,8 +157,9 @@ async fn skewed_clients_are_refused_or_give_up_at_once_and_hold_nothing() {
         "EmbeddedConfig::max_floor_wait"
     );
     assert!(took < max, "gave up after {took:?}");
-    // The floor of a machine id without a fence key is one fence horizon
-    // (3 s) ahead of the server's clock.
+    // The floor of a machine id without a fence key the count can vouch for
+    // is one fence lead (3 s: 1.5 × the test servers' 2 s outage budget)
+    // ahead of the server's clock.
     assert!(
         (Duration::from_secs(7 * 60)..Duration::from_secs(7 * 60 + 10)).contains(&wait),
         "{wait:?}"

@@ -21,8 +21,8 @@ async fn a_dead_etcd_leaves_busy_servers_issuing_for_their_budget_then_they_stop
     let mut etcd = EtcdProcess::start().await;
     let budget = format!("{}s", BUDGET.as_secs());
     let a = ServerProcess::on_etcd(&etcd.endpoint(), "etcd-down", &["--outage-budget", &budget]);
-    let b = ServerProcess::joining(&etcd.endpoint(), "etcd-down", &["--outage-budget", &budget]);
     a.wait_serving(Duration::from_secs(20)).await;
+    let b = ServerProcess::joining(&etcd.endpoint(), "etcd-down", &["--outage-budget", &budget]);
     b.wait_serving(Duration::from_secs(20)).await;
     let pids = (a.pid(), b.pid());
     let mut seen: HashSet<u64> = HashSet::new();
