@@ -40,7 +40,11 @@ async fn two_hundred_concurrent_claimers_get_distinct_machine_ids() {
     let etcd = EtcdProcess::start().await;
     let mut tasks = Vec::new();
     for i in 0..200 {
-        let s = settings(&etcd, "storm", i, 0..4096);
+        let mut s = settings(&etcd, "storm", i, 0..4096);
+        // Nothing renews these leases: a 2 s lease can run out while a
+        // loaded machine still works through 200 claims, and a claimer then
+        // rightly takes a machine id whose lease ended. Long enough here.
+        s.lease_ttl = Duration::from_secs(20);
         tasks.push(tokio::spawn(async move {
             let mut store = EtcdStore::connect(s, Layout::default(), SystemClock::shared())
                 .await
