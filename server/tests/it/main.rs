@@ -23,6 +23,7 @@ mod lease_api_tokens;
 mod limits;
 mod namespace_overlap;
 mod observability;
+mod outage_budget_faults;
 mod pool_reads;
 mod protos;
 mod release;
