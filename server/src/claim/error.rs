@@ -144,7 +144,7 @@ pub enum StoreError {
     },
     /// The previous holder's fence is further ahead of the clock than the
     /// largest wait allowed.
-    #[error("machine id {machine_id}: fence {fence} is {ahead:?} ahead of the clock, more than --max-fence-wait {max:?}; check this host's clock (NTP) or raise --max-fence-wait")]
+    #[error("machine id {machine_id}: fence {fence} is {ahead:?} ahead of the clock, more than --max-fence-wait {max:?}: a crashed holder's fence can be up to 1.5 × --outage-budget ahead (its successor retries until the fence is within the wait); a fence further ahead means a clock (check NTP) or a hand-written key")]
     FenceTooFarAhead {
         /// The machine id.
         machine_id: MachineId,

@@ -154,7 +154,11 @@ impl<S: ClaimStore> ClaimManager<S> {
             };
             let claim = match claimed {
                 Ok(c) => c,
-                Err(e) if e.is_retryable() || (state.held_before && retried_after_a_hold(&e)) => {
+                Err(e)
+                    if e.is_retryable()
+                        || (state.held_before && retried_after_a_hold(&e))
+                        || self.a_holders_fence(&e) =>
+                {
                     let wait = state.backoff.next_delay();
                     warn!(namespace = %self.namespace, error = %crate::DisplayChain(&e), retry_in = ?wait, "claim failed");
                     tokio::select! {
@@ -193,6 +197,20 @@ impl<S: ClaimStore> ClaimManager<S> {
             }
             return Ok(Some(claim));
         }
+    }
+
+    /// True for a fence too far ahead to wait for now that a holder of this
+    /// namespace could have set: at most one fence lead (1.5 outage budgets)
+    /// plus `--max-fence-wait` ahead, as a crashed busy holder's (or the
+    /// conservative floor of a missing fence key) is. It passes within that
+    /// time, so the claim is retried (NOT_SERVING meanwhile) instead of
+    /// ending the process: a narrow `--machine-id-range` restarted after a
+    /// crash waits. A fence further ahead is a clock or an operator's doing.
+    fn a_holders_fence(&self, e: &StoreError) -> bool {
+        let StoreError::FenceTooFarAhead { ahead, .. } = e else {
+            return false;
+        };
+        *ahead <= crate::config::fence_lead(self.timing.outage_budget) + self.timing.max_fence_wait
     }
 
     /// Holding: waits past the claim's floors, keeps the fences ahead of the

@@ -1,7 +1,7 @@
 //! `ServerProcess`: the real `snowkeep-server` binary on free ports, with its
 //! log in a temp dir, and gRPC helpers for IdService, InfoService and health.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
 
-use super::{eventually, free_port};
+use super::free_port;
 
 /// The outage budget of [`ServerProcess::joining`]'s servers unless a test
 /// sets its own.
@@ -108,11 +108,6 @@ impl ServerProcess {
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Path of the log.
-    pub fn log_path(&self) -> &Path {
-        &self.log
     }
 
     /// The gRPC URL, `http://127.0.0.1:PORT`.
