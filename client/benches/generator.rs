@@ -1,50 +1,66 @@
 //! Criterion benchmarks of the embedded generator's hot path
-//! (`GeneratorSet::next_ids`, which `EmbeddedGenerator::next_id` calls):
+//! (`GeneratorSet::next_id`, which `EmbeddedGenerator::next_id` calls), on
+//! the system clock:
 //!
-//! - `next_id/unsaturated`: one id per call on a clock that moves on every
-//!   512 ids, so the sequence never runs out: the cost of the generator alone
-//!   (target ≤ 50 ns), beside `next_id/clock_reads_baseline`, the two clock
-//!   reads each id needs.
-//! - `next_id/saturated`: ids one at a time as fast as the real clock allows,
-//!   reported as ids/s; the layout's limit is 2^sequence_bits per ms
-//!   (1,024,000 ids/s for 41/12/10).
+//! - `next_id/snowkeep`: one id per call on layout 40/1/22 (22 sequence
+//!   bits: 4,194,304 ids per ms, which no single caller reaches, so the
+//!   sequence never runs out), with every per-id check of the generator: the
+//!   grant, its deadline (a grant with a deadline, one hour away) and the
+//!   fence. The future is polled once in place, as `.await` polls it.
+//! - `next_id/snowkeep_now_or_never`: the same through
+//!   `FutureExt::now_or_never`, which takes the future by value (a copy of
+//!   it per call) and hands the `Result` back through memory: the shape of
+//!   this bench before, kept to show what that costs.
+//! - Beside them, in the same run and on the same bit layout:
+//!   - `next_id/ferroid_lock` and `next_id/ferroid_atomic`: ferroid's
+//!     thread-safe `LockSnowflakeGenerator` and `AtomicSnowflakeGenerator`
+//!     on its `MonotonicClock` (a thread that stores the time in an atomic
+//!     every ms, so they read no clock per id, and have no lease or fence);
+//!   - `next_id/clock_read_baseline`: the one clock read each of our ids
+//!     needs, `Clock::monotonic_ns` (the TSC through quanta);
+//!   - `next_id/wall_and_exact_reads`: the wall clock and `Instant::now`,
+//!     which each id read before and now only about one id per ms reads.
+//! - `next_id/saturated`: ids one at a time as fast as the real clock
+//!   allows on the default layout 41/12/10, reported as ids/s; the layout's
+//!   limit is 2^sequence_bits per ms (1,024,000 ids/s).
 
-// criterion_group! defines an undocumented function.
+// criterion_group! and define_snowflake_id! define undocumented items.
 #![allow(missing_docs)]
 
+use std::future::Future;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::task::{Context, Waker};
+use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use ferroid::define_snowflake_id;
+use ferroid::generator::{AtomicSnowflakeGenerator, LockSnowflakeGenerator, Poll};
+use ferroid::time::MonotonicClock;
 use futures_util::FutureExt;
 use snowkeep_client::{
     Clock, Generator, GeneratorMetrics, GeneratorSet, Grant, Layout, MachineId, Millis,
     SharedClock, SystemClock,
 };
 
-const LAYOUT: &str = "41/12/10@1767225600000";
+/// A layout whose sequence never runs out at one caller's rate.
+const WIDE: &str = "40/1/22@1767225600000";
+/// The default layout.
+const DEFAULT: &str = "41/12/10@1767225600000";
 
-/// A clock that costs what the system clock costs (both reads go to the
-/// kernel's clocks) but whose wall time moves on 1 ms every 512 reads, so the
-/// sequence never runs out.
-#[derive(Debug, Default)]
-struct Unsaturated {
-    reads: AtomicU64,
-}
+define_snowflake_id!(
+    /// ferroid's id on the same bits as [`WIDE`]: 40 timestamp, 1 machine,
+    /// 22 sequence bits.
+    Wide, u64,
+    reserved: 1,
+    timestamp: 40,
+    machine_id: 1,
+    sequence: 22
+);
 
-impl Clock for Unsaturated {
-    fn unix_ms(&self) -> u64 {
-        black_box(SystemClock.unix_ms());
-        1_800_000_000_000 + self.reads.fetch_add(1, Ordering::Relaxed) / 512
-    }
-    fn now(&self) -> Instant {
-        SystemClock.now()
-    }
-}
-
-fn set(clock: SharedClock, layout: Layout) -> Arc<GeneratorSet> {
+/// A generator set of one machine id whose grant is good for an hour: a
+/// fence an hour ahead and, when `deadline`, a lease deadline an hour away.
+fn set(clock: SharedClock, layout: Layout, deadline: bool) -> Arc<GeneratorSet> {
     let now = layout
         .to_layout_ms(clock.unix_ms())
         .expect("clock after the layout epoch");
@@ -52,11 +68,11 @@ fn set(clock: SharedClock, layout: Layout) -> Arc<GeneratorSet> {
         machine_id: MachineId(1),
         floor: Millis(now.get() - 1),
         fence: Millis(now.get() + 3_600_000),
-        deadline: None,
+        deadline: deadline.then(|| clock.now() + Duration::from_secs(3600)),
     };
-    let (_tx, rx) = tokio::sync::watch::channel(Some(grant));
-    // Keep the sender alive for the whole bench.
-    std::mem::forget(_tx);
+    let (tx, rx) = tokio::sync::watch::channel(Some(grant));
+    // Keep the sender alive for the whole bench, as a lease source does.
+    std::mem::forget(tx);
     GeneratorSet::new(vec![Generator::new(
         layout,
         clock,
@@ -67,34 +83,69 @@ fn set(clock: SharedClock, layout: Layout) -> Arc<GeneratorSet> {
 }
 
 fn next_id(c: &mut Criterion) {
-    let layout: Layout = LAYOUT.parse().expect("layout");
     let mut group = c.benchmark_group("next_id");
-
-    // The baseline: the two clock reads every id needs (wall time for its
-    // timestamp, monotonic time for the lease deadline).
     group.throughput(Throughput::Elements(1));
-    group.bench_function("clock_reads_baseline", |b| {
+
+    // Side by side, one id per iteration, on the 40/1/22 bits.
+    group.bench_function("clock_read_baseline", |b| {
+        b.iter(|| black_box(SystemClock.monotonic_ns()))
+    });
+    group.bench_function("wall_and_exact_reads", |b| {
         b.iter(|| black_box((SystemClock.unix_ms(), SystemClock.now())))
     });
-
-    let unsaturated = set(Arc::new(Unsaturated::default()), layout);
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("unsaturated", |b| {
+    let ours = set(SystemClock::shared(), WIDE.parse().expect("layout"), true);
+    group.bench_function("snowkeep", |b| {
+        // Polled once, in place, as `.await` in a caller polls it.
+        let mut cx = Context::from_waker(Waker::noop());
         b.iter(|| {
-            let id = unsaturated
+            let next = std::pin::pin!(ours.next_id());
+            match next.poll(&mut cx) {
+                std::task::Poll::Ready(id) => black_box(id.expect("an id")),
+                std::task::Poll::Pending => panic!("waited while the sequence lasts"),
+            }
+        })
+    });
+    group.bench_function("snowkeep_now_or_never", |b| {
+        b.iter(|| {
+            let id = ours
                 .next_id()
                 .now_or_never()
-                .expect("never waits while unsaturated")
+                .expect("never waits while the sequence lasts")
                 .expect("an id");
             black_box(id)
         })
     });
+    let lock: LockSnowflakeGenerator<Wide, _> =
+        LockSnowflakeGenerator::new(1, MonotonicClock::default());
+    group.bench_function("ferroid_lock", |b| {
+        b.iter(|| loop {
+            match lock.try_poll_id().expect("lock not poisoned") {
+                Poll::Ready { id } => break black_box(id),
+                Poll::Pending { .. } => std::thread::yield_now(),
+            }
+        })
+    });
+    let atomic: AtomicSnowflakeGenerator<Wide, _> =
+        AtomicSnowflakeGenerator::new(1, MonotonicClock::default());
+    group.bench_function("ferroid_atomic", |b| {
+        b.iter(|| loop {
+            match atomic.poll_id() {
+                Poll::Ready { id } => break black_box(id),
+                Poll::Pending { .. } => std::thread::yield_now(),
+            }
+        })
+    });
 
+    // The layout's limit on the default layout, on the real clock.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .expect("runtime");
-    let saturated = set(SystemClock::shared(), layout);
+    let saturated = set(
+        SystemClock::shared(),
+        DEFAULT.parse().expect("layout"),
+        false,
+    );
     const BATCH: u64 = 100_000;
     group.throughput(Throughput::Elements(BATCH));
     group.sample_size(20);

@@ -17,12 +17,39 @@
 //! The grant is read *under the sequence lock*, so once the lease source
 //! publishes `None` and [`Generator::drain`] has taken that lock, no id can be
 //! stamped under the old grant: that is what "drain before release" means here.
+//!
+//! # One clock read per id
+//!
+//! A step that reads the wall clock (and the exact monotonic clock,
+//! [`Clock::now`](crate::Clock::now)) checks every rule above and, when it
+//! issues, opens a *window* in which later ids are stamped with the same
+//! timestamp after one cheap monotonic reading
+//! ([`Clock::monotonic_ns`](crate::Clock::monotonic_ns)) each, under the same
+//! grant (one atomic load tells). A stamp the reading admitted stays above the
+//! floor, at or below the fence and never behind the last stamp, whatever the
+//! clocks do; only the deadline moves with time, and the window keeps it:
+//!
+//! - it lasts at most 1 ms, and at most half the time the exact reading
+//!   left to the deadline, on the cheap clock;
+//! - it closes when the cheap clock stops or goes back (each id needs a
+//!   reading above the last one), when the millisecond's sequence is used
+//!   up, and under a new grant;
+//! - it opens only if the cheap clock kept at least half the pace of the
+//!   exact one since the previous exact reading.
+//!
+//! So an id is stamped after the deadline by the monotonic clock only if the
+//! cheap clock slowed to under half its pace inside a window of at most
+//! 1 ms, and it never goes past the fence. Stamps lag the wall clock by less
+//! than 1 ms, and a wall-clock step is seen (and judged by the rules above) by
+//! the first reading after the window it fell in.
 
 mod demand;
 mod sequence;
 mod set;
 mod ticker;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -118,7 +145,7 @@ pub struct Generator {
     layout: Layout,
     clock: SharedClock,
     grant: watch::Receiver<Option<Grant>>,
-    state: Mutex<SequenceState>,
+    state: Mutex<Issuer>,
     max_backward_wait: Duration,
     metrics: GeneratorMetrics,
     /// Ids per step: `sequences_per_ms / STEP_SHARE`, at least 1.
@@ -133,6 +160,37 @@ pub struct Generator {
     /// Where a caller that finds the fence reached asks for a raise; `None`
     /// refuses it at once.
     demand: Option<Arc<FenceDemand>>,
+}
+
+/// What the sequence lock guards: the sequence, and a receiver of the grant
+/// that remembers which grant the last step ran under, so a step can tell
+/// "the same grant" from "a new one" with one atomic load.
+struct Issuer {
+    sequence: SequenceState,
+    grant: watch::Receiver<Option<Grant>>,
+    /// True once the grant was read after its sender had gone: it can
+    /// never change again.
+    grant_final: bool,
+}
+
+impl Issuer {
+    /// True when the grant is the one the last step read: no send (not even
+    /// of an equal grant) since. One atomic load.
+    #[inline]
+    fn same_grant(&self) -> bool {
+        match self.grant.has_changed() {
+            Ok(changed) => !changed,
+            Err(_closed) => self.grant_final,
+        }
+    }
+
+    /// Reads the grant in force and remembers it as the one read last.
+    fn read_grant(&mut self) -> Option<Grant> {
+        // Closed before the read: no send can come after it, so the value
+        // read is the last one.
+        self.grant_final = self.grant.has_changed().is_err();
+        *self.grant.borrow_and_update()
+    }
 }
 
 impl std::fmt::Debug for Generator {
@@ -196,11 +254,18 @@ impl Generator {
         ticker: Arc<Ticker>,
         demand: Option<Arc<FenceDemand>>,
     ) -> Arc<Self> {
+        // Set the cheap clock up now (the system clock calibrates the TSC
+        // once per process, 10 to 200 ms), not on the first id.
+        clock.monotonic_ns();
         Arc::new(Self {
             layout,
             clock,
+            state: Mutex::new(Issuer {
+                sequence: SequenceState::new(),
+                grant: grant.clone(),
+                grant_final: false,
+            }),
             grant,
-            state: Mutex::new(SequenceState::new()),
             max_backward_wait,
             metrics,
             step: (layout.sequences_per_ms() / STEP_SHARE).max(1),
@@ -225,14 +290,20 @@ impl Generator {
     /// passed, a clock inside (floor, fence] and the layout, and no backwards
     /// step beyond what is waited out: the same rule a take follows
     /// (`sequence::admit`). Health and readiness follow this, so they never
-    /// say SERVING while every call fails.
+    /// say SERVING while every call fails. (It reads the clocks each time:
+    /// for under 1 ms after a wall-clock step it may say "not ready" while
+    /// calls still get ids at the timestamp read before the step.)
     pub fn is_ready(&self) -> bool {
         let Some(g) = *self.grant.borrow() else {
             return false;
         };
         let (now_unix, now_mono) = (self.clock.unix_ms(), self.clock.now());
         let admitted = match self.state.try_lock() {
-            Ok(state) => state.admit(&self.layout, &g, now_unix, now_mono, self.max_backward_wait),
+            Ok(state) => {
+                state
+                    .sequence
+                    .admit(&self.layout, &g, now_unix, now_mono, self.max_backward_wait)
+            }
             // A busy lock means someone is issuing right now: judge the
             // grant and the clock alone.
             Err(_) => sequence::admit(
@@ -268,26 +339,53 @@ impl Generator {
 
     /// Takes up to `want` ids in one step without waiting: a run of consecutive
     /// ids in one millisecond, or the reason to wait, or an error.
+    ///
+    /// Every step reads the cheap monotonic clock once
+    /// ([`Clock::monotonic_ns`](crate::Clock::monotonic_ns)); the wall clock
+    /// and the exact monotonic clock only when the window of the last wall
+    /// reading is closed (see "One clock read per id" in this module).
+    #[inline]
     pub(crate) fn try_take(&self, want: u64) -> Result<Step, GenerateError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let grant = (*self.grant.borrow()).ok_or(GenerateError::NoGrant)?;
+        let now_ns = self.clock.monotonic_ns();
+        if state.same_grant() {
+            let per_ms = self.layout.sequences_per_ms();
+            if let Some(t) = state.sequence.take_again(now_ns, want, per_ms) {
+                drop(state);
+                self.count_issued(&t);
+                return Ok(Step::Ids(t));
+            }
+        } else {
+            state.sequence.close_window();
+        }
+        self.take_reading(state, now_ns, want)
+    }
+
+    /// [`Generator::try_take`] with a wall-clock reading, under the grant
+    /// in force now.
+    #[cold]
+    #[inline(never)]
+    fn take_reading(
+        &self,
+        mut state: std::sync::MutexGuard<'_, Issuer>,
+        now_ns: u64,
+        want: u64,
+    ) -> Result<Step, GenerateError> {
+        let grant = state.read_grant().ok_or(GenerateError::NoGrant)?;
+        let now_mono = self.clock.now();
         let now_unix = self.clock.unix_ms();
-        let step = state.take(
+        let step = state.sequence.take(
             &self.layout,
             &grant,
             now_unix,
-            self.clock.now(),
+            now_mono,
+            now_ns,
             want,
             self.max_backward_wait,
         );
         drop(state);
         match &step {
-            Ok(Step::Ids(t)) => {
-                self.metrics.ids_issued.increment(t.count);
-                if t.exhausted {
-                    self.metrics.sequence_exhausted.increment(1);
-                }
-            }
+            Ok(Step::Ids(t)) => self.count_issued(t),
             Ok(Step::SequenceExhausted) => {}
             Ok(Step::ClockBackward { .. }) => self.metrics.backward_waited.increment(1),
             Err(GenerateError::ClockSteppedBack { .. }) => {
@@ -296,6 +394,14 @@ impl Generator {
             Err(_) => {}
         }
         step
+    }
+
+    #[inline]
+    fn count_issued(&self, t: &Taken) {
+        self.metrics.ids_issued.increment(t.count);
+        if t.exhausted {
+            self.metrics.sequence_exhausted.increment(1);
+        }
     }
 
     /// Returns `count` strictly ascending ids, waiting out sequence exhaustion
@@ -322,7 +428,10 @@ impl Generator {
 
     /// One id: the embedded generator's hot path, with no batch allocated.
     pub async fn next_id(&self) -> Result<u64, GenerateError> {
-        Ok(self.take_run(1).await?.first)
+        match self.take_now(1)? {
+            Some(t) => Ok(t.first),
+            None => Ok(self.take_waiting(1).await?.first),
+        }
     }
 
     /// Takes a run of up to `min(want, step)` ids (see
@@ -363,11 +472,40 @@ impl Generator {
     /// callers (see [`Generator`]).
     async fn take_in_turn(&self, want: u64) -> Result<Taken, GenerateError> {
         let want = want.min(self.step);
-        if self.queued.load(Ordering::Acquire) == 0 {
-            if let Step::Ids(t) = self.try_take(want)? {
-                return Ok(t);
-            }
+        match self.take_now(want)? {
+            Some(t) => Ok(t),
+            None => self.take_waiting(want).await,
         }
+    }
+
+    /// A run of up to `want` ids (at most one step) when it needs no wait:
+    /// `Ok(None)` means "wait for it with [`Generator::take_waiting`]": the
+    /// millisecond's sequence is used up, the clock stepped back a little,
+    /// or callers are queued ahead. A plain function, so the calls that do
+    /// not wait (almost all) run no async state machine of their own.
+    #[inline]
+    pub(crate) fn take_now(&self, want: u64) -> Result<Option<Taken>, GenerateError> {
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return Ok(None);
+        }
+        match self.try_take(want)? {
+            Step::Ids(t) => Ok(Some(t)),
+            Step::SequenceExhausted | Step::ClockBackward { .. } => Ok(None),
+        }
+    }
+
+    /// Waits for a run of up to `want` ids (at most one step) in turn with
+    /// the other callers, as described on [`Generator`]. Boxed: the waiting
+    /// state (turn, timeout, tick) is large, and is built only by calls that
+    /// wait.
+    pub(crate) fn take_waiting(
+        &self,
+        want: u64,
+    ) -> Pin<Box<impl Future<Output = Result<Taken, GenerateError>> + '_>> {
+        Box::pin(self.wait_for_run(want.min(self.step)))
+    }
+
+    async fn wait_for_run(&self, want: u64) -> Result<Taken, GenerateError> {
         self.queued.fetch_add(1, Ordering::AcqRel);
         let _queued = Queued(&self.queued);
         let _turn = tokio::time::timeout(TURN_PATIENCE, self.turn.lock())
@@ -394,11 +532,11 @@ impl Generator {
             self.grant.borrow().is_none(),
             "drain before the grant is withdrawn"
         );
-        state.last()
+        state.sequence.last()
     }
 }
 
-/// Counts one caller in [`Generator::take_run`]'s queue until dropped.
+/// Counts one caller in [`Generator::take_waiting`]'s queue until dropped.
 struct Queued<'a>(&'a AtomicUsize);
 
 impl Drop for Queued<'_> {

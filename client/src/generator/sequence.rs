@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::Grant;
+use crate::clock::nanos;
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
 
@@ -35,11 +36,39 @@ pub enum Step {
     },
 }
 
+/// How long one wall-clock reading is stamped from, by the monotonic clock:
+/// 1 ms. Within it, ids go on at the timestamp that reading admitted, and
+/// the wall clock is not read again (see [`SequenceState::take_again`]).
+pub(super) const WALL_READING_LASTS: Duration = Duration::from_millis(1);
+
 /// Last stamped timestamp and next sequence for the machine id in use.
 #[derive(Debug)]
 pub(super) struct SequenceState {
     /// `None` until the first grant is seen.
     cursor: Option<Cursor>,
+    /// While `Some`, the cursor's timestamp was admitted by a wall-clock
+    /// reading under the grant still in force (the caller checks that), and
+    /// ids may be taken at it again without reading the wall clock.
+    window: Option<Window>,
+    /// The last exact reading and the cheap one taken just before it:
+    /// `(Clock::monotonic_ns, Clock::now)`.
+    last_reading: Option<(u64, Instant)>,
+}
+
+/// The span, on the cheap monotonic clock (`Clock::monotonic_ns`), in
+/// which a wall-clock reading serves.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// The last cheap reading served: the one taken before the wall reading,
+    /// then each id's. An id is served only at a reading above it, so a
+    /// cheap clock that stops or goes back closes the window at once.
+    last: u64,
+    /// The reading serves below this: at most [`WALL_READING_LASTS`] after
+    /// the cheap reading taken before it, and at most half the time that
+    /// was left to the grant's deadline.
+    until: u64,
+    /// The id of sequence 0 at the cursor's timestamp.
+    base: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -53,7 +82,79 @@ struct Cursor {
 
 impl SequenceState {
     pub(super) fn new() -> Self {
-        Self { cursor: None }
+        Self {
+            cursor: None,
+            window: None,
+            last_reading: None,
+        }
+    }
+
+    /// Ends the window of the last wall-clock reading: the next step reads
+    /// the wall clock. The caller calls this whenever the grant changed.
+    pub(super) fn close_window(&mut self) {
+        self.window = None;
+    }
+
+    /// Takes up to `want` ids at the last stamped timestamp, at cheap
+    /// monotonic time `now_ns` (`Clock::monotonic_ns`), without reading the
+    /// wall clock or `Clock::now`: only inside the window of the wall reading
+    /// that admitted that timestamp (`now_ns` above the last cheap reading
+    /// served and below the window's end), and while the millisecond has
+    /// sequence left (`per_ms` sequences). `None` means "read the clocks and
+    /// [`SequenceState::take`]".
+    ///
+    /// The caller must have checked that the grant is the one the window was
+    /// opened under (and [`close_window`](Self::close_window) otherwise). The
+    /// timestamp was then admitted under this very grant: it is above the
+    /// floor, at or below the fence and the layout's last timestamp, and not
+    /// behind the last stamp, so stamping it again keeps every rule of
+    /// [`admit`]. The deadline, the one rule that moves with time, is kept
+    /// by the window's end, checked on every id: the window closes before
+    /// half the time left to the deadline has passed on the cheap clock.
+    #[inline]
+    pub(super) fn take_again(&mut self, now_ns: u64, want: u64, per_ms: u64) -> Option<Taken> {
+        let window = self.window.as_mut()?;
+        if now_ns <= window.last || now_ns >= window.until {
+            return None;
+        }
+        let cursor = self.cursor.as_mut()?;
+        if cursor.next_seq >= per_ms {
+            return None;
+        }
+        window.last = now_ns;
+        let count = want.min(per_ms - cursor.next_seq);
+        let first = window.base + cursor.next_seq;
+        cursor.next_seq += count;
+        Some(Taken {
+            first,
+            count,
+            timestamp: cursor.last,
+            exhausted: cursor.next_seq == per_ms,
+        })
+    }
+
+    /// Records an exact reading `now_mono` and the cheap one `now_ns` taken
+    /// just before it, and says how long (ns on the cheap clock) a wall
+    /// reading taken now may serve under `grant`: `None` when the cheap
+    /// clock cannot be trusted now, because since the last exact reading it
+    /// went back or kept less than half the pace of the exact clock. (The
+    /// first reading has nothing to compare with and is trusted; a cheap
+    /// clock that stops inside its window still closes it at the next id.)
+    fn window_span(&mut self, grant: &Grant, now_ns: u64, now_mono: Instant) -> Option<u64> {
+        let trusted = match self.last_reading.replace((now_ns, now_mono)) {
+            None => true,
+            Some((ns, mono)) => {
+                now_ns >= ns && now_ns - ns >= nanos(now_mono.saturating_duration_since(mono)) / 2
+            }
+        };
+        if !trusted {
+            return None;
+        }
+        let span = nanos(WALL_READING_LASTS);
+        Some(match grant.deadline {
+            None => span,
+            Some(d) => span.min(nanos(d.saturating_duration_since(now_mono)) / 2),
+        })
     }
 
     /// The machine id in use and its last stamped timestamp (or its floor).
@@ -89,17 +190,23 @@ impl SequenceState {
         admit(layout, grant, last, now_unix, now_mono, max_backward_wait)
     }
 
-    /// One step of issuance under `grant` at wall time `now_unix` (Unix ms) and
-    /// monotonic time `now_mono`.
+    /// One step of issuance under `grant` at wall time `now_unix` (Unix ms),
+    /// monotonic time `now_mono` and cheap monotonic time `now_ns`
+    /// (`Clock::monotonic_ns`, read before the other two). A step that issues
+    /// opens the window in which [`SequenceState::take_again`] goes on
+    /// without reading the clocks.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn take(
         &mut self,
         layout: &Layout,
         grant: &Grant,
         now_unix: u64,
         now_mono: Instant,
+        now_ns: u64,
         want: u64,
         max_backward_wait: Duration,
     ) -> Result<Step, GenerateError> {
+        let span = self.window_span(grant, now_ns, now_mono);
         let per_ms = layout.sequences_per_ms();
         let cursor = self.cursor_for(grant, per_ms);
         let admitted = admit(
@@ -110,6 +217,9 @@ impl SequenceState {
             now_mono,
             max_backward_wait,
         );
+        // Whatever this step finds, the last reading's window is over: it is
+        // opened again only below, by a reading that admits a stamp.
+        self.window = None;
         // An expired grant leaves the state as it was; any other step moves
         // to the grant's cursor, so drain reports the machine id now held.
         if admitted == Err(GenerateError::LeaseExpired) {
@@ -127,16 +237,29 @@ impl SequenceState {
         } else if cursor.next_seq >= per_ms {
             return Ok(Step::SequenceExhausted);
         }
-        let count = want.min(per_ms - cursor.next_seq);
+        self.window = span.map(|span| Window {
+            last: now_ns,
+            until: now_ns.saturating_add(span),
+            base: layout.encode(cursor.last, cursor.machine_id, 0),
+        });
+        Ok(Step::Ids(cursor.issue(layout, want, per_ms)))
+    }
+}
+
+impl Cursor {
+    /// Issues up to `want` ids at `last` from `next_seq`, at least one (the
+    /// caller checked that the millisecond has sequence left).
+    fn issue(&mut self, layout: &Layout, want: u64, per_ms: u64) -> Taken {
+        let count = want.min(per_ms - self.next_seq);
         debug_assert!(count > 0);
-        let first = layout.encode(cursor.last, cursor.machine_id, cursor.next_seq);
-        cursor.next_seq += count;
-        Ok(Step::Ids(Taken {
+        let first = layout.encode(self.last, self.machine_id, self.next_seq);
+        self.next_seq += count;
+        Taken {
             first,
             count,
-            timestamp: cursor.last,
-            exhausted: cursor.next_seq == per_ms,
-        }))
+            timestamp: self.last,
+            exhausted: self.next_seq == per_ms,
+        }
     }
 }
 

@@ -53,6 +53,7 @@ impl GeneratorSet {
         self.pick_ref().clone()
     }
 
+    #[inline]
     fn pick_ref(&self) -> &Arc<Generator> {
         let n = self.generators.len();
         if n == 1 {
@@ -68,7 +69,12 @@ impl GeneratorSet {
 
     /// One id, from one machine id (round-robin over the ready ones).
     pub async fn next_id(&self) -> Result<u64, GenerateError> {
-        self.pick_ref().next_id().await
+        // The call that needs no wait runs no nested async state machine.
+        let g = self.pick_ref();
+        match g.take_now(1)? {
+            Some(t) => Ok(t.first),
+            None => Ok(g.take_waiting(1).await?.first),
+        }
     }
 
     /// Returns `count` strictly ascending ids. Batches above one millisecond's

@@ -177,11 +177,19 @@ fn a_new_floor_at_the_last_stamp_skips_the_rest_of_that_ms() {
     );
 }
 
+/// Sets the wall clock to `unix_ms` as the monotonic clock moves on 1 ms:
+/// a wall step is seen by the first wall reading after the last one's
+/// millisecond, [`sequence::WALL_READING_LASTS`].
+fn step_wall_then_a_millisecond(clock: &ManualClock, unix_ms: u64) {
+    clock.set_unix_ms(unix_ms - 1);
+    clock.advance(sequence::WALL_READING_LASTS);
+}
+
 #[test]
 fn a_small_backwards_step_is_waited_out() {
     let (g, clock, _) = generator_at(1000, grant(1, 0, 5000));
     ids(g.try_take(1).unwrap());
-    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 960);
+    step_wall_then_a_millisecond(&clock, DEFAULT_EPOCH_UNIX_MS + 960);
     assert_eq!(
         g.try_take(1),
         Ok(Step::ClockBackward {
@@ -202,7 +210,7 @@ fn a_large_backwards_step_halts_issuance() {
     ids(g.try_take(1).unwrap());
     clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 4950);
     assert!(g.is_ready(), "a step that is waited out keeps it ready");
-    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 4000);
+    step_wall_then_a_millisecond(&clock, DEFAULT_EPOCH_UNIX_MS + 4000);
     assert!(
         !g.is_ready(),
         "a step that halts issuance makes it not ready"
@@ -214,6 +222,222 @@ fn a_large_backwards_step_halts_issuance() {
             max: DEFAULT_MAX_BACKWARD_WAIT
         })
     );
+}
+
+/// Within 1 ms (monotonic) of a wall reading, ids go on at the timestamp
+/// it admitted, whatever the wall clock does meanwhile; the next reading
+/// sees the step and applies the rules to it.
+#[test]
+fn a_wall_step_inside_the_last_readings_millisecond_is_seen_by_the_next_reading() {
+    let layout = Layout::default();
+    let at = |ts: u64, seq: u64| layout.encode(Millis(ts), MachineId(1), seq);
+    let (g, clock, _tx) = generator_at(1000, grant(1, 0, 5000));
+    let us = Duration::from_micros;
+    assert_eq!(ids(g.try_take(1).unwrap()), vec![at(1000, 0)]);
+    // Back 40 ms, 1 µs and 2 µs after the reading: still ms 1000, next
+    // sequences.
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 960);
+    clock.advance(us(1));
+    assert_eq!(ids(g.try_take(2).unwrap()), vec![at(1000, 1), at(1000, 2)]);
+    clock.advance(us(1));
+    assert_eq!(ids(g.try_take(1).unwrap()), vec![at(1000, 3)]);
+    // 1 ms after the reading the wall reads 961: 39 ms to wait out.
+    clock.advance(us(998));
+    assert_eq!(
+        g.try_take(1),
+        Ok(Step::ClockBackward {
+            wait: Duration::from_millis(39)
+        })
+    );
+    // Forward to 4000 (inside the fence): 4000 from the next reading on.
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 4000);
+    assert_eq!(ids(g.try_take(1).unwrap()), vec![at(4000, 0)]);
+    // Forward past the fence (5000) inside the millisecond: the stamp stays
+    // 4000 (at or below the fence); the next reading refuses.
+    clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 6000);
+    clock.advance(us(1));
+    assert_eq!(ids(g.try_take(1).unwrap()), vec![at(4000, 1)]);
+    clock.advance(us(999));
+    assert_eq!(
+        g.try_take(1),
+        Err(GenerateError::FenceReached {
+            fence: Millis(5000)
+        })
+    );
+}
+
+/// A generator on the default layout at `ts` layout ms whose grant has a
+/// lease deadline `deadline` from now.
+fn generator_with_deadline(
+    clock: Arc<dyn Clock>,
+    manual: &ManualClock,
+    deadline: Duration,
+) -> (Arc<Generator>, watch::Sender<Option<Grant>>) {
+    let (tx, rx) = watch::channel(Some(Grant {
+        deadline: Some(manual.now() + deadline),
+        ..grant(2, 0, 10_000)
+    }));
+    let g = Generator::new(
+        Layout::default(),
+        clock,
+        rx,
+        DEFAULT_MAX_BACKWARD_WAIT,
+        GeneratorMetrics::default(),
+    );
+    (g, tx)
+}
+
+/// Near the deadline a wall reading serves for half the time left, so
+/// the monotonic clock is read exactly more and more often, and the first
+/// id at the deadline is refused.
+#[test]
+fn ids_stop_exactly_at_the_lease_deadline_by_the_monotonic_clock() {
+    let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let clock = CountingClock::new(manual.clone());
+    let (g, _tx) = generator_with_deadline(clock.clone(), &manual, Duration::from_micros(1000));
+    let us = Duration::from_micros;
+    // Reading at 0 µs: 1000 µs left, it serves for 500 µs.
+    ids(g.try_take(1).unwrap());
+    manual.advance(us(499));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(clock.counts()[..2], [1, 1]);
+    // 500 µs: a new reading (250 µs left of 500: it serves for 250 µs).
+    manual.advance(us(1));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(clock.counts()[..2], [2, 2]);
+    manual.advance(us(249));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(clock.counts()[..2], [2, 2]);
+    // 750 µs, 875 µs, ...: one reading each time half the rest has passed.
+    manual.advance(us(1));
+    ids(g.try_take(1).unwrap());
+    manual.advance(us(125));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(clock.counts()[..2], [4, 4]);
+    // 999 µs still issues; 1000 µs is the deadline.
+    manual.advance(us(124));
+    ids(g.try_take(1).unwrap());
+    manual.advance(us(1));
+    assert_eq!(g.try_take(1), Err(GenerateError::LeaseExpired));
+}
+
+/// A clock whose cheap monotonic reading can be frozen, set back or slowed
+/// down, while its exact monotonic clock moves on as a [`ManualClock`]'s.
+#[derive(Debug)]
+struct UnsteadyClock {
+    inner: Arc<ManualClock>,
+    /// `Some(ns)`: the cheap reading is stuck at `ns`.
+    stuck_at: std::sync::Mutex<Option<u64>>,
+    /// The cheap reading runs this many times slower than the exact one.
+    slower: u64,
+    wall_reads: std::sync::atomic::AtomicU64,
+}
+
+impl UnsteadyClock {
+    fn new(inner: Arc<ManualClock>, slower: u64) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            stuck_at: std::sync::Mutex::new(None),
+            slower,
+            wall_reads: Default::default(),
+        })
+    }
+
+    fn wall_reads(&self) -> u64 {
+        self.wall_reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Clock for UnsteadyClock {
+    fn unix_ms(&self) -> u64 {
+        self.wall_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.unix_ms()
+    }
+    fn now(&self) -> std::time::Instant {
+        self.inner.now()
+    }
+    fn monotonic_ns(&self) -> u64 {
+        let stuck = *self.stuck_at.lock().unwrap();
+        stuck.unwrap_or_else(|| self.inner.monotonic_ns() / self.slower)
+    }
+}
+
+/// A cheap clock that stops is not trusted: every id reads the exact
+/// clocks again, so the deadline stays exact.
+#[test]
+fn a_cheap_clock_that_stops_is_not_trusted() {
+    let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let clock = UnsteadyClock::new(manual.clone(), 1);
+    let wall_reads = || clock.wall_reads();
+    let (g, _tx) = generator_with_deadline(clock.clone(), &manual, Duration::from_millis(10));
+    let ms = Duration::from_millis;
+    ids(g.try_take(1).unwrap());
+    manual.advance(Duration::from_micros(1));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(wall_reads(), 1);
+    // It stops at 0.5 ms, inside the window, while the exact clock moves
+    // on. Its first reading there still looks like progress; from the next
+    // id on, each id reads the clocks.
+    *clock.stuck_at.lock().unwrap() = Some(500_000);
+    manual.advance(Duration::from_micros(499));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(wall_reads(), 1);
+    for n in 2..=4 {
+        manual.advance(ms(1));
+        ids(g.try_take(1).unwrap());
+        assert_eq!(wall_reads(), n);
+    }
+    // ... up to the deadline (10 ms), which holds by the exact clock.
+    manual.advance(Duration::from_micros(6499));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(wall_reads(), 5);
+    manual.advance(Duration::from_micros(1));
+    assert_eq!(g.try_take(1), Err(GenerateError::LeaseExpired));
+}
+
+/// A cheap clock that reads below the start of the window (a counter reset
+/// by a suspend, say) closes it at once.
+#[test]
+fn a_cheap_clock_that_goes_back_closes_the_window() {
+    let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    manual.advance(Duration::from_millis(5));
+    let clock = UnsteadyClock::new(manual.clone(), 1);
+    let (g, _tx) = generator_with_deadline(clock.clone(), &manual, Duration::from_secs(10));
+    ids(g.try_take(1).unwrap());
+    *clock.stuck_at.lock().unwrap() = Some(0);
+    manual.advance(Duration::from_micros(1));
+    ids(g.try_take(1).unwrap());
+    manual.advance(Duration::from_micros(1));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(clock.wall_reads(), 3);
+}
+
+/// A cheap clock that keeps less than half the pace of the exact one
+/// between two readings is not trusted: every id reads the exact clocks,
+/// and the deadline holds (a window measured on it would run past it).
+#[test]
+fn a_cheap_clock_at_a_quarter_pace_is_not_trusted() {
+    let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let clock = UnsteadyClock::new(manual.clone(), 4);
+    let (g, _tx) = generator_with_deadline(clock.clone(), &manual, Duration::from_millis(10));
+    let us = Duration::from_micros;
+    // The first reading is trusted: a window of 1 ms on the cheap clock,
+    // 4 ms of real time.
+    ids(g.try_take(1).unwrap());
+    manual.advance(us(3996));
+    ids(g.try_take(1).unwrap());
+    assert_eq!(clock.wall_reads(), 1);
+    // At 4 ms it ends; the next reading finds the cheap clock at a quarter
+    // pace: from then on each id reads the clocks.
+    manual.advance(us(4));
+    for n in 2..=4 {
+        ids(g.try_take(1).unwrap());
+        assert_eq!(clock.wall_reads(), n);
+        manual.advance(Duration::from_millis(2));
+    }
+    // 10 ms is the deadline.
+    assert_eq!(g.try_take(1), Err(GenerateError::LeaseExpired));
 }
 
 #[test]
@@ -399,11 +623,31 @@ fn sequence_exhaustion_counts_each_millisecond_once() {
     );
 }
 
-/// A clock whose wall-time reads are counted.
+/// A clock whose reads are counted: wall (`unix_ms`), exact monotonic
+/// (`now`) and cheap monotonic (`monotonic_ns`).
 #[derive(Debug)]
 struct CountingClock {
     inner: Arc<ManualClock>,
     reads: std::sync::atomic::AtomicU64,
+    exact_reads: std::sync::atomic::AtomicU64,
+    cheap_reads: std::sync::atomic::AtomicU64,
+}
+
+impl CountingClock {
+    fn new(inner: Arc<ManualClock>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            reads: Default::default(),
+            exact_reads: Default::default(),
+            cheap_reads: Default::default(),
+        })
+    }
+
+    /// (wall, exact monotonic, cheap monotonic) reads so far.
+    fn counts(&self) -> [u64; 3] {
+        [&self.reads, &self.exact_reads, &self.cheap_reads]
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl Clock for CountingClock {
@@ -413,8 +657,67 @@ impl Clock for CountingClock {
         self.inner.unix_ms()
     }
     fn now(&self) -> std::time::Instant {
+        self.exact_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.now()
     }
+    fn monotonic_ns(&self) -> u64 {
+        self.cheap_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.monotonic_ns()
+    }
+}
+
+/// The hot path reads one clock per id, the cheap monotonic one (for the
+/// deadline and the age of the last wall reading). The wall clock and the
+/// exact monotonic clock are read once per millisecond of monotonic time,
+/// and again under every new grant, even an equal one.
+#[tokio::test]
+async fn an_id_reads_one_clock_and_the_wall_clock_is_read_once_per_millisecond() {
+    let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let clock = CountingClock::new(manual.clone());
+    let (tx, rx) = watch::channel(Some(Grant {
+        deadline: Some(manual.now() + Duration::from_secs(10)),
+        ..grant(5, 0, 10_000)
+    }));
+    let g = Generator::new(
+        Layout::default(),
+        clock.clone(),
+        rx,
+        DEFAULT_MAX_BACKWARD_WAIT,
+        GeneratorMetrics::default(),
+    );
+    // Generator::new sets the cheap clock up with one read.
+    assert_eq!(clock.counts(), [0, 0, 1]);
+    // 100 ids 1 µs apart, in one millisecond of monotonic time.
+    let first = ((1000u64 << 12) | 5) << 10;
+    for seq in 0..100 {
+        assert_eq!(g.next_id().await, Ok(first + seq));
+        manual.advance(Duration::from_micros(1));
+    }
+    assert_eq!(clock.counts(), [1, 1, 101]);
+    // 1 ms of monotonic time after the reading the clocks are read again,
+    // once.
+    manual.advance(Duration::from_micros(900));
+    let next = ((1001u64 << 12) | 5) << 10;
+    for seq in 0..100 {
+        assert_eq!(g.next_id().await, Ok(next + seq));
+        manual.advance(Duration::from_micros(1));
+    }
+    assert_eq!(clock.counts(), [2, 2, 201]);
+    // A batch is one step: one cheap read for 28 ids.
+    assert_eq!(g.next_ids(28).await, Ok((next + 100..next + 128).collect()));
+    assert_eq!(clock.counts(), [2, 2, 202]);
+    manual.advance(Duration::from_micros(1));
+    // A new grant (here an equal one, sent again) is read with the clocks.
+    let same = *tx.borrow();
+    tx.send_replace(same);
+    assert_eq!(g.next_id().await, Ok(next + 128));
+    assert_eq!(clock.counts(), [3, 3, 203]);
+    // So is every id while the cheap clock does not move (it is not to be
+    // trusted then).
+    assert_eq!(g.next_id().await, Ok(next + 129));
+    assert_eq!(clock.counts(), [4, 4, 204]);
 }
 
 #[tokio::test]
@@ -471,10 +774,7 @@ async fn a_small_call_behind_streams_gets_its_turn_in_the_next_millisecond() {
 #[tokio::test]
 async fn callers_waiting_for_the_next_millisecond_do_not_spin() {
     let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
-    let clock = Arc::new(CountingClock {
-        inner: manual.clone(),
-        reads: Default::default(),
-    });
+    let clock = CountingClock::new(manual.clone());
     let (_tx, rx) = watch::channel(Some(grant(2, 0, 1_000_000)));
     let ticker = Ticker::manual();
     let g = Generator::with_ticker(
@@ -487,7 +787,7 @@ async fn callers_waiting_for_the_next_millisecond_do_not_spin() {
         None,
     );
     ids(g.try_take(1024).unwrap());
-    let reads = || clock.reads.load(std::sync::atomic::Ordering::Relaxed);
+    let reads = || clock.counts()[0];
     let before = reads();
     let waiters: Vec<_> = (0..8)
         .map(|_| {

@@ -6,6 +6,9 @@
 //! | `/snowkeep/v1/ns/{namespace}/holder/{machine_id:05}` | holder's instance id | yes, the holder's |
 //! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
 //! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
+//! | `/snowkeep/v1/ns/{namespace}/fence-count` | `base 0` and `absent_floor_ms 0`: fence keys are counted since the namespace was created ([`super::fence_count`]) | no |
+//! | `/snowkeep/v1/ns/{namespace}/fence-count/{block:04}` | the block's own `base` and `absent_floor_ms`, once re-based | no |
+//! | `/snowkeep/v1/ns/{namespace}/fence-count/{block:04}/{nonce}` | empty: one per fence key created in the block (machine ids `64 × block` to `64 × block + 63`) | no |
 //! | `/snowkeep/v1/ns/{namespace}/requester/{requester}` | `id:floor,…` of an embedded requester's machine ids | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/token/{requester}` | SHA-256 of the requester's lease token, 64 hex digits | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/peer/{instance_id}` | the server's advertised `host:port` (peer clock check) | yes, the server's |
@@ -76,6 +79,124 @@ pub(crate) fn fence_prefix(namespace: &str) -> String {
 /// The fence key of one machine id.
 pub fn fence(namespace: &str, machine_id: MachineId) -> String {
     format!("{ROOT}{namespace}/fence/{:05}", machine_id.get())
+}
+
+/// Machine ids per fence-count block: machine id `m` is counted in block
+/// `m / FENCE_COUNT_BLOCK`.
+pub const FENCE_COUNT_BLOCK: u16 = 64;
+
+/// The namespace's fence-count root: present when fence keys have been
+/// counted since the namespace was created. Every fence-count key starts with
+/// it, and it starts with the fence keys' `…/fence`: an `etcdctl del
+/// --prefix …/fence` deletes the counts with the fences, and a missing count
+/// vouches for nothing.
+pub fn fence_count_root(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/fence-count")
+}
+
+/// The fence-count key of a block (present once the block was re-based).
+pub fn fence_count_block(namespace: &str, block: u16) -> String {
+    format!("{ROOT}{namespace}/fence-count/{block:04}")
+}
+
+/// The prefix of a block's creation markers, one per fence key created.
+pub(crate) fn fence_count_markers(namespace: &str, block: u16) -> String {
+    format!("{ROOT}{namespace}/fence-count/{block:04}/")
+}
+
+/// A new creation marker of `block`, named by 64 random bits: nothing in its
+/// name ties it to a machine id, so deleting "every key of a machine id"
+/// leaves it, and the count shows the deletion.
+pub(crate) fn fence_count_marker(namespace: &str, block: u16) -> String {
+    format!(
+        "{}{:016x}",
+        fence_count_markers(namespace, block),
+        rand::random::<u64>()
+    )
+}
+
+/// The fence-count block of a machine id.
+pub fn fence_count_block_of(machine_id: MachineId) -> u16 {
+    machine_id.get() / FENCE_COUNT_BLOCK
+}
+
+/// The fence keys of a block: `[start, end)` for a range read or compare.
+pub(crate) fn block_fences(namespace: &str, block: u16) -> (String, String) {
+    let start = u32::from(block) * u32::from(FENCE_COUNT_BLOCK);
+    let end = start + u32::from(FENCE_COUNT_BLOCK);
+    (
+        format!("{ROOT}{namespace}/fence/{start:05}"),
+        format!("{ROOT}{namespace}/fence/{end:05}"),
+    )
+}
+
+/// The fence-count block whose fence-key range ([`block_fences`]) holds
+/// `key`, by key order, whatever follows the prefix (a hand-written key
+/// that is no machine id too, as a range count finds it); `None` outside
+/// every block's range.
+pub(crate) fn fence_block_of_key(key: &[u8], namespace: &str) -> Option<u16> {
+    let rest = key.strip_prefix(fence_prefix(namespace).as_bytes())?;
+    let blocks = (u32::from(u16::MAX) + 1) / u32::from(FENCE_COUNT_BLOCK);
+    let start = |b: u32| format!("{:05}", b * u32::from(FENCE_COUNT_BLOCK));
+    if rest < start(0).as_bytes() || rest >= start(blocks).as_bytes() {
+        return None;
+    }
+    if let Some(n) = rest
+        .get(..5)
+        .filter(|d| d.iter().all(u8::is_ascii_digit))
+        .and_then(|d| std::str::from_utf8(d).ok()?.parse::<u32>().ok())
+    {
+        // Five digits first: ordered as their number.
+        return u16::try_from(n / u32::from(FENCE_COUNT_BLOCK)).ok();
+    }
+    // The last block whose range starts at or before it.
+    let (mut lo, mut hi) = (0, blocks);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if start(mid).as_bytes() <= rest {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    u16::try_from(lo).ok()
+}
+
+/// What a key under [`fence_count_root`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FenceCountKey {
+    /// The root itself.
+    Root,
+    /// A block's own key.
+    Block(u16),
+    /// A creation marker of a block.
+    Marker(u16),
+}
+
+/// Parses a key read under [`fence_count_root`]; `None` for a foreign one.
+pub(crate) fn fence_count_key(key: &[u8], namespace: &str) -> Option<FenceCountKey> {
+    let root = fence_count_root(namespace);
+    let rest = key.strip_prefix(root.as_bytes())?;
+    if rest.is_empty() {
+        return Some(FenceCountKey::Root);
+    }
+    let rest = std::str::from_utf8(rest.strip_prefix(b"/")?).ok()?;
+    let (block, marker) = match rest.split_once('/') {
+        Some((block, marker)) => (block, Some(marker)),
+        None => (rest, None),
+    };
+    if block.len() != 4 || !block.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let block: u16 = block.parse().ok()?;
+    if u32::from(block) * u32::from(FENCE_COUNT_BLOCK) > u32::from(u16::MAX) {
+        return None;
+    }
+    match marker {
+        None => Some(FenceCountKey::Block(block)),
+        Some(m) if !m.is_empty() && !m.contains('/') => Some(FenceCountKey::Marker(block)),
+        Some(_) => None,
+    }
 }
 
 /// The prefix of the namespace's last-holder keys.
@@ -221,6 +342,84 @@ mod tests {
             machine_id_of(b"/snowkeep/v1/ns/other/fence/1", &fence_prefix("orders")),
             None
         );
+    }
+
+    #[test]
+    fn fence_counts_are_blocks_of_machine_ids_outside_the_fence_keys() {
+        assert_eq!(
+            fence_count_root("orders"),
+            "/snowkeep/v1/ns/orders/fence-count"
+        );
+        assert_eq!(
+            fence_count_block("orders", 7),
+            "/snowkeep/v1/ns/orders/fence-count/0007"
+        );
+        assert_eq!(fence_count_block_of(MachineId(63)), 0);
+        assert_eq!(fence_count_block_of(MachineId(64)), 1);
+        assert_eq!(fence_count_block_of(MachineId(4095)), 63);
+        assert_eq!(fence_count_block_of(MachineId(65535)), 1023);
+        assert_eq!(
+            block_fences("orders", 1),
+            (
+                "/snowkeep/v1/ns/orders/fence/00064".to_owned(),
+                "/snowkeep/v1/ns/orders/fence/00128".to_owned()
+            )
+        );
+        assert_eq!(
+            block_fences("orders", 1023).1,
+            "/snowkeep/v1/ns/orders/fence/65536"
+        );
+        let marker = fence_count_marker("orders", 3);
+        assert!(marker.starts_with("/snowkeep/v1/ns/orders/fence-count/0003/"));
+        assert_eq!(marker.len(), fence_count_markers("orders", 3).len() + 16);
+        assert_ne!(marker, fence_count_marker("orders", 3));
+        let parse = |k: &str| fence_count_key(k.as_bytes(), "orders");
+        assert_eq!(
+            parse(&fence_count_root("orders")),
+            Some(FenceCountKey::Root)
+        );
+        assert_eq!(
+            parse(&fence_count_block("orders", 1023)),
+            Some(FenceCountKey::Block(1023))
+        );
+        assert_eq!(parse(&marker), Some(FenceCountKey::Marker(3)));
+        for foreign in [
+            "/snowkeep/v1/ns/orders/fence-countx",
+            "/snowkeep/v1/ns/orders/fence-count/7",
+            "/snowkeep/v1/ns/orders/fence-count/1024",
+            "/snowkeep/v1/ns/orders/fence-count/0003/",
+            "/snowkeep/v1/ns/orders/fence-count/0003/a/b",
+            "/snowkeep/v1/ns/other/fence-count",
+        ] {
+            assert_eq!(parse(foreign), None, "{foreign}");
+        }
+        // Blocks by key order, as a range count sees them.
+        let fences = fence_prefix("orders");
+        let block = |rest: &str| fence_block_of_key(format!("{fences}{rest}").as_bytes(), "orders");
+        assert_eq!(block("00000"), Some(0));
+        assert_eq!(block("00063"), Some(0));
+        assert_eq!(block("00064"), Some(1));
+        assert_eq!(block("65535"), Some(1023));
+        assert_eq!(block("00064-junk"), Some(1));
+        assert_eq!(block("0006"), Some(0));
+        assert_eq!(block("0007"), Some(1));
+        assert_eq!(block("7"), None);
+        assert_eq!(block("0"), None);
+        assert_eq!(block("65536"), None);
+        assert_eq!(block("x"), None);
+        for b in [0u16, 1, 500, 1023] {
+            let (start, end) = block_fences("orders", b);
+            assert_eq!(fence_block_of_key(start.as_bytes(), "orders"), Some(b));
+            let last = format!("{fences}{:05}", (u32::from(b) + 1) * 64 - 1);
+            assert!(last < end);
+            assert_eq!(fence_block_of_key(last.as_bytes(), "orders"), Some(b));
+        }
+        // Outside the fence keys' range (pool reads, overlap counts) ...
+        let fences = fence_prefix("orders");
+        assert!(marker.clone().into_bytes() < fences.clone().into_bytes());
+        assert_eq!(machine_id_of(marker.as_bytes(), &fences), None);
+        // ... but under the bare `…/fence` prefix an operator might delete.
+        assert!(marker.starts_with("/snowkeep/v1/ns/orders/fence"));
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! | --- | --- |
 //! | `endpoints` | the failover client: one client per endpoint, timeouts, which errors move on |
 //! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions |
+//! | `fence_count` | the counts of fence keys created, per block of 64 machine ids, which tell a never-written fence key from a deleted one |
 //! | `session` | the server's own lease: grant and claim, fence writes, keepalive, peer registration, release and revoke |
 //! | `watch` | the holder watch of a hold |
 //! | `directory` | the peer directory and the capacity reader |
@@ -35,6 +36,7 @@
 
 mod directory;
 mod endpoints;
+mod fence_count;
 mod instance;
 pub mod keys;
 pub mod namespace;
@@ -75,7 +77,8 @@ pub struct EtcdSettings {
     /// How far ahead of its clock a server raises its fences (1.5 outage
     /// budgets, `crate::config::fence_lead`): the farthest any live holder
     /// of ours can be stamping, so the floor assumed for a machine id whose
-    /// fence key may have been deleted.
+    /// fence key is missing when the namespace's fence count cannot vouch
+    /// that it was never written.
     pub fence_horizon: Duration,
     /// Machine ids whose fence is further ahead of the clock are not claimed.
     pub max_fence_wait: Duration,

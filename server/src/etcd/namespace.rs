@@ -46,6 +46,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 use snowkeep_client::{Layout, Millis};
 use tracing::{error, info, warn};
 
+use super::fence_count::CountBase;
 use super::{keys, Endpoints, EtcdStore};
 use crate::claim::StoreError;
 
@@ -588,25 +589,56 @@ fn holds_value(resp: &etcd_client::TxnResponse, value: &str) -> bool {
     })
 }
 
-/// Creates the record when the key is absent (a transaction on
-/// `create_revision == 0`); `Ok(false)` when it already existed. A
-/// transaction retried on another endpoint after its first attempt
-/// committed finds this very record (its incarnation is random) and counts
-/// as created.
+/// Creates the record when the key is absent; `Ok(None)` when it already
+/// existed. When nothing at all is stored under the namespace's prefix (so no
+/// fence key can have been deleted from it), the same transaction, guarded
+/// by the whole prefix being empty, writes the fence-count root (`base 0`):
+/// `Ok(Some(true))`. When keys are there without a record (it was deleted by
+/// hand, say) the record alone is created, guarded by `create_revision ==
+/// 0`: `Ok(Some(false))`, and each fence-count block is counted from its
+/// first claim of a machine id without a fence key, which starts one fence
+/// lead ahead. A transaction retried on another endpoint after its
+/// first attempt committed finds this very record (its incarnation is
+/// random) and counts as created.
 async fn create(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
     record: &NamespaceRecord,
-) -> Result<bool, StoreError> {
+) -> Result<Option<bool>, StoreError> {
     let key = keys::layout(namespace);
     let value = record.encode();
+    let ops = [
+        TxnOp::put(key.clone(), value.clone(), None),
+        TxnOp::put(
+            keys::fence_count_root(namespace),
+            CountBase::NEW.encode(),
+            None,
+        ),
+    ];
+    let empty = Compare::create_revision(keys::namespace_prefix(namespace), CompareOp::Equal, 0)
+        .with_prefix();
+    let txn = Txn::new()
+        .when([empty])
+        .and_then(ops)
+        .or_else([TxnOp::get(key.clone(), None)]);
+    let resp = endpoints.txn("create namespace", timeout, txn).await?;
+    if resp.succeeded() || holds_value(&resp, &value) {
+        return Ok(Some(true));
+    }
+    let found_record = resp.op_responses().into_iter().any(|r| match r {
+        etcd_client::TxnOpResponse::Get(get) => !get.kvs().is_empty(),
+        _ => false,
+    });
+    if found_record {
+        return Ok(None);
+    }
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(key.clone(), value.clone(), None)])
         .or_else([TxnOp::get(key, None)]);
     let resp = endpoints.txn("create namespace", timeout, txn).await?;
-    Ok(resp.succeeded() || holds_value(&resp, &value))
+    Ok((resp.succeeded() || holds_value(&resp, &value)).then_some(false))
 }
 
 impl EtcdStore {
@@ -658,8 +690,11 @@ impl EtcdStore {
                     record.floor = floor;
                     record.confirmed_at = Some(rfc3339(unix_ms));
                 }
-                if create(&self.endpoints, timeout, &ns, &record).await? {
-                    info!(namespace = %ns, key = %key, layout = %self.layout, incarnation = %format!("{:016x}", record.incarnation), floor_ms = record.floor.get(), acknowledged_gap = gap, "created the namespace");
+                if let Some(counted) = create(&self.endpoints, timeout, &ns, &record).await? {
+                    info!(namespace = %ns, key = %key, layout = %self.layout, incarnation = %format!("{:016x}", record.incarnation), floor_ms = record.floor.get(), acknowledged_gap = gap, fence_counts = counted, "created the namespace");
+                    if !counted {
+                        warn!(namespace = %ns, prefix = %keys::namespace_prefix(&ns), "created the namespace over keys already stored under it: a fence key may have been deleted there, so in each fence-count block the first claim of a machine id without a fence key starts one fence lead ahead, and counts from then on");
+                    }
                     return Ok(());
                 }
                 continue; // created concurrently: check theirs

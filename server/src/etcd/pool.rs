@@ -1,16 +1,19 @@
-//! Reading a namespace's pool (holder, fence, last-holder and requester
-//! record keys, in pages, at one revision) and claiming machine ids from it,
-//! one guarded transaction per candidate. Shared by the server's own claims
-//! and the Lease API's.
+//! Reading a namespace's pool (holder, fence, last-holder, requester record
+//! and fence-count keys, in pages, at one revision) and claiming machine ids
+//! from it, one guarded transaction per candidate. Shared by the server's own
+//! claims and the Lease API's.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use snowkeep_client::{MachineId, Millis};
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use super::endpoints::{etcd_error, Endpoints};
+use super::fence_count::{self, Block, Counter, MissingFence};
+use super::keys::FenceCountKey;
 use super::{keys, namespace};
 use crate::claim::candidates::{rank_candidates, CandidateKind, PoolView};
 use crate::claim::{HeldId, StoreError};
@@ -24,20 +27,38 @@ const CLAIM_ROUNDS: usize = 16;
 /// Keys per page of a pool read. A page of holder keys with long instance ids
 /// stays far below etcd-client's 4 MiB response limit.
 const POOL_PAGE_KEYS: i64 = 1024;
+/// Keys of each range in the first, combined read of a pool: five ranges
+/// of 512 keys (instance ids of up to 256 bytes, requester records of up to
+/// 63 machine ids) stay far below the 4 MiB limit too.
+const FIRST_PAGE_KEYS: i64 = 512;
 /// Pool reads started over after etcd compacted the revision they read at.
 const POOL_READ_ATTEMPTS: usize = 3;
 
-/// Reads a namespace's pool: its holder, fence, last-holder and requester
-/// record keys, at one revision. Never the whole namespace prefix: other keys
-/// (peers, tokens, keys of older versions) grow with what anyone sends, and
-/// one response past etcd-client's 4 MiB limit would stop every claim. Each
-/// range is read in pages of [`POOL_PAGE_KEYS`]; the requester records are
-/// bounded too, since only requesters that hold machine ids have one.
+/// A namespace's pool as one read found it.
+pub(super) struct Pool {
+    /// The machine ids' keys.
+    pub(super) view: PoolView,
+    /// The namespace's fence-count root.
+    pub(super) root: Counter,
+    /// The fence-count blocks that have any key, marker, fence or holder,
+    /// each with what the fence and holder keys of its machine ids showed.
+    pub(super) blocks: BTreeMap<u16, Block>,
+}
+
+/// Reads a namespace's pool: its holder, fence, last-holder, requester
+/// record and fence-count keys, at one revision. Never the whole namespace
+/// prefix: other keys (peers, tokens, keys of older versions) grow with what
+/// anyone sends, and one response past etcd-client's 4 MiB limit would stop
+/// every claim. The first page of every range comes in one read-only
+/// transaction (one round trip, where five sequential reads cost a claim
+/// storm a fifth of a second each), the rest in pages of [`POOL_PAGE_KEYS`];
+/// the requester records are bounded too, since only requesters that hold
+/// machine ids have one.
 pub(super) async fn read_pool(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
-) -> Result<PoolView, StoreError> {
+) -> Result<Pool, StoreError> {
     let mut attempt = 1;
     loop {
         match read_pool_at_one_revision(endpoints, timeout, namespace).await {
@@ -56,34 +77,28 @@ pub(super) async fn read_pool(
     }
 }
 
-/// Every key-value under `prefix`, read in pages of [`POOL_PAGE_KEYS`] at
-/// `revision`; a `revision` of 0 becomes the first page's, for the reads
-/// that follow.
+/// The key-values under `prefix` from `from` on, read in pages of
+/// [`POOL_PAGE_KEYS`] at `revision`.
 async fn read_range(
     endpoints: &Endpoints,
     timeout: Duration,
     prefix: &str,
-    revision: &mut i64,
+    mut from: Vec<u8>,
+    revision: i64,
 ) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
     let end = keys::prefix_end(prefix);
-    let mut from = prefix.as_bytes().to_vec();
     let mut kvs = Vec::new();
     loop {
-        let mut options = GetOptions::new()
+        let options = GetOptions::new()
             .with_range(end.clone())
-            .with_limit(POOL_PAGE_KEYS);
-        if *revision > 0 {
-            options = options.with_revision(*revision);
-        }
+            .with_limit(POOL_PAGE_KEYS)
+            .with_revision(revision);
         let mut resp = endpoints
             .call("read pool", timeout, |mut c| {
                 let (key, options) = (from.clone(), options.clone());
                 async move { c.get(key, Some(options)).await }
             })
             .await?;
-        if *revision == 0 {
-            *revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        }
         let more = resp.more();
         kvs.extend(resp.take_kvs());
         match kvs.last() {
@@ -97,25 +112,87 @@ async fn read_range(
     }
 }
 
-/// One attempt of [`read_pool`]: the first page fixes the revision every
-/// later page reads at.
+/// The key-values under each of `prefixes`, in order, all at one revision:
+/// the first [`FIRST_PAGE_KEYS`] of each in one read-only transaction (one
+/// round trip, which fixes the revision), the rest of a longer range in
+/// pages at that revision.
+async fn read_ranges(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    prefixes: &[String],
+) -> Result<Vec<Vec<etcd_client::KeyValue>>, StoreError> {
+    let gets: Vec<TxnOp> = prefixes
+        .iter()
+        .map(|p| {
+            let page = GetOptions::new()
+                .with_range(keys::prefix_end(p))
+                .with_limit(FIRST_PAGE_KEYS);
+            TxnOp::get(p.clone(), Some(page))
+        })
+        .collect();
+    let resp = endpoints
+        .txn("read pool", timeout, Txn::new().and_then(gets))
+        .await?;
+    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+    let mut ranges = Vec::with_capacity(prefixes.len());
+    for (prefix, op) in prefixes.iter().zip(resp.op_responses()) {
+        let TxnOpResponse::Get(mut get) = op else {
+            ranges.push(Vec::new());
+            continue;
+        };
+        let more = get.more();
+        let mut kvs = get.take_kvs();
+        if let Some(last) = kvs.last().filter(|_| more) {
+            let mut from = last.key().to_vec();
+            from.push(0);
+            kvs.extend(read_range(endpoints, timeout, prefix, from, revision).await?);
+        }
+        ranges.push(kvs);
+    }
+    Ok(ranges)
+}
+
+/// One attempt of [`read_pool`].
 async fn read_pool_at_one_revision(
     endpoints: &Endpoints,
     timeout: Duration,
     namespace: &str,
-) -> Result<PoolView, StoreError> {
-    let mut revision = 0;
-    let mut view = PoolView::default();
+) -> Result<Pool, StoreError> {
     let holder_prefix = keys::holder_prefix(namespace);
-    for kv in read_range(endpoints, timeout, &holder_prefix, &mut revision).await? {
+    let fence_prefix = keys::fence_prefix(namespace);
+    let last_prefix = keys::last_holder_prefix(namespace);
+    let requester_prefix = keys::requester_prefix(namespace);
+    let count_root = keys::fence_count_root(namespace);
+    let [holders, fences, lasts, requesters, counts]: [Vec<etcd_client::KeyValue>; 5] =
+        read_ranges(
+            endpoints,
+            timeout,
+            &[
+                holder_prefix.clone(),
+                fence_prefix.clone(),
+                last_prefix.clone(),
+                requester_prefix.clone(),
+                count_root,
+            ],
+        )
+        .await?
+        .try_into()
+        .unwrap_or_default();
+    let mut view = PoolView::default();
+    for kv in holders {
         if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
             view.holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
         }
     }
-    let fence_prefix = keys::fence_prefix(namespace);
     let mut corrupt = 0;
-    for kv in read_range(endpoints, timeout, &fence_prefix, &mut revision).await? {
+    // Fence keys per fence-count block, by key order, as the claim
+    // transaction's range count finds them.
+    let mut present: BTreeMap<u16, u64> = BTreeMap::new();
+    for kv in fences {
+        if let Some(block) = keys::fence_block_of_key(kv.key(), namespace) {
+            *present.entry(block).or_default() += 1;
+        }
         let Some(id) = keys::machine_id_of(kv.key(), &fence_prefix) else {
             continue;
         };
@@ -132,16 +209,14 @@ async fn read_pool_at_one_revision(
         }
     }
     m::count_corrupt(namespace, m::KeyKind::Fence, corrupt);
-    let last_prefix = keys::last_holder_prefix(namespace);
-    for kv in read_range(endpoints, timeout, &last_prefix, &mut revision).await? {
+    for kv in lasts {
         if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
             view.last_holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
         }
     }
-    let requester_prefix = keys::requester_prefix(namespace);
     let mut corrupt = 0;
-    for kv in read_range(endpoints, timeout, &requester_prefix, &mut revision).await? {
+    for kv in requesters {
         let Some(requester) = kv.key().strip_prefix(requester_prefix.as_bytes()) else {
             continue;
         };
@@ -164,7 +239,44 @@ async fn read_pool_at_one_revision(
         }
     }
     m::count_corrupt(namespace, m::KeyKind::Requester, corrupt);
-    Ok(view)
+    let mut root = Counter::Absent;
+    let mut blocks: BTreeMap<u16, Block> = BTreeMap::new();
+    let mut corrupt = 0;
+    for kv in counts {
+        let mut counter = || {
+            let counter = Counter::decode(Some(kv.value()));
+            if let Counter::Unreadable(value) = &counter {
+                corrupt += 1;
+                let key = String::from_utf8_lossy(kv.key());
+                error!(namespace, key = %key, value, "unreadable fence count: a claim of a machine id without a fence key in its block starts one fence lead ahead, and re-bases the block");
+            }
+            counter
+        };
+        match keys::fence_count_key(kv.key(), namespace) {
+            Some(FenceCountKey::Root) => root = counter(),
+            Some(FenceCountKey::Block(b)) => {
+                let counter = counter();
+                let block = blocks.entry(b).or_default();
+                block.own = counter;
+                block.own_revision = kv.mod_revision();
+            }
+            Some(FenceCountKey::Marker(b)) => blocks.entry(b).or_default().markers += 1,
+            None => {}
+        }
+    }
+    m::count_corrupt(namespace, m::KeyKind::FenceCount, corrupt);
+    for (block, n) in present {
+        blocks.entry(block).or_default().present = n;
+    }
+    for id in view.holders.keys() {
+        if !view.fences.contains_key(id) && !view.quarantined.contains(id) {
+            blocks
+                .entry(keys::fence_count_block_of(*id))
+                .or_default()
+                .held_without_fence += 1;
+        }
+    }
+    Ok(Pool { view, root, blocks })
 }
 
 /// What to claim: `count` machine ids of `range` in `namespace` for the holder
@@ -176,11 +288,13 @@ pub(super) struct ClaimRequest<'a> {
     pub(super) count: usize,
     pub(super) lease_id: i64,
     pub(super) now: Millis,
-    /// The floor of a machine id without a fence key. A missing key may be a
-    /// deleted one (operator, restored snapshot) under a holder that is still
-    /// stamping up to its fence, which is at most a horizon ahead of its clock:
-    /// so `now + fence_horizon`, never 0: a new holder stamps only above the
-    /// previous holder's fence.
+    /// The conservative floor of a machine id without a fence key (layout
+    /// ms): its clock plus how far ahead any live holder may stamp, here
+    /// `now + fence_horizon`. A missing key may be a deleted one (operator,
+    /// script) under a holder that is still stamping up to its fence. Used
+    /// only when the namespace's fence count cannot vouch that the key was
+    /// never written (see [`fence_count`]); otherwise the floor is the
+    /// namespace floor.
     pub(super) absent_floor: Millis,
     /// Machine ids whose fence is above this are skipped (`now + max_fence_wait`).
     pub(super) max_floor: Millis,
@@ -212,8 +326,10 @@ pub(super) struct Claimed {
     pub(super) held: Vec<HeldId>,
     /// The highest revision a claim transaction committed at.
     pub(super) revision: i64,
-    /// The fence key's mod revision as each claim read it (0: no key), in
-    /// `held` order: the guard of the holder's first fence write.
+    /// The fence key's mod revision as each claim left it (its read inside
+    /// the transaction, or the transaction's own revision when the claim
+    /// created the key; 0: no key), in `held` order: the guard of the
+    /// holder's first fence write.
     pub(super) fence_revisions: Vec<i64>,
 }
 
@@ -222,6 +338,14 @@ pub(super) struct Claimed {
 /// fence read before the claim may be stale: the previous holder may still
 /// have raised it just before its lease expired). Partial claims are left
 /// bound to the lease: the caller revokes it on error.
+///
+/// A candidate without a fence key gets one in its claim transaction (the
+/// floor as value), with a creation marker of its fence-count block, guarded
+/// by the key still being absent; [`fence_count::missing_fence`] picks the
+/// floor, and the transaction counts the block again to confirm it
+/// ([`confirm_missing`]). A re-base is also guarded by the block's key as
+/// read: one that fails because another re-base moved it reads the pool
+/// again.
 pub(super) async fn claim_ids(
     endpoints: &Endpoints,
     timeout: Duration,
@@ -237,7 +361,7 @@ pub(super) async fn claim_ids(
         // at least the namespace floor an operator confirmed.
         let record = namespace::ClaimGuard::read(endpoints, timeout, ns).await?;
         let absent_floor = want.absent_floor.max(record.floor);
-        let view = read_pool(endpoints, timeout, ns).await?;
+        let Pool { view, root, blocks } = read_pool(endpoints, timeout, ns).await?;
         let mut too_far = None;
         let mut candidates: Vec<_> = rank_candidates(
             &view,
@@ -281,46 +405,83 @@ pub(super) async fn claim_ids(
                 end: want.range.end,
             });
         }
+        // Blocks this claim changed since the read: no second re-base of one.
+        let mut rebased = Vec::new();
         for candidate in candidates.into_iter().take(CANDIDATES_PER_ROUND) {
-            let holder = keys::holder(ns, candidate.machine_id);
-            let fence = keys::fence(ns, candidate.machine_id);
-            let guard = match candidate.kind {
+            let machine_id = candidate.machine_id;
+            let holder = keys::holder(ns, machine_id);
+            let fence = keys::fence(ns, machine_id);
+            let block_no = keys::fence_count_block_of(machine_id);
+            let block = blocks.get(&block_no).cloned().unwrap_or_default();
+            let block_key = keys::fence_count_block(ns, block_no);
+            // No fence key in the pool: this claim creates it.
+            let missing = (!view.fences.contains_key(&machine_id))
+                .then(|| fence_count::missing_fence(&block, &root, record.floor, absent_floor));
+            if missing.is_some_and(|m| m.rebase.is_some()) && rebased.contains(&block_no) {
+                continue;
+            }
+            let holder_guard = match candidate.kind {
                 CandidateKind::Own => Compare::value(holder.clone(), CompareOp::Equal, want.holder),
                 CandidateKind::Free => {
                     Compare::create_revision(holder.clone(), CompareOp::Equal, 0)
                 }
             };
-            // Both branches answer the fence second. The failure branch also
-            // reads the holder key: a transaction retried on another endpoint
-            // after its first attempt committed (and the answer was lost)
-            // finds the key already ours, under our lease. It reads the
-            // namespace record third, to tell a changed record from a lost race.
-            let txn = Txn::new()
-                .when([guard, record.compare()])
-                .and_then([
-                    TxnOp::put(
-                        holder.clone(),
-                        want.holder,
-                        Some(PutOptions::new().with_lease(want.lease_id)),
-                    ),
-                    TxnOp::get(fence.clone(), None),
-                ])
-                .or_else([
-                    TxnOp::get(holder, None),
-                    TxnOp::get(fence.clone(), None),
-                    TxnOp::get(record.key.clone(), None),
-                ]);
+            let mut when = vec![holder_guard, record.compare()];
+            let mut then = vec![TxnOp::put(
+                holder.clone(),
+                want.holder,
+                Some(PutOptions::new().with_lease(want.lease_id)),
+            )];
+            match &missing {
+                // The success branch answers the fence second.
+                None => then.push(TxnOp::get(fence.clone(), None)),
+                Some(m) => {
+                    when.push(Compare::version(fence.clone(), CompareOp::Equal, 0));
+                    then.push(TxnOp::put(fence.clone(), m.floor.get().to_string(), None));
+                    then.push(TxnOp::put(keys::fence_count_marker(ns, block_no), "", None));
+                    if let Some(base) = m.rebase {
+                        when.push(match block.own {
+                            Counter::Absent => {
+                                Compare::create_revision(block_key.clone(), CompareOp::Equal, 0)
+                            }
+                            _ => Compare::mod_revision(
+                                block_key.clone(),
+                                CompareOp::Equal,
+                                block.own_revision,
+                            ),
+                        });
+                        then.push(TxnOp::put(block_key.clone(), base.encode(), None));
+                    } else if m.distrust.is_none() {
+                        // Counted again after the creation, at this revision.
+                        then.extend(confirm_reads(ns, block_no));
+                    }
+                }
+            }
+            // The failure branch reads the holder key first: a transaction
+            // retried on another endpoint after its first attempt committed
+            // (and the answer was lost) finds the key already ours, under our
+            // lease. It answers the fence second, reads the namespace record
+            // third, to tell a changed record from a lost race, and the
+            // block's key fourth, to tell a re-base that lost to another.
+            let txn = Txn::new().when(when).and_then(then).or_else([
+                TxnOp::get(holder, None),
+                TxnOp::get(fence.clone(), None),
+                TxnOp::get(record.key.clone(), None),
+                TxnOp::get(block_key, None),
+            ]);
             let resp = endpoints.txn("claim txn", timeout, txn).await?;
+            let got = |i: usize| match resp.op_responses().get(i) {
+                Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
+                _ => None,
+            };
             // Our lease is this claim's own, and only this transaction puts
             // it on a holder key, guarded by the record: a key already ours is
             // this claim's earlier commit, made while the record was unchanged.
-            let already_ours = || match resp.op_responses().first() {
-                Some(TxnOpResponse::Get(get)) => get.kvs().first().is_some_and(|kv| {
+            let already_ours = !resp.succeeded()
+                && got(0).is_some_and(|kv| {
                     kv.value() == want.holder.as_bytes() && kv.lease() == want.lease_id
-                }),
-                _ => false,
-            };
-            if !resp.succeeded() && !already_ours() {
+                });
+            if !resp.succeeded() && !already_ours {
                 if record.changed(&resp, 2) {
                     debug!(
                         round,
@@ -328,25 +489,99 @@ pub(super) async fn claim_ids(
                     );
                     continue 'rounds;
                 }
+                let holder_free = match (candidate.kind, got(0)) {
+                    (CandidateKind::Free, kv) => kv.is_none(),
+                    (CandidateKind::Own, kv) => {
+                        kv.is_some_and(|kv| kv.value() == want.holder.as_bytes())
+                    }
+                };
+                let block_moved = got(3).map_or(0, |kv| kv.mod_revision()) != block.own_revision;
+                if holder_free && missing.is_some_and(|m| m.rebase.is_some()) && block_moved {
+                    debug!(
+                        machine_id = machine_id.get(),
+                        block = block_no,
+                        round,
+                        "another claim re-based this fence-count block; reading the pool again"
+                    );
+                    continue 'rounds;
+                }
                 debug!(
-                    machine_id = candidate.machine_id.get(),
+                    machine_id = machine_id.get(),
                     round, "claim lost a race, trying the next candidate"
                 );
                 continue;
             }
-            let (floor, fence_revision) = match resp.op_responses().get(1) {
-                Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
+            let txn_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let (floor, fence_revision) = match (missing, resp.succeeded()) {
+                (Some(m), true) => {
+                    if m.rebase.is_some() {
+                        rebased.push(block_no);
+                    }
+                    let check = match m.distrust {
+                        Some(why) => Err(why),
+                        None => confirm_missing(&resp, 3),
+                    };
+                    match check {
+                        Ok(()) => {
+                            debug!(
+                                namespace = ns,
+                                machine_id = machine_id.get(),
+                                floor_ms = m.floor.get(),
+                                "claimed a never-used machine id at the namespace floor"
+                            );
+                            (m.floor, txn_revision)
+                        }
+                        Err(why) if m.distrust.is_some() => {
+                            note_distrust(ns, machine_id, block_no, why, m.floor, &m, "");
+                            (m.floor, txn_revision)
+                        }
+                        Err(why) => {
+                            // Something changed the block between the read
+                            // and the claim: fall back to the conservative
+                            // floor, on the key too.
+                            let floor = absent_floor.max(m.floor);
+                            let raised = raise_created_fence(
+                                endpoints,
+                                timeout,
+                                &fence,
+                                txn_revision,
+                                floor,
+                            )
+                            .await?;
+                            note_distrust(ns, machine_id, block_no, why, floor, &m, " (found by the claim transaction after the pool read vouched for the count)");
+                            (floor, raised)
+                        }
+                    }
+                }
+                (Some(m), false) if m.distrust.is_none() => {
+                    // An earlier attempt of this claim created the key, and
+                    // its confirmation was lost with its answer: take the
+                    // conservative floor rather than count again.
+                    let Some(created) = got(1).map(|kv| kv.mod_revision()) else {
+                        // Gone already: someone else deletes keys here.
+                        return Err(StoreError::LeaseLost {
+                            reason: crate::claim::LossReason::HolderChanged,
+                        });
+                    };
+                    let floor = absent_floor.max(m.floor);
+                    let raised =
+                        raise_created_fence(endpoints, timeout, &fence, created, floor).await?;
+                    (floor, raised)
+                }
+                // The fence as the transaction read it: in the success
+                // branch, or in the failure branch of a retry that found its
+                // earlier attempt committed.
+                _ => match got(1) {
                     Some(kv) => (
                         keys::decode_fence(&fence, kv.value())?.max(record.floor),
                         kv.mod_revision(),
                     ),
                     None => (absent_floor, 0),
                 },
-                _ => (absent_floor, 0),
             };
-            revision = revision.max(resp.header().map(|h| h.revision()).unwrap_or(0));
+            revision = revision.max(txn_revision);
             held.push(HeldId {
-                machine_id: candidate.machine_id,
+                machine_id,
                 floor,
                 fence: floor,
             });
@@ -364,4 +599,109 @@ pub(super) async fn claim_ids(
         op: "claim (every candidate was taken concurrently)",
         after: timeout,
     })
+}
+
+/// The reads that count a block again inside the claim transaction that
+/// created one of its fence keys, after the creation: the block's key, the
+/// namespace's root, its fence keys and its creation markers (counts only).
+fn confirm_reads(namespace: &str, block: u16) -> [TxnOp; 4] {
+    let (start, end) = keys::block_fences(namespace, block);
+    [
+        TxnOp::get(keys::fence_count_block(namespace, block), None),
+        TxnOp::get(keys::fence_count_root(namespace), None),
+        TxnOp::get(
+            start,
+            Some(GetOptions::new().with_range(end).with_count_only()),
+        ),
+        TxnOp::get(
+            keys::fence_count_markers(namespace, block),
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        ),
+    ]
+}
+
+/// Whether the [`confirm_reads`] answered from operation `at` on of `resp`
+/// still vouch that no fence key of the block was deleted (see
+/// [`fence_count::vouches`]): `Err` with why not.
+fn confirm_missing(
+    resp: &etcd_client::TxnResponse,
+    at: usize,
+) -> Result<(), fence_count::Distrust> {
+    let ops = resp.op_responses();
+    let get = |i: usize| match ops.get(at + i) {
+        Some(TxnOpResponse::Get(get)) => Some(get.clone()),
+        _ => None,
+    };
+    let (Some(own), Some(now_root), Some(fences), Some(markers)) = (get(0), get(1), get(2), get(3))
+    else {
+        return Err(fence_count::Distrust::Absent);
+    };
+    let own = Counter::decode(own.kvs().first().map(|kv| kv.value()));
+    let now_root = Counter::decode(now_root.kvs().first().map(|kv| kv.value()));
+    let count = |g: &etcd_client::GetResponse| u64::try_from(g.count()).unwrap_or(0);
+    match fence_count::vouches(own.or(&now_root), count(&markers), count(&fences)) {
+        None => Ok(()),
+        Some(why) => Err(why),
+    }
+}
+
+/// Raises the fence key this claim created (at mod revision `created`) to
+/// `floor`, guarded by it being unchanged; returns the new mod revision.
+/// [`StoreError::LeaseLost`] when someone else wrote it meanwhile (the
+/// caller revokes the claim's lease and claims again).
+async fn raise_created_fence(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    fence: &str,
+    created: i64,
+    floor: Millis,
+) -> Result<i64, StoreError> {
+    let txn = Txn::new()
+        .when([Compare::mod_revision(fence, CompareOp::Equal, created)])
+        .and_then([TxnOp::put(fence, floor.get().to_string(), None)])
+        .or_else([TxnOp::get(fence, None)]);
+    let resp = endpoints.txn("raise created fence", timeout, txn).await?;
+    if resp.succeeded() {
+        return Ok(resp.header().map(|h| h.revision()).unwrap_or(0));
+    }
+    // A retry that finds its own earlier attempt committed.
+    match resp.op_responses().first() {
+        Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
+            Some(kv) if kv.value() == floor.get().to_string().as_bytes() => Ok(kv.mod_revision()),
+            _ => Err(StoreError::LeaseLost {
+                reason: crate::claim::LossReason::HolderChanged,
+            }),
+        },
+        _ => Err(StoreError::LeaseLost {
+            reason: crate::claim::LossReason::HolderChanged,
+        }),
+    }
+}
+
+/// Logs a claim of `machine_id` (fence-count block `block`) at `floor`
+/// whose missing fence key the count did not vouch for, `why`, `how` it was
+/// found (`m` as the pool read predicted): at error when fence keys were
+/// deleted, else at warn.
+fn note_distrust(
+    namespace: &str,
+    machine_id: MachineId,
+    block: u16,
+    why: fence_count::Distrust,
+    floor: Millis,
+    m: &MissingFence,
+    how: &str,
+) {
+    let then = if m.rebase.is_some() {
+        "the block is counted again from the keys present; its machine ids without a fence key start at this floor or later from now on"
+    } else if m.distrust.is_some() {
+        "the block stays untrusted while a held machine id of it lacks its fence key"
+    } else {
+        "the next claim in the block re-bases it"
+    };
+    let floor_ms = floor.get();
+    if matches!(why, fence_count::Distrust::Deleted { .. }) {
+        error!(namespace, machine_id = machine_id.get(), block, floor_ms, "{why}{how}: a missing fence key may have been deleted under a live holder, so this claim of machine id {} starts one fence lead ahead; {then}", machine_id.get());
+    } else {
+        warn!(namespace, machine_id = machine_id.get(), block, floor_ms, "{why}{how}: this claim of machine id {} without a fence key starts one fence lead ahead; {then}", machine_id.get());
+    }
 }

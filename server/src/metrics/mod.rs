@@ -80,7 +80,8 @@ pub(crate) const CLOCK_SKEW_CLAMPED_TOTAL: &str = "snowkeep_clock_skew_clamped_t
 /// `over` = `half_threshold` | `threshold`.
 pub(crate) const CLIENT_CLOCK_SKEW_REQUESTERS: &str = "snowkeep_client_clock_skew_requesters";
 /// Unreadable keys met while reading etcd, one per key per read; labels
-/// `namespace`, `kind` = `fence` | `requester` | `token` | `layout`. The log
+/// `namespace`, `kind` = `fence` | `requester` | `token` | `layout` |
+/// `fence_count`. The log
 /// names each key in full.
 pub(crate) const CORRUPT_KEYS_TOTAL: &str = "snowkeep_corrupt_keys_total";
 /// Connections closed as soon as they were accepted, because of a limit;
@@ -178,15 +179,18 @@ pub(crate) enum KeyKind {
     Token,
     /// The namespace's layout.
     Layout,
+    /// A fence-count key of the namespace (its root or a block's).
+    FenceCount,
 }
 
 impl KeyKind {
     /// Every kind, for the series created at start.
-    pub(crate) const ALL: [KeyKind; 4] = [
+    pub(crate) const ALL: [KeyKind; 5] = [
         KeyKind::Fence,
         KeyKind::Requester,
         KeyKind::Token,
         KeyKind::Layout,
+        KeyKind::FenceCount,
     ];
 
     /// The `kind` label value.
@@ -196,6 +200,7 @@ impl KeyKind {
             KeyKind::Requester => "requester",
             KeyKind::Token => "token",
             KeyKind::Layout => "layout",
+            KeyKind::FenceCount => "fence_count",
         }
     }
 }
@@ -403,6 +408,9 @@ pub(crate) fn describe_all() {
     }
     metrics::counter!(FENCE_WAITS_TOTAL).increment(0);
     metrics::counter!(STREAM_SEND_STALLS_TOTAL).increment(0);
+    // So is the fence-wait histogram (empty): most servers never wait for
+    // a fence now that never-used machine ids start at the namespace floor.
+    let _ = metrics::histogram!(FENCE_WAIT_DURATION_SECONDS);
 }
 
 /// Installs the Prometheus recorder as the global `metrics` recorder and

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use snowkeep_client::{Layout, SystemClock};
+use snowkeep_client::{Layout, Millis, SystemClock};
 use snowkeep_server::claim::StoreError;
 use snowkeep_server::etcd::namespace::NamespaceSetup;
 use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
@@ -47,15 +47,23 @@ async fn two_hundred_concurrent_claimers_get_distinct_machine_ids() {
                 .unwrap();
             let t0 = tokio::time::Instant::now();
             let claim = store.claim().await.unwrap();
-            (claim.held[0].machine_id, t0.elapsed(), store)
+            (claim.held[0], t0.elapsed(), store)
         }));
     }
     let mut ids = HashSet::new();
     let mut took = Vec::new();
     let mut stores = Vec::new();
     for t in tasks {
-        let (id, d, store) = t.await.unwrap();
-        assert!(ids.insert(id), "machine id {id} claimed twice");
+        let (held, d, store) = t.await.unwrap();
+        assert!(
+            ids.insert(held.machine_id),
+            "machine id {} claimed twice",
+            held.machine_id
+        );
+        // A new namespace: every fence key is counted, so each first claim
+        // starts at the namespace floor (0), none a fence horizon ahead,
+        // however many claims count their block at once.
+        assert_eq!(held.floor, Millis(0), "machine id {}", held.machine_id);
         took.push(d);
         stores.push(store);
     }

@@ -17,10 +17,10 @@ use crate::support::etcd::EtcdProcess;
 use crate::support::server::ServerProcess;
 use crate::support::{eventually, free_port};
 
-/// Longest start with one member down. A never-used machine id starts one
-/// fence horizon (3 s) ahead, so no server serves before 3 s; one request
-/// timeout (500 ms at the 2 s TTL) on a hung member and process start-up on
-/// two busy cores make up the rest. A server that restarts its connection
+/// Longest start with one member down: one request timeout (500 ms at the
+/// 2 s TTL) on a hung member, a fence to wait out (up to one fence horizon,
+/// 3 s, for a machine id the count cannot vouch for), and process start-up
+/// on two busy cores. A server that restarts its connection
 /// attempt on the dead member never serves.
 const START_BOUND: Duration = Duration::from_secs(5);
 
@@ -53,13 +53,23 @@ async fn count_keys(client: &mut etcd_client::Client, prefix: &str) -> i64 {
 }
 
 /// Starts one server per endpoint list in `namespace` at once and waits until
-/// every one serves, each within [`START_BOUND`].
+/// every one serves, each within [`START_BOUND`], and has renewed its lease
+/// once.
 async fn start_all(lists: &[String], namespace: &str) -> Vec<ServerProcess> {
     let servers: Vec<ServerProcess> = lists
         .iter()
         .map(|l| ServerProcess::on_etcd(l, namespace, &[]))
         .collect();
     join_all(servers.iter().map(|s| s.wait_serving(START_BOUND))).await;
+    // A server serves as soon as it claimed a never-used machine id; its
+    // keepalive stream opens with its first renewal, a third of the TTL
+    // later. Tests that fail a member later expect it open by now.
+    for server in &servers {
+        eventually("a first renewal", Duration::from_secs(10), || async {
+            renewed(server).await >= 1.0
+        })
+        .await;
+    }
     servers
 }
 

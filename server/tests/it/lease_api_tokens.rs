@@ -377,21 +377,22 @@ async fn a_release_never_lowers_a_fence_below_the_servers_clock() {
             .unwrap()
             .get()
     };
-    // A first holder gives its (never-used) machine id back: the fence is
-    // its floor, a fence horizon ahead.
+    // A first holder gives its (never-used) machine id back, reporting a
+    // last timestamp of 1: its floor is the namespace floor (0), so the
+    // fence goes down to the server's clock, no lower.
     let first = requester(104);
     let grant = api
         .acquire(acquire("lower", &first, 1, None))
         .await
         .unwrap()
         .into_inner();
-    let (id, floor) = (
-        grant.machine_ids[0].machine_id,
-        grant.machine_ids[0].floor_ms,
-    );
+    let id = grant.machine_ids[0].machine_id;
+    assert_eq!(grant.machine_ids[0].floor_ms, 0);
+    let before = layout_now();
     api.release(release("lower", &first, &grant.lease_token, &[(id, 1)]))
         .await
         .unwrap();
+    let after = layout_now();
     let mut client = etcd.client().await;
     let key = format!("/snowkeep/v1/ns/lower/fence/{id:05}");
     let fence = |client: &mut etcd_client::Client| {
@@ -405,9 +406,14 @@ async fn a_release_never_lowers_a_fence_below_the_servers_clock() {
                 .unwrap()
         }
     };
-    assert_eq!(fence(&mut client).await, floor);
-    // Once the clock has passed it, the next holder of the id reports a last
-    // timestamp of 1: the fence goes no lower than the server's clock.
+    let floor = fence(&mut client).await;
+    assert!(
+        (before..=after).contains(&floor),
+        "fence {floor}, clock {before}..{after}"
+    );
+    // Once the clock has passed that fence, the next holder of the id (its
+    // floor) reports a last timestamp of 1: again the fence goes no lower
+    // than the server's clock.
     eventually(
         "the clock to pass the floor",
         Duration::from_secs(10),

@@ -12,6 +12,7 @@ mod corrupt_keys;
 mod endpoints;
 mod etcd_faults;
 mod fairness;
+mod fence_counts;
 mod instance_ids;
 mod issuance;
 mod layout_change;
