@@ -18,6 +18,7 @@
 //! | `service` | gRPC adapters (IdService, InfoService), the router, status mapping, health |
 //! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
 //! | `limits` | bounds on connections, calls, memory and messages under hostile or broken clients |
+//! | `scale` (hidden) | the scale benchmark's claimer (`snowkeep-scale`): the claim loop on the etcd store, built as `run` builds it, without the gRPC server |
 //!
 //! Core flows (docs/design.md: the safety invariant and the claim lifecycle):
 //!
@@ -49,6 +50,8 @@ pub(crate) mod limits;
 pub mod metrics;
 pub(crate) mod peers;
 pub mod run;
+#[doc(hidden)]
+pub mod scale;
 pub(crate) mod service;
 pub mod shutdown;
 pub(crate) mod single_instance;

@@ -11,7 +11,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use snowkeep_client::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, SystemClock};
+use snowkeep_client::{
+    FenceDemand, Generator, GeneratorMetrics, GeneratorSet, Grant, SharedClock, SystemClock,
+};
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -112,7 +114,7 @@ fn single_instance_machine_ids(config: &ServerConfig) -> Vec<snowkeep_client::Ma
 /// attempt tries every endpoint in turn and the clients live across attempts,
 /// so a retry starts on the endpoint after the last one that failed, not on
 /// the first one again.
-async fn connect_etcd(
+pub(crate) async fn connect_etcd(
     settings: EtcdSettings,
     layout: snowkeep_client::Layout,
     clock: snowkeep_client::SharedClock,
@@ -158,7 +160,7 @@ fn timing_budget(config: &ServerConfig) -> Duration {
 }
 
 /// The etcd store's settings for `config`.
-fn etcd_settings(config: &ServerConfig, endpoints: &[String]) -> EtcdSettings {
+pub(crate) fn etcd_settings(config: &ServerConfig, endpoints: &[String]) -> EtcdSettings {
     EtcdSettings {
         endpoints: endpoints.to_vec(),
         namespace: config.namespace.clone(),
@@ -195,6 +197,53 @@ pub async fn setup_namespace(
     info!(namespace = %config.namespace, endpoints = ?endpoints, create = config.namespace_setup.create, confirm_floor = ?config.namespace_setup.confirm_floor, "setting up the namespace, then exiting");
     let connected = connect_etcd(settings, config.layout, SystemClock::shared(), &shutdown).await?;
     Ok(connected.is_some())
+}
+
+/// One generator per machine id of `config`, each with the channel the claim
+/// loop feeds it grants through (slot `i` feeds generator `i`), and a
+/// receiver of each channel, in slot order.
+pub(crate) fn generator_slots(
+    config: &ServerConfig,
+    clock: &SharedClock,
+) -> (
+    Vec<Slot>,
+    Vec<watch::Receiver<Option<Grant>>>,
+    Arc<FenceDemand>,
+) {
+    let ns = config.namespace.clone();
+    let metrics = GeneratorMetrics {
+        ids_issued: metrics::Counter::noop(),
+        sequence_exhausted: metrics::counter!(m::SEQUENCE_EXHAUSTED_TOTAL, "namespace" => ns),
+        backward_waited: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "waited"),
+        backward_halted: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "halted"),
+    };
+    let mut slots = Vec::new();
+    let mut grant_rxs = Vec::new();
+    let demand = FenceDemand::new();
+    for _ in 0..config.machine_ids {
+        let (grant, rx) = watch::channel(None);
+        grant_rxs.push(rx.clone());
+        let generator = Generator::with_demand(
+            config.layout,
+            clock.clone(),
+            rx,
+            config.max_backward_wait,
+            metrics.clone(),
+            demand.clone(),
+        );
+        slots.push(Slot { grant, generator });
+    }
+    (slots, grant_rxs, demand)
+}
+
+/// The claim loop's timing rules, from `config`.
+pub(crate) fn claim_timing(config: &ServerConfig) -> ClaimTiming {
+    ClaimTiming {
+        lease_ttl: config.lease_ttl,
+        outage_budget: timing_budget(config),
+        max_fence_wait: config.max_fence_wait,
+        on_lease_lost: config.on_lease_lost,
+    }
 }
 
 /// Runs the server on `listener` until `shutdown` is cancelled (or the lease
@@ -278,39 +327,13 @@ pub async fn run(
     );
 
     let ns = config.namespace.clone();
-    let metrics = GeneratorMetrics {
-        ids_issued: metrics::Counter::noop(),
-        sequence_exhausted: metrics::counter!(m::SEQUENCE_EXHAUSTED_TOTAL, "namespace" => ns.clone()),
-        backward_waited: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "waited"),
-        backward_halted: metrics::counter!(m::CLOCK_BACKWARD_STEPS_TOTAL, "outcome" => "halted"),
-    };
-    let mut slots = Vec::new();
-    let mut grant_rxs = Vec::new();
-    let demand = FenceDemand::new();
-    for _ in 0..config.machine_ids {
-        let (grant, rx) = watch::channel(None);
-        grant_rxs.push(rx.clone());
-        let generator = Generator::with_demand(
-            config.layout,
-            clock.clone(),
-            rx,
-            config.max_backward_wait,
-            metrics.clone(),
-            demand.clone(),
-        );
-        slots.push(Slot { grant, generator });
-    }
+    let (slots, grant_rxs, demand) = generator_slots(&config, &clock);
     let grant_rx = grant_rxs
         .first()
         .cloned()
         .expect("config guarantees at least one machine id");
     let generators = GeneratorSet::new(slots.iter().map(|s| s.generator.clone()).collect());
-    let timing = ClaimTiming {
-        lease_ttl: config.lease_ttl,
-        outage_budget: timing_budget(&config),
-        max_fence_wait: config.max_fence_wait,
-        on_lease_lost: config.on_lease_lost,
-    };
+    let timing = claim_timing(&config);
 
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();

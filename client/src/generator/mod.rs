@@ -334,7 +334,7 @@ impl Generator {
     /// idle one.
     pub fn last_stamped(&self) -> Option<Millis> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.last().map(|(_, last)| last)
+        state.sequence.last().map(|(_, last)| last)
     }
 
     /// Takes up to `want` ids in one step without waiting: a run of consecutive
@@ -428,9 +428,14 @@ impl Generator {
 
     /// One id: the embedded generator's hot path, with no batch allocated.
     pub async fn next_id(&self) -> Result<u64, GenerateError> {
-        match self.take_now(1)? {
-            Some(t) => Ok(t.first),
-            None => Ok(self.take_waiting(1).await?.first),
+        match self.take_now(1) {
+            Ok(Some(t)) => Ok(t.first),
+            Ok(None) => Ok(self.take_waiting(1).await?.first),
+            // A fence the lease source can raise: ask for it (cold path).
+            Err(GenerateError::FenceReached { .. }) if self.raisable() => {
+                Ok(self.take_run(1).await?.first)
+            }
+            Err(e) => Err(e),
         }
     }
 

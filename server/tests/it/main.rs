@@ -27,6 +27,7 @@ mod pool_reads;
 mod protos;
 mod release;
 mod rollback;
+mod scale;
 mod single_instance;
 mod single_instance_ranges;
 mod streams;
