@@ -430,6 +430,16 @@ impl Nemesis {
         tokio::time::sleep_until(start + length).await;
         let heal_ms = self.rec.now_ms();
         set(&self.topo, false);
+        if let Cut::Pause = cut {
+            let healed = tokio::time::Instant::now();
+            while self.topo.etcd.leader().await.is_none() && healed.elapsed() < TTL {
+                sleep(Duration::from_millis(50)).await;
+            }
+            println!(
+                "    etcd names a leader {:?} after SIGCONT",
+                healed.elapsed()
+            );
+        }
         Outage {
             start_ms,
             heal_ms,

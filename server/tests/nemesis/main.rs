@@ -173,6 +173,14 @@ async fn no_fault_makes_two_equal_ids_or_keeps_a_server_down() {
     )
     .unwrap();
     println!("report written to {report}");
+    // The last process of each slot keeps its log past the run, for a failure.
+    for (i, slot) in nemesis.topo.slots.iter().enumerate() {
+        if let Some(p) = &slot.process {
+            let kept = format!("{}/nemesis-slot{i}.log", env!("CARGO_TARGET_TMPDIR"));
+            std::fs::write(&kept, p.log()).unwrap();
+            println!("slot {i}'s last server log: {kept}");
+        }
+    }
 
     assert_eq!(verdict.total(|r| r.duplicates), 0, "duplicate ids");
     assert_eq!(verdict.total(|r| r.order_violations), 0, "order violations");
