@@ -2,7 +2,10 @@
 //!
 //! 1. ids this instance id already holds (a stable instance restarting, or this
 //!    process re-claiming after a lost lease), then free ids this instance id
-//!    released last (a stable instance after a clean restart);
+//!    released last whose fence is past (a stable instance after a clean
+//!    restart). One whose fence is still ahead was held again after that
+//!    release and lost, its fence raised up to 1.5 outage budgets ahead:
+//!    it ranks with the waits (class 4), not before ids that need none;
 //! 2. released ids whose fence is in the past (no wait);
 //! 3. never-used ids (no fence key);
 //! 4. free ids whose fence is still ahead, shortest wait first.
@@ -74,7 +77,10 @@ pub(crate) fn rank_candidates(
         match (view.holders.get(&id), view.fences.get(&id)) {
             (Some(holder), _) if holder == instance_id => own.push(id),
             (Some(_), _) => {}
-            (None, _) if view.last_holders.get(&id).is_some_and(|h| h == instance_id) => {
+            (None, fence)
+                if view.last_holders.get(&id).is_some_and(|h| h == instance_id)
+                    && fence.is_none_or(|&f| f < now) =>
+            {
                 own_released.push(id)
             }
             (None, None) => never_used.push(id),
@@ -153,6 +159,17 @@ mod tests {
                 kind: CandidateKind::Free
             }
         );
+    }
+
+    #[test]
+    fn an_id_released_last_whose_fence_is_ahead_waits_behind_ids_that_need_no_wait() {
+        // 2 was released last by "a", then held again and lost: its fence is
+        // 500 ms ahead. 0: released, fence past; 1: never used; 3: fence 100
+        // ms ahead.
+        let mut v = view(&[], &[(0, 10), (2, 1500), (3, 1100)]);
+        v.last_holders.insert(MachineId(2), "a".into());
+        let got = rank_candidates(&v, 0..4, "a", Millis(1000), &mut StdRng::seed_from_u64(3));
+        assert_eq!(ids(&got), vec![0, 1, 3, 2]);
     }
 
     #[test]

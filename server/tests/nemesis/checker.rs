@@ -1,8 +1,10 @@
 //! The checker: records every id from every source with the time it arrived,
-//! every call's outcome per server slot, and every fence a holder persisted
-//! in etcd (from a watch); then finds duplicates, order violations inside
-//! batches and streams, ids stamped above their holder's fences, and how long
-//! each server refused during each fault.
+//! every call's outcome per server slot (with the code and message of each
+//! refusal), and every fence a holder persisted in etcd (from a watch); then
+//! finds duplicates, order violations inside batches and streams, ids stamped
+//! above their holder's fences, how long each server refused during each
+//! fault, and whether each server issued through an etcd outage or stopped at
+//! its fence as the outage budget says.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,6 +12,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tonic::Code;
 
 use snowkeep_client::Layout;
 
@@ -32,6 +35,44 @@ struct Source {
     /// The holder value in etcd this source's ids are minted under: a
     /// server's instance id, or [`REQUESTER`].
     holder: String,
+    /// The server slot whose clients this source is (`None`: the embedded
+    /// generator, or a server outside the slots).
+    slot: Option<usize>,
+}
+
+/// Why a call to a server slot was not served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: Code,
+    pub message: String,
+}
+
+impl Refusal {
+    /// The message of a server whose clock reached its persisted fence.
+    pub const FENCE_REACHED: &'static str = "clock reached the persisted fence";
+
+    /// The refusal recorded while a slot has no process to call.
+    pub fn no_process() -> Self {
+        Self {
+            code: Code::Unavailable,
+            message: "no server process in the slot".to_owned(),
+        }
+    }
+
+    /// True for the server's refusal at its fence: `UNAVAILABLE`, "clock
+    /// reached the persisted fence".
+    pub fn is_fence_reached(&self) -> bool {
+        self.code == Code::Unavailable && self.message.contains(Self::FENCE_REACHED)
+    }
+}
+
+/// One call to a server slot.
+struct Outcome {
+    slot: usize,
+    /// Milliseconds since the run began, when the answer arrived.
+    at_ms: u64,
+    /// `None` when served.
+    refusal: Option<Refusal>,
 }
 
 #[derive(Default)]
@@ -39,8 +80,7 @@ struct Inner {
     sources: Vec<Source>,
     by_label: HashMap<String, u32>,
     batches: Vec<Batch>,
-    /// (server slot, ms since start, served)
-    outcomes: Vec<(usize, u64, bool)>,
+    outcomes: Vec<Outcome>,
 }
 
 /// Fences persisted per (machine id, holder), from the etcd watch.
@@ -115,8 +155,9 @@ impl Recorder {
         self.start.elapsed().as_millis() as u64
     }
 
-    /// The index of the source `label` minting under `holder`.
-    pub fn source(&self, label: &str, holder: &str) -> u32 {
+    /// The index of the source `label` minting under `holder`, a client of
+    /// server slot `slot` (if any).
+    pub fn source(&self, label: &str, holder: &str, slot: Option<usize>) -> u32 {
         let mut inner = self.inner.lock().unwrap();
         if let Some(&i) = inner.by_label.get(label) {
             return i;
@@ -125,6 +166,7 @@ impl Recorder {
         inner.sources.push(Source {
             label: label.to_owned(),
             holder: holder.to_owned(),
+            slot,
         });
         inner.by_label.insert(label.to_owned(), i);
         i
@@ -145,44 +187,52 @@ impl Recorder {
         });
     }
 
-    /// Records whether a call to server `slot` was served.
-    pub fn outcome(&self, slot: usize, served: bool) {
-        let at = self.now_ms();
-        self.inner.lock().unwrap().outcomes.push((slot, at, served));
+    /// Records a call to server `slot` that was served.
+    pub fn served(&self, slot: usize) {
+        self.push_outcome(slot, None);
+    }
+
+    /// Records a call to server `slot` that was refused (or failed).
+    pub fn refused(&self, slot: usize, refusal: Refusal) {
+        self.push_outcome(slot, Some(refusal));
+    }
+
+    fn push_outcome(&self, slot: usize, refusal: Option<Refusal>) {
+        let at_ms = self.now_ms();
+        self.inner.lock().unwrap().outcomes.push(Outcome {
+            slot,
+            at_ms,
+            refusal,
+        });
+    }
+
+    /// Whether each of `slot`'s calls at or after `since_ms` was served,
+    /// latest first.
+    fn served_flags(&self, slot: usize, since_ms: u64) -> Vec<bool> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .outcomes
+            .iter()
+            .rev()
+            .take_while(|o| o.at_ms >= since_ms)
+            .filter(|o| o.slot == slot)
+            .map(|o| o.refusal.is_none())
+            .collect()
     }
 
     /// True when `slot` served a call at or after `since_ms`.
     pub fn served_since(&self, slot: usize, since_ms: u64) -> bool {
-        let inner = self.inner.lock().unwrap();
-        inner
-            .outcomes
-            .iter()
-            .rev()
-            .take_while(|o| o.1 >= since_ms)
-            .any(|o| o.0 == slot && o.2)
+        self.served_flags(slot, since_ms).contains(&true)
     }
 
     /// True when `slot` refused a call at or after `since_ms`.
     pub fn refused_since(&self, slot: usize, since_ms: u64) -> bool {
-        let inner = self.inner.lock().unwrap();
-        inner
-            .outcomes
-            .iter()
-            .rev()
-            .take_while(|o| o.1 >= since_ms)
-            .any(|o| o.0 == slot && !o.2)
+        self.served_flags(slot, since_ms).contains(&false)
     }
 
     /// True when `slot`'s latest call at or after `since_ms` was served.
     pub fn serving_since(&self, slot: usize, since_ms: u64) -> bool {
-        let inner = self.inner.lock().unwrap();
-        inner
-            .outcomes
-            .iter()
-            .rev()
-            .take_while(|o| o.1 >= since_ms)
-            .find(|o| o.0 == slot)
-            .is_some_and(|o| o.2)
+        self.served_flags(slot, since_ms).first() == Some(&true)
     }
 
     /// Ids recorded so far.
@@ -202,6 +252,122 @@ pub struct FaultWindow {
     /// A paused server that must mint nothing under its old machine id after
     /// it resumes.
     pub zombie: Option<Zombie>,
+    /// An etcd outage every slot rode out without a restart.
+    pub outage: Option<Outage>,
+}
+
+/// An etcd outage, and what every server slot must have done through it.
+#[derive(Clone, Debug)]
+pub struct Outage {
+    /// Run ms once the outage was in place.
+    pub start_ms: u64,
+    /// Run ms just before the heal began.
+    pub heal_ms: u64,
+    pub expect: Expect,
+}
+
+/// What the outage budget promises for an outage.
+#[derive(Clone, Copy, Debug)]
+pub enum Expect {
+    /// An outage inside the budget: every slot serves every call from the
+    /// start to the heal, with ids from its clients in every whole
+    /// [`BUCKET`].
+    IssueThrough,
+    /// An outage past the farthest fence: every slot issues (ids in every
+    /// whole [`BUCKET`]) until at least `not_before` after the start, then
+    /// refuses every call with `UNAVAILABLE` "clock reached the persisted
+    /// fence" from no later than `by` after the start until the heal, and no
+    /// id from its clients arrives from `by` on.
+    StopAtFence { not_before: Duration, by: Duration },
+}
+
+/// The span ids are counted in during an outage: every one must have some.
+pub const BUCKET: Duration = Duration::from_secs(5);
+
+/// What one server slot did during an outage, from its start to the heal.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlotOutage {
+    /// Calls served.
+    pub served: u64,
+    /// Calls refused, and of those the refusals at the fence.
+    pub refused: u64,
+    pub fence_refusals: u64,
+    /// From the start to the first refused call, and to the last served one.
+    pub first_refused: Option<Duration>,
+    pub last_served: Option<Duration>,
+    /// Calls served after the first refused one (a clean stop has none).
+    pub served_after_refusal: u64,
+    /// Ids from the slot's clients in each whole [`BUCKET`] from the start
+    /// (to the heal, or to `not_before` for [`Expect::StopAtFence`]).
+    pub ids_per_bucket: Vec<u64>,
+    /// Ids from the slot's clients that arrived from `by` after the start to
+    /// the heal ([`Expect::StopAtFence`]; 0 otherwise).
+    pub ids_after_stop: u64,
+    /// The first refusal that was not the fence's.
+    pub other_refusal: Option<Refusal>,
+}
+
+impl SlotOutage {
+    /// What `slot` did that `expect` rules out, one line each.
+    fn problems(&self, slot: usize, expect: Expect) -> Vec<String> {
+        let mut out = Vec::new();
+        let ms = |d: Option<Duration>| d.map_or("never".to_owned(), |d| format!("{d:?}"));
+        let empty: Vec<usize> = (0..self.ids_per_bucket.len())
+            .filter(|&i| self.ids_per_bucket[i] == 0)
+            .collect();
+        if let Some(&first) = empty.first() {
+            out.push(format!(
+                "slot {slot}: no id in {} of {} whole {BUCKET:?} spans, the first from {:?} into the outage",
+                empty.len(),
+                self.ids_per_bucket.len(),
+                BUCKET * first as u32
+            ));
+        }
+        match expect {
+            Expect::IssueThrough => {
+                if self.refused > 0 {
+                    out.push(format!(
+                        "slot {slot}: {} calls refused inside the budget (first {} into the outage; {} at the fence; other: {:?})",
+                        self.refused,
+                        ms(self.first_refused),
+                        self.fence_refusals,
+                        self.other_refusal
+                    ));
+                }
+            }
+            Expect::StopAtFence { not_before, by } => {
+                match self.first_refused {
+                    None => out.push(format!("slot {slot}: never stopped")),
+                    Some(at) if at < not_before || at > by => out.push(format!(
+                        "slot {slot}: stopped {at:?} into the outage, outside {not_before:?}..={by:?}"
+                    )),
+                    Some(_) => {}
+                }
+                if self.refused != self.fence_refusals {
+                    out.push(format!(
+                        "slot {slot}: {} of {} refusals not at the fence, e.g. {:?}",
+                        self.refused - self.fence_refusals,
+                        self.refused,
+                        self.other_refusal
+                    ));
+                }
+                if self.served_after_refusal > 0 {
+                    out.push(format!(
+                        "slot {slot}: {} calls served after it stopped (last {} into the outage)",
+                        self.served_after_refusal,
+                        ms(self.last_served)
+                    ));
+                }
+                if self.ids_after_stop > 0 {
+                    out.push(format!(
+                        "slot {slot}: {} ids arrived more than {by:?} into the outage",
+                        self.ids_after_stop
+                    ));
+                }
+            }
+        }
+        out
+    }
 }
 
 pub struct Zombie {
@@ -229,6 +395,11 @@ pub struct Row {
     /// Longest time from a heal to the slot's next served call; `None` when a
     /// slot never served again inside the window.
     pub max_recovery: Option<Duration>,
+    /// Per server slot, what it did through the fault's etcd outage (empty
+    /// for other faults).
+    pub outage: Vec<SlotOutage>,
+    /// What the slots did that the outage budget rules out (must be empty).
+    pub outage_problems: Vec<String>,
 }
 
 /// The whole verdict.
@@ -282,6 +453,40 @@ impl Verdict {
         }
         out.push_str("\nEach run:\n\n");
         out.push_str(&self.runs_table());
+        if self.rows.iter().any(|r| !r.outage.is_empty()) {
+            out.push_str(
+                "\nEach server slot through each etcd outage (times from the outage start):\n\n",
+            );
+            out.push_str(&self.outage_table());
+        }
+        out
+    }
+
+    /// One row per outage run and slot.
+    fn outage_table(&self) -> String {
+        let mut out = String::from(
+            "| fault | slot | calls served | refused | at the fence | first refusal | last served | fewest ids per 5 s | ids after the stop |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        );
+        let ms =
+            |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{} ms", d.as_millis()));
+        for r in &self.rows {
+            for (slot, o) in r.outage.iter().enumerate() {
+                out.push_str(&format!(
+                    "| {} | {slot} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    r.fault,
+                    o.served,
+                    o.refused,
+                    o.fence_refusals,
+                    ms(o.first_refused),
+                    ms(o.last_served),
+                    o.ids_per_bucket
+                        .iter()
+                        .min()
+                        .map_or("-".to_owned(), u64::to_string),
+                    o.ids_after_stop,
+                ));
+            }
+        }
         out
     }
 
@@ -332,6 +537,8 @@ pub fn check(rec: &Recorder, windows: &[FaultWindow], layout: &Layout, slots: us
             zombie_ids: 0,
             max_unavailable: Duration::ZERO,
             max_recovery: Some(Duration::ZERO),
+            outage: Vec::new(),
+            outage_problems: Vec::new(),
         })
         .collect();
     let row_of = |at_ms: u64| windows.iter().take_while(|w| w.start_ms <= at_ms).count();
@@ -438,8 +645,8 @@ pub fn check(rec: &Recorder, windows: &[FaultWindow], layout: &Layout, slots: us
             let outcomes: Vec<(u64, bool)> = inner
                 .outcomes
                 .iter()
-                .filter(|o| o.0 == slot && o.1 >= window.start_ms && o.1 < window.end_ms)
-                .map(|o| (o.1, o.2))
+                .filter(|o| o.slot == slot && o.at_ms >= window.start_ms && o.at_ms < window.end_ms)
+                .map(|o| (o.at_ms, o.refusal.is_none()))
                 .collect();
             let refused: Vec<u64> = outcomes.iter().filter(|o| !o.1).map(|o| o.0).collect();
             let (Some(&first), Some(&last)) = (refused.first(), refused.last()) else {
@@ -460,11 +667,83 @@ pub fn check(rec: &Recorder, windows: &[FaultWindow], layout: &Layout, slots: us
         }
     }
 
+    // What each slot did through an etcd outage.
+    for (w, window) in windows.iter().enumerate() {
+        let Some(outage) = &window.outage else {
+            continue;
+        };
+        for slot in 0..slots {
+            let facts = outage_of(&inner, outage, slot);
+            rows[w + 1]
+                .outage_problems
+                .extend(facts.problems(slot, outage.expect));
+            rows[w + 1].outage.push(facts);
+        }
+    }
+
     Verdict {
         rows,
         sources: inner.sources.len(),
         samples,
     }
+}
+
+/// What `slot` did from `outage`'s start to its heal.
+fn outage_of(inner: &Inner, outage: &Outage, slot: usize) -> SlotOutage {
+    let (start, heal) = (outage.start_ms, outage.heal_ms);
+    let since = |at: u64| Duration::from_millis(at - start);
+    let mut facts = SlotOutage::default();
+    for o in inner
+        .outcomes
+        .iter()
+        .filter(|o| o.slot == slot && (start..heal).contains(&o.at_ms))
+    {
+        match &o.refusal {
+            None => {
+                facts.served += 1;
+                facts.last_served = Some(since(o.at_ms));
+                if facts.first_refused.is_some() {
+                    facts.served_after_refusal += 1;
+                }
+            }
+            Some(r) => {
+                facts.refused += 1;
+                facts.first_refused.get_or_insert(since(o.at_ms));
+                if r.is_fence_reached() {
+                    facts.fence_refusals += 1;
+                } else if facts.other_refusal.is_none() {
+                    facts.other_refusal = Some(r.clone());
+                }
+            }
+        }
+    }
+    let (issuing, stop) = match outage.expect {
+        Expect::IssueThrough => (heal - start, None),
+        Expect::StopAtFence { not_before, by } => (
+            (heal - start).min(not_before.as_millis() as u64),
+            Some(start + by.as_millis() as u64),
+        ),
+    };
+    let bucket = BUCKET.as_millis() as u64;
+    facts.ids_per_bucket = vec![0; (issuing / bucket) as usize];
+    for b in inner
+        .batches
+        .iter()
+        .filter(|b| inner.sources[b.source as usize].slot == Some(slot))
+        .filter(|b| (start..heal).contains(&b.at_ms))
+    {
+        let n = b.ids.len() as u64;
+        if let Some(c) = facts
+            .ids_per_bucket
+            .get_mut(((b.at_ms - start) / bucket) as usize)
+        {
+            *c += n;
+        }
+        if stop.is_some_and(|stop| b.at_ms >= stop) {
+            facts.ids_after_stop += n;
+        }
+    }
+    facts
 }
 
 #[cfg(test)]
@@ -502,6 +781,7 @@ mod tests {
             heal_ms: vec![heal_ms],
             end_ms,
             zombie: None,
+            outage: None,
         }
     }
 
@@ -517,8 +797,8 @@ mod tests {
     #[test]
     fn clean_ids_pass_and_are_counted_per_window() {
         let rec = recorder();
-        let a = rec.source("a unary", "a");
-        let e = rec.source("embedded", REQUESTER);
+        let a = rec.source("a unary", "a", None);
+        let e = rec.source("embedded", REQUESTER, None);
         push(&rec, a, 0, 10, vec![id(900, 1, 0), id(900, 1, 1)]);
         push(&rec, e, 1, 150, vec![id(8000, 2, 0)]);
         let v = check(&rec, &[window("f", 100, 120, 200)], &layout(), 1);
@@ -532,8 +812,8 @@ mod tests {
     #[test]
     fn a_repeated_id_from_another_source_is_one_duplicate_in_its_window() {
         let rec = recorder();
-        let a = rec.source("a unary", "a");
-        let b = rec.source("b unary", "b");
+        let a = rec.source("a unary", "a", None);
+        let b = rec.source("b unary", "b", None);
         push(&rec, a, 0, 10, vec![id(900, 1, 0)]);
         push(&rec, b, 1, 150, vec![id(900, 1, 0), id(900, 1, 1)]);
         let v = check(&rec, &[window("f", 100, 120, 200)], &layout(), 1);
@@ -544,7 +824,7 @@ mod tests {
     #[test]
     fn a_stream_going_back_across_batches_is_an_order_violation() {
         let rec = recorder();
-        let a = rec.source("a stream", "a");
+        let a = rec.source("a stream", "a", None);
         push(&rec, a, 7, 10, vec![id(900, 1, 0), id(900, 1, 2)]);
         push(&rec, a, 7, 20, vec![id(900, 1, 1)]);
         push(&rec, a, 8, 30, vec![id(900, 1, 3), id(900, 1, 3)]);
@@ -555,8 +835,8 @@ mod tests {
     #[test]
     fn an_id_above_its_own_holders_fence_is_flagged_even_below_a_later_holders() {
         let rec = recorder();
-        let a = rec.source("a unary", "a");
-        let b = rec.source("b unary", "b");
+        let a = rec.source("a unary", "a", None);
+        let b = rec.source("b unary", "b", None);
         // a's fence is 1000: 1001 is above it although b's fence is 5000.
         push(&rec, a, 0, 10, vec![id(1000, 1, 0), id(1001, 1, 0)]);
         push(&rec, b, 1, 10, vec![id(5000, 1, 0), id(5001, 1, 0)]);
@@ -569,7 +849,7 @@ mod tests {
     #[test]
     fn a_zombie_id_is_one_stamped_after_the_pause_under_the_old_machine_id() {
         let rec = recorder();
-        let a = rec.source("a unary", "a");
+        let a = rec.source("a unary", "a", None);
         push(
             &rec,
             a,
@@ -593,7 +873,7 @@ mod tests {
     #[test]
     fn the_table_sums_the_runs_of_each_fault_kind() {
         let rec = recorder();
-        let a = rec.source("a unary", "a");
+        let a = rec.source("a unary", "a", None);
         push(&rec, a, 0, 150, vec![id(900, 1, 0)]);
         push(&rec, a, 1, 250, vec![id(900, 1, 1), id(900, 1, 2)]);
         let windows = [window("f", 100, 120, 200), window("f", 200, 220, 300)];
@@ -617,7 +897,11 @@ mod tests {
                 (180, false),
                 (210, true),
             ] {
-                inner.outcomes.push((0, at, ok));
+                inner.outcomes.push(Outcome {
+                    slot: 0,
+                    at_ms: at,
+                    refusal: (!ok).then(Refusal::no_process),
+                });
             }
         }
         let v = check(&rec, &[window("f", 95, 160, 300)], &layout(), 1);
@@ -626,5 +910,160 @@ mod tests {
         // A slot that never serves again has no recovery.
         let v = check(&rec, &[window("f", 95, 160, 200)], &layout(), 1);
         assert_eq!(v.rows[1].max_recovery, None);
+    }
+
+    fn call(rec: &Recorder, slot: usize, at_ms: u64, refusal: Option<Refusal>) {
+        rec.inner.lock().unwrap().outcomes.push(Outcome {
+            slot,
+            at_ms,
+            refusal,
+        });
+    }
+
+    fn fence_reached() -> Option<Refusal> {
+        Some(Refusal {
+            code: Code::Unavailable,
+            message: "clock reached the persisted fence 90061 that has not been raised; retry shortly or on another snowkeep server".into(),
+        })
+    }
+
+    /// A window whose etcd outage runs from 1,000 to `heal_ms` run ms.
+    fn outage_window(heal_ms: u64, expect: Expect) -> FaultWindow {
+        let mut w = window("outage", 900, heal_ms + 10, heal_ms + 1_000);
+        w.heal_ms = vec![heal_ms + 10; 3];
+        w.outage = Some(Outage {
+            start_ms: 1_000,
+            heal_ms,
+            expect,
+        });
+        w
+    }
+
+    #[test]
+    fn inside_the_budget_any_refusal_or_a_5_s_span_without_ids_is_a_problem() {
+        let rec = recorder();
+        let s0 = rec.source("s0 unary", "s0", Some(0));
+        let s1 = rec.source("s1 stream", "s1", Some(1));
+        // Slot 0 serves a call with 50 ids every second of the 10 s outage.
+        for at in (1_000..11_000).step_by(1_000) {
+            call(&rec, 0, at, None);
+            push(&rec, s0, at, at, vec![id(900, 1, 0); 50]);
+        }
+        // Slot 1 serves until 6 s in, is refused once at its fence, and its
+        // stream delivers nothing in the second 5 s.
+        call(&rec, 1, 2_000, None);
+        push(&rec, s1, 0, 2_000, vec![id(900, 2, 0); 500]);
+        call(&rec, 1, 7_000, fence_reached());
+        let v = check(
+            &rec,
+            &[outage_window(11_000, Expect::IssueThrough)],
+            &layout(),
+            2,
+        );
+        let o = &v.rows[1].outage;
+        assert_eq!(o[0].ids_per_bucket, [250, 250]);
+        assert_eq!((o[0].served, o[0].refused), (10, 0));
+        assert_eq!(
+            o[1],
+            SlotOutage {
+                served: 1,
+                refused: 1,
+                fence_refusals: 1,
+                first_refused: Some(Duration::from_secs(6)),
+                last_served: Some(Duration::from_secs(1)),
+                served_after_refusal: 0,
+                ids_per_bucket: vec![500, 0],
+                ids_after_stop: 0,
+                other_refusal: None,
+            }
+        );
+        assert_eq!(
+            v.rows[1].outage_problems.len(),
+            2,
+            "{:?}",
+            v.rows[1].outage_problems
+        );
+        assert!(v.rows[1]
+            .outage_problems
+            .iter()
+            .all(|p| p.starts_with("slot 1: ")));
+        assert!(v
+            .table()
+            .contains("| outage | 1 | 1 | 1 | 1 | 6000 ms | 1000 ms | 0 | 0 |"));
+    }
+
+    #[test]
+    fn past_the_budget_a_slot_must_stop_at_its_fence_in_time_and_stay_stopped() {
+        let rec = recorder();
+        let expect = Expect::StopAtFence {
+            not_before: Duration::from_secs(6),
+            by: Duration::from_secs(9),
+        };
+        let src: Vec<u32> = (0..3)
+            .map(|s| rec.source(&format!("s{s} unary"), &format!("s{s}"), Some(s)))
+            .collect();
+        // Slot 0 issues until 7.5 s in, then is refused at its fence to the heal.
+        // Slot 1 stops 4 s in (too early), times out once, serves once more
+        // at 8 s and its ids arrive 10 s in. Slot 2 never stops.
+        for at in (1_000..13_000).step_by(500) {
+            let t = at - 1_000;
+            call(&rec, 0, at, if t <= 7_500 { None } else { fence_reached() });
+            if t <= 7_500 {
+                push(&rec, src[0], at, at, vec![id(900, 1, 0); 50]);
+            }
+            call(&rec, 2, at, None);
+            push(&rec, src[2], at, at, vec![id(900, 3, 0); 50]);
+        }
+        for (at, served) in [(2_000, true), (5_000, false), (8_000, false), (9_000, true)] {
+            if served {
+                call(&rec, 1, at, None);
+                push(&rec, src[1], at, at, vec![id(900, 2, 0); 50]);
+            } else {
+                call(&rec, 1, at, fence_reached());
+            }
+        }
+        call(
+            &rec,
+            1,
+            10_000,
+            Some(Refusal {
+                code: Code::DeadlineExceeded,
+                message: "Timeout expired".into(),
+            }),
+        );
+        push(&rec, src[1], 99, 11_000, vec![id(900, 2, 1); 500]);
+        let v = check(&rec, &[outage_window(13_000, expect)], &layout(), 3);
+        let (o, problems) = (&v.rows[1].outage, &v.rows[1].outage_problems);
+        assert_eq!(o[0].first_refused, Some(Duration::from_millis(8_000)));
+        assert_eq!(o[0].last_served, Some(Duration::from_millis(7_500)));
+        assert_eq!((o[0].refused, o[0].fence_refusals), (8, 8));
+        assert_eq!(o[0].ids_per_bucket, [500]);
+        assert_eq!(o[0].ids_after_stop, 0);
+        assert_eq!(
+            o[1],
+            SlotOutage {
+                served: 2,
+                refused: 3,
+                fence_refusals: 2,
+                first_refused: Some(Duration::from_secs(4)),
+                last_served: Some(Duration::from_secs(8)),
+                served_after_refusal: 1,
+                ids_per_bucket: vec![50],
+                ids_after_stop: 500,
+                other_refusal: Some(Refusal {
+                    code: Code::DeadlineExceeded,
+                    message: "Timeout expired".into(),
+                }),
+            }
+        );
+        assert_eq!((o[2].refused, o[2].ids_after_stop), (0, 300));
+        // Slot 1: early, not at the fence, served after, ids after; slot 2:
+        // never stopped, ids after.
+        let of = |slot: &str| problems.iter().filter(|p| p.starts_with(slot)).count();
+        assert_eq!(
+            (of("slot 0:"), of("slot 1:"), of("slot 2:")),
+            (0, 4, 2),
+            "{problems:?}"
+        );
     }
 }

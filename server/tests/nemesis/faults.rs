@@ -10,9 +10,9 @@ use rand::Rng;
 use snowkeep_client::{Clock, Layout, SystemClock};
 use tokio::time::sleep;
 
-use crate::checker::{FaultWindow, Recorder, Zombie};
+use crate::checker::{Expect, FaultWindow, Outage, Recorder, Zombie};
 use crate::support::server::ServerProcess;
-use crate::topology::{self, Topology, WallClock, NAMESPACE, TTL};
+use crate::topology::{self, lead, Topology, WallClock, BUDGET, NAMESPACE, TTL};
 
 /// Every kind of fault the nemesis injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,17 +22,30 @@ pub enum Fault {
     /// `kill -9` of a server, restarted under a new instance id.
     KillServerNewId,
     /// SIGSTOP of a server for longer than its TTL while a replacement takes
-    /// its machine id, then SIGCONT: the zombie must mint nothing more under it.
+    /// its machine id (waiting out the paused holder's fence, up to 1.5
+    /// budgets ahead), then SIGCONT: the zombie must mint nothing more under it.
     PauseServer,
     /// `kill -9` of the etcd leader, restarted after a TTL.
     KillEtcdLeader,
     /// Every etcd member killed, restarted after a TTL.
     StopAllEtcd,
-    /// Every etcd member SIGSTOPped for longer than a TTL.
-    PauseEtcd,
+    /// Every etcd member SIGSTOPped for half the outage budget (30 s): every
+    /// server issues on through it, then recovers without a restart.
+    PauseEtcdWithinBudget,
+    /// Every etcd member SIGSTOPped past the farthest fence (95 s): every
+    /// server issues for at least the budget, stops at its fence, and
+    /// recovers without a restart.
+    PauseEtcdPastBudget,
     /// One server's connections to etcd black-holed while its clients still
     /// reach it.
     PartitionServer,
+    /// Every server's connections to etcd black-holed for half the outage
+    /// budget, while their clients still reach them: as
+    /// [`Fault::PauseEtcdWithinBudget`].
+    PartitionAllWithinBudget,
+    /// Every server's connections to etcd black-holed past the farthest
+    /// fence: as [`Fault::PauseEtcdPastBudget`].
+    PartitionAllPastBudget,
     /// A server restarted with its wall clock 3 s ahead, then back on time.
     ClockAhead,
     /// A server restarted with its wall clock 3 s behind, then back on time.
@@ -48,14 +61,17 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 16] = [
         Fault::KillServerSameId,
         Fault::KillServerNewId,
         Fault::PauseServer,
         Fault::KillEtcdLeader,
         Fault::StopAllEtcd,
-        Fault::PauseEtcd,
+        Fault::PauseEtcdWithinBudget,
+        Fault::PauseEtcdPastBudget,
         Fault::PartitionServer,
+        Fault::PartitionAllWithinBudget,
+        Fault::PartitionAllPastBudget,
         Fault::ClockAhead,
         Fault::ClockBehind,
         Fault::ClockStepBack,
@@ -72,8 +88,11 @@ impl Fault {
             Fault::PauseServer => "pause-server",
             Fault::KillEtcdLeader => "kill-etcd-leader",
             Fault::StopAllEtcd => "stop-etcd",
-            Fault::PauseEtcd => "pause-etcd",
+            Fault::PauseEtcdWithinBudget => "pause-etcd-within-budget",
+            Fault::PauseEtcdPastBudget => "pause-etcd-past-budget",
             Fault::PartitionServer => "partition",
+            Fault::PartitionAllWithinBudget => "partition-all-within-budget",
+            Fault::PartitionAllPastBudget => "partition-all-past-budget",
             Fault::ClockAhead => "clock-ahead",
             Fault::ClockBehind => "clock-behind",
             Fault::ClockStepBack => "clock-step-back",
@@ -83,24 +102,86 @@ impl Fault {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    /// The fault as the results table names it.
+    pub fn name(self) -> String {
+        let s = |d: Duration| format!("{} s", d.as_secs());
+        let within = || format!("{} (half the {} budget)", s(WITHIN_BUDGET), s(BUDGET));
+        let past = || format!("{} (past the {} fences)", s(past_budget()), s(lead()));
         match self {
-            Fault::KillServerSameId => "kill -9 server, restart same instance id",
-            Fault::KillServerNewId => "kill -9 server, restart new instance id",
-            Fault::PauseServer => "SIGSTOP server past its TTL, replacement, SIGCONT",
-            Fault::KillEtcdLeader => "kill -9 etcd leader, restart it",
-            Fault::StopAllEtcd => "all etcd members killed, restarted",
-            Fault::PauseEtcd => "all etcd members SIGSTOPped past the TTL",
-            Fault::PartitionServer => "server cut off from etcd (black hole)",
-            Fault::ClockAhead => "server wall clock 3 s ahead",
-            Fault::ClockBehind => "server wall clock 3 s behind",
-            Fault::ClockStepBack => "server wall clock stepped back 2 s mid-run",
-            Fault::DeleteHolder => "operator deletes a holder key",
-            Fault::RollingRestart => "SIGTERM rolling restart of all servers",
-            Fault::FiftyServers => "50 servers started at once",
+            Fault::KillServerSameId => "kill -9 server, restart same instance id".into(),
+            Fault::KillServerNewId => "kill -9 server, restart new instance id".into(),
+            Fault::PauseServer => "SIGSTOP server past its TTL, replacement, SIGCONT".into(),
+            Fault::KillEtcdLeader => "kill -9 etcd leader, restart it".into(),
+            Fault::StopAllEtcd => "all etcd members killed, restarted".into(),
+            Fault::PauseEtcdWithinBudget => format!("all etcd members SIGSTOPped {}", within()),
+            Fault::PauseEtcdPastBudget => format!("all etcd members SIGSTOPped {}", past()),
+            Fault::PartitionServer => "server cut off from etcd (black hole)".into(),
+            Fault::PartitionAllWithinBudget => {
+                format!("every server cut off from etcd {}", within())
+            }
+            Fault::PartitionAllPastBudget => format!("every server cut off from etcd {}", past()),
+            Fault::ClockAhead => "server wall clock 3 s ahead".into(),
+            Fault::ClockBehind => "server wall clock 3 s behind".into(),
+            Fault::ClockStepBack => "server wall clock stepped back 2 s mid-run".into(),
+            Fault::DeleteHolder => "operator deletes a holder key".into(),
+            Fault::RollingRestart => "SIGTERM rolling restart of all servers".into(),
+            Fault::FiftyServers => "50 servers started at once".into(),
+        }
+    }
+
+    /// How an etcd outage fault cuts the servers off, and for how long;
+    /// `None` for other faults.
+    fn outage(self) -> Option<(Cut, Duration, Expect)> {
+        let past = Expect::StopAtFence {
+            not_before: STOP_NOT_BEFORE,
+            by: lead() + STOP_SEEN_WITHIN,
+        };
+        match self {
+            Fault::PauseEtcdWithinBudget => Some((Cut::Pause, WITHIN_BUDGET, Expect::IssueThrough)),
+            Fault::PauseEtcdPastBudget => Some((Cut::Pause, past_budget(), past)),
+            Fault::PartitionAllWithinBudget => {
+                Some((Cut::Partition, WITHIN_BUDGET, Expect::IssueThrough))
+            }
+            Fault::PartitionAllPastBudget => Some((Cut::Partition, past_budget(), past)),
+            _ => None,
         }
     }
 }
+
+/// How an etcd outage cuts every server off.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// SIGSTOP of every etcd member: etcd hangs, connections stay open.
+    Pause,
+    /// Every server's etcd proxies black-holed; their clients still reach them.
+    Partition,
+}
+
+/// An etcd outage inside the budget: half of it (30 s).
+const WITHIN_BUDGET: Duration = Duration::from_secs(BUDGET.as_secs() / 2);
+
+/// An etcd outage past the farthest fence a busy server holds (1.5 budgets,
+/// 90 s) by a TTL (95 s). An outage of exactly 1.5 budgets could end the
+/// moment a server whose fence was raised just before it began reaches that
+/// fence, so its stop would not be seen; 5 s more makes every stop certain
+/// and leaves seconds of refusals to check.
+fn past_budget() -> Duration {
+    lead() + TTL
+}
+
+/// The earliest a busy server may stop after an outage begins: one budget,
+/// less 500 ms. Its fences are raised once they are one budget or less
+/// ahead; the raise can lag that moment by one etcd round trip, plus one
+/// renewal or namespace check the claim loop may be doing first (a few ms on
+/// loopback, tens on 2 busy cores), and the outage start is read after the
+/// last member was stopped or proxy cut.
+const STOP_NOT_BEFORE: Duration = Duration::from_millis(BUDGET.as_millis() as u64 - 500);
+
+/// How long after its fence a stopped server's refusal is recorded at the
+/// latest: no fence is more than 1.5 budgets ahead when the outage begins
+/// (nothing can raise it during the outage); the next unary call comes within
+/// 50 ms and is answered or times out within 1 s.
+const STOP_SEEN_WITHIN: Duration = Duration::from_secs(2);
 
 /// Runs faults against a topology and records what they did.
 pub struct Nemesis {
@@ -136,8 +217,32 @@ impl Nemesis {
     }
 
     /// Injects `fault`, heals it, waits until every slot serves again (or 30 s
-    /// pass) and returns its window.
+    /// pass) and returns its window. After an etcd outage, every slot must
+    /// still run the process it ran before (recovery without a restart).
     pub async fn run(&mut self, fault: Fault) -> FaultWindow {
+        if let Some((cut, length, expect)) = fault.outage() {
+            let start_ms = self.rec.now_ms();
+            println!(
+                "[{start_ms:>7} ms] {} ids so far; fault: {}",
+                self.rec.id_count(),
+                fault.name()
+            );
+            let pids = self.topo.pids();
+            let outage = self.etcd_outage(cut, length, expect).await;
+            let heal = vec![self.rec.now_ms(); self.slots()];
+            let mut window = self.finish(fault, start_ms, heal, None).await;
+            window.outage = Some(outage);
+            for (i, slot) in self.topo.slots.iter_mut().enumerate() {
+                let p = slot.process.as_mut().expect("slot is running");
+                assert!(
+                    p.is_running() && p.pid() == pids[i],
+                    "slot {i} must recover from {} without a restart (pid {} before)",
+                    fault.name(),
+                    pids[i]
+                );
+            }
+            return window;
+        }
         let start_ms = self.rec.now_ms();
         let slot = self.rng.random_range(0..self.slots());
         println!(
@@ -181,12 +286,6 @@ impl Nemesis {
                 self.topo.etcd.kill();
                 sleep(OUTAGE).await;
                 self.topo.etcd.restart().await;
-                self.rec.now_ms()
-            }
-            Fault::PauseEtcd => {
-                self.topo.etcd.pause();
-                sleep(OUTAGE).await;
-                self.topo.etcd.resume();
                 self.rec.now_ms()
             }
             Fault::PartitionServer => {
@@ -241,6 +340,10 @@ impl Nemesis {
                 self.fifty_servers().await;
                 self.rec.now_ms()
             }
+            Fault::PauseEtcdWithinBudget
+            | Fault::PauseEtcdPastBudget
+            | Fault::PartitionAllWithinBudget
+            | Fault::PartitionAllPastBudget => unreachable!("run as an outage above"),
         };
         let heal = vec![heal_all; self.slots()];
         self.finish(fault, start_ms, heal, zombie).await
@@ -279,11 +382,68 @@ impl Nemesis {
             println!("    a slot did not serve steadily within 30 s of the heal");
         }
         FaultWindow {
-            name: fault.name().to_owned(),
+            name: fault.name(),
             start_ms,
             heal_ms,
             end_ms: self.rec.now_ms(),
             zombie,
+            outage: None,
+        }
+    }
+
+    /// Cuts every server off from etcd (`cut`) for `length`, then heals; the
+    /// outage's start is when the cut is in place, its heal when the heal
+    /// begins. Midway it prints each server's remaining budget (the gauge).
+    async fn etcd_outage(&mut self, cut: Cut, length: Duration, expect: Expect) -> Outage {
+        let set = |topo: &Topology, on: bool| match cut {
+            Cut::Pause if on => topo.etcd.pause(),
+            Cut::Pause => topo.etcd.resume(),
+            Cut::Partition => {
+                for p in topo.slots.iter().flat_map(|s| &s.proxies) {
+                    if on {
+                        p.blackhole();
+                    } else {
+                        p.heal();
+                    }
+                }
+            }
+        };
+        set(&self.topo, true);
+        let start = tokio::time::Instant::now();
+        let start_ms = self.rec.now_ms();
+        let probe = (length / 2).min(Duration::from_secs(20));
+        sleep(probe).await;
+        let mut left = Vec::new();
+        for s in &self.topo.slots {
+            left.push(
+                s.server()
+                    .metric(&format!(
+                        "snowkeep_outage_budget_remaining_seconds{{namespace=\"{NAMESPACE}\"}}"
+                    ))
+                    .await,
+            );
+        }
+        println!(
+            "    {:?} into the outage, budget left per slot (s): {left:?}",
+            start.elapsed()
+        );
+        tokio::time::sleep_until(start + length).await;
+        let heal_ms = self.rec.now_ms();
+        set(&self.topo, false);
+        if let Cut::Pause = cut {
+            let healed = tokio::time::Instant::now();
+            while self.topo.etcd.leader().await.is_none() && healed.elapsed() < TTL {
+                sleep(Duration::from_millis(50)).await;
+            }
+            println!(
+                "    etcd names a leader {:?} after SIGCONT",
+                healed.elapsed()
+            );
+        }
+        Outage {
+            start_ms,
+            heal_ms,
+            expect,
         }
     }
 
@@ -294,7 +454,7 @@ impl Nemesis {
 
     /// Records `calls` NextIds batches of `count` from an extra server.
     async fn take_ids(&self, server: &ServerProcess, holder: &str, calls: u32, count: u32) {
-        let source = self.rec.source(&format!("{holder} unary"), holder);
+        let source = self.rec.source(&format!("{holder} unary"), holder, None);
         for _ in 0..calls {
             let ids = server
                 .next_ids(count)
@@ -333,11 +493,23 @@ impl Nemesis {
         .expect("the paused server's holder key expires within 30 s");
         let id = self.next_extra("replacement");
         let range = format!("{m}..{}", m + 1);
+        // The paused holder, busy, left its fence up to 1.5 budgets ahead:
+        // the replacement may wait that out, and serves once its clock is
+        // past it.
+        let wait = lead() + Duration::from_secs(10);
         let mut args = Topology::args(&self.topo.etcd.endpoints(), &id);
-        args.extend(["--machine-id-range".to_owned(), range]);
+        args.extend([
+            "--machine-id-range".to_owned(),
+            range,
+            "--max-fence-wait".to_owned(),
+            format!("{}s", wait.as_secs()),
+        ]);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut replacement = topology::spawn(&args, &WallClock::Real);
-        replacement.wait_serving(Duration::from_secs(30)).await;
+        let waited = replacement
+            .wait_serving(wait + Duration::from_secs(20))
+            .await;
+        println!("    the replacement served after {waited:?}");
         assert_eq!(replacement.machine_id().await, m);
         self.take_ids(&replacement, &id, 5, 1_000).await;
         self.topo.slots[slot].server().signal("CONT");

@@ -3,8 +3,10 @@
 //! seeded nemesis kills, pauses, partitions and skews them. Every id is
 //! checked: no duplicates, no order violation inside a batch or stream, none
 //! stamped above a fence its holder persisted, nothing minted by a paused
-//! server under its old machine id; and every server serves again within the
-//! TTL + 2 s of each heal.
+//! server under its old machine id; every server serves again within the
+//! TTL + 2 s of each heal; and through etcd outages every server issues on
+//! inside its outage budget, stops at its fence past it, and recovers
+//! without a restart.
 //!
 //! The CI tier (plain `cargo test`) runs every fault once in a seeded order.
 //! The soak tier (`scripts/soak --duration 10m --seed 7`) sets
@@ -82,6 +84,7 @@ async fn no_fault_makes_two_equal_ids_or_keeps_a_server_down() {
             stop.clone(),
         )));
         clients.push(tokio::spawn(workers::stream(
+            i,
             topo.target(i),
             rec.clone(),
             stop.clone(),
@@ -159,12 +162,25 @@ async fn no_fault_makes_two_equal_ids_or_keeps_a_server_down() {
     for s in &verdict.samples {
         println!("  {s}");
     }
+    for r in &verdict.rows {
+        for p in &r.outage_problems {
+            println!("  outage: {}: {p}", r.fault);
+        }
+    }
     std::fs::write(
         &report,
         format!("seed {seed}, {} faults\n\n{table}", windows.len()),
     )
     .unwrap();
     println!("report written to {report}");
+    // The last process of each slot keeps its log past the run, for a failure.
+    for (i, slot) in nemesis.topo.slots.iter().enumerate() {
+        if let Some(p) = &slot.process {
+            let kept = format!("{}/nemesis-slot{i}.log", env!("CARGO_TARGET_TMPDIR"));
+            std::fs::write(&kept, p.log()).unwrap();
+            println!("slot {i}'s last server log: {kept}");
+        }
+    }
 
     assert_eq!(verdict.total(|r| r.duplicates), 0, "duplicate ids");
     assert_eq!(verdict.total(|r| r.order_violations), 0, "order violations");
@@ -177,6 +193,11 @@ async fn no_fault_makes_two_equal_ids_or_keeps_a_server_down() {
         verdict.total(|r| r.zombie_ids),
         0,
         "ids minted by a resumed zombie"
+    );
+    assert_eq!(
+        verdict.total(|r| r.outage_problems.len() as u64),
+        0,
+        "servers that did not issue through an outage inside the budget or stop at the fence past it"
     );
     let total = verdict.total(|r| r.ids);
     if only.is_none() {

@@ -18,6 +18,16 @@ pub const NAMESPACE: &str = "nemesis";
 /// The servers' lease TTL: 5 s, as a leader election on 2 busy cores can take
 /// longer than 2 s.
 pub const TTL: Duration = Duration::from_secs(5);
+/// The servers' outage budget (`--outage-budget`, the default 60 s, given
+/// explicitly): how long a busy server issues on through an etcd outage.
+pub const BUDGET: Duration = Duration::from_secs(60);
+
+/// How far ahead of its clock a busy server's fences can be: 1.5 budgets
+/// (90 s). Every fence is raised to this lead once it is one budget or less
+/// ahead.
+pub fn lead() -> Duration {
+    snowkeep_server::config::fence_lead(BUDGET)
+}
 
 /// A wall clock for a server process, through libfaketime.
 #[derive(Clone, Debug)]
@@ -103,6 +113,7 @@ impl Topology {
 
     /// Server arguments shared by every process of the run.
     pub fn args(etcd_endpoints: &str, instance_id: &str) -> Vec<String> {
+        let budget = format!("{}s", BUDGET.as_secs());
         [
             "--etcd-endpoints",
             etcd_endpoints,
@@ -110,6 +121,8 @@ impl Topology {
             NAMESPACE,
             "--lease-ttl",
             "5s",
+            "--outage-budget",
+            &budget,
             "--instance-id",
             instance_id,
             // A test harness on its own fresh etcd: every server may create
@@ -118,6 +131,11 @@ impl Topology {
         ]
         .map(str::to_owned)
         .to_vec()
+    }
+
+    /// The process id of every slot's process, in slot order.
+    pub fn pids(&self) -> Vec<u32> {
+        self.slots.iter().map(|s| s.server().pid()).collect()
     }
 
     /// Starts a new process in slot `i` (which must be down); with

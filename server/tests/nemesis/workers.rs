@@ -13,7 +13,7 @@ use tokio::time::{sleep, timeout};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::checker::{Recorder, REQUESTER};
+use crate::checker::{Recorder, Refusal, REQUESTER};
 
 /// Where a server slot's current process listens, and who it is.
 #[derive(Clone, Debug)]
@@ -48,8 +48,8 @@ fn channel(url: &str, call_timeout: Option<Duration>) -> Channel {
 }
 
 /// Calls `NextIds(50)` on slot `slot` over and over, on a fresh channel for
-/// each process the slot runs, recording ids and whether each call was served
-/// (a slot with no process counts as refusing).
+/// each process the slot runs, recording ids and whether each call was served,
+/// or else its code and message (a slot with no process counts as refusing).
 pub async fn unary(
     slot: usize,
     mut target: watch::Receiver<Option<Target>>,
@@ -58,11 +58,11 @@ pub async fn unary(
 ) {
     while !stop.is_cancelled() {
         let Some(t) = target.borrow_and_update().clone() else {
-            rec.outcome(slot, false);
+            rec.refused(slot, Refusal::no_process());
             sleep(RETRY_PACE).await;
             continue;
         };
-        let source = rec.source(&format!("{} unary", t.holder), &t.holder);
+        let source = rec.source(&format!("{} unary", t.holder), &t.holder, Some(slot));
         let mut client = pb::id_service_client::IdServiceClient::new(channel(
             &t.url,
             Some(Duration::from_secs(1)),
@@ -77,11 +77,17 @@ pub async fn unary(
             {
                 Ok(r) => {
                     rec.batch(source, rec.unit(), r.into_inner().ids);
-                    rec.outcome(slot, true);
+                    rec.served(slot);
                     sleep(UNARY_PACE).await;
                 }
-                Err(_) => {
-                    rec.outcome(slot, false);
+                Err(status) => {
+                    rec.refused(
+                        slot,
+                        Refusal {
+                            code: status.code(),
+                            message: status.message().to_owned(),
+                        },
+                    );
                     sleep(RETRY_PACE).await;
                 }
             }
@@ -93,6 +99,7 @@ pub async fn unary(
 /// each message; a stream that errs or stalls for 2 s is dropped and another
 /// opened.
 pub async fn stream(
+    slot: usize,
     mut target: watch::Receiver<Option<Target>>,
     rec: Arc<Recorder>,
     stop: CancellationToken,
@@ -102,7 +109,7 @@ pub async fn stream(
             sleep(RETRY_PACE).await;
             continue;
         };
-        let source = rec.source(&format!("{} stream", t.holder), &t.holder);
+        let source = rec.source(&format!("{} stream", t.holder), &t.holder, Some(slot));
         let mut client = pb::id_service_client::IdServiceClient::new(channel(&t.url, None))
             .max_decoding_message_size(16 * 1024 * 1024);
         while !stop.is_cancelled() && !target.has_changed().unwrap_or(true) {
@@ -139,7 +146,7 @@ pub async fn embedded(
     rec: Arc<Recorder>,
     stop: CancellationToken,
 ) {
-    let source = rec.source("embedded", REQUESTER);
+    let source = rec.source("embedded", REQUESTER, None);
     while !stop.is_cancelled() {
         let mut config = EmbeddedConfig::new(endpoint.clone(), namespace.clone());
         config.acquire_backoff = (Duration::from_millis(200), Duration::from_secs(1));
