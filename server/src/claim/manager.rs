@@ -224,12 +224,15 @@ impl<S: ClaimStore> ClaimManager<S> {
         let mut holder_watch = self.store.watch_holders(&hold.claim);
         loop {
             let now = self.clock.now();
+            // Each turn, not only when idle: during an outage every turn runs
+            // a store request that fails only after its timeouts (seconds),
+            // and the remaining-budget gauge must count down meanwhile.
+            self.publish_gauges(Some(&hold));
             let ended = match hold.due(now) {
                 Some(Due::Renew) => self.renew(&mut hold).await,
                 Some(Due::Fence) => self.fence(&mut hold, now).await,
                 Some(Due::NamespaceCheck) => self.check_namespace(&mut hold, now).await,
                 None => {
-                    self.publish_gauges(Some(&hold));
                     let wake = hold.timers.next_wake(now);
                     tokio::select! {
                         _ = release.cancelled() => Some(Held::Released),
@@ -315,6 +318,10 @@ impl<S: ClaimStore> ClaimManager<S> {
         let budget_ms = millis(self.timing.outage_budget);
         let ahead = min_fence(&hold.claim).get().saturating_sub(now_ms.get());
         let busy = stamps != hold.stamps_at_raise;
+        // A demand counts while a fence is reached: one that a raise already
+        // answered (a request can be seen twice, once stored as a permit)
+        // writes nothing more.
+        let demanded = demanded && ahead == 0;
         if hold.phase == Phase::WaitingForFloor || demanded || (ahead <= budget_ms && busy) {
             return self.raise_fences(hold, now_ms, stamps).await;
         }
