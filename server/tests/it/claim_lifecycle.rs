@@ -194,9 +194,25 @@ async fn a_paused_etcd_shorter_than_the_budget_never_stops_issuance_past_the_lea
     assert_eq!(server.health().await, Some(ServingStatus::Serving));
     etcd.resume();
 
-    // etcd may expire the lease as it wakes up: then the server claims again.
-    server.wait_serving(Duration::from_secs(30)).await;
-    for id in server.next_ids(1000).await.unwrap() {
+    // etcd may expire the lease as it wakes up: then the server stops
+    // (UNAVAILABLE, briefly) and claims again. Either way it issues again
+    // within the bound, and nothing it issues repeats an id.
+    let resumed = tokio::time::Instant::now();
+    let after = loop {
+        match server.next_ids(1000).await {
+            Ok(ids) => break ids,
+            Err(s) => {
+                assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+                assert!(
+                    resumed.elapsed() < Duration::from_secs(30),
+                    "no NextIds within 30 s of the resume: {s:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!(after.len(), 1000);
+    for id in after {
         assert!(all.insert(id), "id {id} issued twice");
     }
     let mut server = server;
