@@ -93,6 +93,18 @@ async fn markers(etcd: &EtcdProcess, namespace: &str, block: u16) -> i64 {
         .count()
 }
 
+/// Asserts `floor` is the conservative floor of a claim made between layout
+/// ms `before` and `after`: one fence horizon past the claimer's clock.
+fn assert_conservative(floor: Millis, before: u64, after: u64) {
+    assert!(
+        (before + HORIZON_MS..=after + HORIZON_MS).contains(&floor.get()),
+        "floor {} not within [{}, {}]",
+        floor.get(),
+        before + HORIZON_MS,
+        after + HORIZON_MS
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_namespace_claims_never_used_ids_at_its_floor() {
     let etcd = EtcdProcess::start().await;
@@ -170,13 +182,7 @@ async fn a_deleted_fence_costs_its_next_claimer_a_horizon_and_re_bases_its_block
     // alone; the count (1 created, 0 left) says it was: a horizon ahead.
     let (again, before, after, _b, _claim_b) = claim(&etcd, "deleted", 5..6, false).await;
     assert_eq!(again.machine_id.get(), 5);
-    assert!(
-        (before + HORIZON_MS..=after + HORIZON_MS).contains(&again.floor.get()),
-        "floor {} not within [{}, {}]",
-        again.floor.get(),
-        before + HORIZON_MS,
-        after + HORIZON_MS
-    );
+    assert_conservative(again.floor, before, after);
     assert_eq!(
         value(&etcd, &keys::fence("deleted", again.machine_id)).await,
         Some(again.floor.get().to_string())
@@ -250,13 +256,7 @@ async fn an_older_namespace_is_counted_from_its_first_claim_in_each_block() {
             .unwrap();
     }
     let (held, before, after, ..) = claim(&etcd, "old", 3..4, false).await;
-    assert!(
-        (before + HORIZON_MS..=after + HORIZON_MS).contains(&held.floor.get()),
-        "floor {} not within [{}, {}]",
-        held.floor.get(),
-        before + HORIZON_MS,
-        after + HORIZON_MS
-    );
+    assert_conservative(held.floor, before, after);
     // Counted now: base 2 + 1 marker = the 3 fence keys present.
     assert_eq!(
         value(&etcd, &keys::fence_count_block("old", 0)).await,
@@ -270,13 +270,7 @@ async fn an_older_namespace_is_counted_from_its_first_claim_in_each_block() {
     assert_eq!(next.floor, held.floor);
     // Another block is counted from its own first claim, a horizon ahead.
     let (other, before, after, ..) = claim(&etcd, "old", 64..65, false).await;
-    assert!(
-        (before + HORIZON_MS..=after + HORIZON_MS).contains(&other.floor.get()),
-        "floor {} not within [{}, {}]",
-        other.floor.get(),
-        before + HORIZON_MS,
-        after + HORIZON_MS
-    );
+    assert_conservative(other.floor, before, after);
     assert_eq!(
         value(&etcd, &keys::fence_count_block("old", 1)).await,
         Some(format!("base 0\nabsent_floor_ms {}\n", other.floor.get()))
@@ -301,13 +295,7 @@ async fn a_namespace_created_over_leftover_keys_is_not_counted_from_zero() {
         value(&etcd, &keys::fence_count_root("leftover")).await,
         None
     );
-    assert!(
-        (before + HORIZON_MS..=after + HORIZON_MS).contains(&held.floor.get()),
-        "floor {} not within [{}, {}]",
-        held.floor.get(),
-        before + HORIZON_MS,
-        after + HORIZON_MS
-    );
+    assert_conservative(held.floor, before, after);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -328,13 +316,7 @@ async fn a_fence_key_written_by_hand_costs_its_block_one_horizon() {
         client.put(key, "5", None).await.unwrap();
     }
     let (held, before, after, ..) = claim(&etcd, "byhand", 8..9, false).await;
-    assert!(
-        (before + HORIZON_MS..=after + HORIZON_MS).contains(&held.floor.get()),
-        "floor {} not within [{}, {}]",
-        held.floor.get(),
-        before + HORIZON_MS,
-        after + HORIZON_MS
-    );
+    assert_conservative(held.floor, before, after);
     // Re-based on the 4 keys present after 2 markers, so the next one of
     // the block starts at that floor, and trusts the count again.
     assert_eq!(
