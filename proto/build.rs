@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "snowkeep/v1/id.proto",
                 "snowkeep/v1/info.proto",
                 "snowkeep/v1/lease.proto",
+                "snowkeep/v1/admin.proto",
             ],
             &["."],
         )?;

@@ -42,6 +42,7 @@
 //!   their fence is the lease's expiry plus a margin, and a renewal moves
 //!   every key to a new etcd lease at once.
 
+pub(crate) mod admin;
 pub mod claim;
 pub mod config;
 pub mod etcd;

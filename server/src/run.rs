@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
+use crate::admin::{keys::KeyAdmin, state::StateAdmin, AdminHandler};
 use crate::claim::{capacity, ClaimManager, ClaimTiming, Slot, StoreError};
 use crate::config::{Limits, ServerConfig, StoreConfig};
 use crate::etcd::{EtcdSettings, EtcdStore};
@@ -398,7 +399,8 @@ pub async fn run(
             store_kind,
             access.clone(),
         ),
-        LeaseHandler::new(access, config.lease_api, clock.clone()),
+        LeaseHandler::new(access.clone(), config.lease_api, clock.clone()),
+        AdminHandler::new(StateAdmin::new(access.clone()), KeyAdmin::new(access)),
         &config.limits,
     )?;
     tracker.spawn(health::follow_issuance(

@@ -57,7 +57,7 @@ impl StoreAccess {
     }
 }
 
-/// Builds the routes: IdService, InfoService, LeaseService, grpc.health.v1 and server
+/// Builds the routes: IdService, InfoService, LeaseService, AdminService, grpc.health.v1 and server
 /// reflection (v1 and v1alpha, so grpcurl 1.8 works too). Every service
 /// decodes requests of at most `limits.max_recv_message_size` bytes and
 /// encodes responses of at most `limits.max_send_message_size` bytes.
@@ -65,6 +65,7 @@ pub fn router(
     id: id::IdHandler,
     info: info::InfoHandler,
     lease: crate::lease_api::LeaseHandler,
+    admin: crate::admin::AdminHandler,
     limits: &Limits,
 ) -> Result<(Routes, HealthReporter), tonic_reflection::server::Error> {
     let (recv, send) = (limits.max_recv_message_size, limits.max_send_message_size);
@@ -89,6 +90,11 @@ pub fn router(
     )
     .add_service(
         pb::lease_service_server::LeaseServiceServer::new(lease)
+            .max_decoding_message_size(recv)
+            .max_encoding_message_size(send),
+    )
+    .add_service(
+        pb::admin_service_server::AdminServiceServer::new(admin)
             .max_decoding_message_size(recv)
             .max_encoding_message_size(send),
     )

@@ -97,7 +97,7 @@ fn buf_lints_every_proto_clean_and_builds_them_with_each_languages_package() {
         .flat_map(|m| protos_under(&repo().join(m)))
         .collect();
     assert_eq!(built, on_disk);
-    assert_eq!(built.len(), 4, "{built:?}");
+    assert_eq!(built.len(), 5, "{built:?}");
 
     // The Go module path is the workspace repository without its scheme.
     let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
@@ -176,7 +176,7 @@ async fn python_stubs_generated_with_grpcio_tools_call_a_live_server() {
         .into_iter()
         .map(|p| format!("proto/{p}"))
         .collect();
-    assert_eq!(protos.len(), 3, "{protos:?}");
+    assert_eq!(protos.len(), 4, "{protos:?}");
     protos.push("examples/python/proto/grpc_health/v1/health.proto".into());
     let mut args = vec![
         "-m",
