@@ -56,7 +56,8 @@ impl Who {
 /// One audit event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditEvent {
-    /// When, ms since the Unix epoch.
+    /// When, ms since the Unix epoch (from the server's clock,
+    /// `snowkeep_client::Clock::unix_ms`).
     pub unix_ms: u64,
     /// What: `lease.acquire`, `lease.release`, `admin.evict`, `key.create`,
     /// `key.expire`, `key.revoke`, `state.import`.
@@ -84,14 +85,6 @@ pub fn result_of<T>(r: &Result<T, tonic::Status>) -> String {
         Ok(_) => "ok".to_owned(),
         Err(s) => format!("{:?}", s.code()),
     }
-}
-
-/// Milliseconds since the Unix epoch by the wall clock.
-pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Records `event`: logs it under [`TARGET`], counts it, and sends it to
