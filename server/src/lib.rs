@@ -12,7 +12,7 @@
 //! | [`run`](mod@run) | wiring and the ordered shutdown |
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
 //! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` keeps the Lease API's records |
-//! | `single_instance` | the single-instance store (a state file) |
+//! | `single_instance` | the single-instance store (a state file) |
 //! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam (which `etcd` and `single_instance` implement; `claim` imports neither), the capacity gauges, candidate ranking, `StoreError` |
 //! | `lease_api` | the Lease API (`LeaseService`): its handler, requester records and tokens, the client clock-skew rule, its settings |
 //! | `service` | gRPC adapters (IdService, InfoService), the router, status mapping, health |

@@ -295,7 +295,7 @@ pub async fn run(
                 &single_instance_machine_ids(&config),
             )?;
             let range = single_instance_range(&config);
-            warn!(state_file = %local.path().display(), machine_ids = ?range, "running on the single-instance store with machine ids {}..{}: every other snowkeep-server issuing ids of this namespace must hold machine ids outside them (on the single-instance store, its own disjoint --machine-id-range), or ids will collide; use --etcd-endpoints to have machine ids assigned", range.start, range.end);
+            warn!(state_file = %local.path().display(), machine_ids = ?range, "running on the single-instance store with machine ids {}..{}: every other snowkeep-server issuing ids of this namespace must hold machine ids outside them (on the single-instance store, its own disjoint --machine-id-range), or ids will collide; use --etcd-endpoints to have machine ids assigned", range.start, range.end);
             (Some(local), None)
         }
     };

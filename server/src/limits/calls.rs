@@ -59,6 +59,7 @@ const UNIT: usize = 1024;
 /// Every method whose response is a stream: they take from the streams pool.
 pub const STREAMING_METHODS: &[&str] = &[
     STREAM_IDS,
+    "/snowkeep.v1.AdminService/TailAudit",
     "/grpc.health.v1.Health/Watch",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",

@@ -31,7 +31,7 @@ pub enum ApiError {
     )]
     StoreNotConnected,
     /// The Lease API was called on a server without etcd.
-    #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the single-instance store")]
+    #[error("the Lease API needs a server running on etcd (--etcd-endpoints); this one runs the single-instance store")]
     LeaseApiNeedsEtcd,
     /// The client's clock is off the server's, either way, beyond the threshold.
     #[error("client clock is {} {direction} the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]

@@ -77,10 +77,10 @@ async fn two_single_instance_servers_with_disjoint_ranges_issue_no_equal_ids() {
     assert_eq!(machine_ids_of(&from_b), HashSet::from([7, 8]));
     assert!(a
         .log()
-        .contains("running on the single-instance store with machine ids 5..6"));
+        .contains("running on the single-instance store with machine ids 5..6"));
     assert!(b
         .log()
-        .contains("running on the single-instance store with machine ids 7..9"));
+        .contains("running on the single-instance store with machine ids 7..9"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
