@@ -51,7 +51,7 @@ pub enum AccessProblem {
     #[error("etcd has authentication enabled: give --etcd-user and --etcd-password-file (see docs/operations.md#etcd-tls-and-authentication)")]
     AuthenticationRequired,
     /// The user's roles do not cover snowkeep's keys.
-    #[error("permission denied: the etcd user needs a role with readwrite permission on the key prefix /snowkeep/ (etcdctl role grant-permission ROLE --prefix=true readwrite /snowkeep/)")]
+    #[error("permission denied: the etcd user (--etcd-user; without it, etcd takes the client certificate's common name as the user) needs a role with readwrite permission on the key prefix /snowkeep/ (etcdctl role grant-permission ROLE --prefix=true readwrite /snowkeep/)")]
     Permission,
     /// The member's server certificate is not trusted.
     #[error("its server certificate is not trusted: it must be signed by a CA in --etcd-ca-file (SNOWKEEP_ETCD_CA_FILE) and name the endpoint's host as a DNS or IP subject alternative name")]

@@ -171,15 +171,18 @@ async fn a_wrong_password_stops_the_server_at_start_naming_the_flags() {
     )
     .await;
 
-    // No user at all, where etcd wants one: the client certificate's common
-    // name is no etcd user, so etcd refuses the requests.
+    // No user at all, where etcd wants one: etcd takes the client
+    // certificate's common name as the user, which has no role here.
     let args = with_flag(&etcd.server_args(), "--etcd-user", None);
     let args = with_flag(&args, "--etcd-password-file", None);
     let mut s = server(&args, "no-user", &[]);
     let code = s.wait_exit(Duration::from_secs(30)).await.code();
     let log = s.log();
     assert_eq!(code, Some(64), "log:\n{log}");
-    assert!(log.contains("refused this server"), "{log}");
+    assert!(
+        log.contains("refused this server: permission denied: the etcd user (--etcd-user; without it, etcd takes the client certificate's common name as the user) needs a role with readwrite permission on the key prefix /snowkeep/"),
+        "{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
