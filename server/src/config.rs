@@ -12,6 +12,7 @@ use snowkeep_client::{Layout, LayoutError};
 use thiserror::Error;
 
 use crate::claim::OnLeaseLost;
+use crate::etcd::access::{ClientIdentity, EtcdAccess, EtcdCredentials, EtcdTls};
 use crate::etcd::namespace::{FloorSpec, NamespaceSetup};
 use crate::lease_api::LeaseApiConfig;
 
@@ -57,11 +58,34 @@ pub const MAX_BATCH: u32 = 100_000;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "snowkeep-server", version, about)]
 pub struct Args {
-    /// etcd client URLs (comma-separated), `http://host:port` or `host:port`,
-    /// e.g. http://127.0.0.1:2379 (no TLS yet: https:// is refused). Without
-    /// it the server runs on the single-instance store.
+    /// etcd client URLs (comma-separated), `http://host:port` (or `host:port`)
+    /// or, for TLS, `https://host:port` (all of one scheme), e.g.
+    /// http://127.0.0.1:2379. Without it the server runs on the
+    /// single-instance store.
     #[arg(long, env = "SNOWKEEP_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+    /// CA bundle (PEM) that signs the etcd members' server certificates: the
+    /// only roots trusted for https:// endpoints, and required with them (for
+    /// a public CA, give the system bundle, e.g.
+    /// /etc/ssl/certs/ca-certificates.crt). Read at start.
+    #[arg(long, env = "SNOWKEEP_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM, leaf first) presented to etcd, for etcd's
+    /// --client-cert-auth; needs --etcd-key-file. Read at start.
+    #[arg(long, env = "SNOWKEEP_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --etcd-cert-file. Read at start.
+    #[arg(long, env = "SNOWKEEP_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// etcd user, when etcd's authentication is enabled; needs
+    /// --etcd-password-file.
+    #[arg(long, env = "SNOWKEEP_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File holding the etcd user's password (one trailing newline is
+    /// ignored). The password is taken only from a file, never from the
+    /// command line, and never logged. Read at start.
+    #[arg(long, env = "SNOWKEEP_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
     /// gRPC listen address.
     #[arg(long, env = "SNOWKEEP_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
@@ -339,6 +363,8 @@ pub struct ServerConfig {
     pub setup_only: bool,
     /// Bounds on connections, calls and messages.
     pub limits: Limits,
+    /// TLS and authentication towards etcd (etcd store only).
+    pub etcd_access: EtcdAccess,
 }
 
 impl ServerConfig {
@@ -527,6 +553,20 @@ pub enum ConfigError {
     /// A namespace flag without etcd, or an incomplete one-shot.
     #[error("{0}")]
     NamespaceSetup(&'static str),
+    /// etcd TLS or authentication flags that do not fit together.
+    #[error("{0}")]
+    EtcdAccess(&'static str),
+    /// A file named by an etcd TLS or authentication flag cannot be used.
+    #[error("cannot use {flag} {}: {problem}", path.display())]
+    EtcdFile {
+        /// The flag and its variable.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong: unreadable (with the OS error), empty, or not PEM
+        /// of the kind wanted.
+        problem: String,
+    },
 }
 
 /// What is wrong with an `--etcd-endpoints` entry.
@@ -535,14 +575,11 @@ pub enum EndpointProblem {
     /// Nothing between two commas (or the whole value is empty).
     #[error("the entry is empty (a doubled or trailing comma?); give etcd client URLs as http://host:port, comma-separated")]
     Empty,
-    /// An `https://` URL: snowkeep has no TLS to etcd yet.
-    #[error("TLS to etcd (https://) is not supported yet; give a plaintext client URL, http://host:port")]
-    Tls,
-    /// Another scheme than `http://`.
-    #[error("only http:// client URLs are supported; use http://host:port")]
+    /// Another scheme than `http://` or `https://`.
+    #[error("only http:// and https:// client URLs are supported; use http://host:port or https://host:port")]
     Scheme,
     /// Not `host:port` with a port in 1-65535 and nothing after it.
-    #[error("not an etcd client URL; use http://host:port (or host:port): a host, a port from 1 to 65535, no user, path or query")]
+    #[error("not an etcd client URL; use http://host:port, https://host:port (or host:port): a host, a port from 1 to 65535, no user, path or query")]
     Malformed,
 }
 
@@ -608,7 +645,7 @@ impl TryFrom<Args> for ServerConfig {
         }
         let limits = limits_from(&args)?;
         let stable_instance = args.instance_id.is_some();
-        let instance_id = match args.instance_id {
+        let instance_id = match args.instance_id.clone() {
             // No '/': embedded requesters' holder values start with
             // "requester/", so they can never equal an instance id.
             Some(id)
@@ -623,7 +660,7 @@ impl TryFrom<Args> for ServerConfig {
         };
         let store = if args.etcd_endpoints.is_empty() {
             StoreConfig::SingleInstance {
-                state_dir: args.state_dir,
+                state_dir: args.state_dir.clone(),
             }
         } else {
             StoreConfig::Etcd {
@@ -639,6 +676,7 @@ impl TryFrom<Args> for ServerConfig {
                     .collect::<Result<_, _>>()?,
             }
         };
+        let etcd_access = etcd_access_from(&args, &store)?;
         let namespace_setup = NamespaceSetup {
             create: args.create_namespace || args.create_namespace_only,
             confirm_floor: args.confirm_namespace_floor,
@@ -666,6 +704,7 @@ impl TryFrom<Args> for ServerConfig {
             });
         }
         Ok(ServerConfig {
+            etcd_access,
             limits,
             store,
             namespace: args.namespace,
@@ -696,6 +735,152 @@ impl TryFrom<Args> for ServerConfig {
             setup_only,
         })
     }
+}
+
+/// Checks the etcd TLS and authentication flags against the endpoints,
+/// reads the files they name and builds [`EtcdAccess`].
+///
+/// Decided here: `https://` endpoints need `--etcd-ca-file` (the system
+/// roots are never trusted implicitly; a public CA's users give the system
+/// bundle as the file), the endpoints are all `http://` or all `https://`,
+/// and TLS files with `http://` endpoints are refused rather than ignored.
+fn etcd_access_from(args: &Args, store: &StoreConfig) -> Result<EtcdAccess, ConfigError> {
+    let given = args.etcd_ca_file.is_some()
+        || args.etcd_cert_file.is_some()
+        || args.etcd_key_file.is_some()
+        || args.etcd_user.is_some()
+        || args.etcd_password_file.is_some();
+    let StoreConfig::Etcd { endpoints } = store else {
+        return match given {
+            true => Err(ConfigError::EtcdAccess("--etcd-ca-file, --etcd-cert-file, --etcd-key-file, --etcd-user and --etcd-password-file apply to etcd: add --etcd-endpoints")),
+            false => Ok(EtcdAccess::default()),
+        };
+    };
+    let https = endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
+    if https != 0 && https != endpoints.len() {
+        return Err(ConfigError::EtcdAccess("--etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) mixes http:// and https:// client URLs: an etcd cluster serves its clients either with TLS or without, so give every endpoint the same scheme"));
+    }
+    if args.etcd_cert_file.is_some() != args.etcd_key_file.is_some() {
+        return Err(ConfigError::EtcdAccess("--etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE) and --etcd-key-file (SNOWKEEP_ETCD_KEY_FILE) come together: give both (a client certificate and its private key, PEM) or neither"));
+    }
+    if args.etcd_user.is_some() != args.etcd_password_file.is_some() {
+        return Err(ConfigError::EtcdAccess("--etcd-user (SNOWKEEP_ETCD_USER) and --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE) come together: give both or neither"));
+    }
+    let tls = if https == 0 {
+        if args.etcd_ca_file.is_some() || args.etcd_cert_file.is_some() {
+            return Err(ConfigError::EtcdAccess("--etcd-ca-file, --etcd-cert-file and --etcd-key-file are for TLS to etcd, but every --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) URL is plaintext http://: give the members' https:// client URLs, or drop the TLS flags"));
+        }
+        None
+    } else {
+        let Some(ca_file) = &args.etcd_ca_file else {
+            return Err(ConfigError::EtcdAccess("https:// etcd endpoints need --etcd-ca-file (SNOWKEEP_ETCD_CA_FILE), the CA bundle (PEM) that signs the etcd members' server certificates; for certificates from a public CA give the system bundle, e.g. /etc/ssl/certs/ca-certificates.crt"));
+        };
+        const CA: &str = "--etcd-ca-file (SNOWKEEP_ETCD_CA_FILE)";
+        const CERT: &str = "--etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE)";
+        const KEY: &str = "--etcd-key-file (SNOWKEEP_ETCD_KEY_FILE)";
+        let ca_pem = read_certificates(CA, ca_file)?;
+        let client_identity = match (&args.etcd_cert_file, &args.etcd_key_file) {
+            (Some(cert), Some(key)) => Some(ClientIdentity {
+                cert_pem: read_certificates(CERT, cert)?,
+                key_pem: read_private_key(KEY, key)?,
+            }),
+            _ => None,
+        };
+        Some(EtcdTls {
+            ca_pem,
+            client_identity,
+        })
+    };
+    let credentials = match (&args.etcd_user, &args.etcd_password_file) {
+        (Some(user), Some(file)) => {
+            if user.is_empty() || user.chars().any(char::is_control) {
+                return Err(ConfigError::EtcdAccess("--etcd-user (SNOWKEEP_ETCD_USER) is empty or holds control characters: give the etcd user's name"));
+            }
+            Some(EtcdCredentials {
+                user: user.clone(),
+                password: read_password(file)?,
+            })
+        }
+        _ => None,
+    };
+    Ok(EtcdAccess { tls, credentials })
+}
+
+/// Reads `path` for `flag`; an unreadable file names the OS error.
+fn read_file(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
+    let bytes = std::fs::read(path).map_err(|e| ConfigError::EtcdFile {
+        flag,
+        path: path.to_owned(),
+        problem: format!("cannot read it ({e})"),
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ConfigError::EtcdFile {
+            flag,
+            path: path.to_owned(),
+            problem: "the file is empty".into(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Reads a PEM file that must hold at least one certificate, and no
+/// malformed PEM section.
+fn read_certificates(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let bytes = read_file(flag, path)?;
+    let mut count = 0;
+    for cert in CertificateDer::pem_slice_iter(&bytes) {
+        if let Err(e) = cert {
+            return Err(ConfigError::EtcdFile {
+                flag,
+                path: path.to_owned(),
+                problem: format!("not a readable PEM file ({e})"),
+            });
+        }
+        count += 1;
+    }
+    if count == 0 {
+        return Err(ConfigError::EtcdFile {
+            flag,
+            path: path.to_owned(),
+            problem: "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Reads a PEM file that must hold a private key.
+fn read_private_key(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::PrivateKeyDer;
+    let bytes = read_file(flag, path)?;
+    // The message never quotes the file: it holds a key.
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| ConfigError::EtcdFile {
+        flag,
+        path: path.to_owned(),
+        problem: "no PEM private key (PKCS#8, PKCS#1 or SEC1) in it".into(),
+    })?;
+    Ok(bytes)
+}
+
+/// Reads the etcd password: the file's text without one trailing newline.
+fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
+    const FLAG: &str = "--etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE)";
+    let bytes = read_file(FLAG, path)?;
+    let text = String::from_utf8(bytes).map_err(|_| ConfigError::EtcdFile {
+        flag: FLAG,
+        path: path.to_owned(),
+        problem: "the password is not UTF-8 text".into(),
+    })?;
+    let password = text
+        .strip_suffix('\n')
+        .map(|t| t.strip_suffix('\r').unwrap_or(t))
+        .unwrap_or(&text);
+    Ok(password.to_owned())
 }
 
 /// Checks the limit flags and builds [`Limits`].
@@ -854,19 +1039,18 @@ pub fn is_valid_namespace(namespace: &str) -> bool {
 }
 
 /// Checks one `--etcd-endpoints` entry and returns the client URL to use,
-/// `http://host:port` (a bare `host:port` gets `http://`, as etcdctl does).
+/// `http://host:port` or `https://host:port` (a bare `host:port` gets
+/// `http://`, as etcdctl does).
 fn parse_endpoint(entry: &str) -> Result<String, EndpointProblem> {
     let entry = entry.trim();
     if entry.is_empty() {
         return Err(EndpointProblem::Empty);
     }
-    let rest = match entry.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return Err(EndpointProblem::Tls)
-        }
+    let (scheme, rest) = match entry.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => ("http", rest),
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => ("https", rest),
         Some(_) => return Err(EndpointProblem::Scheme),
-        None => entry,
+        None => ("http", entry),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let authority: http::uri::Authority = rest.parse().map_err(|_| EndpointProblem::Malformed)?;
@@ -877,7 +1061,7 @@ fn parse_endpoint(entry: &str) -> Result<String, EndpointProblem> {
     if !well_formed {
         return Err(EndpointProblem::Malformed);
     }
-    Ok(format!("http://{authority}"))
+    Ok(format!("{scheme}://{authority}"))
 }
 
 /// Parses `START..END` with `START < END <= max`.
@@ -1158,10 +1342,9 @@ mod tests {
     fn every_etcd_endpoint_is_checked_once_here() {
         use EndpointProblem::*;
         for (value, problem) in [
-            ("https://etcd:2379", Tls),
-            ("HTTPS://etcd:2379", Tls),
-            ("http://a:1,https://b:2", Tls),
             ("unix:///run/etcd.sock", Scheme),
+            ("ftp://etcd:2379", Scheme),
+            ("https://etcd:2379/v3", Malformed),
             ("grpc://etcd:2379", Scheme),
             ("", Empty),
             ("http://a:1,,http://b:2", Empty),
@@ -1198,11 +1381,259 @@ mod tests {
 
     #[test]
     fn an_endpoint_error_names_the_entry_and_the_remedy() {
-        let e = parse(&["--etcd-endpoints", "https://etcd:2379"]).unwrap_err();
+        let e = parse(&["--etcd-endpoints", "grpc://etcd:2379"]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry \"https://etcd:2379\": TLS to etcd (https://) is not supported yet; give a plaintext client URL, http://host:port"
+            "invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry \"grpc://etcd:2379\": only http:// and https:// client URLs are supported; use http://host:port or https://host:port"
         );
+    }
+
+    /// A CA certificate, a client certificate and key, and a password
+    /// file, in a temp dir.
+    struct EtcdFiles {
+        dir: tempfile::TempDir,
+    }
+
+    impl EtcdFiles {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let ca_key = rcgen::KeyPair::generate().unwrap();
+            let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let ca = ca_params.self_signed(&ca_key).unwrap();
+            let issuer = rcgen::Issuer::new(ca_params, ca_key);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = rcgen::CertificateParams::new(vec!["snowkeep".to_string()])
+                .unwrap()
+                .signed_by(&key, &issuer)
+                .unwrap();
+            let write =
+                |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+            write("ca.pem", &ca.pem());
+            write("client.pem", &cert.pem());
+            write("client.key", &key.serialize_pem());
+            write("password", "s3cret-pw\n");
+            write("empty", "\n");
+            write("garbage", "not pem at all");
+            Self { dir }
+        }
+
+        fn path(&self, name: &str) -> String {
+            self.dir.path().join(name).to_str().unwrap().to_owned()
+        }
+    }
+
+    #[test]
+    fn tls_and_credentials_flags_build_the_etcd_access() {
+        let f = EtcdFiles::new();
+        let c = parse(&[
+            "--etcd-endpoints",
+            "https://a:1,HTTPS://b:2",
+            "--etcd-ca-file",
+            &f.path("ca.pem"),
+            "--etcd-cert-file",
+            &f.path("client.pem"),
+            "--etcd-key-file",
+            &f.path("client.key"),
+            "--etcd-user",
+            "snowkeep",
+            "--etcd-password-file",
+            &f.path("password"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.store,
+            StoreConfig::Etcd {
+                endpoints: vec!["https://a:1".into(), "https://b:2".into()]
+            }
+        );
+        let tls = c.etcd_access.tls.as_ref().unwrap();
+        assert!(tls.ca_pem.starts_with(b"-----BEGIN CERTIFICATE-----"));
+        assert!(tls.client_identity.is_some());
+        let creds = c.etcd_access.credentials.as_ref().unwrap();
+        assert_eq!(
+            (creds.user.as_str(), creds.password.as_str()),
+            ("snowkeep", "s3cret-pw")
+        );
+        assert!(!format!("{c:?}").contains("s3cret-pw"));
+        // Credentials without TLS, and neither.
+        let c = parse(&[
+            "--etcd-endpoints",
+            "http://a:1",
+            "--etcd-user",
+            "snowkeep",
+            "--etcd-password-file",
+            &f.path("password"),
+        ])
+        .unwrap();
+        assert!(c.etcd_access.tls.is_none() && c.etcd_access.credentials.is_some());
+        assert_eq!(
+            parse(&["--etcd-endpoints", "http://a:1"])
+                .unwrap()
+                .etcd_access,
+            EtcdAccess::default()
+        );
+    }
+
+    #[test]
+    fn etcd_access_flags_that_do_not_fit_are_refused_with_the_rule() {
+        let f = EtcdFiles::new();
+        let (ca, cert, key, pw) = (
+            f.path("ca.pem"),
+            f.path("client.pem"),
+            f.path("client.key"),
+            f.path("password"),
+        );
+        let refused = |args: &[&str], want: &str| {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains(want), "{args:?}: {err}");
+        };
+        refused(
+            &[
+                "--etcd-endpoints",
+                "http://a:1,https://b:2",
+                "--etcd-ca-file",
+                &ca,
+            ],
+            "mixes http:// and https://",
+        );
+        refused(
+            &["--etcd-endpoints", "https://a:1"],
+            "https:// etcd endpoints need --etcd-ca-file",
+        );
+        refused(
+            &["--etcd-endpoints", "http://a:1", "--etcd-ca-file", &ca],
+            "every --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) URL is plaintext http://",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "https://a:1",
+                "--etcd-ca-file",
+                &ca,
+                "--etcd-cert-file",
+                &cert,
+            ],
+            "come together: give both (a client certificate",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "https://a:1",
+                "--etcd-ca-file",
+                &ca,
+                "--etcd-key-file",
+                &key,
+            ],
+            "come together: give both (a client certificate",
+        );
+        refused(&["--etcd-endpoints", "http://a:1", "--etcd-user", "u"], "--etcd-user (SNOWKEEP_ETCD_USER) and --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE) come together");
+        refused(
+            &[
+                "--etcd-endpoints",
+                "http://a:1",
+                "--etcd-password-file",
+                &pw,
+            ],
+            "come together: give both or neither",
+        );
+        refused(
+            &["--etcd-user", "u", "--etcd-password-file", &pw],
+            "apply to etcd: add --etcd-endpoints",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "https://a:1",
+                "--etcd-ca-file",
+                &f.path("missing.pem"),
+            ],
+            "cannot use --etcd-ca-file (SNOWKEEP_ETCD_CA_FILE)",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "https://a:1",
+                "--etcd-ca-file",
+                &f.path("missing.pem"),
+            ],
+            "cannot read it (No such file or directory",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "https://a:1",
+                "--etcd-ca-file",
+                &f.path("garbage"),
+            ],
+            "no PEM certificate",
+        );
+        refused(
+            &["--etcd-endpoints", "https://a:1", "--etcd-ca-file", &key],
+            "no PEM certificate",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "https://a:1",
+                "--etcd-ca-file",
+                &ca,
+                "--etcd-cert-file",
+                &cert,
+                "--etcd-key-file",
+                &cert,
+            ],
+            "--etcd-key-file (SNOWKEEP_ETCD_KEY_FILE)",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "https://a:1",
+                "--etcd-ca-file",
+                &ca,
+                "--etcd-cert-file",
+                &cert,
+                "--etcd-key-file",
+                &cert,
+            ],
+            "no PEM private key",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "http://a:1",
+                "--etcd-user",
+                "u",
+                "--etcd-password-file",
+                &f.path("empty"),
+            ],
+            "the file is empty",
+        );
+        refused(
+            &[
+                "--etcd-endpoints",
+                "http://a:1",
+                "--etcd-user",
+                "",
+                "--etcd-password-file",
+                &pw,
+            ],
+            "give the etcd user's name",
+        );
+        // A key's problem never quotes the file.
+        let err = parse(&[
+            "--etcd-endpoints",
+            "https://a:1",
+            "--etcd-ca-file",
+            &ca,
+            "--etcd-cert-file",
+            &cert,
+            "--etcd-key-file",
+            &cert,
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(!err.contains("BEGIN"), "{err}");
     }
 
     #[test]

@@ -70,6 +70,7 @@ impl ServeError {
                     | StoreError::NamespaceNotCreated { .. }
                     | StoreError::CorruptNamespace { .. }
                     | StoreError::BadFloor { .. }
+                    | StoreError::AccessRefused { .. }
             )
         )
     }
@@ -110,7 +111,8 @@ fn single_instance_machine_ids(config: &ServerConfig) -> Vec<snowkeep_client::Ma
 /// Connects to etcd, retrying with backoff until it answers; `None` when
 /// shutdown comes first. etcd may come up after us (compose, Kubernetes), so
 /// only what an operator must fix (a namespace not created, a layout
-/// mismatch, a rolled-back namespace) is an error. Opens the namespace as
+/// mismatch, a rolled-back namespace, etcd refusing the `--etcd-*` TLS or
+/// credentials: [`StoreError::AccessRefused`]) is an error. Opens the namespace as
 /// `settings.namespace_setup` says ([`EtcdStore::open_namespace`]). Each
 /// attempt tries every endpoint in turn and the clients live across attempts,
 /// so a retry starts on the endpoint after the last one that failed, not on
@@ -132,7 +134,9 @@ pub(crate) async fn connect_etcd(
         };
         match checked {
             Ok(()) => return Ok(Some(store)),
-            Err(e) if e.is_retryable() => {
+            // Refused credentials or certificates before the first claim
+            // are configuration to fix, not an etcd that is still starting.
+            Err(e) if e.is_retryable() && !matches!(e, StoreError::AccessRefused { .. }) => {
                 let delay = backoff.next_delay();
                 warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
                 tokio::select! {
@@ -164,6 +168,7 @@ fn timing_budget(config: &ServerConfig) -> Duration {
 pub(crate) fn etcd_settings(config: &ServerConfig, endpoints: &[String]) -> EtcdSettings {
     EtcdSettings {
         endpoints: endpoints.to_vec(),
+        access: config.etcd_access.clone(),
         namespace: config.namespace.clone(),
         instance_id: config.instance_id.clone(),
         lease_ttl: config.lease_ttl,
@@ -323,6 +328,7 @@ pub async fn run(
         layout = %config.layout,
         lease_ttl = ?config.lease_ttl,
         outage_budget = ?timing_budget(&config),
+        etcd_access = ?config.etcd_access,
         listen = %listen,
         "snowkeep-server starting"
     );

@@ -40,6 +40,30 @@ impl std::fmt::Display for LossReason {
     }
 }
 
+/// What etcd refused of the `--etcd-*` settings; each message names the flag
+/// or the etcd setting to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum AccessProblem {
+    /// The user name or password is wrong.
+    #[error("authentication failed: the user or password is wrong; check --etcd-user (SNOWKEEP_ETCD_USER) and the file --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE) names against the etcd user (etcdctl user get)")]
+    Authentication,
+    /// etcd has authentication enabled and no user was given.
+    #[error("etcd has authentication enabled: give --etcd-user and --etcd-password-file (see docs/operations.md#etcd-tls-and-authentication)")]
+    AuthenticationRequired,
+    /// The user's roles do not cover snowkeep's keys.
+    #[error("permission denied: the etcd user (--etcd-user; without it, etcd takes the client certificate's common name as the user) needs a role with readwrite permission on the key prefix /snowkeep/ (etcdctl role grant-permission ROLE --prefix=true readwrite /snowkeep/)")]
+    Permission,
+    /// The member's server certificate is not trusted.
+    #[error("its server certificate is not trusted: it must be signed by a CA in --etcd-ca-file (SNOWKEEP_ETCD_CA_FILE) and name the endpoint's host as a DNS or IP subject alternative name")]
+    ServerCertificate,
+    /// The member wants a client certificate it trusts.
+    #[error("it requires a client certificate signed by a CA it trusts (its --trusted-ca-file): give --etcd-cert-file and --etcd-key-file, or check that they are signed by that CA")]
+    ClientCertificate,
+    /// A TLS hello got a plaintext answer.
+    #[error("it does not serve TLS on this port: use an http:// endpoint, or the member's https:// client URL")]
+    TlsNotServed,
+}
+
 /// Errors of a store: of the claim lifecycle, and of the Lease API's calls.
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -222,6 +246,20 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// etcd refused this server's TLS connection or credentials (a wrong
+    /// password, an untrusted certificate, a missing permission). Retried
+    /// while a server runs (a rotated password or certificate heals it), but
+    /// a server that meets it before its first claim exits (code 64).
+    #[error("etcd at {endpoint} refused this server: {problem}")]
+    AccessRefused {
+        /// The endpoint that refused.
+        endpoint: String,
+        /// What it refused, with the remedy.
+        problem: AccessProblem,
+        /// etcd-client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A state file operation failed.
     #[error("state file {path} I/O failed")]
     Io {
@@ -242,6 +280,7 @@ impl StoreError {
             | StoreError::Corrupt { .. }
             | StoreError::Timeout { .. }
             | StoreError::Request { .. }
+            | StoreError::AccessRefused { .. }
             | StoreError::Io { .. } => true,
             StoreError::NoFreeMachineId { .. }
             | StoreError::UnknownNamespace { .. }

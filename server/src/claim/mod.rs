@@ -31,7 +31,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 
-pub use error::{LossReason, StoreError};
+pub use error::{AccessProblem, LossReason, StoreError};
 pub use manager::OnLeaseLost;
 pub(crate) use manager::{ClaimManager, ClaimTiming, Slot};
 pub(crate) use store::{Capacity, ClaimStore, HolderWatch};

@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, Txn};
+use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions, Txn};
 use tracing::{debug, warn};
 
-use crate::claim::StoreError;
+use super::access::{refusal_of, EtcdAccess, EtcdCredentials};
+use crate::claim::{AccessProblem, StoreError};
 
 /// Clients for each endpoint, moving to the next after a failure. Clones
 /// share the position, so a dead member learnt by one user (the claim loop,
@@ -22,6 +23,10 @@ pub(super) struct Endpoints {
     /// The endpoint URLs, in `clients` order (for logs).
     urls: Arc<[String]>,
     current: Arc<AtomicUsize>,
+    /// Per endpoint: set once its client has authenticated.
+    authenticated: Vec<Arc<tokio::sync::OnceCell<()>>>,
+    /// etcd's user and password, when its auth is on.
+    credentials: Option<Arc<EtcdCredentials>>,
 }
 
 /// True when `e` says the endpoint did not serve the request (refused, reset,
@@ -31,8 +36,19 @@ pub(super) struct Endpoints {
 pub(super) fn endpoint_failed(e: &StoreError) -> bool {
     use etcd_client::Error as E;
     use tonic::Code;
-    if let StoreError::Timeout { .. } = e {
-        return true;
+    match e {
+        StoreError::Timeout { .. } => return true,
+        // A certificate problem may be one member's; credentials and
+        // permissions are the cluster's.
+        StoreError::AccessRefused { problem, .. } => {
+            return matches!(
+                problem,
+                AccessProblem::ServerCertificate
+                    | AccessProblem::ClientCertificate
+                    | AccessProblem::TlsNotServed
+            )
+        }
+        _ => {}
     }
     let Some(e) = etcd_error(e) else {
         return false;
@@ -71,7 +87,9 @@ pub(super) fn lease_not_found(e: &StoreError) -> bool {
 /// The etcd-client error behind `e`, if it is one.
 pub(super) fn etcd_error(e: &StoreError) -> Option<&etcd_client::Error> {
     match e {
-        StoreError::Request { source, .. } => source.downcast_ref(),
+        StoreError::Request { source, .. } | StoreError::AccessRefused { source, .. } => {
+            source.downcast_ref()
+        }
         _ => None,
     }
 }
@@ -86,13 +104,40 @@ impl From<etcd_client::Error> for StoreError {
 }
 
 impl Endpoints {
-    /// Makes one lazy client per endpoint URL; no request is sent.
-    pub(super) async fn connect(urls: &[String], timeout: Duration) -> Result<Self, StoreError> {
-        let options = ConnectOptions::new()
+    /// Makes one lazy client per endpoint URL, with `access`'s TLS and
+    /// credentials; no request is sent (with credentials, each endpoint's
+    /// client authenticates before its first request, see
+    /// [`Endpoints::call_at`]). Errors only for an unusable endpoint URL or
+    /// TLS material tonic cannot load.
+    pub(super) async fn connect(
+        urls: &[String],
+        timeout: Duration,
+        access: &EtcdAccess,
+    ) -> Result<Self, StoreError> {
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             // HTTP/2 pings: a connection to a hung member fails within
             // 2 s + `timeout` even while only a stream uses it.
             .with_keep_alive(Duration::from_secs(2), timeout);
+        if let Some(tls) = &access.tls {
+            let mut config =
+                TlsOptions::new().ca_certificate(Certificate::from_pem(tls.ca_pem.clone()));
+            if let Some(identity) = &tls.client_identity {
+                config = config.identity(Identity::from_pem(
+                    identity.cert_pem.clone(),
+                    identity.key_pem.clone(),
+                ));
+            }
+            options = options.with_tls(config);
+        }
+        if access.credentials.is_some() {
+            // etcd's tokens expire (`--auth-token-ttl`, 300 s by default for
+            // simple tokens, measured from their last use): a request refused
+            // with "invalid auth token" authenticates again and is retried
+            // once. Streams opened later (keepalive, watch) go through the
+            // same path.
+            options = options.with_auto_token_refresh(true);
+        }
         let mut clients = Vec::with_capacity(urls.len());
         for url in urls {
             clients.push(
@@ -105,10 +150,39 @@ impl Endpoints {
             );
         }
         Ok(Self {
+            authenticated: clients
+                .iter()
+                .map(|_| Arc::new(tokio::sync::OnceCell::new()))
+                .collect(),
             clients,
             urls: urls.into(),
             current: Arc::new(AtomicUsize::new(0)),
+            credentials: access.credentials.clone().map(Arc::new),
         })
+    }
+
+    /// Authenticates the client at `position` once (when credentials are
+    /// configured): `Client::connect` with a user would authenticate at
+    /// once, so a member down at start would fail the whole connect;
+    /// authenticating on first use keeps the clients lazy. A failed attempt
+    /// is retried by the next request. After that, etcd-client refreshes
+    /// the token itself when etcd calls it invalid (expired).
+    async fn authenticate(&self, position: usize) -> Result<(), etcd_client::Error> {
+        let Some(credentials) = &self.credentials else {
+            return Ok(());
+        };
+        let mut client = self.client_at(position);
+        self.authenticated[position % self.authenticated.len()]
+            .get_or_try_init(|| async move {
+                client
+                    .update_user(Some((
+                        credentials.user.clone(),
+                        credentials.password.clone(),
+                    )))
+                    .await
+            })
+            .await
+            .map(|_| ())
     }
 
     /// The position now (an index modulo the number of endpoints).
@@ -116,7 +190,7 @@ impl Endpoints {
         self.current.load(Ordering::Relaxed)
     }
 
-    pub(super) fn client_at(&self, position: usize) -> Client {
+    fn client_at(&self, position: usize) -> Client {
         self.clients[position % self.clients.len()].clone()
     }
 
@@ -193,7 +267,14 @@ impl Endpoints {
         let mut last = None;
         for k in 0..self.clients.len() {
             let position = start.wrapping_add(k);
-            match timed(op, after, f(self.client_at(position))).await {
+            let attempt = async {
+                self.authenticate(position).await?;
+                f(self.client_at(position)).await
+            };
+            match timed(op, after, attempt)
+                .await
+                .map_err(|e| self.refused(position, e))
+            {
                 Ok(answer) => {
                     if !failed.is_empty() {
                         warn!(op, failed = ?failed, now_using = self.url_at(position), "etcd endpoint failed; moved on to the next");
@@ -214,6 +295,20 @@ impl Endpoints {
             }
         }
         Err(last.unwrap_or(StoreError::Timeout { op, after }))
+    }
+
+    /// `e` as [`StoreError::AccessRefused`] when it is etcd refusing this
+    /// server's TLS connection or credentials; otherwise `e` unchanged.
+    fn refused(&self, position: usize, e: StoreError) -> StoreError {
+        let problem = etcd_error(&e).and_then(refusal_of);
+        match (problem, e) {
+            (Some(problem), StoreError::Request { source, .. }) => StoreError::AccessRefused {
+                endpoint: self.url_at(position).to_owned(),
+                problem,
+                source,
+            },
+            (_, e) => e,
+        }
     }
 
     /// Runs one transaction, like [`Endpoints::call`]. A retried transaction

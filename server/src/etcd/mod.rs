@@ -22,7 +22,8 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | `endpoints` | the failover client: one client per endpoint, timeouts, which errors move on |
+//! | `endpoints` | the failover client: one client per endpoint, TLS and authentication, timeouts, which errors move on |
+//! | [`access`] | the TLS and authentication settings, and recognising etcd's refusals of them |
 //! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions |
 //! | `fence_count` | the counts of fence keys created, per block of 64 machine ids, which tell a never-written fence key from a deleted one |
 //! | `session` | the server's own lease: grant and claim, fence writes, keepalive, peer registration, release and revoke |
@@ -34,6 +35,7 @@
 //! | `overlap` | the advice about other namespaces sharing this range |
 //! | `requesters` | the Lease API's leases of embedded requesters |
 
+pub mod access;
 mod directory;
 mod endpoints;
 mod fence_count;
@@ -62,8 +64,10 @@ use crate::claim::{ClaimStore, HolderWatch, LossReason, StoreError};
 /// Settings of the etcd store.
 #[derive(Debug, Clone)]
 pub struct EtcdSettings {
-    /// Client URLs, `http://host:port`.
+    /// Client URLs, all `http://host:port` or all `https://host:port`.
     pub endpoints: Vec<String>,
+    /// TLS and authentication towards etcd (the same for every client).
+    pub access: access::EtcdAccess,
     /// The namespace.
     pub namespace: String,
     /// This instance's id (the holder key's value).
@@ -137,7 +141,12 @@ impl EtcdStore {
         layout: Layout,
         clock: SharedClock,
     ) -> Result<Self, StoreError> {
-        let endpoints = Endpoints::connect(&settings.endpoints, settings.request_timeout).await?;
+        let endpoints = Endpoints::connect(
+            &settings.endpoints,
+            settings.request_timeout,
+            &settings.access,
+        )
+        .await?;
         Ok(Self {
             endpoints,
             settings,

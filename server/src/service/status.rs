@@ -206,6 +206,7 @@ fn code_of(err: &ApiError) -> Code {
             | StoreError::LeaseLost { .. }
             | StoreError::Timeout { .. }
             | StoreError::Request { .. }
+            | StoreError::AccessRefused { .. }
             | StoreError::Io { .. } => Code::Unavailable,
             StoreError::Corrupt { .. }
             | StoreError::LayoutMismatch { .. }

@@ -19,6 +19,7 @@ fn settings(
 ) -> EtcdSettings {
     EtcdSettings {
         endpoints: vec![etcd.endpoint()],
+        access: Default::default(),
         namespace: namespace.into(),
         instance_id: format!("claimer-{instance}"),
         lease_ttl: Duration::from_secs(2),

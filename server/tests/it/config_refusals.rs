@@ -38,15 +38,12 @@ async fn an_etcd_endpoint_that_is_not_http_host_port_refuses_to_start_with_64() 
     let entry = |e: &str, problem: &str| {
         format!(r#"invalid --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) entry "{e}": {problem}"#)
     };
-    let malformed = "not an etcd client URL; use http://host:port (or host:port): a host, a port from 1 to 65535, no user, path or query";
+    let malformed = "not an etcd client URL; use http://host:port, https://host:port (or host:port): a host, a port from 1 to 65535, no user, path or query";
     let empty = "the entry is empty (a doubled or trailing comma?); give etcd client URLs as http://host:port, comma-separated";
     let cases = [
         (
             "https://127.0.0.1:2379",
-            entry(
-                "https://127.0.0.1:2379",
-                "TLS to etcd (https://) is not supported yet; give a plaintext client URL, http://host:port",
-            ),
+            "https:// etcd endpoints need --etcd-ca-file (SNOWKEEP_ETCD_CA_FILE), the CA bundle (PEM) that signs the etcd members' server certificates; for certificates from a public CA give the system bundle, e.g. /etc/ssl/certs/ca-certificates.crt".to_owned(),
         ),
         ("garbage", entry("garbage", malformed)),
         ("", entry("", empty)),
@@ -55,7 +52,7 @@ async fn an_etcd_endpoint_that_is_not_http_host_port_refuses_to_start_with_64() 
             "unix:///var/run/etcd.sock",
             entry(
                 "unix:///var/run/etcd.sock",
-                "only http:// client URLs are supported; use http://host:port",
+                "only http:// and https:// client URLs are supported; use http://host:port or https://host:port",
             ),
         ),
     ];
@@ -148,4 +145,74 @@ async fn the_lease_api_refuses_a_namespace_outside_the_rule_with_invalid_argumen
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_tls_and_auth_flags_that_do_not_fit_refuse_to_start_with_64() {
+    let pki = crate::support::pki::TestPki::new();
+    let path = |p: std::path::PathBuf| p.to_str().unwrap().to_owned();
+    let (ca, client) = (path(pki.ca_file()), pki.client());
+    let (cert, key) = (path(client.cert), path(client.key));
+    let missing = path(pki.dir().join("missing.pem"));
+    let password = pki.dir().join("password");
+    std::fs::write(&password, "pw\n").unwrap();
+    let password = path(password);
+    let https = "--etcd-endpoints=https://127.0.0.1:2379".to_owned();
+    let http = "--etcd-endpoints=http://127.0.0.1:2379".to_owned();
+    let flag = |name: &str, value: &str| format!("--{name}={value}");
+    let cases: Vec<(Vec<String>, String)> = vec![
+        (
+            vec!["--etcd-endpoints=http://127.0.0.1:1,https://127.0.0.1:2".into(), flag("etcd-ca-file", &ca)],
+            "--etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) mixes http:// and https:// client URLs: an etcd cluster serves its clients either with TLS or without, so give every endpoint the same scheme".into(),
+        ),
+        (
+            vec![http.clone(), flag("etcd-ca-file", &ca)],
+            "--etcd-ca-file, --etcd-cert-file and --etcd-key-file are for TLS to etcd, but every --etcd-endpoints (SNOWKEEP_ETCD_ENDPOINTS) URL is plaintext http://: give the members' https:// client URLs, or drop the TLS flags".into(),
+        ),
+        (
+            vec![https.clone(), flag("etcd-ca-file", &ca), flag("etcd-cert-file", &cert)],
+            "--etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE) and --etcd-key-file (SNOWKEEP_ETCD_KEY_FILE) come together: give both (a client certificate and its private key, PEM) or neither".into(),
+        ),
+        (
+            vec![http.clone(), flag("etcd-user", "snowkeep")],
+            "--etcd-user (SNOWKEEP_ETCD_USER) and --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE) come together: give both or neither".into(),
+        ),
+        (
+            vec![https.clone(), flag("etcd-ca-file", &missing)],
+            format!("cannot use --etcd-ca-file (SNOWKEEP_ETCD_CA_FILE) {missing}: cannot read it (No such file or directory"),
+        ),
+        (
+            vec![https.clone(), flag("etcd-ca-file", &ca), flag("etcd-cert-file", &cert), flag("etcd-key-file", &cert)],
+            format!("cannot use --etcd-key-file (SNOWKEEP_ETCD_KEY_FILE) {cert}: no PEM private key (PKCS#8, PKCS#1 or SEC1) in it"),
+        ),
+        (
+            vec![https.clone(), flag("etcd-ca-file", &key)],
+            format!("cannot use --etcd-ca-file (SNOWKEEP_ETCD_CA_FILE) {key}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it"),
+        ),
+        (
+            vec![http.clone(), flag("etcd-user", "snowkeep"), flag("etcd-password-file", &missing)],
+            format!("cannot use --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE) {missing}: cannot read it"),
+        ),
+        (
+            vec![flag("etcd-user", "snowkeep"), flag("etcd-password-file", &password)],
+            "--etcd-ca-file, --etcd-cert-file, --etcd-key-file, --etcd-user and --etcd-password-file apply to etcd: add --etcd-endpoints".into(),
+        ),
+    ];
+    refused(cases).await;
+
+    // The password file may come from the environment too; never the
+    // password itself (there is no flag for it).
+    let mut s = ServerProcess::spawn_env(
+        &[&http, "--etcd-user=snowkeep"],
+        &[("SNOWKEEP_ETCD_PASSWORD_FILE", &missing)],
+    );
+    assert_eq!(s.wait_exit(Duration::from_secs(15)).await.code(), Some(64));
+    assert!(
+        s.log()
+            .contains("cannot use --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE)"),
+        "log:\n{}",
+        s.log()
+    );
+    let mut s = ServerProcess::spawn(&[&http, "--etcd-password=pw"]);
+    assert_eq!(s.wait_exit(Duration::from_secs(15)).await.code(), Some(64));
 }

@@ -635,6 +635,7 @@ async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
     let etcd = EtcdProcess::start().await;
     let settings = EtcdSettings {
         endpoints: vec![etcd.endpoint()],
+        access: Default::default(),
         namespace: ns.into(),
         instance_id: "guarded".into(),
         lease_ttl: Duration::from_secs(2),

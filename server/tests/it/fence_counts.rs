@@ -22,6 +22,7 @@ const HORIZON_MS: u64 = 3000;
 fn settings(etcd: &EtcdProcess, namespace: &str, range: std::ops::Range<u32>) -> EtcdSettings {
     EtcdSettings {
         endpoints: vec![etcd.endpoint()],
+        access: Default::default(),
         namespace: namespace.into(),
         instance_id: format!("counter-{}-{}", range.start, rand_suffix()),
         lease_ttl: Duration::from_secs(10),

@@ -11,6 +11,7 @@ mod config_refusals;
 mod corrupt_keys;
 mod endpoints;
 mod etcd_faults;
+mod etcd_security;
 mod fairness;
 mod fence_counts;
 mod instance_ids;

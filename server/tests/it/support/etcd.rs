@@ -2,6 +2,13 @@
 //! or more members on free loopback ports, each with a temp data dir. Fails
 //! loudly when the binary is missing; never uses an etcd that is already
 //! running. Members are killed on drop.
+//!
+//! [`EtcdProcess::start_secured`] starts a member as a secured production
+//! cluster runs: TLS on the client URL (certificates from [`TestPki`]),
+//! client certificates required (`--client-cert-auth`), and etcd's auth
+//! enabled with a `root` user and a `snowkeep` user whose role may read and
+//! write only the `/snowkeep/` prefix. [`EtcdProcess::server_args`] gives the
+//! server flags that reach it.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -9,7 +16,35 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use super::pki::TestPki;
 use super::{eventually, free_port};
+
+/// The password of the secured cluster's `root` user.
+pub const ROOT_PASSWORD: &str = "root-test-password";
+/// The password of the secured cluster's `snowkeep` user.
+pub const SNOWKEEP_PASSWORD: &str = "snowkeep-test-password";
+/// The key prefix the `snowkeep` user's role may read and write.
+pub const SNOWKEEP_PREFIX: &str = "/snowkeep/";
+
+/// What secures a cluster started with [`EtcdProcess::start_secured_with`].
+pub struct Security {
+    /// The certificates (etcd's, the clients', the CAs).
+    pub pki: TestPki,
+    /// etcd's `--auth-token-ttl` (seconds); etcd's default (300) when `None`.
+    pub auth_token_ttl: Option<u32>,
+    /// True once `auth enable` ran: clients then log in as `root`.
+    auth_enabled: bool,
+    /// The plain-HTTP `--listen-metrics-urls` port of the (one) member.
+    metrics_port: u16,
+}
+
+/// Options of a secured cluster.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SecureOptions {
+    /// etcd's `--auth-token-ttl` in seconds (simple tokens expire this long
+    /// after their last use); etcd's default 300 when `None`.
+    pub auth_token_ttl: Option<u32>,
+}
 
 struct Member {
     name: String,
@@ -21,11 +56,13 @@ struct Member {
     child: Option<Child>,
     /// False after the first launch: a restart joins the existing cluster.
     fresh: bool,
+    /// `https` on a secured cluster, else `http`.
+    scheme: &'static str,
 }
 
 impl Member {
     fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.client_port)
     }
     fn peer_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.peer_port)
@@ -38,6 +75,7 @@ const CLUSTER_TOKEN: &str = "snowkeep-test";
 /// A running etcd cluster.
 pub struct EtcdProcess {
     members: Vec<Member>,
+    security: Option<Security>,
 }
 
 fn etcd_bin() -> PathBuf {
@@ -70,7 +108,160 @@ impl EtcdProcess {
 
     /// Starts a fresh cluster of `n` members and waits until all are healthy.
     pub async fn cluster(n: usize) -> Self {
+        Self::start_members(n, None).await
+    }
+
+    /// Starts one secured member (see the module docs) with etcd's default
+    /// token TTL and waits until it is healthy with auth enabled.
+    #[allow(dead_code)] // used by some test files only
+    pub async fn start_secured() -> Self {
+        Self::start_secured_with(SecureOptions::default()).await
+    }
+
+    /// [`EtcdProcess::start_secured`] with `options`.
+    #[allow(dead_code)] // used by some test files only
+    pub async fn start_secured_with(options: SecureOptions) -> Self {
+        let security = Security {
+            pki: TestPki::new(),
+            auth_token_ttl: options.auth_token_ttl,
+            auth_enabled: false,
+            metrics_port: free_port(),
+        };
+        std::fs::write(
+            security.pki.dir().join("snowkeep.password"),
+            format!("{SNOWKEEP_PASSWORD}\n"),
+        )
+        .expect("write password file");
+        let mut etcd = Self::start_members(1, Some(security)).await;
+        etcd.enable_auth().await;
+        etcd
+    }
+
+    /// Adds the `root` user (role root) and the `snowkeep` user, whose role
+    /// `snowkeep` may read and write only [`SNOWKEEP_PREFIX`], then enables
+    /// etcd's authentication.
+    async fn enable_auth(&mut self) {
+        use etcd_client::Permission;
+        let mut c = self.client().await;
+        c.user_add("root", ROOT_PASSWORD, None)
+            .await
+            .expect("add root");
+        c.user_grant_role("root", "root").await.expect("grant root");
+        c.role_add("snowkeep").await.expect("add role");
+        c.role_grant_permission(
+            "snowkeep",
+            Permission::read_write(SNOWKEEP_PREFIX).with_prefix(),
+        )
+        .await
+        .expect("grant /snowkeep/");
+        c.user_add("snowkeep", SNOWKEEP_PASSWORD, None)
+            .await
+            .expect("add snowkeep");
+        c.user_grant_role("snowkeep", "snowkeep")
+            .await
+            .expect("grant snowkeep");
+        c.auth_enable().await.expect("auth enable");
+        self.security
+            .as_mut()
+            .expect("a secured cluster")
+            .auth_enabled = true;
+    }
+
+    /// How many logins (successful `Authenticate` calls) the secured
+    /// member has answered, from its Prometheus metrics.
+    #[allow(dead_code)] // used by some test files only
+    pub async fn authentications(&self) -> u64 {
+        let port = self
+            .security
+            .as_ref()
+            .expect("a secured cluster")
+            .metrics_port;
+        let text = tokio::task::spawn_blocking(move || {
+            ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
+                .call()
+                .expect("etcd metrics")
+                .body_mut()
+                .read_to_string()
+                .expect("metrics text")
+        })
+        .await
+        .expect("metrics task");
+        text.lines()
+            .filter(|l| {
+                l.starts_with("grpc_server_handled_total{")
+                    && l.contains("grpc_code=\"OK\"")
+                    && l.contains("grpc_method=\"Authenticate\"")
+            })
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// The certificates of a secured cluster; panics on a plain one.
+    #[allow(dead_code)] // used by some test files only
+    pub fn pki(&self) -> &TestPki {
+        &self.security.as_ref().expect("a secured cluster").pki
+    }
+
+    /// The file holding the `snowkeep` user's password (with a trailing
+    /// newline, as `echo` writes it).
+    #[allow(dead_code)] // used by some test files only
+    pub fn password_file(&self) -> std::path::PathBuf {
+        self.pki().dir().join("snowkeep.password")
+    }
+
+    /// The server flags that reach a secured cluster as the `snowkeep`
+    /// user: `--etcd-endpoints` (https), `--etcd-ca-file`, the client
+    /// certificate (`--etcd-cert-file`, `--etcd-key-file`), `--etcd-user`
+    /// and `--etcd-password-file`.
+    #[allow(dead_code)] // used by some test files only
+    pub fn server_args(&self) -> Vec<String> {
+        let pki = self.pki();
+        let client = pki.client();
+        let path = |p: std::path::PathBuf| p.to_str().expect("UTF-8 path").to_owned();
+        vec![
+            "--etcd-endpoints".into(),
+            self.endpoints(),
+            "--etcd-ca-file".into(),
+            path(pki.ca_file()),
+            "--etcd-cert-file".into(),
+            path(client.cert),
+            "--etcd-key-file".into(),
+            path(client.key),
+            "--etcd-user".into(),
+            "snowkeep".into(),
+            "--etcd-password-file".into(),
+            path(self.password_file()),
+        ]
+    }
+
+    /// Connect options of the test's own clients: TLS with the root client
+    /// certificate on a secured cluster, and the `root` user once auth is
+    /// enabled.
+    fn admin_options(&self) -> Option<etcd_client::ConnectOptions> {
+        let security = self.security.as_ref()?;
+        let read = |p: std::path::PathBuf| std::fs::read(p).expect("read PEM");
+        let root = security.pki.root_client();
+        let tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read(
+                security.pki.ca_file(),
+            )))
+            .identity(etcd_client::Identity::from_pem(
+                read(root.cert),
+                read(root.key),
+            ));
+        let options = etcd_client::ConnectOptions::new().with_tls(tls);
+        Some(match security.auth_enabled {
+            true => options
+                .with_user("root", ROOT_PASSWORD)
+                .with_auto_token_refresh(true),
+            false => options,
+        })
+    }
+
+    async fn start_members(n: usize, security: Option<Security>) -> Self {
+        let scheme = if security.is_some() { "https" } else { "http" };
         let mut etcd = Self {
+            security,
             members: (0..n)
                 .map(|i| {
                     let dir = tempfile::tempdir().expect("temp dir");
@@ -82,6 +273,7 @@ impl EtcdProcess {
                         dir,
                         child: None,
                         fresh: true,
+                        scheme,
                     }
                 })
                 .collect(),
@@ -112,7 +304,28 @@ impl EtcdProcess {
             .open(m.dir.path().join("etcd.log"))
             .expect("etcd log");
         let (client, peer) = (m.client_url(), m.peer_url());
-        let child = Command::new(etcd_bin())
+        let mut command = Command::new(etcd_bin());
+        if let Some(security) = &self.security {
+            let server = security.pki.server();
+            command
+                .arg("--cert-file")
+                .arg(&server.cert)
+                .arg("--key-file")
+                .arg(&server.key)
+                .arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(security.pki.ca_file())
+                // Tests log in often; the default cost 10 takes ~50 ms each.
+                .args(["--bcrypt-cost", "4"]);
+            command.args([
+                "--listen-metrics-urls",
+                &format!("http://127.0.0.1:{}", security.metrics_port),
+            ]);
+            if let Some(ttl) = security.auth_token_ttl {
+                command.args(["--auth-token-ttl", &ttl.to_string()]);
+            }
+        }
+        let child = command
             .args(["--name", &m.name, "--data-dir"])
             .arg(&m.data)
             .args([
@@ -144,12 +357,13 @@ impl EtcdProcess {
 
     async fn wait_healthy(&self, i: usize) {
         let url = self.members[i].client_url();
+        let options = self.admin_options();
         eventually(
             "etcd member to become healthy",
             Duration::from_secs(30),
             || {
-                let url = url.clone();
-                async move { health(&url).await }
+                let (url, options) = (url.clone(), options.clone());
+                async move { status(&url, options).await.is_some() }
             },
         )
         .await;
@@ -186,7 +400,7 @@ impl EtcdProcess {
         let mut leader = None;
         for m in &self.members {
             let status = match m.child {
-                Some(_) => status(&m.client_url()).await,
+                Some(_) => status(&m.client_url(), self.admin_options()).await,
                 None => None,
             };
             ids.push(
@@ -204,7 +418,7 @@ impl EtcdProcess {
     /// A client for assertions on etcd state (all members).
     pub async fn client(&self) -> etcd_client::Client {
         let urls: Vec<String> = self.members.iter().map(Member::client_url).collect();
-        etcd_client::Client::connect(urls, None)
+        etcd_client::Client::connect(urls, self.admin_options())
             .await
             .expect("connect etcd client")
     }
@@ -226,13 +440,14 @@ impl EtcdProcess {
         let target = (0..self.members.len())
             .find(|&j| j != avoid && self.members[j].child.is_some())
             .expect("another running member");
-        let target_id = status(&self.member_url(target))
+        let target_id = status(&self.member_url(target), self.admin_options())
             .await
             .and_then(|s| s.header().map(|h| h.member_id()))
             .expect("member id of the new leader");
-        let mut client = etcd_client::Client::connect([self.member_url(avoid)], None)
-            .await
-            .expect("connect to the leader");
+        let mut client =
+            etcd_client::Client::connect([self.member_url(avoid)], self.admin_options())
+                .await
+                .expect("connect to the leader");
         client.move_leader(target_id).await.expect("move leader");
         eventually(
             "the leadership to move",
@@ -370,7 +585,7 @@ impl EtcdProcess {
     /// The first member's mvcc revision and raft applied index.
     #[allow(dead_code)] // used by the rollback tests
     pub async fn progress(&self) -> (i64, u64) {
-        let s = status(&self.members[0].client_url())
+        let s = status(&self.members[0].client_url(), self.admin_options())
             .await
             .expect("etcd answers Status");
         (
@@ -416,14 +631,18 @@ fn run_script(args: &[&std::ffi::OsStr]) {
     );
 }
 
-/// True when the member answers a Status request.
-async fn health(url: &str) -> bool {
-    status(url).await.is_some()
-}
-
 /// The member's answer to a Status request, `None` when it gives none in 500 ms.
-async fn status(url: &str) -> Option<etcd_client::StatusResponse> {
-    let mut client = etcd_client::Client::connect([url], None).await.ok()?;
+async fn status(
+    url: &str,
+    options: Option<etcd_client::ConnectOptions>,
+) -> Option<etcd_client::StatusResponse> {
+    let mut client = tokio::time::timeout(
+        Duration::from_millis(500),
+        etcd_client::Client::connect([url], options),
+    )
+    .await
+    .ok()?
+    .ok()?;
     tokio::time::timeout(Duration::from_millis(500), client.status())
         .await
         .ok()?

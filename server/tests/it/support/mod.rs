@@ -3,6 +3,7 @@
 
 pub mod etcd;
 pub mod lease;
+pub mod pki;
 pub mod server;
 
 /// libfaketime's preload library (Debian's `faketime` package, multi-threaded

@@ -1,0 +1,247 @@
+//! How the server reaches etcd when etcd is secured: TLS (a CA bundle to
+//! verify the members' server certificates, optionally a client certificate)
+//! and etcd's own user/password authentication. One [`EtcdAccess`] is built
+//! by `crate::config` from the `--etcd-*` flags and given to every etcd
+//! client the server (or a tool on its code, like snowkeep-scale) makes, so
+//! every path to etcd uses the same options.
+//!
+//! Also here: recognising etcd's refusals of those settings in an
+//! etcd-client error ([`refusal_of`]), so a wrong password or an untrusted
+//! certificate is reported as what it is, with the flag to fix, rather than as
+//! "etcd is not reachable".
+//!
+//! Secrets (the password, the client key) never appear in `Debug` output.
+
+use std::fmt;
+
+use crate::claim::AccessProblem;
+
+/// TLS and authentication settings for etcd; the default is plaintext
+/// without authentication.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EtcdAccess {
+    /// TLS for `https://` endpoints; `None` for `http://` endpoints.
+    pub tls: Option<EtcdTls>,
+    /// etcd user and password; `None` when etcd's auth is off.
+    pub credentials: Option<EtcdCredentials>,
+}
+
+/// TLS towards etcd.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// PEM certificates of the CAs that sign the etcd members' server
+    /// certificates (the only roots trusted).
+    pub ca_pem: Vec<u8>,
+    /// The client certificate presented to etcd (for etcd's
+    /// `--client-cert-auth`), if any.
+    pub client_identity: Option<ClientIdentity>,
+}
+
+/// A client certificate chain and its private key, PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    /// The certificate chain, leaf first.
+    pub cert_pem: Vec<u8>,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_pem: Vec<u8>,
+}
+
+/// etcd's own authentication: a user and its password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdCredentials {
+    /// The etcd user name.
+    pub user: String,
+    /// Its password (read from `--etcd-password-file`).
+    pub password: String,
+}
+
+impl fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("tls", &self.tls.is_some())
+            .field(
+                "client_certificate",
+                &self
+                    .tls
+                    .as_ref()
+                    .is_some_and(|t| t.client_identity.is_some()),
+            )
+            .field("user", &self.credentials.as_ref().map(|c| c.user.as_str()))
+            .finish()
+    }
+}
+
+impl fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("ca_pem_bytes", &self.ca_pem.len())
+            .field("client_identity", &self.client_identity)
+            .finish()
+    }
+}
+
+impl fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientIdentity")
+            .field("cert_pem_bytes", &self.cert_pem.len())
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+impl fmt::Debug for EtcdCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdCredentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// etcd's refusal of this server's TLS connection or credentials, if `e` is
+/// one: a wrong user or password, authentication required but not given, a
+/// user without permission on snowkeep's keys, an untrusted server
+/// certificate, or a client certificate etcd wants and did not get (or does
+/// not trust). `None` for anything else (an unreachable member, a timeout).
+pub(crate) fn refusal_of(e: &etcd_client::Error) -> Option<AccessProblem> {
+    use tonic::Code;
+    if let etcd_client::Error::GRpcStatus(status) = e {
+        let message = status.message();
+        match status.code() {
+            Code::InvalidArgument if message.contains("authentication failed") => {
+                return Some(AccessProblem::Authentication)
+            }
+            Code::InvalidArgument if message.contains("user name is empty") => {
+                return Some(AccessProblem::AuthenticationRequired)
+            }
+            Code::FailedPrecondition if message.contains("authentication is not enabled") => {
+                return None
+            }
+            Code::PermissionDenied => return Some(AccessProblem::Permission),
+            _ => {}
+        }
+    }
+    tls_refusal(&chain_text(e))
+}
+
+/// The TLS refusal named in an error chain's text: rustls's words for a
+/// server certificate it does not trust, and for the alerts a server sends
+/// when it wants a client certificate or does not trust the one it got.
+fn tls_refusal(text: &str) -> Option<AccessProblem> {
+    if text.contains("invalid peer certificate") {
+        Some(AccessProblem::ServerCertificate)
+    } else if [
+        "CertificateRequired",
+        "BadCertificate",
+        "UnknownCA",
+        "certificate required",
+        "bad certificate",
+        "unknown certificate authority",
+    ]
+    .iter()
+    .any(|alert| text.contains(alert))
+    {
+        Some(AccessProblem::ClientCertificate)
+    } else if text.contains("InvalidContentType") || text.contains("corrupt message") {
+        // A plaintext answer to a TLS hello: the member serves http://.
+        Some(AccessProblem::TlsNotServed)
+    } else {
+        None
+    }
+}
+
+/// `e` and its sources, joined with ": ".
+fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: tonic::Code, message: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    #[test]
+    fn etcd_auth_answers_are_recognised() {
+        use tonic::Code;
+        assert_eq!(
+            refusal_of(&status(
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password"
+            )),
+            Some(AccessProblem::Authentication)
+        );
+        assert_eq!(
+            refusal_of(&status(
+                Code::InvalidArgument,
+                "etcdserver: user name is empty"
+            )),
+            Some(AccessProblem::AuthenticationRequired)
+        );
+        assert_eq!(
+            refusal_of(&status(
+                Code::PermissionDenied,
+                "etcdserver: permission denied"
+            )),
+            Some(AccessProblem::Permission)
+        );
+        assert_eq!(
+            refusal_of(&status(Code::Unavailable, "tcp connect error")),
+            None
+        );
+        assert_eq!(
+            refusal_of(&status(
+                Code::InvalidArgument,
+                "etcdserver: too many operations"
+            )),
+            None
+        );
+    }
+
+    #[test]
+    fn tls_refusals_are_recognised_in_the_chain_text() {
+        assert_eq!(
+            tls_refusal("transport error: invalid peer certificate: UnknownIssuer"),
+            Some(AccessProblem::ServerCertificate)
+        );
+        assert_eq!(
+            tls_refusal("received fatal alert: CertificateRequired"),
+            Some(AccessProblem::ClientCertificate)
+        );
+        assert_eq!(
+            tls_refusal("received fatal alert: BadCertificate"),
+            Some(AccessProblem::ClientCertificate)
+        );
+        assert_eq!(tls_refusal("tcp connect error: Connection refused"), None);
+    }
+
+    #[test]
+    fn debug_output_never_shows_secrets() {
+        let access = EtcdAccess {
+            tls: Some(EtcdTls {
+                ca_pem: b"ca".to_vec(),
+                client_identity: Some(ClientIdentity {
+                    cert_pem: b"cert".to_vec(),
+                    key_pem: b"very-secret-key".to_vec(),
+                }),
+            }),
+            credentials: Some(EtcdCredentials {
+                user: "snowkeep".into(),
+                password: "hunter2-secret".into(),
+            }),
+        };
+        let shown = format!("{access:?} {:?} {:?}", access.tls, access.credentials);
+        assert!(!shown.contains("very-secret-key"), "{shown}");
+        assert!(!shown.contains("hunter2-secret"), "{shown}");
+        assert!(shown.contains("snowkeep"), "{shown}");
+    }
+}
