@@ -89,3 +89,27 @@ impl ConnArgs {
         Ok(AdminServiceClient::with_interceptor(channel, self.key()?))
     }
 }
+
+/// The info client snowkeepctl uses (for the server's own namespace).
+pub type Info =
+    snowkeep_proto::v1::info_service_client::InfoServiceClient<InterceptedService<Channel, ApiKey>>;
+
+impl ConnArgs {
+    /// Connects to the server's InfoService.
+    pub async fn info(&self) -> anyhow::Result<Info> {
+        let endpoint = Endpoint::from_shared(self.endpoint.clone())
+            .with_context(|| format!("--endpoint {:?} is not a URL", self.endpoint))?
+            .timeout(self.timeout)
+            .connect_timeout(self.timeout);
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("connecting to {}", self.endpoint))?;
+        Ok(
+            snowkeep_proto::v1::info_service_client::InfoServiceClient::with_interceptor(
+                channel,
+                self.key()?,
+            ),
+        )
+    }
+}

@@ -181,6 +181,12 @@ pub struct Args {
     /// serving (an init step).
     #[arg(long, env = "SNOWKEEP_CREATE_NAMESPACE_ONLY")]
     pub create_namespace_only: bool,
+    /// Wait for the namespace's record when it does not exist yet (logging
+    /// each retry, NOT_SERVING meanwhile, the administration service
+    /// answering) instead of exiting 64: for a restore (`snowkeepctl import`
+    /// creates it) or a deployment whose creation job may run later.
+    #[arg(long, env = "SNOWKEEP_WAIT_FOR_NAMESPACE")]
+    pub wait_for_namespace: bool,
     /// One-shot, after etcd lost writes: every claim in the namespace starts
     /// above this floor (+DURATION like +48h1m, or an RFC 3339 UTC time),
     /// every holder starts over, the namespace is usable again; then exit 0.
@@ -359,6 +365,8 @@ pub struct ServerConfig {
     pub peer_skew: PeerSkewConfig,
     /// Namespace creation or floor confirmation at connect (etcd only).
     pub namespace_setup: NamespaceSetup,
+    /// Wait for a namespace without a record instead of exiting (`--wait-for-namespace`).
+    pub wait_for_namespace: bool,
     /// Exit after [`ServerConfig::namespace_setup`] instead of serving.
     pub setup_only: bool,
     /// Bounds on connections, calls and messages.
@@ -732,6 +740,7 @@ impl TryFrom<Args> for ServerConfig {
                 warn: args.peer_skew_warn,
             },
             namespace_setup,
+            wait_for_namespace: args.wait_for_namespace,
             setup_only,
         })
     }

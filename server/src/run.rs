@@ -123,8 +123,27 @@ pub(crate) async fn connect_etcd(
     clock: snowkeep_client::SharedClock,
     shutdown: &CancellationToken,
 ) -> Result<Option<EtcdStore>, StoreError> {
+    connect_etcd_serving(settings, layout, clock, shutdown, None, false).await
+}
+
+/// [`connect_etcd`] for a serving server: `access` gets the administration
+/// service's etcd handle as soon as the clients exist (before the namespace
+/// opens, so an import can restore it), and with `wait_for_namespace` a
+/// namespace without a record is waited for (logged each retry) instead of
+/// ending the server.
+pub(crate) async fn connect_etcd_serving(
+    settings: EtcdSettings,
+    layout: snowkeep_client::Layout,
+    clock: snowkeep_client::SharedClock,
+    shutdown: &CancellationToken,
+    access: Option<&StoreAccess>,
+    wait_for_namespace: bool,
+) -> Result<Option<EtcdStore>, StoreError> {
     let endpoints = settings.endpoints.clone();
     let mut store = EtcdStore::new(settings, layout, clock).await?;
+    if let Some(access) = access {
+        access.clients_ready(&store);
+    }
     let mut backoff =
         snowkeep_client::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
@@ -139,6 +158,14 @@ pub(crate) async fn connect_etcd(
             Err(e) if e.is_retryable() && !matches!(e, StoreError::AccessRefused { .. }) => {
                 let delay = backoff.next_delay();
                 warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            Err(e @ StoreError::NamespaceNotCreated { .. }) if wait_for_namespace => {
+                let delay = backoff.next_delay();
+                warn!(error = %crate::DisplayChain(&e), retry_in = ?delay, "waiting for the namespace (--wait-for-namespace): create it, or import it with snowkeepctl import");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(None),
                     _ = tokio::time::sleep(delay) => {}
@@ -358,6 +385,7 @@ pub async fn run(
     let lease_runtime = lease_runtime().map_err(ServeError::LeaseRuntime)?;
     let mut lease_task = {
         let (clock, ns, layout) = (clock.clone(), ns.clone(), config.layout);
+        let wait_for_namespace = config.wait_for_namespace;
         let (shutdown, release, access) = (shutdown.clone(), release.clone(), access.clone());
         lease_runtime.spawn(async move {
             // The capacity gauges follow the first slot's grant.
@@ -371,8 +399,15 @@ pub async fn run(
                         .await
                 }
                 (None, Some(settings)) => {
-                    let Some(store) =
-                        connect_etcd(settings, layout, clock.clone(), &shutdown).await?
+                    let Some(store) = connect_etcd_serving(
+                        settings,
+                        layout,
+                        clock.clone(),
+                        &shutdown,
+                        Some(&access),
+                        wait_for_namespace,
+                    )
+                    .await?
                     else {
                         return Ok(());
                     };
@@ -406,7 +441,10 @@ pub async fn run(
             access.clone(),
         ),
         LeaseHandler::new(access.clone(), config.lease_api, clock.clone()),
-        AdminHandler::new(StateAdmin::new(access.clone()), KeyAdmin::new(access)),
+        AdminHandler::new(
+            StateAdmin::new(access.clone(), clock.clone()),
+            KeyAdmin::new(access),
+        ),
         &config.limits,
     )?;
     tracker.spawn(health::follow_issuance(

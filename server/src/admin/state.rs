@@ -1,26 +1,55 @@
 //! The cluster-state half of `AdminService`: namespaces, machine ids,
-//! requesters, capacity, eviction, export and import, all read from etcd.
+//! requesters, capacity, eviction, export and import, all read from etcd
+//! ([`crate::etcd::admin`]), so every server of a cluster answers alike.
+//!
+//! Statuses: FAILED_PRECONDITION on the single-instance store, UNAVAILABLE
+//! while etcd does not answer (or before this server reached it),
+//! INVALID_ARGUMENT for a malformed namespace name or document, NOT_FOUND for
+//! an unknown namespace or a machine id nobody holds.
 
+use std::time::Duration;
+
+use snowkeep_client::SharedClock;
 use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
+use crate::audit::{self, AuditEvent, Who};
+use crate::claim::StoreError;
+use crate::etcd::admin::{ImportError, StateDocument, StateStore};
+use crate::service::convert::{capacity_to_pb, layout_to_pb};
+use crate::service::status::ApiError;
 use crate::service::StoreAccess;
 
 /// Answers the cluster-state RPCs from the etcd store.
 #[derive(Clone)]
 pub struct StateAdmin {
-    #[allow(dead_code)]
     access: StoreAccess,
+    clock: SharedClock,
 }
 
-fn todo(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not implemented yet"))
+fn store_status(e: StoreError) -> Status {
+    Status::from(ApiError::Store(e))
+}
+
+fn checked(namespace: &str) -> Result<(), Status> {
+    crate::lease_api::convert::check_namespace(namespace).map_err(Status::from)
 }
 
 impl StateAdmin {
-    /// Creates it on the server's store.
-    pub fn new(access: StoreAccess) -> Self {
-        Self { access }
+    /// Creates it on the server's store; `clock` stamps audit events and
+    /// measures fences ahead of now.
+    pub fn new(access: StoreAccess, clock: SharedClock) -> Self {
+        Self { access, clock }
+    }
+
+    fn store(&self) -> Result<StateStore, Status> {
+        match self.access.state_store() {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => Err(Status::failed_precondition(
+                "the single-instance store has no cluster state; run with --etcd-endpoints",
+            )),
+            Err(e) => Err(Status::from(e)),
+        }
     }
 
     /// See `AdminService.ListNamespaces`.
@@ -28,39 +57,143 @@ impl StateAdmin {
         &self,
         _request: Request<pb::ListNamespacesRequest>,
     ) -> Result<Response<pb::ListNamespacesResponse>, Status> {
-        Err(todo("ListNamespaces"))
+        let store = self.store()?;
+        let namespaces = store
+            .namespaces()
+            .await
+            .map_err(store_status)?
+            .into_iter()
+            .map(|n| pb::NamespaceSummary {
+                layout: Some(layout_to_pb(&n.layout)),
+                capacity: Some(capacity_to_pb(&n.name, n.capacity, n.range)),
+                name: n.name,
+            })
+            .collect();
+        Ok(Response::new(pb::ListNamespacesResponse { namespaces }))
     }
 
     /// See `AdminService.ListMachineIds`.
     pub async fn list_machine_ids(
         &self,
-        _request: Request<pb::ListMachineIdsRequest>,
+        request: Request<pb::ListMachineIdsRequest>,
     ) -> Result<Response<pb::ListMachineIdsResponse>, Status> {
-        Err(todo("ListMachineIds"))
+        let ns = request.into_inner().namespace;
+        checked(&ns)?;
+        let rows = self.store()?.machine_ids(&ns).await.map_err(store_status)?;
+        Ok(Response::new(pb::ListMachineIdsResponse {
+            machine_ids: rows
+                .into_iter()
+                .map(|r| pb::MachineIdState {
+                    machine_id: u32::from(r.machine_id),
+                    holder: r.holder,
+                    fence_ms: r.fence.get(),
+                    fence_ahead_ms: r.fence_ahead_ms,
+                    lease_remaining_s: r.lease_remaining_s,
+                })
+                .collect(),
+        }))
     }
 
     /// See `AdminService.ListRequesters`.
     pub async fn list_requesters(
         &self,
-        _request: Request<pb::ListRequestersRequest>,
+        request: Request<pb::ListRequestersRequest>,
     ) -> Result<Response<pb::ListRequestersResponse>, Status> {
-        Err(todo("ListRequesters"))
+        let ns = request.into_inner().namespace;
+        checked(&ns)?;
+        let rows = self.store()?.requesters(&ns).await.map_err(store_status)?;
+        Ok(Response::new(pb::ListRequestersResponse {
+            requesters: rows
+                .into_iter()
+                .map(|r| pb::RequesterState {
+                    requester_hash: r.tag,
+                    host_id: r.about.host_id,
+                    pid: r.about.pid,
+                    start_unix_ms: r.about.start_unix_ms,
+                    skew_ms: r.about.skew_ms.unwrap_or(0),
+                    machine_ids: r.machine_ids.into_iter().map(u32::from).collect(),
+                    lease_remaining_s: r.lease_remaining_s,
+                    key_id: r.about.key_id,
+                })
+                .collect(),
+        }))
     }
 
     /// See `AdminService.GetNamespaceCapacity`.
     pub async fn get_namespace_capacity(
         &self,
-        _request: Request<pb::GetNamespaceCapacityRequest>,
+        request: Request<pb::GetNamespaceCapacityRequest>,
     ) -> Result<Response<pb::GetNamespaceCapacityResponse>, Status> {
-        Err(todo("GetNamespaceCapacity"))
+        let ns = request.into_inner().namespace;
+        checked(&ns)?;
+        let store = self.store()?;
+        let record = store.record(&ns).await.map_err(store_status)?;
+        let (capacity, range) = store
+            .capacity(&ns, &record.layout)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(pb::GetNamespaceCapacityResponse {
+            capacity: Some(capacity_to_pb(&ns, capacity, range)),
+        }))
     }
 
     /// See `AdminService.Evict`.
     pub async fn evict(
         &self,
-        _request: Request<pb::EvictRequest>,
+        request: Request<pb::EvictRequest>,
     ) -> Result<Response<pb::EvictResponse>, Status> {
-        Err(todo("Evict"))
+        let who = Who::of(request.extensions());
+        let req = request.into_inner();
+        checked(&req.namespace)?;
+        let result = self.evict_checked(&req).await;
+        audit::record(AuditEvent {
+            unix_ms: self.clock.unix_ms(),
+            action: "admin.evict",
+            who,
+            requester: String::new(),
+            namespace: req.namespace.clone(),
+            subject: match &result {
+                Ok(r) => format!(
+                    "machine_id={} holder={} machine_ids={:?}",
+                    req.machine_id, r.holder, r.machine_ids
+                ),
+                Err(_) => format!("machine_id={}", req.machine_id),
+            },
+            result: audit::result_of(&result),
+        });
+        result.map(Response::new)
+    }
+
+    async fn evict_checked(&self, req: &pb::EvictRequest) -> Result<pb::EvictResponse, Status> {
+        let store = self.store()?;
+        let record = store.record(&req.namespace).await.map_err(store_status)?;
+        let count = record.layout.machine_id_count();
+        let machine_id = u16::try_from(req.machine_id)
+            .ok()
+            .filter(|&m| u32::from(m) < count)
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "machine id {} is out of range: namespace {:?} has machine ids 0 to {}",
+                    req.machine_id,
+                    req.namespace,
+                    count - 1
+                ))
+            })?;
+        match store
+            .evict(&req.namespace, machine_id)
+            .await
+            .map_err(store_status)?
+        {
+            Some(e) => Ok(pb::EvictResponse {
+                holder: e.holder,
+                machine_ids: e.machine_ids.into_iter().map(u32::from).collect(),
+                successor_wait_ms: e.successor_wait_ms,
+            }),
+            None => Err(Status::not_found(format!(
+                "machine id {} of namespace {:?} has no holder: nothing to evict",
+                req.machine_id, req.namespace
+            ))),
+        }
     }
 
     /// See `AdminService.Export`.
@@ -68,14 +201,55 @@ impl StateAdmin {
         &self,
         _request: Request<pb::ExportRequest>,
     ) -> Result<Response<pb::ExportResponse>, Status> {
-        Err(todo("Export"))
+        let doc = self.store()?.export().await.map_err(store_status)?;
+        let document = serde_json::to_string_pretty(&doc)
+            .map_err(|e| Status::internal(format!("cannot encode the export: {e}")))?;
+        Ok(Response::new(pb::ExportResponse { document }))
     }
 
     /// See `AdminService.Import`.
     pub async fn import(
         &self,
-        _request: Request<pb::ImportRequest>,
+        request: Request<pb::ImportRequest>,
     ) -> Result<Response<pb::ImportResponse>, Status> {
-        Err(todo("Import"))
+        let who = Who::of(request.extensions());
+        let req = request.into_inner();
+        let result = self.import_checked(&req).await;
+        audit::record(AuditEvent {
+            unix_ms: self.clock.unix_ms(),
+            action: "state.import",
+            who,
+            requester: String::new(),
+            namespace: String::new(),
+            subject: match &result {
+                Ok(r) => format!(
+                    "namespaces={} fences={} keys={} replace={} lead_ms={}",
+                    r.namespaces, r.fences, r.keys, req.replace, r.lead_ms
+                ),
+                Err(_) => format!("replace={}", req.replace),
+            },
+            result: audit::result_of(&result),
+        });
+        result.map(Response::new)
+    }
+
+    async fn import_checked(&self, req: &pb::ImportRequest) -> Result<pb::ImportResponse, Status> {
+        let store = self.store()?;
+        let status = |e: ImportError| match e {
+            ImportError::Invalid(m) => Status::invalid_argument(m),
+            ImportError::Conflict(m) => Status::failed_precondition(m),
+            ImportError::Store(e) => store_status(e),
+        };
+        let doc = StateDocument::parse(&req.document).map_err(status)?;
+        let done = store
+            .import(&doc, req.replace, Duration::from_millis(req.lead_ms))
+            .await
+            .map_err(status)?;
+        Ok(pb::ImportResponse {
+            namespaces: done.namespaces,
+            fences: done.fences,
+            keys: done.keys,
+            lead_ms: done.lead_ms,
+        })
     }
 }

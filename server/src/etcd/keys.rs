@@ -11,6 +11,7 @@
 //! | `/snowkeep/v1/ns/{namespace}/fence-count/{block:04}/{nonce}` | empty: one per fence key created in the block (machine ids `64 × block` to `64 × block + 63`) | no |
 //! | `/snowkeep/v1/ns/{namespace}/requester/{requester}` | `id:floor,…` of an embedded requester's machine ids | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/token/{requester}` | SHA-256 of the requester's lease token, 64 hex digits | yes, the requester's |
+//! | `/snowkeep/v1/ns/{namespace}/about/{requester}` | JSON: what the administration service shows of the requester (host id, pid, start time, skew, API key id; never its nonce or token); informational only, no claim reads it | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/peer/{instance_id}` | the server's advertised `host:port` (peer clock check) | yes, the server's |
 //!
 //! `{requester}` is the SHA-256 of the requester's identity
@@ -210,6 +211,10 @@ pub fn last_holder(namespace: &str, machine_id: MachineId) -> String {
     format!("{ROOT}{namespace}/last/{:05}", machine_id.get())
 }
 
+/// The prefix of every stored API key (`{prefix}{id}`, JSON kept by the
+/// authentication module; export and import copy the values verbatim).
+pub const API_KEYS_ROOT: &str = "/snowkeep/v1/apikeys/";
+
 /// The prefix of the namespace's requester records.
 pub(crate) fn requester_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/requester/")
@@ -225,6 +230,36 @@ pub fn requester(namespace: &str, requester: &str) -> String {
 /// hex SHA-256 of its identity.
 pub(crate) fn token(namespace: &str, requester: &str) -> String {
     format!("{ROOT}{namespace}/token/{requester}")
+}
+
+/// The prefix of the namespace's requester descriptions.
+pub(crate) fn about_prefix(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/about/")
+}
+
+/// What the administration service shows of an embedded requester
+/// ([`RequesterAbout`]); `requester` is the hex SHA-256 of its identity.
+pub(crate) fn about(namespace: &str, requester: &str) -> String {
+    format!("{ROOT}{namespace}/about/{requester}")
+}
+
+/// The description of an embedded requester kept beside its record, on its
+/// lease, for `AdminService.ListRequesters`: never its nonce or lease token.
+/// JSON; fields a version does not know are ignored, missing ones are empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RequesterAbout {
+    /// The host's machine id, as the requester sent it.
+    pub host_id: String,
+    /// The process id.
+    pub pid: u32,
+    /// The process start time, ms since the Unix epoch.
+    pub start_unix_ms: u64,
+    /// Server clock minus client clock at the Acquire, ms; `None` when the
+    /// client sent no time.
+    pub skew_ms: Option<i64>,
+    /// The API key id the requester acquired with; empty without one.
+    pub key_id: String,
 }
 
 /// The holder value of an embedded requester.

@@ -34,8 +34,10 @@
 //! | `instance` | one live process per instance id |
 //! | `overlap` | the advice about other namespaces sharing this range |
 //! | `requesters` | the Lease API's leases of embedded requesters |
+//! | `admin` | the administration service's reads, eviction, export and import |
 
 pub mod access;
+pub(crate) mod admin;
 mod directory;
 mod endpoints;
 mod fence_count;

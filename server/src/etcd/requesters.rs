@@ -83,6 +83,9 @@ struct Record {
     lease_id: i64,
     ids: Vec<(MachineId, Millis)>,
     token: Option<[u8; 32]>,
+    /// The requester's description ([`keys::about`]) when one is on the
+    /// record's lease: moved with the record, never compared.
+    about: Option<Vec<u8>>,
 }
 
 impl Record {
@@ -206,6 +209,7 @@ impl RequesterLeases {
         let gets = vec![
             TxnOp::get(key.clone(), None),
             TxnOp::get(token_key.clone(), None),
+            TxnOp::get(keys::about(namespace, &requester.key()), None),
         ];
         let resp = self
             .endpoints
@@ -227,10 +231,14 @@ impl RequesterLeases {
             ),
             _ => None,
         };
+        let about = got(&ops, 2)
+            .filter(|&(_, lease)| lease == lease_id)
+            .map(|(value, _)| value);
         Ok(Some(Record {
             lease_id,
             ids,
             token,
+            about,
         }))
     }
 
@@ -430,6 +438,13 @@ impl RequesterLeases {
             hex(&record.token.unwrap_or_default()),
             on_new_lease(),
         ));
+        if let Some(about) = &record.about {
+            ops.push(TxnOp::put(
+                keys::about(&ns, &requester.key()),
+                about.clone(),
+                on_new_lease(),
+            ));
+        }
         // The failure branch reads the record: a transaction retried on
         // another endpoint after its first attempt committed (and the answer
         // was lost) finds the record already on the new lease, which only
@@ -596,6 +611,7 @@ impl RequesterStore for RequesterLeases {
         count: u32,
         duration: Duration,
         token: Option<&LeaseToken>,
+        about: &keys::RequesterAbout,
     ) -> Result<RequesterGrant, StoreError> {
         if let Some(record) = self.record(namespace, requester).await? {
             record.authorize(token)?;
@@ -672,6 +688,11 @@ impl RequesterStore for RequesterLeases {
         ops.push(TxnOp::put(
             keys::token(&ns, &requester.key()),
             hex(&token.digest()),
+            on_lease(),
+        ));
+        ops.push(TxnOp::put(
+            keys::about(&ns, &requester.key()),
+            serde_json::to_vec(about).unwrap_or_default(),
             on_lease(),
         ));
         let guard: Vec<Compare> = held
@@ -790,6 +811,7 @@ impl RequesterStore for RequesterLeases {
         }
         ops.push(TxnOp::delete(keys::requester(&ns, &requester.key()), None));
         ops.push(TxnOp::delete(keys::token(&ns, &requester.key()), None));
+        ops.push(TxnOp::delete(keys::about(&ns, &requester.key()), None));
         let txn = Txn::new().when(guard).and_then(ops);
         let resp = self
             .endpoints

@@ -271,7 +271,10 @@ pub(crate) trait RequesterStore {
     /// least `duration` (an idempotent retry, the same token), failing with
     /// [`StoreError::CountMismatch`] when it holds another number; without
     /// the token it fails with [`StoreError::TokenRefused`]. A full range is
-    /// [`StoreError::NoFreeMachineId`].
+    /// [`StoreError::NoFreeMachineId`]. A new grant stores `about` beside
+    /// the record for the administration service (a retry keeps the one
+    /// stored).
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &mut self,
         namespace: &str,
@@ -280,6 +283,7 @@ pub(crate) trait RequesterStore {
         count: u32,
         duration: Duration,
         token: Option<&LeaseToken>,
+        about: &crate::etcd::keys::RequesterAbout,
     ) -> impl Future<Output = Result<RequesterGrant, StoreError>> + Send;
 
     /// Extends the requester's lease to `duration` and raises its fences, all

@@ -235,6 +235,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
         let peer = request.remote_addr();
+        let key_id = crate::audit::Who::of(request.extensions()).key_id;
         let mut req = request.into_inner();
         req.client_time_unix_ms = given_time(req.client_time_unix_ms);
         if req.count == 0 || req.count > MAX_REQUESTER_IDS {
@@ -251,6 +252,17 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         // (UNAVAILABLE) while a confirmed floor is further than a claim waits.
         let incarnation = store.admit(&req.namespace).await.map_err(ApiError::Store)?;
         self.refuse_skewed_acquire(&req.namespace, &requester, peer, req.client_time_unix_ms)?;
+        let about = crate::etcd::keys::RequesterAbout {
+            host_id: req
+                .requester
+                .as_ref()
+                .map(|r| r.host_id.clone())
+                .unwrap_or_default(),
+            pid: req.requester.as_ref().map_or(0, |r| r.pid),
+            start_unix_ms: req.requester.as_ref().map_or(0, |r| r.start_unix_ms),
+            skew_ms: req.client_time_unix_ms.map(|c| self.skew_ms(c)),
+            key_id,
+        };
         let grant = store
             .acquire(
                 &req.namespace,
@@ -259,6 +271,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 req.count,
                 self.config.first_lease,
                 token.as_ref(),
+                &about,
             )
             .await
             .map_err(ApiError::Store)?;

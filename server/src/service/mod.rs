@@ -14,6 +14,7 @@ use tonic::service::Routes;
 use tonic_health::server::HealthReporter;
 
 use crate::config::Limits;
+use crate::etcd::admin::StateStore;
 use crate::etcd::requesters::RequesterLeases;
 use crate::etcd::{CapacityReader, EtcdStore};
 use status::ApiError;
@@ -26,8 +27,17 @@ pub enum StoreAccess {
         /// The machine ids this server holds, `[start, end)`.
         machine_ids: std::ops::Range<u32>,
     },
-    /// etcd: filled in once the server has connected.
-    Etcd(Arc<OnceLock<(CapacityReader, RequesterLeases)>>),
+    /// etcd: filled in as the server connects.
+    Etcd(Arc<EtcdCells>),
+}
+
+/// The etcd handles of [`StoreAccess::Etcd`], each set once.
+#[derive(Default)]
+pub struct EtcdCells {
+    /// Capacity and the Lease API: once the namespace opened.
+    handles: OnceLock<(CapacityReader, RequesterLeases)>,
+    /// The administration service: as soon as the clients exist.
+    state: OnceLock<StateStore>,
 }
 
 impl StoreAccess {
@@ -36,10 +46,21 @@ impl StoreAccess {
         StoreAccess::Etcd(Arc::default())
     }
 
+    /// Records that the etcd clients of `s` exist (its namespace may not be
+    /// open yet): the administration service can use them.
+    pub fn clients_ready(&self, s: &EtcdStore) {
+        if let StoreAccess::Etcd(cells) = self {
+            let _ = cells.state.set(s.state_store());
+        }
+    }
+
     /// Records that the etcd store `s` is connected.
     pub fn connected(&self, s: &EtcdStore) {
-        if let StoreAccess::Etcd(cell) = self {
-            let _ = cell.set((s.capacity_reader(), RequesterLeases::new(s)));
+        if let StoreAccess::Etcd(cells) = self {
+            let _ = cells.state.set(s.state_store());
+            let _ = cells
+                .handles
+                .set((s.capacity_reader(), RequesterLeases::new(s)));
         }
     }
 
@@ -48,7 +69,23 @@ impl StoreAccess {
     pub fn etcd_handles(&self) -> Result<Option<(CapacityReader, RequesterLeases)>, ApiError> {
         match self {
             StoreAccess::SingleInstance { .. } => Ok(None),
-            StoreAccess::Etcd(cell) => cell
+            StoreAccess::Etcd(cells) => cells
+                .handles
+                .get()
+                .cloned()
+                .map(Some)
+                .ok_or(ApiError::StoreNotConnected),
+        }
+    }
+
+    /// The administration service's etcd handle; `Ok(None)` on the
+    /// single-instance store, [`ApiError::StoreNotConnected`] before the
+    /// etcd clients exist.
+    pub(crate) fn state_store(&self) -> Result<Option<StateStore>, ApiError> {
+        match self {
+            StoreAccess::SingleInstance { .. } => Ok(None),
+            StoreAccess::Etcd(cells) => cells
+                .state
                 .get()
                 .cloned()
                 .map(Some)

@@ -4,14 +4,17 @@
 // A test binary: helpers panic on anything unexpected, like the tests do.
 #![allow(clippy::unwrap_used)]
 
+mod admin_state;
 mod claim_lifecycle;
 mod claims;
 mod client_skew;
 mod config_refusals;
 mod corrupt_keys;
+mod ctl_state;
 mod endpoints;
 mod etcd_faults;
 mod etcd_security;
+mod export_import;
 mod fairness;
 mod fence_counts;
 mod instance_ids;
