@@ -54,6 +54,10 @@ pub enum ServeError {
     /// The lease loop's own runtime (a thread) could not be started.
     #[error("cannot start the lease loop's runtime")]
     LeaseRuntime(#[source] std::io::Error),
+    /// The TLS files cannot serve (they were checked at start and changed
+    /// since, or `ServerConfig` was built without the check).
+    #[error("cannot serve TLS on the gRPC port")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 impl ServeError {
@@ -61,6 +65,7 @@ impl ServeError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
+            ServeError::Tls(_) |
             ServeError::Store(
                 StoreError::LayoutMismatch { .. }
                     | StoreError::ClockBeforeEpoch { .. }
@@ -282,6 +287,13 @@ pub async fn run(
         }
         Some(_) => {}
     }
+    // Before anything is claimed: a server that cannot serve TLS must not
+    // hold machine ids.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(crate::tls::ServerTls::load)
+        .transpose()?;
     // The single-instance store opens now (its errors need an operator). etcd is
     // connected by the lease task, so the server answers (NOT_SERVING,
     // UNAVAILABLE) while etcd is still coming up instead of hanging callers.
@@ -439,6 +451,17 @@ pub async fn run(
         },
         shutdown.clone(),
     );
+    let listener = match (tls, &config.tls) {
+        (Some((tls, reloader)), Some(settings)) => {
+            info!(cert_file = %settings.cert_file.display(), client_ca_file = ?settings.client_ca_file, reload_interval = ?settings.reload_interval, "serving gRPC over TLS");
+            tracker.spawn(reloader.run(shutdown.clone()));
+            listener.with_tls(tls)
+        }
+        _ => listener,
+    };
+    if !config.allow_cidrs.is_empty() {
+        info!(allow_cidrs = ?config.allow_cidrs, "calls from other peer addresses get PERMISSION_DENIED");
+    }
     let open_connections = listener.open_connections();
     let window = receive_window(limits);
     let mut server = tracker.spawn(
@@ -467,6 +490,8 @@ pub async fn run(
             // Outermost first: metrics see the final code of every call,
             // shed ones included.
             .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
+            // Before anything that holds resources for a call.
+            .layer(crate::allow::AllowList::new(config.allow_cidrs.clone()))
             .layer(call_limits.layer())
             .layer(WireStatusLayer)
             .add_routes(routes)

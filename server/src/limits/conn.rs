@@ -31,6 +31,17 @@
 //!   connection goes: while hyper waits for the client's window it polls
 //!   neither the response body nor anything else of the call, so nothing
 //!   short of ending the connection reaches the stalled call.
+//! * With TLS ([`Listener::with_tls`]) each connection takes the TLS
+//!   configuration current when it is accepted and runs its handshake on
+//!   its own task, the first time hyper reads or writes it, so a slow or
+//!   silent client never holds up the accept loop. The handshake counts as
+//!   silence: a client that has not completed it and sent its first
+//!   application byte within `handshake_timeout` is closed, as a plaintext
+//!   client that sends no preface is. A failed handshake (no client
+//!   certificate under mTLS, an untrusted one, a plaintext client) closes
+//!   the connection; it is logged at debug level. Everything else (the
+//!   limits, the idle and send timeouts, [`ConnInfo`] with the peer's
+//!   address) is the same for TLS and plaintext connections.
 //! * At shutdown it ends at once every connection on which no call has ever
 //!   started. Such a connection may have no HTTP/2 session to end gracefully:
 //!   hyper waits for the client's preface before it can send GOAWAY, so a
@@ -58,6 +69,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tracing::{debug, warn};
 
 use super::throttle::Throttle;
+use crate::tls::ServerTls;
 
 /// First sleep after an accept error.
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -102,6 +114,7 @@ pub struct Listener {
     limits: ListenerLimits,
     open: Arc<AtomicUsize>,
     shutdown: CancellationToken,
+    tls: Option<ServerTls>,
 }
 
 /// Open connections per source IP address; an address with none has no
@@ -116,7 +129,15 @@ impl Listener {
             limits,
             open: Arc::default(),
             shutdown,
+            tls: None,
         }
+    }
+
+    /// Serves TLS: every connection accepted from now on runs a TLS
+    /// handshake with the configuration `tls` holds when it is accepted.
+    pub fn with_tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// A counter of this listener's open connections, live.
@@ -132,6 +153,7 @@ impl Listener {
             limits,
             open,
             shutdown,
+            tls,
         } = self;
         // Registered at 0, so the series exist before the first refusal.
         let refused = |reason: &'static str| {
@@ -151,6 +173,7 @@ impl Listener {
             open,
             per_peer: PerPeer::default(),
             shutdown,
+            tls,
             accept_errors: Throttle::new(WARN_PERIOD),
             refusals: Throttle::new(WARN_PERIOD),
             peer_refusals: Throttle::new(WARN_PERIOD),
@@ -179,6 +202,7 @@ struct Accepting {
     open: Arc<AtomicUsize>,
     per_peer: PerPeer,
     shutdown: CancellationToken,
+    tls: Option<ServerTls>,
     accept_errors: Throttle,
     refusals: Throttle,
     peer_refusals: Throttle,
@@ -483,10 +507,92 @@ impl Drop for Slot {
     }
 }
 
-/// An accepted TCP connection that closes itself when idle, or at shutdown
-/// when it never made a call (see the module docs).
+/// The byte stream of a connection: plaintext, or TLS once its handshake is
+/// done.
+enum Io {
+    Plain(TcpStream),
+    Handshaking(tokio_rustls::Accept<TcpStream>),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// The TLS handshake failed; the connection is ending.
+    Failed,
+}
+
+impl Io {
+    fn not_ready() -> io::Error {
+        io::Error::new(io::ErrorKind::NotConnected, "the TLS handshake did not complete")
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Io::Handshaking(_) | Io::Failed => Poll::Ready(Err(Io::not_ready())),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Io::Handshaking(_) | Io::Failed => Poll::Ready(Err(Io::not_ready())),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Io::Handshaking(_) | Io::Failed => Poll::Ready(Err(Io::not_ready())),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+            Io::Handshaking(_) | Io::Failed => false,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Io::Handshaking(_) | Io::Failed => Poll::Ready(Err(Io::not_ready())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            // Nothing negotiated to close; dropping the socket ends it.
+            Io::Handshaking(_) | Io::Failed => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// An accepted TCP connection (plaintext, or TLS with [`Listener::with_tls`])
+/// that closes itself when idle, or at shutdown when it never made a call
+/// (see the module docs).
 pub struct GuardedIo {
-    inner: TcpStream,
+    inner: Io,
     state: Arc<ConnState>,
     tcp: TcpConnectInfo,
     idle_timeout: Duration,
@@ -522,6 +628,10 @@ impl GuardedIo {
         accepting.open.fetch_add(1, Ordering::AcqRel);
         let slot = Slot(accepting.open.clone());
         let tcp = inner.connect_info();
+        let inner = match &accepting.tls {
+            Some(tls) => Io::Handshaking(tls.acceptor().accept(inner)),
+            None => Io::Plain(inner),
+        };
         let state = Arc::new(ConnState::new());
         let idle_timeout = accepting.limits.idle_timeout;
         let handshake_timeout = accepting.limits.handshake_timeout.min(idle_timeout);
@@ -545,6 +655,41 @@ impl GuardedIo {
             listener: accepting.limits.name,
             _slot: slot,
             _peer_slot: peer_slot,
+        }
+    }
+
+    /// Drives the TLS handshake, if one is in progress: `Ready(Ok)` once the
+    /// connection can carry data (at once for plaintext), `Ready(Err)` when
+    /// the handshake failed or the connection must close before it is done.
+    fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.inner {
+            Io::Plain(_) | Io::Tls(_) => return Poll::Ready(Ok(())),
+            Io::Failed => return Poll::Ready(Err(Io::not_ready())),
+            Io::Handshaking(_) => {}
+        }
+        // Reads check this too; writes may be all hyper polls until the
+        // handshake is done (the HTTP/2 server sends its settings first).
+        if self.must_close(cx) {
+            self.inner = Io::Failed;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "closed before the TLS handshake completed",
+            )));
+        }
+        let Io::Handshaking(accept) = &mut self.inner else {
+            return Poll::Ready(Ok(()));
+        };
+        match Pin::new(accept).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(stream)) => {
+                self.inner = Io::Tls(Box::new(stream));
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(error)) => {
+                debug!(listener = self.listener, peer = ?self.tcp.remote_addr, %error, "TLS handshake failed; closing the connection");
+                self.inner = Io::Failed;
+                Poll::Ready(Err(error))
+            }
         }
     }
 
@@ -642,6 +787,9 @@ impl AsyncRead for GuardedIo {
             // End of stream: the HTTP server closes the connection.
             return Poll::Ready(Ok(()));
         }
+        if let Err(e) = std::task::ready!(this.poll_handshake(cx)) {
+            return Poll::Ready(Err(e));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -658,7 +806,9 @@ impl AsyncWrite for GuardedIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        std::task::ready!(this.poll_handshake(cx))?;
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -666,7 +816,9 @@ impl AsyncWrite for GuardedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        std::task::ready!(this.poll_handshake(cx))?;
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -674,7 +826,9 @@ impl AsyncWrite for GuardedIo {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        std::task::ready!(this.poll_handshake(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
