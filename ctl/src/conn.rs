@@ -60,6 +60,27 @@ pub struct ConnArgs {
     pub tls_server_name: Option<String>,
 }
 
+/// A status with the errors beneath it (a transport failure's cause, such
+/// as a TLS alert, is only there) and, for TLS failures a person can fix
+/// with a flag, what to do.
+pub fn explain(status: &tonic::Status) -> String {
+    let mut out = format!("{:?}: {}", status.code(), status.message());
+    let mut source = std::error::Error::source(status);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    if out.contains("CertificateRequired") {
+        out.push_str(
+            " (the server requires a client certificate: give --tls-cert-file and --tls-key-file)",
+        );
+    } else if out.contains("UnknownCA") || out.contains("BadCertificate") {
+        out.push_str(" (the server does not accept this client certificate: use one signed by the CA of its --tls-client-ca-file)");
+    }
+    out
+}
+
 fn read(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {flag} {}", path.display()))
 }

@@ -38,10 +38,9 @@ impl HealthArgs {
             .await
             .map_err(|s| {
                 anyhow::anyhow!(
-                    "health check of {what} at {} failed: {:?}: {}",
+                    "health check of {what} at {} failed: {}",
                     conn.endpoint,
-                    s.code(),
-                    s.message()
+                    crate::conn::explain(&s)
                 )
             })?;
         let status = ServingStatus::try_from(response.into_inner().status)

@@ -112,10 +112,22 @@ mod tests {
     #[test]
     fn peers_match_their_ranges_and_mapped_ipv4_matches_ipv4_ranges() {
         let l = list(&["10.0.0.0/8", "127.0.0.1/32", "fd00::/8"]);
-        for ok in ["10.1.2.3", "127.0.0.1", "::ffff:10.9.9.9", "::ffff:127.0.0.1", "fd12::1"] {
+        for ok in [
+            "10.1.2.3",
+            "127.0.0.1",
+            "::ffff:10.9.9.9",
+            "::ffff:127.0.0.1",
+            "fd12::1",
+        ] {
             assert!(l.allows(ok.parse().unwrap()), "{ok}");
         }
-        for no in ["11.0.0.1", "127.0.0.2", "::1", "::ffff:192.168.0.1", "fe80::1"] {
+        for no in [
+            "11.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "::ffff:192.168.0.1",
+            "fe80::1",
+        ] {
             assert!(!l.allows(no.parse().unwrap()), "{no}");
         }
         assert!(AllowList::default().allows("203.0.113.9".parse().unwrap()));

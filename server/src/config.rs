@@ -1307,8 +1307,16 @@ mod tests {
             "--tls-client-ca-file (SNOWKEEP_TLS_CLIENT_CA_FILE) needs TLS: add --tls-cert-file and --tls-key-file"
         );
         assert!(matches!(
-            parse(&["--tls-cert-file", "/nonexistent/c", "--tls-key-file", "/nonexistent/k"]),
-            Err(ConfigError::Tls(TlsError::Read { flag: "--tls-cert-file", .. }))
+            parse(&[
+                "--tls-cert-file",
+                "/nonexistent/c",
+                "--tls-key-file",
+                "/nonexistent/k"
+            ]),
+            Err(ConfigError::Tls(TlsError::Read {
+                flag: "--tls-cert-file",
+                ..
+            }))
         ));
         let c = parse(&[]).unwrap();
         assert!(c.tls.is_none() && c.allow_cidrs.is_empty());

@@ -45,6 +45,7 @@
 //!   every key to a new etcd lease at once.
 
 pub(crate) mod admin;
+pub(crate) mod allow;
 #[allow(dead_code)] // Called by the Lease API and admin handlers once they record events.
 pub(crate) mod audit;
 pub mod claim;
@@ -62,7 +63,6 @@ pub mod shutdown;
 pub(crate) mod single_instance;
 pub mod telemetry;
 pub mod tls;
-pub(crate) mod allow;
 
 pub use run::{run, ServeError};
 

@@ -65,17 +65,17 @@ impl ServeError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            ServeError::Tls(_) |
-            ServeError::Store(
-                StoreError::LayoutMismatch { .. }
-                    | StoreError::ClockBeforeEpoch { .. }
-                    | StoreError::LayoutExhausted { .. }
-                    | StoreError::InvalidNamespace { .. }
-                    | StoreError::DuplicateInstance { .. }
-                    | StoreError::NamespaceNotCreated { .. }
-                    | StoreError::CorruptNamespace { .. }
-                    | StoreError::BadFloor { .. }
-            )
+            ServeError::Tls(_)
+                | ServeError::Store(
+                    StoreError::LayoutMismatch { .. }
+                        | StoreError::ClockBeforeEpoch { .. }
+                        | StoreError::LayoutExhausted { .. }
+                        | StoreError::InvalidNamespace { .. }
+                        | StoreError::DuplicateInstance { .. }
+                        | StoreError::NamespaceNotCreated { .. }
+                        | StoreError::CorruptNamespace { .. }
+                        | StoreError::BadFloor { .. }
+                )
         )
     }
 }

@@ -50,7 +50,7 @@ pub struct TlsSettings {
 #[derive(Debug, Error)]
 pub enum TlsError {
     /// The file cannot be read.
-    #[error("cannot read {flag} {}: {source}", path.display())]
+    #[error("cannot read {flag} {}", path.display())]
     Read {
         /// The flag naming the file.
         flag: &'static str,
@@ -290,7 +290,7 @@ impl Reloader {
     /// `Some(true)` when it swapped, `Some(false)` when a change was refused,
     /// `None` when nothing changed since the last look.
     fn look(&mut self) -> Option<bool> {
-        let now = read_all(&self.settings).map_err(|e| e.to_string());
+        let now = read_all(&self.settings).map_err(|e| crate::DisplayChain(&e).to_string());
         if now == self.seen {
             return None;
         }
@@ -404,7 +404,10 @@ mod tests {
         pki.write("tls.key", "");
         let err = check(&s).unwrap_err().to_string();
         assert!(err.contains("--tls-key-file"), "{err}");
-        assert!(err.ends_with("holds no PRIVATE KEY: give a PEM file (-----BEGIN PRIVATE KEY-----)"), "{err}");
+        assert!(
+            err.ends_with("holds no PRIVATE KEY: give a PEM file (-----BEGIN PRIVATE KEY-----)"),
+            "{err}"
+        );
         // Another certificate's key.
         let (_, other_key) = self_signed();
         pki.write("tls.key", &other_key);
@@ -429,7 +432,10 @@ mod tests {
         assert_eq!(first.alpn_protocols, vec![b"h2".to_vec()]);
         assert_eq!(reloader.look(), None);
         // Garbage: refused once, the old configuration stays.
-        pki.write("tls.crt", "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n");
+        pki.write(
+            "tls.crt",
+            "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+        );
         assert_eq!(reloader.look(), Some(false));
         assert_eq!(reloader.look(), None);
         assert!(Arc::ptr_eq(&first, tls.acceptor().config()));

@@ -4,6 +4,7 @@
 // A test binary: helpers panic on anything unexpected, like the tests do.
 #![allow(clippy::unwrap_used)]
 
+mod allow_list;
 mod claim_lifecycle;
 mod claims;
 mod client_skew;
@@ -34,4 +35,5 @@ mod single_instance_ranges;
 mod streams;
 mod support;
 mod tampering;
+mod tls;
 mod tools;
