@@ -351,8 +351,13 @@ pub async fn run(
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
     let peers = Arc::new(OnceLock::new());
+    let mut peer_skew = config.peer_skew.clone();
+    if config.tls.is_some() && !peer_skew.interval.is_zero() {
+        info!("the peer clock check (--peer-skew-interval) is off while the gRPC port serves TLS: it calls peers in plaintext; watch hosts' clocks with NTP monitoring");
+        peer_skew.interval = Duration::ZERO;
+    }
     tracker.spawn(crate::peers::run(
-        config.peer_skew.clone(),
+        peer_skew,
         ns.clone(),
         peers.clone(),
         clock.clone(),

@@ -385,6 +385,32 @@ async fn ids_health_reflection_and_snowkeepctl_health_work_over_tls_and_plaintex
         0.0
     );
 
+    // The client library over TLS: RemoteClient, and the embedded
+    // generator's Lease API client (checked by address: the certificate
+    // names 127.0.0.1).
+    let tls = snowkeep_client::ClientTls::from_ca_file(&ca_file).unwrap();
+    let endpoint = format!("https://127.0.0.1:{}", server.port);
+    let remote = snowkeep_client::RemoteClient::new_with_tls(
+        std::slice::from_ref(&endpoint),
+        snowkeep_client::RemoteConfig::default(),
+        &tls,
+    )
+    .unwrap();
+    assert_eq!(remote.next_ids(300).await.unwrap().len(), 300);
+    let config = snowkeep_client::EmbeddedConfig {
+        acquire_attempts: Some(3),
+        ..snowkeep_client::EmbeddedConfig::new(endpoint.clone(), "tls")
+    };
+    let embedded = snowkeep_client::EmbeddedGenerator::start_with_tls(
+        config,
+        snowkeep_client::SystemClock::shared(),
+        &tls,
+    )
+    .await
+    .unwrap();
+    assert_eq!(embedded.next_ids(50).await.unwrap().len(), 50);
+    assert_eq!(embedded.shutdown().await, 1);
+
     // snowkeepctl health, as the Kubernetes exec probe runs it: by address.
     let endpoint = format!("https://127.0.0.1:{}", server.port);
     let (code, out, err) =
@@ -478,6 +504,20 @@ async fn mtls_serves_only_clients_with_a_certificate_from_the_client_ca() {
         .await
         .unwrap();
     assert_eq!(ids.len(), 7);
+
+    // The client library presents its identity too; without one it fails.
+    let endpoint = vec![format!("https://127.0.0.1:{}", server.port)];
+    let config = snowkeep_client::RemoteConfig {
+        attempts: 1,
+        ..Default::default()
+    };
+    let tls = snowkeep_client::ClientTls::new(server_ca.pem.clone()).server_name("localhost");
+    let with_id = tls.clone().identity(app.cert.clone(), app.key.clone());
+    let remote =
+        snowkeep_client::RemoteClient::new_with_tls(&endpoint, config.clone(), &with_id).unwrap();
+    assert_eq!(remote.next_ids(12).await.unwrap().len(), 12);
+    let anonymous = snowkeep_client::RemoteClient::new_with_tls(&endpoint, config, &tls).unwrap();
+    assert!(anonymous.next_ids(1).await.is_err());
 
     // snowkeepctl presents its certificate too.
     let endpoint = format!("https://127.0.0.1:{}", server.port);
