@@ -74,6 +74,12 @@ pub enum ClientError {
         /// The endpoint as given, which does not parse as a URI.
         endpoint: String,
     },
+    /// TLS settings that cannot be used (a file that cannot be read).
+    #[error("TLS settings cannot be used: {detail}")]
+    Tls {
+        /// What is wrong.
+        detail: String,
+    },
     /// No server address to call.
     #[error("no snowkeep server to call: give at least one endpoint")]
     NoServers,
@@ -160,6 +166,7 @@ impl ClientError {
             | ClientError::PoolEmpty { .. }
             | ClientError::ShortStream { .. } => true,
             ClientError::InvalidEndpoint { .. }
+            | ClientError::Tls { .. }
             | ClientError::NoServers
             | ClientError::BadLayout(_)
             | ClientError::MachineIdOutOfRange { .. }

@@ -23,6 +23,8 @@ pub mod error;
 pub mod generator;
 pub mod layout;
 pub mod remote;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use backoff::Backoff;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
@@ -31,3 +33,5 @@ pub use error::{ClientError, GenerateError, StopReason};
 pub use generator::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, Grant, Taken};
 pub use layout::{DecodedId, Layout, LayoutError, MachineId, Millis};
 pub use remote::{IdPool, PoolConfig, RemoteClient, RemoteConfig};
+#[cfg(feature = "tls")]
+pub use tls::ClientTls;

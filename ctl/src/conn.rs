@@ -1,10 +1,12 @@
 //! How snowkeepctl reaches a server: endpoint, API key, TLS.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::Context;
 use snowkeep_proto::v1::admin_service_client::AdminServiceClient;
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// Connection flags, shared by every command.
 #[derive(clap::Args)]
@@ -31,6 +33,56 @@ pub struct ConnArgs {
     /// Request timeout.
     #[arg(long, global = true, env = "SNOWKEEP_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: std::time::Duration,
+    /// PEM CA certificates to verify an https:// server with; default: the
+    /// system's trusted roots.
+    #[arg(long, global = true, env = "SNOWKEEP_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for servers that require one (mTLS); with
+    /// --tls-key-file.
+    #[arg(
+        long,
+        global = true,
+        env = "SNOWKEEP_TLS_CERT_FILE",
+        requires = "tls_key_file"
+    )]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(
+        long,
+        global = true,
+        env = "SNOWKEEP_TLS_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_key_file: Option<PathBuf>,
+    /// The name the server's certificate must carry, when it is not the
+    /// endpoint's host (e.g. an address that is not in the certificate).
+    #[arg(long, global = true, env = "SNOWKEEP_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+}
+
+/// A status with the errors beneath it (a transport failure's cause, such
+/// as a TLS alert, is only there) and, for TLS failures a person can fix
+/// with a flag, what to do.
+pub fn explain(status: &tonic::Status) -> String {
+    let mut out = format!("{:?}: {}", status.code(), status.message());
+    let mut source = std::error::Error::source(status);
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    if out.contains("CertificateRequired") {
+        out.push_str(
+            " (the server requires a client certificate: give --tls-cert-file and --tls-key-file)",
+        );
+    } else if out.contains("UnknownCA") || out.contains("BadCertificate") {
+        out.push_str(" (the server does not accept this client certificate: use one signed by the CA of its --tls-client-ca-file)");
+    }
+    out
+}
+
+fn read(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {flag} {}", path.display()))
 }
 
 /// Adds the API key to every request.
@@ -76,16 +128,72 @@ impl ConnArgs {
         Ok(ApiKey(value))
     }
 
-    /// Connects to the server's AdminService.
-    pub async fn admin(&self) -> anyhow::Result<Admin> {
-        let endpoint = Endpoint::from_shared(self.endpoint.clone())
+    /// The TLS settings for an `https://` endpoint; `None` for `http://`.
+    ///
+    /// # Errors
+    /// TLS flags with an `http://` endpoint, or a file that cannot be read.
+    fn tls(&self) -> anyhow::Result<Option<ClientTlsConfig>> {
+        let https = self
+            .endpoint
+            .get(..8)
+            .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
+        if !https {
+            let flag = [
+                ("--tls-ca-file", self.tls_ca_file.is_some()),
+                ("--tls-cert-file", self.tls_cert_file.is_some()),
+                ("--tls-server-name", self.tls_server_name.is_some()),
+            ]
+            .into_iter()
+            .find_map(|(flag, set)| set.then_some(flag));
+            if let Some(flag) = flag {
+                anyhow::bail!(
+                    "{flag} applies to TLS: give an https:// --endpoint (not {:?})",
+                    self.endpoint
+                );
+            }
+            return Ok(None);
+        }
+        let mut tls = ClientTlsConfig::new();
+        tls = match &self.tls_ca_file {
+            Some(path) => tls.ca_certificate(Certificate::from_pem(read("--tls-ca-file", path)?)),
+            None => tls.with_native_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) {
+            tls = tls.identity(Identity::from_pem(
+                read("--tls-cert-file", cert)?,
+                read("--tls-key-file", key)?,
+            ));
+        }
+        if let Some(name) = &self.tls_server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        Ok(Some(tls))
+    }
+
+    /// Connects to the server at `--endpoint`, over TLS for `https://`.
+    ///
+    /// # Errors
+    /// A bad URL or TLS file, or the server cannot be reached (the TLS
+    /// handshake failing included).
+    pub async fn channel(&self) -> anyhow::Result<Channel> {
+        let mut endpoint = Endpoint::from_shared(self.endpoint.clone())
             .with_context(|| format!("--endpoint {:?} is not a URL", self.endpoint))?
             .timeout(self.timeout)
             .connect_timeout(self.timeout);
-        let channel = endpoint
+        if let Some(tls) = self.tls()? {
+            endpoint = endpoint
+                .tls_config(tls)
+                .context("the TLS settings cannot be used")?;
+        }
+        endpoint
             .connect()
             .await
-            .with_context(|| format!("connecting to {}", self.endpoint))?;
+            .with_context(|| format!("connecting to {}", self.endpoint))
+    }
+
+    /// Connects to the server's AdminService.
+    pub async fn admin(&self) -> anyhow::Result<Admin> {
+        let channel = self.channel().await?;
         Ok(AdminServiceClient::with_interceptor(channel, self.key()?))
     }
 }

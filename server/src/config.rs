@@ -15,6 +15,8 @@ use crate::claim::OnLeaseLost;
 use crate::etcd::access::{ClientIdentity, EtcdAccess, EtcdCredentials, EtcdTls};
 use crate::etcd::namespace::{FloorSpec, NamespaceSetup};
 use crate::lease_api::LeaseApiConfig;
+use crate::tls::{TlsError, TlsSettings};
+use ipnet::IpNet;
 
 /// Default gRPC listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -252,7 +254,30 @@ pub struct Args {
     /// TCP keepalive idle time on accepted connections; 0s turns it off.
     #[arg(long, env = "SNOWKEEP_TCP_KEEPALIVE", default_value = DEFAULT_TCP_KEEPALIVE, value_parser = humantime::parse_duration)]
     pub tcp_keepalive: Duration,
+    /// PEM certificate chain (leaf first) to serve the gRPC port over TLS
+    /// with; needs --tls-key-file. Re-read every --tls-reload-interval.
+    #[arg(long, env = "SNOWKEEP_TLS_CERT_FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, env = "SNOWKEEP_TLS_KEY_FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates: with it every client must present a certificate
+    /// signed by one of them (mTLS), or its TLS handshake fails.
+    #[arg(long, env = "SNOWKEEP_TLS_CLIENT_CA_FILE")]
+    pub tls_client_ca_file: Option<PathBuf>,
+    /// How often the TLS files are re-read; changed, valid files serve the
+    /// connections accepted from then on (100ms to 1h).
+    #[arg(long, env = "SNOWKEEP_TLS_RELOAD_INTERVAL", default_value = DEFAULT_TLS_RELOAD_INTERVAL, value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+    /// Client networks allowed to call the gRPC port, comma-separated CIDR
+    /// ranges (10.0.0.0/8,127.0.0.1/32; a bare address is one host); calls
+    /// from elsewhere get PERMISSION_DENIED. Empty allows every address.
+    #[arg(long, env = "SNOWKEEP_ALLOW_CIDRS", value_delimiter = ',')]
+    pub allow_cidrs: Vec<String>,
 }
+
+/// Default period of re-reading the TLS files.
+pub const DEFAULT_TLS_RELOAD_INTERVAL: &str = "5s";
 
 fn parse_floor(text: &str) -> Result<FloorSpec, String> {
     text.parse()
@@ -373,6 +398,10 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// TLS and authentication towards etcd (etcd store only).
     pub etcd_access: EtcdAccess,
+    /// TLS on the gRPC port; `None` serves plaintext (h2c).
+    pub tls: Option<TlsSettings>,
+    /// Client networks allowed to call; empty allows every address.
+    pub allow_cidrs: Vec<IpNet>,
 }
 
 impl ServerConfig {
@@ -575,6 +604,15 @@ pub enum ConfigError {
         /// of the kind wanted.
         problem: String,
     },
+    /// TLS flags that do not go together.
+    #[error("{0}")]
+    TlsFlags(&'static str),
+    /// A TLS file that cannot serve.
+    #[error("invalid TLS files")]
+    Tls(#[from] TlsError),
+    /// Bad allow-list entry.
+    #[error("invalid --allow-cidrs (SNOWKEEP_ALLOW_CIDRS) entry {0:?}: use CIDR ranges like 10.0.0.0/8 or fd00::/8 (or a single address), comma-separated")]
+    AllowCidr(String),
 }
 
 /// What is wrong with an `--etcd-endpoints` entry.
@@ -652,6 +690,8 @@ impl TryFrom<Args> for ServerConfig {
             });
         }
         let limits = limits_from(&args)?;
+        let tls = tls_from(&args)?;
+        let allow_cidrs = allow_cidrs_from(&args.allow_cidrs)?;
         let stable_instance = args.instance_id.is_some();
         let instance_id = match args.instance_id.clone() {
             // No '/': embedded requesters' holder values start with
@@ -714,6 +754,8 @@ impl TryFrom<Args> for ServerConfig {
         Ok(ServerConfig {
             etcd_access,
             limits,
+            tls,
+            allow_cidrs,
             store,
             namespace: args.namespace,
             machine_ids: args.machine_ids,
@@ -890,6 +932,56 @@ fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
         .map(|t| t.strip_suffix('\r').unwrap_or(t))
         .unwrap_or(&text);
     Ok(password.to_owned())
+}
+
+/// Checks the TLS flags and reads the files once, so a server never starts
+/// with TLS it cannot serve.
+fn tls_from(args: &Args) -> Result<Option<TlsSettings>, ConfigError> {
+    let (cert_file, key_file) = match (&args.tls_cert_file, &args.tls_key_file) {
+        (Some(c), Some(k)) => (c.clone(), k.clone()),
+        (None, None) if args.tls_client_ca_file.is_some() => {
+            return Err(ConfigError::TlsFlags("--tls-client-ca-file (SNOWKEEP_TLS_CLIENT_CA_FILE) needs TLS: add --tls-cert-file and --tls-key-file"));
+        }
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            return Err(ConfigError::TlsFlags("--tls-cert-file (SNOWKEEP_TLS_CERT_FILE) needs --tls-key-file (SNOWKEEP_TLS_KEY_FILE): give both, or neither to serve plaintext"));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::TlsFlags("--tls-key-file (SNOWKEEP_TLS_KEY_FILE) needs --tls-cert-file (SNOWKEEP_TLS_CERT_FILE): give both, or neither to serve plaintext"));
+        }
+    };
+    let (min, max) = (Duration::from_millis(100), Duration::from_secs(3600));
+    if !(min..=max).contains(&args.tls_reload_interval) {
+        return Err(ConfigError::OutOfRange {
+            flag: "--tls-reload-interval (SNOWKEEP_TLS_RELOAD_INTERVAL)",
+            value: args.tls_reload_interval,
+            min,
+            max,
+        });
+    }
+    let settings = TlsSettings {
+        cert_file,
+        key_file,
+        client_ca_file: args.tls_client_ca_file.clone(),
+        reload_interval: args.tls_reload_interval,
+    };
+    crate::tls::check(&settings)?;
+    Ok(Some(settings))
+}
+
+/// Parses `--allow-cidrs`: CIDR ranges or single addresses; empty entries
+/// are skipped (an empty list allows every address).
+fn allow_cidrs_from(entries: &[String]) -> Result<Vec<IpNet>, ConfigError> {
+    entries
+        .iter()
+        .map(|e| e.trim())
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.parse::<IpNet>()
+                .or_else(|_| e.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| ConfigError::AllowCidr(e.to_owned()))
+        })
+        .collect()
 }
 
 /// Checks the limit flags and builds [`Limits`].
@@ -1643,6 +1735,41 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(!err.contains("BEGIN"), "{err}");
+    }
+
+    #[test]
+    fn tls_flags_go_in_pairs_and_allow_cidrs_parse() {
+        let err = |args: &[&str]| parse(args).unwrap_err().to_string();
+        assert_eq!(err(&["--tls-cert-file", "/nonexistent"]), "--tls-cert-file (SNOWKEEP_TLS_CERT_FILE) needs --tls-key-file (SNOWKEEP_TLS_KEY_FILE): give both, or neither to serve plaintext");
+        assert_eq!(err(&["--tls-key-file", "/nonexistent"]), "--tls-key-file (SNOWKEEP_TLS_KEY_FILE) needs --tls-cert-file (SNOWKEEP_TLS_CERT_FILE): give both, or neither to serve plaintext");
+        assert_eq!(
+            err(&["--tls-client-ca-file", "/nonexistent"]),
+            "--tls-client-ca-file (SNOWKEEP_TLS_CLIENT_CA_FILE) needs TLS: add --tls-cert-file and --tls-key-file"
+        );
+        assert!(matches!(
+            parse(&[
+                "--tls-cert-file",
+                "/nonexistent/c",
+                "--tls-key-file",
+                "/nonexistent/k"
+            ]),
+            Err(ConfigError::Tls(TlsError::Read {
+                flag: "--tls-cert-file",
+                ..
+            }))
+        ));
+        let c = parse(&[]).unwrap();
+        assert!(c.tls.is_none() && c.allow_cidrs.is_empty());
+        let c = parse(&["--allow-cidrs", "10.0.0.0/8, 127.0.0.1,fd00::/8,"]).unwrap();
+        let want: Vec<IpNet> = ["10.0.0.0/8", "127.0.0.1/32", "fd00::/8"]
+            .iter()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(c.allow_cidrs, want);
+        assert_eq!(
+            err(&["--allow-cidrs", "10.0.0.0/8,10.0.0.0/33"]),
+            "invalid --allow-cidrs (SNOWKEEP_ALLOW_CIDRS) entry \"10.0.0.0/33\": use CIDR ranges like 10.0.0.0/8 or fd00::/8 (or a single address), comma-separated"
+        );
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! | `service` | gRPC adapters (IdService, InfoService), the router, status mapping, health |
 //! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
 //! | `limits` | bounds on connections, calls, memory and messages under hostile or broken clients |
+//! | [`tls`] | TLS on the gRPC port: the files, their reload, the acceptor new connections take |
+//! | `allow` | the `--allow-cidrs` allow-list layer (PERMISSION_DENIED for other peers) |
 //! | `scale` (hidden) | the scale benchmark's claimer (`snowkeep-scale`): the claim loop on the etcd store, built as `run` builds it, without the gRPC server |
 //!
 //! Core flows (docs/design.md: the safety invariant and the claim lifecycle):
@@ -43,6 +45,7 @@
 //!   every key to a new etcd lease at once.
 
 pub(crate) mod admin;
+pub(crate) mod allow;
 #[allow(dead_code)] // Called by the Lease API and admin handlers once they record events.
 pub(crate) mod audit;
 pub mod claim;
@@ -59,6 +62,7 @@ pub(crate) mod service;
 pub mod shutdown;
 pub(crate) mod single_instance;
 pub mod telemetry;
+pub mod tls;
 
 pub use run::{run, ServeError};
 

@@ -54,6 +54,10 @@ pub enum ServeError {
     /// The lease loop's own runtime (a thread) could not be started.
     #[error("cannot start the lease loop's runtime")]
     LeaseRuntime(#[source] std::io::Error),
+    /// The TLS files cannot serve (they were checked at start and changed
+    /// since, or `ServerConfig` was built without the check).
+    #[error("cannot serve TLS on the gRPC port")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 impl ServeError {
@@ -61,17 +65,18 @@ impl ServeError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            ServeError::Store(
-                StoreError::LayoutMismatch { .. }
-                    | StoreError::ClockBeforeEpoch { .. }
-                    | StoreError::LayoutExhausted { .. }
-                    | StoreError::InvalidNamespace { .. }
-                    | StoreError::DuplicateInstance { .. }
-                    | StoreError::NamespaceNotCreated { .. }
-                    | StoreError::CorruptNamespace { .. }
-                    | StoreError::BadFloor { .. }
-                    | StoreError::AccessRefused { .. }
-            )
+            ServeError::Tls(_)
+                | ServeError::Store(
+                    StoreError::LayoutMismatch { .. }
+                        | StoreError::ClockBeforeEpoch { .. }
+                        | StoreError::LayoutExhausted { .. }
+                        | StoreError::InvalidNamespace { .. }
+                        | StoreError::DuplicateInstance { .. }
+                        | StoreError::NamespaceNotCreated { .. }
+                        | StoreError::CorruptNamespace { .. }
+                        | StoreError::BadFloor { .. }
+                        | StoreError::AccessRefused { .. }
+                )
         )
     }
 }
@@ -314,6 +319,13 @@ pub async fn run(
         }
         Some(_) => {}
     }
+    // Before anything is claimed: a server that cannot serve TLS must not
+    // hold machine ids.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(crate::tls::ServerTls::load)
+        .transpose()?;
     // The single-instance store opens now (its errors need an operator). etcd is
     // connected by the lease task, so the server answers (NOT_SERVING,
     // UNAVAILABLE) while etcd is still coming up instead of hanging callers.
@@ -372,8 +384,13 @@ pub async fn run(
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
     let peers = Arc::new(OnceLock::new());
+    let mut peer_skew = config.peer_skew.clone();
+    if config.tls.is_some() && !peer_skew.interval.is_zero() {
+        info!("the peer clock check (--peer-skew-interval) is off while the gRPC port serves TLS: it calls peers in plaintext; watch hosts' clocks with NTP monitoring");
+        peer_skew.interval = Duration::ZERO;
+    }
     tracker.spawn(crate::peers::run(
-        config.peer_skew.clone(),
+        peer_skew,
         ns.clone(),
         peers.clone(),
         clock.clone(),
@@ -483,6 +500,17 @@ pub async fn run(
         },
         shutdown.clone(),
     );
+    let listener = match (tls, &config.tls) {
+        (Some((tls, reloader)), Some(settings)) => {
+            info!(cert_file = %settings.cert_file.display(), client_ca_file = ?settings.client_ca_file, reload_interval = ?settings.reload_interval, "serving gRPC over TLS");
+            tracker.spawn(reloader.run(shutdown.clone()));
+            listener.with_tls(tls)
+        }
+        _ => listener,
+    };
+    if !config.allow_cidrs.is_empty() {
+        info!(allow_cidrs = ?config.allow_cidrs, "calls from other peer addresses get PERMISSION_DENIED");
+    }
     let open_connections = listener.open_connections();
     let window = receive_window(limits);
     let mut server = tracker.spawn(
@@ -511,6 +539,8 @@ pub async fn run(
             // Outermost first: metrics see the final code of every call,
             // shed ones included.
             .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
+            // Before anything that holds resources for a call.
+            .layer(crate::allow::AllowList::new(config.allow_cidrs.clone()))
             .layer(call_limits.layer())
             .layer(WireStatusLayer)
             .add_routes(routes)

@@ -328,6 +328,35 @@ impl EmbeddedGenerator {
             })?
             .connect_timeout(config.request_timeout)
             .connect_lazy();
+        Self::start_on(channel, config, clock).await
+    }
+
+    /// [`EmbeddedGenerator::start`] over TLS with `tls` (an `https://`
+    /// `config.endpoint`).
+    ///
+    /// # Errors
+    /// As [`EmbeddedGenerator::start`], and [`ClientError::Tls`] for
+    /// settings tonic refuses.
+    #[cfg(feature = "tls")]
+    pub async fn start_with_tls(
+        config: EmbeddedConfig,
+        clock: SharedClock,
+        tls: &crate::tls::ClientTls,
+    ) -> Result<Self, ClientError> {
+        let endpoint = Endpoint::from_shared(config.endpoint.clone())
+            .map_err(|_| ClientError::InvalidEndpoint {
+                endpoint: config.endpoint.clone(),
+            })?
+            .connect_timeout(config.request_timeout);
+        let channel = tls.apply(endpoint)?.connect_lazy();
+        Self::start_on(channel, config, clock).await
+    }
+
+    async fn start_on(
+        channel: tonic::transport::Channel,
+        config: EmbeddedConfig,
+        clock: SharedClock,
+    ) -> Result<Self, ClientError> {
         let mut client = pb::lease_service_client::LeaseServiceClient::new(channel);
         let mut backoff =
             Backoff::new(config.acquire_backoff.0, config.acquire_backoff.1).with_jitter(0.2);

@@ -22,6 +22,13 @@ pub use stream::IdStream;
 use crate::backoff::Backoff;
 use crate::error::{is_retryable_code, ClientError};
 
+/// The TLS settings `build` takes: [`crate::tls::ClientTls`] with the `tls`
+/// feature, nothing to give without it.
+#[cfg(feature = "tls")]
+type TlsSettings = crate::tls::ClientTls;
+#[cfg(not(feature = "tls"))]
+type TlsSettings = std::convert::Infallible;
+
 /// Settings of a remote client.
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
@@ -58,19 +65,47 @@ pub struct RemoteClient {
 impl RemoteClient {
     /// A client of `endpoints` (`http://host:port`); connections open lazily.
     pub fn new(endpoints: &[String], config: RemoteConfig) -> Result<Self, ClientError> {
+        Self::build(endpoints, config, None)
+    }
+
+    /// A client of `endpoints` (`https://host:port`) over TLS with `tls`;
+    /// connections open lazily (a TLS failure shows on the first call).
+    ///
+    /// # Errors
+    /// As [`RemoteClient::new`], and [`ClientError::Tls`] for settings
+    /// tonic refuses.
+    #[cfg(feature = "tls")]
+    pub fn new_with_tls(
+        endpoints: &[String],
+        config: RemoteConfig,
+        tls: &crate::tls::ClientTls,
+    ) -> Result<Self, ClientError> {
+        Self::build(endpoints, config, Some(tls))
+    }
+
+    fn build(
+        endpoints: &[String],
+        config: RemoteConfig,
+        #[cfg_attr(not(feature = "tls"), allow(unused_variables))] tls: Option<&TlsSettings>,
+    ) -> Result<Self, ClientError> {
         if endpoints.is_empty() {
             return Err(ClientError::NoServers);
         }
         let servers = endpoints
             .iter()
             .map(|e| {
-                let channel = Endpoint::from_shared(e.clone())
+                #[allow(unused_mut)]
+                let mut endpoint = Endpoint::from_shared(e.clone())
                     .map_err(|_| ClientError::InvalidEndpoint {
                         endpoint: e.clone(),
                     })?
                     .connect_timeout(config.request_timeout)
-                    .tcp_nodelay(true)
-                    .connect_lazy();
+                    .tcp_nodelay(true);
+                #[cfg(feature = "tls")]
+                if let Some(tls) = tls {
+                    endpoint = tls.apply(endpoint)?;
+                }
+                let channel = endpoint.connect_lazy();
                 Ok(pb::id_service_client::IdServiceClient::new(channel)
                     .max_decoding_message_size(64 << 20))
             })

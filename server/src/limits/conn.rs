@@ -31,6 +31,17 @@
 //!   connection goes: while hyper waits for the client's window it polls
 //!   neither the response body nor anything else of the call, so nothing
 //!   short of ending the connection reaches the stalled call.
+//! * With TLS ([`Listener::with_tls`]) each connection takes the TLS
+//!   configuration current when it is accepted and runs its handshake on
+//!   its own task, the first time hyper reads or writes it, so a slow or
+//!   silent client never holds up the accept loop. The handshake counts as
+//!   silence: a client that has not completed it and sent its first
+//!   application byte within `handshake_timeout` is closed, as a plaintext
+//!   client that sends no preface is. A failed handshake (no client
+//!   certificate under mTLS, an untrusted one, a plaintext client) closes
+//!   the connection; it is logged at debug level. Everything else (the
+//!   limits, the idle and send timeouts, [`ConnInfo`] with the peer's
+//!   address) is the same for TLS and plaintext connections.
 //! * At shutdown it ends at once every connection on which no call has ever
 //!   started. Such a connection may have no HTTP/2 session to end gracefully:
 //!   hyper waits for the client's preface before it can send GOAWAY, so a
@@ -58,6 +69,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tracing::{debug, warn};
 
 use super::throttle::Throttle;
+use crate::tls::ServerTls;
 
 /// First sleep after an accept error.
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
@@ -102,6 +114,7 @@ pub struct Listener {
     limits: ListenerLimits,
     open: Arc<AtomicUsize>,
     shutdown: CancellationToken,
+    tls: Option<ServerTls>,
 }
 
 /// Open connections per source IP address; an address with none has no
@@ -116,7 +129,15 @@ impl Listener {
             limits,
             open: Arc::default(),
             shutdown,
+            tls: None,
         }
+    }
+
+    /// Serves TLS: every connection accepted from now on runs a TLS
+    /// handshake with the configuration `tls` holds when it is accepted.
+    pub fn with_tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// A counter of this listener's open connections, live.
@@ -132,6 +153,7 @@ impl Listener {
             limits,
             open,
             shutdown,
+            tls,
         } = self;
         // Registered at 0, so the series exist before the first refusal.
         let refused = |reason: &'static str| {
@@ -151,6 +173,7 @@ impl Listener {
             open,
             per_peer: PerPeer::default(),
             shutdown,
+            tls,
             accept_errors: Throttle::new(WARN_PERIOD),
             refusals: Throttle::new(WARN_PERIOD),
             peer_refusals: Throttle::new(WARN_PERIOD),
@@ -179,6 +202,7 @@ struct Accepting {
     open: Arc<AtomicUsize>,
     per_peer: PerPeer,
     shutdown: CancellationToken,
+    tls: Option<ServerTls>,
     accept_errors: Throttle,
     refusals: Throttle,
     peer_refusals: Throttle,
@@ -483,10 +507,114 @@ impl Drop for Slot {
     }
 }
 
-/// An accepted TCP connection that closes itself when idle, or at shutdown
-/// when it never made a call (see the module docs).
+/// The byte stream of a connection: plaintext, or TLS once its handshake is
+/// done.
+enum Io {
+    Plain(TcpStream),
+    Handshaking(Box<tokio_rustls::server::FallibleAccept<TcpStream>>),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// The TLS handshake failed and its alert is sent: the socket is shut
+    /// for writing and what the client still sends is read and dropped
+    /// until it closes. Closing a socket with unread bytes resets it, and a
+    /// reset can reach the client before the alert that says what was wrong
+    /// (a missing or untrusted client certificate): it would see only a
+    /// broken pipe.
+    Failing {
+        tcp: TcpStream,
+        error: Option<io::Error>,
+        shut: bool,
+    },
+    /// The TLS handshake failed; the connection is ending.
+    Failed,
+}
+
+impl Io {
+    fn not_ready() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::NotConnected,
+            "the TLS handshake did not complete",
+        )
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Io::Handshaking(_) | Io::Failing { .. } | Io::Failed => {
+                Poll::Ready(Err(Io::not_ready()))
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Io::Handshaking(_) | Io::Failing { .. } | Io::Failed => {
+                Poll::Ready(Err(Io::not_ready()))
+            }
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Io::Handshaking(_) | Io::Failing { .. } | Io::Failed => {
+                Poll::Ready(Err(Io::not_ready()))
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+            Io::Handshaking(_) | Io::Failing { .. } | Io::Failed => false,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Io::Handshaking(_) | Io::Failing { .. } | Io::Failed => {
+                Poll::Ready(Err(Io::not_ready()))
+            }
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            // Nothing negotiated to close; dropping the socket ends it.
+            Io::Handshaking(_) | Io::Failing { .. } | Io::Failed => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// An accepted TCP connection (plaintext, or TLS with [`Listener::with_tls`])
+/// that closes itself when idle, or at shutdown when it never made a call
+/// (see the module docs).
 pub struct GuardedIo {
-    inner: TcpStream,
+    inner: Io,
     state: Arc<ConnState>,
     tcp: TcpConnectInfo,
     idle_timeout: Duration,
@@ -522,6 +650,10 @@ impl GuardedIo {
         accepting.open.fetch_add(1, Ordering::AcqRel);
         let slot = Slot(accepting.open.clone());
         let tcp = inner.connect_info();
+        let inner = match &accepting.tls {
+            Some(tls) => Io::Handshaking(Box::new(tls.acceptor().accept(inner).into_fallible())),
+            None => Io::Plain(inner),
+        };
         let state = Arc::new(ConnState::new());
         let idle_timeout = accepting.limits.idle_timeout;
         let handshake_timeout = accepting.limits.handshake_timeout.min(idle_timeout);
@@ -545,6 +677,78 @@ impl GuardedIo {
             listener: accepting.limits.name,
             _slot: slot,
             _peer_slot: peer_slot,
+        }
+    }
+
+    /// Drives the TLS handshake, if one is in progress: `Ready(Ok)` once the
+    /// connection can carry data (at once for plaintext), `Ready(Err)` when
+    /// the handshake failed or the connection must close before it is done.
+    fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.inner {
+            Io::Plain(_) | Io::Tls(_) => return Poll::Ready(Ok(())),
+            Io::Failed => return Poll::Ready(Err(Io::not_ready())),
+            Io::Failing { .. } => return self.poll_failing(cx),
+            Io::Handshaking(_) => {}
+        }
+        // Reads check this too; writes may be all hyper polls until the
+        // handshake is done (the HTTP/2 server sends its settings first).
+        if self.must_close(cx) {
+            self.inner = Io::Failed;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "closed before the TLS handshake completed",
+            )));
+        }
+        let Io::Handshaking(accept) = &mut self.inner else {
+            return Poll::Ready(Ok(()));
+        };
+        match Pin::new(accept.as_mut()).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(stream)) => {
+                self.inner = Io::Tls(Box::new(stream));
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err((error, tcp))) => {
+                debug!(listener = self.listener, peer = ?self.tcp.remote_addr, %error, "TLS handshake failed; closing the connection");
+                self.inner = Io::Failing {
+                    tcp,
+                    error: Some(error),
+                    shut: false,
+                };
+                self.poll_failing(cx)
+            }
+        }
+    }
+
+    /// Ends a connection whose handshake failed (see [`Io::Failing`]):
+    /// `Ready(Err)` with the handshake's error once the client has closed
+    /// (or the handshake timeout passed).
+    fn poll_failing(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let closing = self.must_close(cx);
+            let Io::Failing { tcp, error, shut } = &mut self.inner else {
+                return Poll::Ready(Err(Io::not_ready()));
+            };
+            let mut done = closing;
+            if !done && !*shut {
+                // Immediate for a TCP socket: sends FIN after the alert.
+                let _ = std::task::ready!(Pin::new(&mut *tcp).poll_shutdown(cx));
+                *shut = true;
+            }
+            if !done {
+                let mut scratch = [0u8; 512];
+                let mut buf = ReadBuf::new(&mut scratch);
+                match Pin::new(&mut *tcp).poll_read(cx, &mut buf) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(())) if !buf.filled().is_empty() => continue,
+                    Poll::Ready(_) => done = true,
+                }
+            }
+            if done {
+                let error = error.take().unwrap_or_else(Io::not_ready);
+                self.inner = Io::Failed;
+                return Poll::Ready(Err(error));
+            }
         }
     }
 
@@ -642,6 +846,9 @@ impl AsyncRead for GuardedIo {
             // End of stream: the HTTP server closes the connection.
             return Poll::Ready(Ok(()));
         }
+        if let Err(e) = std::task::ready!(this.poll_handshake(cx)) {
+            return Poll::Ready(Err(e));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -658,7 +865,9 @@ impl AsyncWrite for GuardedIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        std::task::ready!(this.poll_handshake(cx))?;
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -666,7 +875,9 @@ impl AsyncWrite for GuardedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        std::task::ready!(this.poll_handshake(cx))?;
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -674,7 +885,9 @@ impl AsyncWrite for GuardedIo {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        std::task::ready!(this.poll_handshake(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -912,6 +1125,103 @@ mod tests {
         let io = incoming.next().await.unwrap().unwrap();
         assert_eq!(io.tcp.remote_addr().unwrap().ip().to_string(), "127.0.0.1");
         assert_eq!(open.get(), 3);
+    }
+
+    /// A TLS listener for `localhost` with a self-signed certificate, and a
+    /// connector that trusts it.
+    async fn tls_listener(
+        handshake_ms: u64,
+    ) -> (
+        std::net::SocketAddr,
+        OpenConnections,
+        impl Stream<Item = Result<GuardedIo, Infallible>>,
+        tokio_rustls::TlsConnector,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let c = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        std::fs::write(dir.path().join("c.pem"), c.cert.pem()).unwrap();
+        std::fs::write(dir.path().join("k.pem"), c.signing_key.serialize_pem()).unwrap();
+        let settings = crate::tls::TlsSettings {
+            cert_file: dir.path().join("c.pem"),
+            key_file: dir.path().join("k.pem"),
+            client_ca_file: None,
+            reload_interval: Duration::from_secs(5),
+        };
+        let (tls, _reloader) = ServerTls::load(&settings).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut l = limits(8, 60_000);
+        l.handshake_timeout = Duration::from_millis(handshake_ms);
+        let listener = Listener::new(tcp, l, CancellationToken::new()).with_tls(tls);
+        let open = listener.open_connections();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(c.cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+        (addr, open, listener.incoming(), connector, dir)
+    }
+
+    #[tokio::test]
+    async fn a_silent_tls_client_holds_up_no_other_and_is_closed_at_the_handshake_timeout() {
+        let (addr, open, incoming, connector, _dir) = tls_listener(300).await;
+        let mut incoming = Box::pin(incoming);
+        // Connects and never sends a ClientHello.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let silent_io = incoming.next().await.unwrap().unwrap();
+        let started = Instant::now();
+        let silent_server = echo(silent_io);
+        // Another client is accepted and served meanwhile.
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let talker_io = incoming.next().await.unwrap().unwrap();
+        let talker_server = echo(talker_io);
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut talker = connector.connect(name, tcp).await.unwrap();
+        talker.write_all(b"hello").await.unwrap();
+        let mut b = [0u8; 5];
+        talker.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"hello");
+        assert_eq!(open.get(), 2);
+        assert_eq!(read_to_end(&mut silent).await, b"");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
+            "closed after {waited:?}"
+        );
+        silent_server.await.unwrap();
+        assert_eq!(open.get(), 1);
+        drop(talker);
+        talker_server.await.unwrap();
+        assert_eq!(open.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_plaintext_client_on_a_tls_listener_gets_an_alert_and_a_close() {
+        let (addr, open, incoming, _connector, _dir) = tls_listener(5_000).await;
+        let mut incoming = Box::pin(incoming);
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let io = incoming.next().await.unwrap().unwrap();
+        let server = echo(io);
+        client
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        // A TLS alert record (content type 21), then the end of the stream.
+        let answer = read_to_end(&mut client).await;
+        assert_eq!(answer.first(), Some(&21), "{answer:?}");
+        // The server side ends once the client closes, well before the 5 s
+        // handshake timeout.
+        drop(client);
+        let started = Instant::now();
+        server.await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(open.get(), 0);
     }
 
     #[tokio::test]

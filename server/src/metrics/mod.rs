@@ -91,6 +91,19 @@ pub(crate) const CONNECTIONS_REFUSED_TOTAL: &str = "snowkeep_connections_refused
 /// Connections closed because a response message on them (of a stream or
 /// a unary call) waited `--stream-send-timeout` without being taken.
 pub(crate) const STREAM_SEND_STALLS_TOTAL: &str = "snowkeep_stream_send_stalls_total";
+/// Reloads of the gRPC port's TLS files after they changed; label `result` =
+/// `ok` (the new certificate serves new connections) | `error` (the files
+/// did not parse; the previous certificate keeps serving). TLS only.
+pub(crate) const TLS_RELOADS_TOTAL: &str = "snowkeep_tls_reloads_total";
+/// notAfter of the certificate the gRPC port serves new connections with,
+/// seconds since the Unix epoch. TLS only.
+pub(crate) const TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS: &str =
+    "snowkeep_tls_certificate_expiry_timestamp_seconds";
+
+/// The metrics of the catalog a server exports only when it serves TLS
+/// (`--tls-cert-file`): a plaintext server's scrape holds the catalog
+/// without them.
+pub const TLS_ONLY: &[&str] = &[TLS_RELOADS_TOTAL, TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS];
 
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
@@ -125,6 +138,8 @@ pub const CATALOG: &[(&str, &str)] = &[
     (CORRUPT_KEYS_TOTAL, "counter"),
     (CONNECTIONS_REFUSED_TOTAL, "counter"),
     (STREAM_SEND_STALLS_TOTAL, "counter"),
+    (TLS_RELOADS_TOTAL, "counter"),
+    (TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS, "gauge"),
 ];
 
 /// Where a clock skew was observed.
@@ -396,6 +411,16 @@ pub(crate) fn describe_all() {
         STREAM_SEND_STALLS_TOTAL,
         Unit::Count,
         "Connections closed because a response message on them waited --stream-send-timeout without its client taking it."
+    );
+    describe_counter!(
+        TLS_RELOADS_TOTAL,
+        Unit::Count,
+        "Reloads of the gRPC port's TLS certificate files after they changed, by result: ok (new connections use the new certificate) or error (they did not parse; the previous certificate keeps serving)."
+    );
+    describe_gauge!(
+        TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS,
+        Unit::Seconds,
+        "notAfter of the certificate the gRPC port serves new connections with, as a Unix timestamp."
     );
     // Counters exist from the start (at 0) so rates and alerts see them.
     metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);

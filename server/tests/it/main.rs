@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin_state;
+mod allow_list;
 mod claim_lifecycle;
 mod claims;
 mod client_skew;
@@ -38,4 +39,5 @@ mod single_instance_ranges;
 mod streams;
 mod support;
 mod tampering;
+mod tls;
 mod tools;

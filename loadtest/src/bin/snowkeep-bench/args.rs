@@ -111,17 +111,20 @@ pub(crate) struct Args {
     /// Use TLS with the system's roots (implied by https:// and the options below).
     #[arg(long)]
     pub(crate) tls: bool,
-    /// PEM file of a CA to trust for TLS.
-    #[arg(long)]
+    /// PEM file of a CA to trust for TLS (alias --tls-ca-file, as
+    /// snowkeepctl names it).
+    #[arg(long, visible_alias = "tls-ca-file")]
     pub(crate) cacert: Option<PathBuf>,
-    /// PEM client certificate for mutual TLS (with --key).
-    #[arg(long, requires = "key")]
+    /// PEM client certificate for mutual TLS (with --key; alias
+    /// --tls-cert-file).
+    #[arg(long, requires = "key", visible_alias = "tls-cert-file")]
     pub(crate) cert: Option<PathBuf>,
-    /// PEM client key for mutual TLS (with --cert).
-    #[arg(long, requires = "cert")]
+    /// PEM client key for mutual TLS (with --cert; alias --tls-key-file).
+    #[arg(long, requires = "cert", visible_alias = "tls-key-file")]
     pub(crate) key: Option<PathBuf>,
-    /// Server name to verify the certificate against (default: the host).
-    #[arg(long)]
+    /// Server name to verify the certificate against (default: the host;
+    /// alias --tls-server-name).
+    #[arg(long, visible_alias = "tls-server-name")]
     pub(crate) cname: Option<String>,
     /// Keep every id and check uniqueness, per-call order, and that every
     /// finite StreamIds stream delivered all the ids it asked for (exit code

@@ -1,0 +1,142 @@
+//! The network allow-list (`--allow-cidrs`): a call from a peer address
+//! outside every configured range is answered PERMISSION_DENIED before any
+//! handler (or the call limits) runs, whatever its method: health and
+//! reflection too, so probes must come from an allowed address (an `exec`
+//! probe in the pod calls from 127.0.0.1). An IPv4 client reaching an IPv6
+//! socket (an IPv4-mapped address, `::ffff:10.1.2.3`) is matched against the
+//! IPv4 ranges. An empty list allows every peer.
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use ipnet::IpNet;
+use tonic::Status;
+use tower::{Layer, Service};
+
+use crate::limits::conn::ConnInfo;
+
+/// The allowed ranges; cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct AllowList {
+    nets: Arc<[IpNet]>,
+}
+
+impl AllowList {
+    /// Allows peers inside any of `nets`; every peer when empty.
+    pub fn new(nets: Vec<IpNet>) -> Self {
+        Self { nets: nets.into() }
+    }
+
+    /// Whether a call from `peer` may proceed.
+    pub fn allows(&self, peer: IpAddr) -> bool {
+        let peer = peer.to_canonical();
+        self.nets.is_empty() || self.nets.iter().any(|n| n.contains(&peer))
+    }
+
+    /// The status for a peer the list refuses (`None`: an unknown address).
+    fn denied(&self, peer: Option<IpAddr>) -> Status {
+        let ranges = self
+            .nets
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let who = peer.map_or_else(
+            || "a peer with no known address".to_owned(),
+            |p| format!("peer {}", p.to_canonical()),
+        );
+        Status::permission_denied(format!(
+            "{who} is outside this server's --allow-cidrs ({ranges}): call from an allowed network, or have the operator add the client's range to --allow-cidrs"
+        ))
+    }
+}
+
+impl<S> Layer<S> for AllowList {
+    type Service = Allow<S>;
+
+    fn layer(&self, inner: S) -> Allow<S> {
+        Allow {
+            inner,
+            list: self.clone(),
+        }
+    }
+}
+
+/// The service of [`AllowList`].
+#[derive(Debug, Clone)]
+pub struct Allow<S> {
+    inner: S,
+    list: AllowList,
+}
+
+impl<S, R> Service<http::Request<R>> for Allow<S>
+where
+    S: Service<http::Request<R>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<R>) -> Self::Future {
+        if !self.list.nets.is_empty() {
+            let peer = request
+                .extensions()
+                .get::<ConnInfo>()
+                .and_then(|c| c.tcp.remote_addr())
+                .map(|a| a.ip());
+            if !peer.is_some_and(|p| self.list.allows(p)) {
+                let response = self.list.denied(peer).into_http();
+                return Box::pin(async move { Ok(response) });
+            }
+        }
+        Box::pin(self.inner.call(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(ranges: &[&str]) -> AllowList {
+        AllowList::new(ranges.iter().map(|r| r.parse().unwrap()).collect())
+    }
+
+    #[test]
+    fn peers_match_their_ranges_and_mapped_ipv4_matches_ipv4_ranges() {
+        let l = list(&["10.0.0.0/8", "127.0.0.1/32", "fd00::/8"]);
+        for ok in [
+            "10.1.2.3",
+            "127.0.0.1",
+            "::ffff:10.9.9.9",
+            "::ffff:127.0.0.1",
+            "fd12::1",
+        ] {
+            assert!(l.allows(ok.parse().unwrap()), "{ok}");
+        }
+        for no in [
+            "11.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "::ffff:192.168.0.1",
+            "fe80::1",
+        ] {
+            assert!(!l.allows(no.parse().unwrap()), "{no}");
+        }
+        assert!(AllowList::default().allows("203.0.113.9".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_denial_names_the_peer_and_the_flag() {
+        let s = list(&["10.0.0.0/8"]).denied(Some("::ffff:127.0.0.1".parse().unwrap()));
+        assert_eq!(s.code(), tonic::Code::PermissionDenied);
+        assert_eq!(s.message(), "peer 127.0.0.1 is outside this server's --allow-cidrs (10.0.0.0/8): call from an allowed network, or have the operator add the client's range to --allow-cidrs");
+    }
+}

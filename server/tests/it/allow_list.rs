@@ -1,0 +1,64 @@
+//! `--allow-cidrs` against real server processes: a peer outside every
+//! range gets PERMISSION_DENIED (health included) naming its address and the
+//! flag, counted under its code; a peer inside one is served.
+
+use std::time::Duration;
+
+use tonic::Code;
+use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+
+use crate::support::server::ServerProcess;
+use crate::support::{eventually, READY};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_outside_the_allow_list_is_denied_every_call() {
+    let server = ServerProcess::spawn(&["--allow-cidrs", "10.0.0.0/8"]);
+    // The server answers (with the denial) once it listens.
+    let url = server.url();
+    eventually("the server listens", READY, || {
+        let url = url.clone();
+        async move {
+            tonic::transport::Channel::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    let denied = server.next_ids(5).await.unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    assert_eq!(
+        denied.message(),
+        "peer 127.0.0.1 is outside this server's --allow-cidrs (10.0.0.0/8): call from an allowed network, or have the operator add the client's range to --allow-cidrs"
+    );
+    let health = HealthClient::new(server.channel().await)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(health.code(), Code::PermissionDenied);
+    // Both denials are counted under their code, before any handler ran.
+    assert_eq!(
+        server
+            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",code="PERMISSION_DENIED"}"#)
+            .await,
+        1.0
+    );
+    assert_eq!(
+        server
+            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",code="OK"}"#)
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_inside_the_allow_list_is_served() {
+    let server = ServerProcess::spawn(&["--allow-cidrs", "192.168.0.0/16,127.0.0.0/8"]);
+    server.wait_serving(Duration::from_secs(20)).await;
+    let ids = server.next_ids(25).await.unwrap();
+    assert_eq!(ids.len(), 25);
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+}
