@@ -11,6 +11,7 @@ use clap::Parser;
 use snowkeep_client::{Layout, LayoutError};
 use thiserror::Error;
 
+use crate::auth::{AuthConfig, AuthMode, BootstrapKey};
 use crate::claim::OnLeaseLost;
 use crate::etcd::namespace::{FloorSpec, NamespaceSetup};
 use crate::lease_api::LeaseApiConfig;
@@ -222,6 +223,17 @@ pub struct Args {
     /// TCP keepalive idle time on accepted connections; 0s turns it off.
     #[arg(long, env = "SNOWKEEP_TCP_KEEPALIVE", default_value = DEFAULT_TCP_KEEPALIVE, value_parser = humantime::parse_duration)]
     pub tcp_keepalive: Duration,
+    /// API keys: `on` makes every call but health and reflection send
+    /// `authorization: Bearer <id>.<secret>` (keys live in etcd); `off`
+    /// serves everyone.
+    #[arg(long, env = "SNOWKEEP_AUTH", value_enum, default_value_t = AuthMode::Off)]
+    pub auth: AuthMode,
+    /// A file holding an API key `<id>.<secret>` (first line): at start the
+    /// server writes it to etcd as an admin key unless a key with that id
+    /// exists (which is left as it is). The way to the first admin key,
+    /// e.g. from a Kubernetes Secret.
+    #[arg(long, env = "SNOWKEEP_BOOTSTRAP_ADMIN_KEY_FILE")]
+    pub bootstrap_admin_key_file: Option<PathBuf>,
 }
 
 fn parse_floor(text: &str) -> Result<FloorSpec, String> {
@@ -339,6 +351,8 @@ pub struct ServerConfig {
     pub setup_only: bool,
     /// Bounds on connections, calls and messages.
     pub limits: Limits,
+    /// API keys.
+    pub auth: AuthConfig,
 }
 
 impl ServerConfig {
@@ -527,6 +541,19 @@ pub enum ConfigError {
     /// A namespace flag without etcd, or an incomplete one-shot.
     #[error("{0}")]
     NamespaceSetup(&'static str),
+    /// `--auth on` or a bootstrap key without etcd.
+    #[error("{0}")]
+    AuthNeedsEtcd(&'static str),
+    /// The bootstrap admin key file cannot be read or holds no key.
+    #[error(
+        "invalid --bootstrap-admin-key-file (SNOWKEEP_BOOTSTRAP_ADMIN_KEY_FILE) {path}: {problem}"
+    )]
+    BootstrapKey {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (never the key).
+        problem: String,
+    },
 }
 
 /// What is wrong with an `--etcd-endpoints` entry.
@@ -648,6 +675,27 @@ impl TryFrom<Args> for ServerConfig {
         {
             return Err(ConfigError::NamespaceSetup("--create-namespace, --create-namespace-only and --confirm-namespace-floor apply to namespaces in etcd: add --etcd-endpoints (the single-instance store creates its state file by itself)"));
         }
+        let bootstrap_admin_key = match &args.bootstrap_admin_key_file {
+            None => None,
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|e| ConfigError::BootstrapKey {
+                        path: path.clone(),
+                        problem: e.to_string(),
+                    })?;
+                Some(
+                    BootstrapKey::parse(&text).map_err(|e| ConfigError::BootstrapKey {
+                        path: path.clone(),
+                        problem: format!("{e}; the file's first line is the key, e.g. k0123456789ab.<64 hex digits>"),
+                    })?,
+                )
+            }
+        };
+        if matches!(store, StoreConfig::SingleInstance { .. })
+            && (args.auth == AuthMode::On || bootstrap_admin_key.is_some())
+        {
+            return Err(ConfigError::AuthNeedsEtcd("--auth on and --bootstrap-admin-key-file need etcd, where API keys are kept: add --etcd-endpoints (the single-instance store serves without authentication; keep its port private)"));
+        }
         let setup_only = args.create_namespace_only || namespace_setup.confirm_floor.is_some();
         let machine_id_range = match args.machine_id_range {
             None => 0..layout.machine_id_count(),
@@ -694,6 +742,10 @@ impl TryFrom<Args> for ServerConfig {
             },
             namespace_setup,
             setup_only,
+            auth: AuthConfig {
+                mode: args.auth,
+                bootstrap_admin_key,
+            },
         })
     }
 }

@@ -45,6 +45,7 @@
 pub(crate) mod admin;
 #[allow(dead_code)] // Called by the Lease API and admin handlers once they record events.
 pub(crate) mod audit;
+pub mod auth;
 pub mod claim;
 pub mod config;
 pub mod etcd;

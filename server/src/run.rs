@@ -324,10 +324,12 @@ pub async fn run(
         lease_ttl = ?config.lease_ttl,
         outage_budget = ?timing_budget(&config),
         listen = %listen,
+        auth = ?config.auth.mode,
         "snowkeep-server starting"
     );
 
     let ns = config.namespace.clone();
+    let key_cache = crate::auth::KeyCache::new();
     let (slots, grant_rxs, demand) = generator_slots(&config, &clock);
     let grant_rx = grant_rxs
         .first()
@@ -353,6 +355,7 @@ pub async fn run(
     let mut lease_task = {
         let (clock, ns, layout) = (clock.clone(), ns.clone(), config.layout);
         let (shutdown, release, access) = (shutdown.clone(), release.clone(), access.clone());
+        let (key_cache, bootstrap) = (key_cache.clone(), config.auth.bootstrap_admin_key.clone());
         lease_runtime.spawn(async move {
             // The capacity gauges follow the first slot's grant.
             let grant = grant_rxs[0].clone();
@@ -371,6 +374,7 @@ pub async fn run(
                         return Ok(());
                     };
                     access.connected(&store);
+                    key_cache.connect(store.api_keys(), bootstrap, clock.clone(), shutdown.clone());
                     let _ = peers.set(store.peer_directory());
                     // Advice only, so it neither delays nor stops the claim.
                     tokio::spawn(store.overlap_check().warn_once());
@@ -400,7 +404,10 @@ pub async fn run(
             access.clone(),
         ),
         LeaseHandler::new(access.clone(), config.lease_api, clock.clone()),
-        AdminHandler::new(StateAdmin::new(access.clone()), KeyAdmin::new(access)),
+        AdminHandler::new(
+            StateAdmin::new(access.clone()),
+            KeyAdmin::new(access, key_cache.clone(), clock.clone()),
+        ),
         &config.limits,
     )?;
     tracker.spawn(health::follow_issuance(
@@ -467,6 +474,14 @@ pub async fn run(
             // Outermost first: metrics see the final code of every call,
             // shed ones included.
             .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
+            // Inside metrics (which count its refusals by code), before the
+            // call limits: a call without a valid key takes no call slot.
+            .layer(crate::auth::AuthLayer::new(
+                config.auth.mode,
+                key_cache,
+                clock.clone(),
+                config.namespace.clone(),
+            ))
             .layer(call_limits.layer())
             .layer(WireStatusLayer)
             .add_routes(routes)

@@ -32,8 +32,10 @@
 //! | [`namespace`] | the namespace record: create, confirm a floor, the rollback rule |
 //! | `instance` | one live process per instance id |
 //! | `overlap` | the advice about other namespaces sharing this range |
-//! | `requesters` | the Lease API's leases of embedded requesters |
+//! | `requesters` | the Lease API's leases of embedded requesters, and API key quotas |
+//! | `apikeys` | API key records and their watch |
 
+pub(crate) mod apikeys;
 mod directory;
 mod endpoints;
 mod fence_count;

@@ -243,6 +243,16 @@ pub(crate) fn authorize(
     }
 }
 
+/// An API key's Lease API quota, for an Acquire made with that key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyQuota {
+    /// The key id.
+    pub key_id: String,
+    /// The most machine ids the key's requesters may hold at once,
+    /// cluster-wide (`max_lease_machine_ids`).
+    pub max: u32,
+}
+
 /// Where requesters' leases are kept: what the Lease API's handler asks of a
 /// store. Every call that acts on a requester's lease (Renew, Release,
 /// Check, an Acquire retry) checks the presented token with [`authorize`]
@@ -271,7 +281,11 @@ pub(crate) trait RequesterStore {
     /// least `duration` (an idempotent retry, the same token), failing with
     /// [`StoreError::CountMismatch`] when it holds another number; without
     /// the token it fails with [`StoreError::TokenRefused`]. A full range is
-    /// [`StoreError::NoFreeMachineId`].
+    /// [`StoreError::NoFreeMachineId`]. With a `quota` (an Acquire made
+    /// with an API key), a new claim that would take the key's holdings
+    /// over its quota is [`StoreError::KeyQuotaExceeded`] with nothing
+    /// claimed; a retry of machine ids already held is never refused for it.
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &mut self,
         namespace: &str,
@@ -280,6 +294,7 @@ pub(crate) trait RequesterStore {
         count: u32,
         duration: Duration,
         token: Option<&LeaseToken>,
+        quota: Option<&KeyQuota>,
     ) -> impl Future<Output = Result<RequesterGrant, StoreError>> + Send;
 
     /// Extends the requester's lease to `duration` and raises its fences, all

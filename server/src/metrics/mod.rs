@@ -91,6 +91,11 @@ pub(crate) const CONNECTIONS_REFUSED_TOTAL: &str = "snowkeep_connections_refused
 /// Connections closed because a response message on them (of a stream or
 /// a unary call) waited `--stream-send-timeout` without being taken.
 pub(crate) const STREAM_SEND_STALLS_TOTAL: &str = "snowkeep_stream_send_stalls_total";
+/// API key checks with `--auth on`, by `key_id` (`-` for a missing,
+/// malformed or unknown key) and `result` (`ok`, `missing`, `malformed`,
+/// `unknown`, `wrong_secret`, `expired`, `revoked`, `permission_denied`,
+/// `unavailable`).
+pub(crate) const AUTH_REQUESTS_TOTAL: &str = "snowkeep_auth_requests_total";
 
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
@@ -125,6 +130,7 @@ pub const CATALOG: &[(&str, &str)] = &[
     (CORRUPT_KEYS_TOTAL, "counter"),
     (CONNECTIONS_REFUSED_TOTAL, "counter"),
     (STREAM_SEND_STALLS_TOTAL, "counter"),
+    (AUTH_REQUESTS_TOTAL, "counter"),
 ];
 
 /// Where a clock skew was observed.
@@ -397,7 +403,13 @@ pub(crate) fn describe_all() {
         Unit::Count,
         "Connections closed because a response message on them waited --stream-send-timeout without its client taking it."
     );
+    describe_counter!(
+        AUTH_REQUESTS_TOTAL,
+        Unit::Count,
+        "API key checks with --auth on, by key id (- for a missing, malformed or unknown key) and result."
+    );
     // Counters exist from the start (at 0) so rates and alerts see them.
+    metrics::counter!(AUTH_REQUESTS_TOTAL, "key_id" => "-", "result" => "missing").increment(0);
     metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);
     for result in ["ok", "error"] {
         metrics::counter!(LEASE_RENEWALS_TOTAL, "result" => result).increment(0);
