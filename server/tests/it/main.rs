@@ -4,11 +4,13 @@
 // A test binary: helpers panic on anything unexpected, like the tests do.
 #![allow(clippy::unwrap_used)]
 
+mod auth;
 mod claim_lifecycle;
 mod claims;
 mod client_skew;
 mod config_refusals;
 mod corrupt_keys;
+mod ctl_keys;
 mod endpoints;
 mod etcd_faults;
 mod fairness;
