@@ -448,3 +448,47 @@ async fn the_audit_trail_names_key_and_requester_and_logs_no_secret() {
         assert!(!log.contains(secret), "the log holds a secret {secret}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_clients_send_their_api_key() {
+    use snowkeep_client::{
+        ApiKey, EmbeddedConfig, EmbeddedGenerator, RemoteClient, RemoteConfig, SystemClock,
+    };
+    let c = AuthCluster::start("authclients").await;
+    let (key, _) = c.create_key(&[Ids, Lease], &[], 1).await;
+    let one_try = RemoteConfig {
+        attempts: 1,
+        ..RemoteConfig::default()
+    };
+    let without = RemoteClient::new(&[c.a.url()], one_try.clone()).unwrap();
+    let refused = without.next_ids(3).await.unwrap_err().to_string();
+    assert!(refused.contains("no API key"), "{refused}");
+    let with = RemoteClient::new(
+        &[c.a.url(), c.b.url()],
+        RemoteConfig {
+            api_key: Some(ApiKey::new(&key).unwrap()),
+            ..one_try
+        },
+    )
+    .unwrap();
+    assert_eq!(with.next_ids(3).await.unwrap().len(), 3);
+
+    let config = EmbeddedConfig {
+        api_key: Some(ApiKey::new(&key).unwrap()),
+        acquire_attempts: Some(1),
+        requester: requester(500),
+        ..EmbeddedConfig::new(c.a.url(), c.ns.clone())
+    };
+    let generator = EmbeddedGenerator::start(config, SystemClock::shared())
+        .await
+        .unwrap();
+    assert_eq!(generator.machine_ids().len(), 1);
+    eventually(
+        "the embedded generator to issue",
+        Duration::from_secs(10),
+        || async { generator.is_ready() },
+    )
+    .await;
+    assert_eq!(generator.next_ids(10).await.unwrap().len(), 10);
+    assert_eq!(generator.shutdown().await, 1, "released with its key");
+}
