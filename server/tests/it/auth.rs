@@ -492,3 +492,41 @@ async fn the_rust_clients_send_their_api_key() {
     assert_eq!(generator.next_ids(10).await.unwrap().len(), 10);
     assert_eq!(generator.shutdown().await, 1, "released with its key");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_without_etcd_or_with_a_bad_key_file_refuses_to_start_with_64() {
+    use crate::support::server::ServerProcess;
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.key");
+    std::fs::write(&bad, "no-dot-here\n").unwrap();
+    let bad = bad.to_str().unwrap().to_owned();
+    let missing = dir.path().join("missing.key");
+    let missing = missing.to_str().unwrap().to_owned();
+    let etcd = "http://127.0.0.1:1";
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (
+            vec!["--auth", "on"],
+            "--auth on and --bootstrap-admin-key-file need etcd, where API keys are kept: add --etcd-endpoints".to_owned(),
+        ),
+        (
+            vec!["--etcd-endpoints", etcd, "--bootstrap-admin-key-file", &bad],
+            format!("invalid --bootstrap-admin-key-file (SNOWKEEP_BOOTSTRAP_ADMIN_KEY_FILE) {bad}: malformed API key: a key is `<id>.<secret>` with one dot"),
+        ),
+        (
+            vec!["--etcd-endpoints", etcd, "--bootstrap-admin-key-file", &missing],
+            format!("invalid --bootstrap-admin-key-file (SNOWKEEP_BOOTSTRAP_ADMIN_KEY_FILE) {missing}: No such file"),
+        ),
+    ];
+    for (args, message) in cases {
+        let mut server = ServerProcess::spawn(&args);
+        let code = server.wait_exit(Duration::from_secs(15)).await.code();
+        let log = server.log();
+        assert_eq!(code, Some(64), "{args:?}: log:\n{log}");
+        assert!(
+            log.contains(&message),
+            "{args:?}: want {message}\nlog:\n{log}"
+        );
+        let secretless = !log.contains("no-dot-here");
+        assert!(secretless, "the key file's content is never echoed:\n{log}");
+    }
+}
