@@ -111,7 +111,7 @@ impl KeyCache {
         }
     }
 
-    fn replace_all(&self, stored: &[StoredKey]) {
+    pub(crate) fn replace_all(&self, stored: &[StoredKey]) {
         let fresh: HashMap<String, KeyRecord> = stored
             .iter()
             .filter_map(parse)

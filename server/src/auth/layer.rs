@@ -212,4 +212,64 @@ mod tests {
             "LeaseService"
         );
     }
+    #[test]
+    fn the_layer_judges_expiry_permission_and_namespace_at_the_clocks_time() {
+        use crate::auth::key::BootstrapKey;
+        use crate::etcd::apikeys::StoredKey;
+        use snowkeep_client::ManualClock;
+
+        let key = PresentedKey::generate();
+        let mut record = BootstrapKey::parse(&key.reveal()).unwrap().record(0);
+        record.permissions = vec![Permission::Ids];
+        record.namespaces = vec!["orders".into()];
+        record.expires_unix_ms = 10_000;
+        let cache = KeyCache::new();
+        cache.replace_all(&[StoredKey {
+            id: record.id.clone(),
+            value: record.to_json().into_bytes(),
+            mod_revision: 1,
+        }]);
+        let clock = ManualClock::new(9_000);
+        let layer = AuthLayer::new(AuthMode::On, cache.clone(), clock.clone(), "orders".into());
+        let header = format!("Bearer {}", key.reveal());
+        let auth = Some(header.as_bytes());
+        let scope = layer
+            .judge("/snowkeep.v1.IdService/NextIds", auth)
+            .unwrap()
+            .unwrap();
+        assert_eq!(scope.key_id, key.id());
+        assert_eq!(
+            layer.judge("/grpc.health.v1.Health/Check", None).unwrap(),
+            None
+        );
+        let denied = layer
+            .judge("/snowkeep.v1.LeaseService/Acquire", auth)
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(
+            denied.message().contains("lacks the lease permission"),
+            "{denied:?}"
+        );
+        let elsewhere = AuthLayer::new(AuthMode::On, cache, clock.clone(), "billing".into());
+        let denied = elsewhere
+            .judge("/snowkeep.v1.IdService/NextIds", auth)
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        clock.set_unix_ms(10_000);
+        let expired = layer
+            .judge("/snowkeep.v1.InfoService/GetInfo", auth)
+            .unwrap_err();
+        assert_eq!(expired.code(), tonic::Code::Unauthenticated);
+        assert_eq!(
+            expired.message(),
+            format!(
+                "API key {} expired at 1970-01-01T00:00:10Z: ask an administrator for a new key",
+                key.id()
+            )
+        );
+        let missing = layer
+            .judge("/snowkeep.v1.InfoService/GetInfo", None)
+            .unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
+    }
 }
