@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use snowkeep_proto::v1 as pb;
 use tonic::Code;
@@ -27,17 +28,26 @@ fn assert_status<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, fr
     );
 }
 
-/// The capacity of `ns`'s Lease API as `key` reads it.
-async fn held(c: &AuthCluster, key: &str) -> u32 {
-    lease(&c.a, Some(key))
+/// Machine ids that Lease API requesters of `c.ns` hold, read from their
+/// records in etcd (the servers' own machine ids, which come and go with
+/// their 2 s leases under load, are not counted).
+async fn held(c: &AuthCluster, _key: &str) -> u32 {
+    let prefix = format!("/snowkeep/v1/ns/{}/requester/", c.ns);
+    let resp = c
+        .etcd
+        .client()
         .await
-        .capacity(pb::CapacityRequest {
-            namespace: c.ns.clone(),
+        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            let value = std::str::from_utf8(kv.value()).unwrap();
+            let ids = value.split(';').next().unwrap();
+            ids.split(',').count() as u32
         })
-        .await
-        .unwrap()
-        .into_inner()
-        .held
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,8 +325,8 @@ async fn concurrent_acquires_through_both_servers_never_exceed_the_quota() {
     let c = AuthCluster::start("authrace").await;
     let (key, _) = c.create_key(&[Lease], &[], 5).await;
     let (a, b) = (lease(&c.a, Some(&key)).await, lease(&c.b, Some(&key)).await);
-    // The servers' own machine ids.
     let servers = held(&c, &key).await;
+    assert_eq!(servers, 0, "no requester yet");
     let mut calls = Vec::new();
     for i in 0..12u64 {
         let mut api = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -368,17 +378,23 @@ async fn an_unauthenticated_flood_pins_no_machine_id() {
     let series = "snowkeep_auth_requests_total{key_id=\"-\",result=\"missing\"}";
     let missing_before = c.a.metric(series).await;
     let no_key = lease(&c.a, None).await;
-    let mut calls = Vec::new();
-    for i in 0..200u64 {
-        let mut api = no_key.clone();
-        let ns = c.ns.clone();
-        calls.push(tokio::spawn(async move {
-            api.acquire(acquire(&ns, &requester(1_000 + i), 63, None))
-                .await
-        }));
-    }
-    for call in calls {
-        let s = call.await.unwrap().expect_err("no key, no grant");
+    // 32 in flight on the one connection: below the server's 64 concurrent
+    // streams, which it enforces with REFUSED_STREAM before any layer runs.
+    let results: Vec<Result<_, tonic::Status>> = futures_util::stream::iter(0..200u64)
+        .map(|i| {
+            let mut api = no_key.clone();
+            let ns = c.ns.clone();
+            async move {
+                api.acquire(acquire(&ns, &requester(1_000 + i), 63, None))
+                    .await
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    assert_eq!(results.len(), 200);
+    for r in results {
+        let s = r.expect_err("no key, no grant");
         assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
     }
     assert_eq!(held(&c, &reader).await, before);
