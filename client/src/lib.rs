@@ -16,6 +16,7 @@
 //! [`generator::Grant`] through a `tokio::sync::watch` channel and the generator
 //! stamps only under it.
 
+pub mod api_key;
 pub mod backoff;
 pub mod clock;
 pub mod embedded;
@@ -26,6 +27,7 @@ pub mod remote;
 #[cfg(feature = "tls")]
 pub mod tls;
 
+pub use api_key::{ApiKey, InvalidApiKey};
 pub use backoff::Backoff;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
 pub use embedded::{EmbeddedConfig, EmbeddedGenerator, Requester};

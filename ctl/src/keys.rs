@@ -1,57 +1,310 @@
 //! Commands on API keys and the audit trail.
 
+use anyhow::{bail, Context};
+use snowkeep_client::Clock;
 use snowkeep_proto::v1 as pb;
 
 use crate::conn::ConnArgs;
 use crate::output::{print, Output};
 
+/// A permission as snowkeepctl names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PermissionArg {
+    /// IdService.
+    Ids,
+    /// LeaseService (the Lease API).
+    Lease,
+    /// AdminService.
+    Admin,
+}
+
+impl PermissionArg {
+    fn to_pb(self) -> pb::Permission {
+        match self {
+            PermissionArg::Ids => pb::Permission::Ids,
+            PermissionArg::Lease => pb::Permission::Lease,
+            PermissionArg::Admin => pb::Permission::Admin,
+        }
+    }
+}
+
 /// API key commands.
 #[derive(clap::Subcommand)]
 pub enum KeyCommand {
+    /// Create an API key; its secret is printed once, here.
+    Create {
+        /// What the key is for.
+        #[arg(long)]
+        description: String,
+        /// When it stops working: a duration from now (30d, 12h) or an RFC
+        /// 3339 time (2026-07-01T00:00:00Z); never when left out.
+        #[arg(long)]
+        expires: Option<String>,
+        /// A namespace it may use (repeat for more); all when left out.
+        #[arg(long = "namespace")]
+        namespaces: Vec<String>,
+        /// What it may call (repeat for more): ids, lease, admin.
+        #[arg(long = "permission", value_enum, required = true)]
+        permissions: Vec<PermissionArg>,
+        /// The most machine ids its requesters may hold at once through the
+        /// Lease API, cluster-wide.
+        #[arg(long, default_value_t = 0)]
+        max_lease_machine_ids: u32,
+    },
     /// List API keys (never their secrets).
     List,
+    /// Set a key's expiry: now, or at --at.
+    Expire {
+        /// The key id (before the dot).
+        id: String,
+        /// When: a duration from now (1h) or an RFC 3339 time; now when left out.
+        #[arg(long)]
+        at: Option<String>,
+    },
+    /// Revoke a key for good.
+    Revoke {
+        /// The key id (before the dot).
+        id: String,
+    },
+}
+
+/// A time as given: a duration from `now_ms` or RFC 3339; ms since the epoch.
+fn parse_when(text: &str, now_ms: u64) -> anyhow::Result<u64> {
+    if let Ok(d) = humantime::parse_duration(text) {
+        return Ok(now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+    }
+    let t = humantime::parse_rfc3339_weak(text).with_context(|| {
+        format!(
+            "{text:?} is neither a duration (30d, 12h) nor an RFC 3339 time (2026-07-01T00:00:00Z)"
+        )
+    })?;
+    let ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("a time before 1970")?
+        .as_millis();
+    Ok(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+fn time(unix_ms: u64) -> String {
+    if unix_ms == 0 {
+        return "never".to_owned();
+    }
+    humantime::format_rfc3339_seconds(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms),
+    )
+    .to_string()
+}
+
+fn permission_name(p: i32) -> &'static str {
+    match pb::Permission::try_from(p) {
+        Ok(pb::Permission::Ids) => "ids",
+        Ok(pb::Permission::Lease) => "lease",
+        Ok(pb::Permission::Admin) => "admin",
+        _ => "?",
+    }
+}
+
+fn key_json(k: &pb::ApiKey) -> serde_json::Value {
+    serde_json::json!({
+        "id": k.id,
+        "description": k.description,
+        "created_unix_ms": k.created_unix_ms,
+        "expires_unix_ms": k.expires_unix_ms,
+        "revoked": k.revoked,
+        "namespaces": k.namespaces,
+        "permissions": k.permissions.iter().map(|&p| permission_name(p)).collect::<Vec<_>>(),
+        "max_lease_machine_ids": k.max_lease_machine_ids,
+    })
+}
+
+const KEY_HEADER: &[&str] = &[
+    "ID",
+    "DESCRIPTION",
+    "PERMISSIONS",
+    "NAMESPACES",
+    "MAX LEASE IDS",
+    "CREATED",
+    "EXPIRES",
+    "REVOKED",
+];
+
+fn key_row(k: &pb::ApiKey) -> Vec<String> {
+    vec![
+        k.id.clone(),
+        k.description.clone(),
+        k.permissions
+            .iter()
+            .map(|&p| permission_name(p))
+            .collect::<Vec<_>>()
+            .join(","),
+        if k.namespaces.is_empty() {
+            "*".to_owned()
+        } else {
+            k.namespaces.join(",")
+        },
+        k.max_lease_machine_ids.to_string(),
+        time(k.created_unix_ms),
+        time(k.expires_unix_ms),
+        k.revoked.to_string(),
+    ]
 }
 
 impl KeyCommand {
     /// Runs the command.
     pub async fn run(self, conn: &ConnArgs, output: Output) -> anyhow::Result<()> {
+        let now = snowkeep_client::SystemClock.unix_ms();
+        let mut admin = conn.admin().await?;
         match self {
+            KeyCommand::Create {
+                description,
+                expires,
+                namespaces,
+                permissions,
+                max_lease_machine_ids,
+            } => {
+                let expires_unix_ms = expires
+                    .as_deref()
+                    .map(|e| parse_when(e, now))
+                    .transpose()?
+                    .unwrap_or(0);
+                let r = admin
+                    .create_key(pb::CreateKeyRequest {
+                        description,
+                        expires_unix_ms,
+                        namespaces,
+                        permissions: permissions.iter().map(|p| p.to_pb() as i32).collect(),
+                        max_lease_machine_ids,
+                    })
+                    .await?
+                    .into_inner();
+                let Some(key) = r.key else {
+                    bail!("the server answered without the key");
+                };
+                let mut json = key_json(&key);
+                json["secret"] = serde_json::Value::String(r.secret.clone());
+                let mut row = key_row(&key);
+                row.push(r.secret);
+                let mut header = KEY_HEADER.to_vec();
+                header.push("SECRET (shown once: give it to the client now)");
+                print(output, &header, vec![row], json);
+            }
             KeyCommand::List => {
-                let mut admin = conn.admin().await?;
                 let r = admin.list_keys(pb::ListKeysRequest {}).await?.into_inner();
-                let rows = r
-                    .keys
-                    .iter()
-                    .map(|k| vec![k.id.clone(), k.description.clone()])
-                    .collect();
-                let json = serde_json::json!(r
-                    .keys
-                    .iter()
-                    .map(|k| serde_json::json!({ "id": k.id, "description": k.description }))
-                    .collect::<Vec<_>>());
-                print(output, &["ID", "DESCRIPTION"], rows, json);
-                Ok(())
+                let rows = r.keys.iter().map(key_row).collect();
+                let json = serde_json::json!(r.keys.iter().map(key_json).collect::<Vec<_>>());
+                print(output, KEY_HEADER, rows, json);
+            }
+            KeyCommand::Expire { id, at } => {
+                let expires_unix_ms = at
+                    .as_deref()
+                    .map(|a| parse_when(a, now))
+                    .transpose()?
+                    .unwrap_or(0);
+                let r = admin
+                    .expire_key(pb::ExpireKeyRequest {
+                        id,
+                        expires_unix_ms,
+                    })
+                    .await?
+                    .into_inner();
+                let key = r.key.unwrap_or_default();
+                print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key));
+            }
+            KeyCommand::Revoke { id } => {
+                let r = admin
+                    .revoke_key(pb::RevokeKeyRequest { id })
+                    .await?
+                    .into_inner();
+                let key = r.key.unwrap_or_default();
+                print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key));
             }
         }
+        Ok(())
     }
 }
 
 /// Audit trail commands.
 #[derive(clap::Subcommand)]
 pub enum AuditCommand {
-    /// Follow the audit trail of the server answering.
-    Tail,
+    /// Follow the audit trail of the server answering (events from now on),
+    /// one line (JSON with --output json) per event.
+    Tail {
+        /// Exit after this many events (for scripts); follow until
+        /// interrupted when left out.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+}
+
+fn event_json(e: &pb::AuditEvent) -> serde_json::Value {
+    serde_json::json!({
+        "unix_ms": e.unix_ms,
+        "action": e.action,
+        "key_id": e.key_id,
+        "peer": e.peer,
+        "requester_hash": e.requester_hash,
+        "namespace": e.namespace,
+        "subject": e.subject,
+        "result": e.result,
+    })
 }
 
 impl AuditCommand {
     /// Runs the command.
-    pub async fn run(self, conn: &ConnArgs, _output: Output) -> anyhow::Result<()> {
-        match self {
-            AuditCommand::Tail => {
-                let mut admin = conn.admin().await?;
-                let _ = admin.tail_audit(pb::TailAuditRequest {}).await?;
-                Ok(())
+    #[allow(clippy::print_stdout)]
+    pub async fn run(self, conn: &ConnArgs, output: Output) -> anyhow::Result<()> {
+        let AuditCommand::Tail { count } = self;
+        let mut admin = conn.admin().await?;
+        let mut stream = admin
+            .tail_audit(pb::TailAuditRequest {})
+            .await?
+            .into_inner();
+        let mut seen = 0u64;
+        while count.is_none_or(|c| seen < c) {
+            let Some(r) = stream.message().await? else {
+                bail!("the server ended the audit stream");
+            };
+            let Some(e) = r.event else { continue };
+            seen += 1;
+            match output {
+                // One compact JSON object per line, so scripts can read events as they come.
+                Output::Json => println!("{}", event_json(&e)),
+                Output::Table => println!(
+                    "{} {} key={} peer={} requester={} namespace={} subject={:?} result={}",
+                    time(e.unix_ms),
+                    e.action,
+                    or_dash(&e.key_id),
+                    or_dash(&e.peer),
+                    or_dash(&e.requester_hash),
+                    or_dash(&e.namespace),
+                    e.subject,
+                    e.result
+                ),
             }
         }
+        Ok(())
+    }
+}
+
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() {
+        "-"
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expiry_is_a_duration_from_now_or_an_rfc3339_time() {
+        assert_eq!(parse_when("30d", 1_000).unwrap(), 1_000 + 30 * 86_400_000);
+        assert_eq!(
+            parse_when("2026-01-01T00:00:00Z", 0).unwrap(),
+            1_767_225_600_000
+        );
+        assert!(parse_when("soon", 0).is_err());
     }
 }

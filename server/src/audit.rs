@@ -103,7 +103,7 @@ pub fn record(event: AuditEvent) {
         "audit"
     );
     metrics::counter!(
-        "snowkeep_audit_events_total",
+        crate::metrics::AUDIT_EVENTS_TOTAL,
         "action" => event.action,
         "key_id" => event.who.key_id.clone(),
         "result" => event.result.clone()

@@ -11,6 +11,7 @@ use clap::Parser;
 use snowkeep_client::{Layout, LayoutError};
 use thiserror::Error;
 
+use crate::auth::{AuthConfig, AuthMode, BootstrapKey};
 use crate::claim::OnLeaseLost;
 use crate::etcd::access::{ClientIdentity, EtcdAccess, EtcdCredentials, EtcdTls};
 use crate::etcd::namespace::{FloorSpec, NamespaceSetup};
@@ -274,6 +275,17 @@ pub struct Args {
     /// from elsewhere get PERMISSION_DENIED. Empty allows every address.
     #[arg(long, env = "SNOWKEEP_ALLOW_CIDRS", value_delimiter = ',')]
     pub allow_cidrs: Vec<String>,
+    /// API keys: `on` makes every call but health and reflection send
+    /// `authorization: Bearer <id>.<secret>` (keys live in etcd); `off`
+    /// serves everyone.
+    #[arg(long, env = "SNOWKEEP_AUTH", value_enum, default_value_t = AuthMode::Off)]
+    pub auth: AuthMode,
+    /// A file holding an API key `<id>.<secret>` (first line): at start the
+    /// server writes it to etcd as an admin key unless a key with that id
+    /// exists (which is left as it is). The way to the first admin key,
+    /// e.g. from a Kubernetes Secret.
+    #[arg(long, env = "SNOWKEEP_BOOTSTRAP_ADMIN_KEY_FILE")]
+    pub bootstrap_admin_key_file: Option<PathBuf>,
 }
 
 /// Default period of re-reading the TLS files.
@@ -402,6 +414,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsSettings>,
     /// Client networks allowed to call; empty allows every address.
     pub allow_cidrs: Vec<IpNet>,
+    /// API keys.
+    pub auth: AuthConfig,
 }
 
 impl ServerConfig {
@@ -613,6 +627,19 @@ pub enum ConfigError {
     /// Bad allow-list entry.
     #[error("invalid --allow-cidrs (SNOWKEEP_ALLOW_CIDRS) entry {0:?}: use CIDR ranges like 10.0.0.0/8 or fd00::/8 (or a single address), comma-separated")]
     AllowCidr(String),
+    /// `--auth on` or a bootstrap key without etcd.
+    #[error("{0}")]
+    AuthNeedsEtcd(&'static str),
+    /// The bootstrap admin key file cannot be read or holds no key.
+    #[error(
+        "invalid --bootstrap-admin-key-file (SNOWKEEP_BOOTSTRAP_ADMIN_KEY_FILE) {path}: {problem}"
+    )]
+    BootstrapKey {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (never the key).
+        problem: String,
+    },
 }
 
 /// What is wrong with an `--etcd-endpoints` entry.
@@ -734,6 +761,27 @@ impl TryFrom<Args> for ServerConfig {
         {
             return Err(ConfigError::NamespaceSetup("--create-namespace, --create-namespace-only and --confirm-namespace-floor apply to namespaces in etcd: add --etcd-endpoints (the single-instance store creates its state file by itself)"));
         }
+        let bootstrap_admin_key = match &args.bootstrap_admin_key_file {
+            None => None,
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).map_err(|e| ConfigError::BootstrapKey {
+                        path: path.clone(),
+                        problem: e.to_string(),
+                    })?;
+                Some(
+                    BootstrapKey::parse(&text).map_err(|e| ConfigError::BootstrapKey {
+                        path: path.clone(),
+                        problem: format!("{e}; the file's first line is the key, e.g. k0123456789ab.<64 hex digits>"),
+                    })?,
+                )
+            }
+        };
+        if matches!(store, StoreConfig::SingleInstance { .. })
+            && (args.auth == AuthMode::On || bootstrap_admin_key.is_some())
+        {
+            return Err(ConfigError::AuthNeedsEtcd("--auth on and --bootstrap-admin-key-file need etcd, where API keys are kept: add --etcd-endpoints (the single-instance store serves without authentication; keep its port private)"));
+        }
         let setup_only = args.create_namespace_only || namespace_setup.confirm_floor.is_some();
         let machine_id_range = match args.machine_id_range {
             None => 0..layout.machine_id_count(),
@@ -784,6 +832,10 @@ impl TryFrom<Args> for ServerConfig {
             namespace_setup,
             wait_for_namespace: args.wait_for_namespace,
             setup_only,
+            auth: AuthConfig {
+                mode: args.auth,
+                bootstrap_admin_key,
+            },
         })
     }
 }

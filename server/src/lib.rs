@@ -46,8 +46,8 @@
 
 pub(crate) mod admin;
 pub(crate) mod allow;
-#[allow(dead_code)] // Called by the Lease API and admin handlers once they record events.
 pub(crate) mod audit;
+pub mod auth;
 pub mod claim;
 pub mod config;
 pub mod etcd;

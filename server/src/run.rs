@@ -369,10 +369,12 @@ pub async fn run(
         outage_budget = ?timing_budget(&config),
         etcd_access = ?config.etcd_access,
         listen = %listen,
+        auth = ?config.auth.mode,
         "snowkeep-server starting"
     );
 
     let ns = config.namespace.clone();
+    let key_cache = crate::auth::KeyCache::new();
     let (slots, grant_rxs, demand) = generator_slots(&config, &clock);
     let grant_rx = grant_rxs
         .first()
@@ -404,6 +406,7 @@ pub async fn run(
         let (clock, ns, layout) = (clock.clone(), ns.clone(), config.layout);
         let wait_for_namespace = config.wait_for_namespace;
         let (shutdown, release, access) = (shutdown.clone(), release.clone(), access.clone());
+        let (key_cache, bootstrap) = (key_cache.clone(), config.auth.bootstrap_admin_key.clone());
         lease_runtime.spawn(async move {
             // The capacity gauges follow the first slot's grant.
             let grant = grant_rxs[0].clone();
@@ -429,6 +432,7 @@ pub async fn run(
                         return Ok(());
                     };
                     access.connected(&store);
+                    key_cache.connect(store.api_keys(), bootstrap, clock.clone(), shutdown.clone());
                     let _ = peers.set(store.peer_directory());
                     // Advice only, so it neither delays nor stops the claim.
                     tokio::spawn(store.overlap_check().warn_once());
@@ -460,7 +464,7 @@ pub async fn run(
         LeaseHandler::new(access.clone(), config.lease_api, clock.clone()),
         AdminHandler::new(
             StateAdmin::new(access.clone(), clock.clone()),
-            KeyAdmin::new(access),
+            KeyAdmin::new(access, key_cache.clone(), clock.clone()),
         ),
         &config.limits,
     )?;
@@ -541,6 +545,14 @@ pub async fn run(
             .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
             // Before anything that holds resources for a call.
             .layer(crate::allow::AllowList::new(config.allow_cidrs.clone()))
+            // Inside metrics (which count its refusals by code), before the
+            // call limits: a call without a valid key takes no call slot.
+            .layer(crate::auth::AuthLayer::new(
+                config.auth.mode,
+                key_cache,
+                clock.clone(),
+                config.namespace.clone(),
+            ))
             .layer(call_limits.layer())
             .layer(WireStatusLayer)
             .add_routes(routes)

@@ -6,11 +6,12 @@ use std::future::Future;
 use std::pin::Pin;
 
 use snowkeep_proto::v1 as pb;
-use tonic::transport::Channel;
+
+use crate::api_key::KeyedChannel;
 
 /// The generated client (its own methods take `&mut self`, so they are
 /// named through the type to keep them apart from this trait's).
-type Client = pb::lease_service_client::LeaseServiceClient<Channel>;
+type Client = pb::lease_service_client::LeaseServiceClient<KeyedChannel>;
 
 /// One Lease API call in flight: the answer, or the status it failed with.
 pub(crate) type ApiCall<T> = Pin<Box<dyn Future<Output = Result<T, tonic::Status>> + Send>>;

@@ -101,6 +101,9 @@ pub struct EmbeddedConfig {
     /// never checks. An unreachable server is no answer: issuing goes on
     /// below the fence.
     pub check_interval: Duration,
+    /// The API key sent with every Lease API call (servers with `--auth on`
+    /// need one with the `lease` permission); `None` sends none.
+    pub api_key: Option<crate::ApiKey>,
 }
 
 impl EmbeddedConfig {
@@ -119,6 +122,7 @@ impl EmbeddedConfig {
             send_client_time: true,
             max_floor_wait: DEFAULT_MAX_FLOOR_WAIT,
             check_interval: DEFAULT_CHECK_INTERVAL,
+            api_key: None,
         }
     }
 }
@@ -357,7 +361,10 @@ impl EmbeddedGenerator {
         config: EmbeddedConfig,
         clock: SharedClock,
     ) -> Result<Self, ClientError> {
-        let mut client = pb::lease_service_client::LeaseServiceClient::new(channel);
+        let mut client = pb::lease_service_client::LeaseServiceClient::with_interceptor(
+            channel,
+            crate::api_key::SendApiKey(config.api_key.clone()),
+        );
         let mut backoff =
             Backoff::new(config.acquire_backoff.0, config.acquire_backoff.1).with_jitter(0.2);
         let mut attempt = 0u32;

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use snowkeep_proto::v1 as pb;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
+
+use crate::api_key::{KeyedChannel, SendApiKey};
 use tracing::debug;
 
 pub use pool::{IdPool, PoolConfig};
@@ -41,6 +43,9 @@ pub struct RemoteConfig {
     pub max_backoff: Duration,
     /// Timeout of one attempt.
     pub request_timeout: Duration,
+    /// The API key sent with every call (servers with `--auth on` need one
+    /// with the `ids` permission); `None` sends none.
+    pub api_key: Option<crate::ApiKey>,
 }
 
 impl Default for RemoteConfig {
@@ -50,6 +55,7 @@ impl Default for RemoteConfig {
             backoff: Duration::from_millis(20),
             max_backoff: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
+            api_key: None,
         }
     }
 }
@@ -57,7 +63,7 @@ impl Default for RemoteConfig {
 /// A client of several snowkeep servers.
 #[derive(Debug, Clone)]
 pub struct RemoteClient {
-    servers: Vec<pb::id_service_client::IdServiceClient<Channel>>,
+    servers: Vec<pb::id_service_client::IdServiceClient<KeyedChannel>>,
     next: std::sync::Arc<AtomicUsize>,
     config: RemoteConfig,
 }
@@ -106,8 +112,11 @@ impl RemoteClient {
                     endpoint = tls.apply(endpoint)?;
                 }
                 let channel = endpoint.connect_lazy();
-                Ok(pb::id_service_client::IdServiceClient::new(channel)
-                    .max_decoding_message_size(64 << 20))
+                let key = SendApiKey(config.api_key.clone());
+                Ok(
+                    pb::id_service_client::IdServiceClient::with_interceptor(channel, key)
+                        .max_decoding_message_size(64 << 20),
+                )
             })
             .collect::<Result<_, ClientError>>()?;
         Ok(Self {
@@ -138,7 +147,7 @@ impl RemoteClient {
     /// status comes back, with backoff between attempts.
     async fn with_retries<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
     where
-        F: FnMut(pb::id_service_client::IdServiceClient<Channel>) -> Fut,
+        F: FnMut(pb::id_service_client::IdServiceClient<KeyedChannel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = Backoff::new(self.config.backoff, self.config.max_backoff);

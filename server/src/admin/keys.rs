@@ -1,40 +1,174 @@
 //! The API-key half of `AdminService`: create, list, expire and revoke keys,
-//! and tail the audit trail.
+//! and tail the audit trail. Keys are read from and written to etcd (every
+//! server answers the same); each change is one audit event (`key.create`,
+//! `key.expire`, `key.revoke`).
 
 use std::pin::Pin;
 
 use futures_util::Stream;
+use snowkeep_client::SharedClock;
 use snowkeep_proto::v1 as pb;
+use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
+use crate::audit::{self, AuditEvent, Who};
+use crate::auth::key::{is_valid_id, KeyRecord, Permission, PresentedKey};
+use crate::auth::KeyCache;
+use crate::claim::StoreError;
+use crate::etcd::apikeys::ApiKeyStore;
 use crate::service::StoreAccess;
 
 /// The stream TailAudit answers with.
 pub type AuditStream = Pin<Box<dyn Stream<Item = Result<pb::TailAuditResponse, Status>> + Send>>;
 
+/// Longest key description, characters.
+const MAX_DESCRIPTION: usize = 256;
+/// Most namespaces one key may name.
+const MAX_NAMESPACES: usize = 64;
+/// How often a changed record is re-read and written again when another
+/// change raced it.
+const UPDATE_ATTEMPTS: usize = 8;
+
 /// Answers the key and audit RPCs.
 #[derive(Clone)]
 pub struct KeyAdmin {
-    #[allow(dead_code)]
     access: StoreAccess,
+    cache: KeyCache,
+    clock: SharedClock,
 }
 
-fn todo(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not implemented yet"))
+fn unavailable(e: &StoreError) -> Status {
+    Status::unavailable(format!(
+        "etcd did not answer: {}; retry",
+        crate::DisplayChain(e)
+    ))
 }
 
 impl KeyAdmin {
-    /// Creates it on the server's store.
-    pub fn new(access: StoreAccess) -> Self {
-        Self { access }
+    /// Creates it on the server's store, with the server's key cache (to
+    /// reach etcd, and to answer with a change at once) and clock.
+    pub fn new(access: StoreAccess, cache: KeyCache, clock: SharedClock) -> Self {
+        Self {
+            access,
+            cache,
+            clock,
+        }
+    }
+
+    fn store(&self) -> Result<ApiKeyStore, Status> {
+        if let StoreAccess::SingleInstance { .. } = self.access {
+            return Err(Status::failed_precondition(
+                "API keys are kept in etcd; this server runs on the single-instance store",
+            ));
+        }
+        self.cache.store().ok_or_else(|| {
+            Status::unavailable("this server has not reached etcd yet; retry shortly")
+        })
+    }
+
+    fn audit<T>(&self, action: &'static str, who: Who, subject: &str, r: &Result<T, Status>) {
+        audit::record(AuditEvent {
+            unix_ms: self.clock.unix_ms(),
+            action,
+            who,
+            requester: String::new(),
+            namespace: String::new(),
+            subject: subject.to_owned(),
+            result: audit::result_of(r),
+        });
     }
 
     /// See `AdminService.CreateKey`.
     pub async fn create_key(
         &self,
-        _request: Request<pb::CreateKeyRequest>,
+        request: Request<pb::CreateKeyRequest>,
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
-        Err(todo("CreateKey"))
+        let who = Who::of(request.extensions());
+        let key = PresentedKey::generate();
+        let result = self.create(key.clone(), request.into_inner()).await;
+        self.audit("key.create", who, key.id(), &result);
+        result
+    }
+
+    async fn create(
+        &self,
+        key: PresentedKey,
+        req: pb::CreateKeyRequest,
+    ) -> Result<Response<pb::CreateKeyResponse>, Status> {
+        if req.description.chars().count() > MAX_DESCRIPTION
+            || req.description.chars().any(char::is_control)
+        {
+            return Err(Status::invalid_argument(format!(
+                "a description is at most {MAX_DESCRIPTION} characters without control characters"
+            )));
+        }
+        if req.namespaces.len() > MAX_NAMESPACES {
+            return Err(Status::invalid_argument(format!(
+                "a key names at most {MAX_NAMESPACES} namespaces (none: all)"
+            )));
+        }
+        if let Some(bad) = req
+            .namespaces
+            .iter()
+            .find(|n| !crate::config::is_valid_namespace(n))
+        {
+            return Err(Status::invalid_argument(format!(
+                "invalid namespace {bad:?}: a namespace is {}",
+                crate::config::NAMESPACE_RULE
+            )));
+        }
+        let mut permissions = Vec::new();
+        for &p in &req.permissions {
+            let p = Permission::from_pb(p).ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "unknown permission {p}: use PERMISSION_IDS, PERMISSION_LEASE or PERMISSION_ADMIN"
+                ))
+            })?;
+            if !permissions.contains(&p) {
+                permissions.push(p);
+            }
+        }
+        if permissions.is_empty() {
+            return Err(Status::invalid_argument(
+                "a key needs at least one permission (ids, lease, admin)",
+            ));
+        }
+        permissions.sort();
+        let now = self.clock.unix_ms();
+        if req.expires_unix_ms != 0 && req.expires_unix_ms <= now {
+            return Err(Status::invalid_argument(format!(
+                "expires_unix_ms {} is not in the future (now {now}); 0 never expires",
+                req.expires_unix_ms
+            )));
+        }
+        let mut namespaces = req.namespaces;
+        namespaces.sort();
+        namespaces.dedup();
+        let record = KeyRecord {
+            id: key.id().to_owned(),
+            description: req.description,
+            created_unix_ms: now,
+            expires_unix_ms: req.expires_unix_ms,
+            revoked: false,
+            namespaces,
+            permissions,
+            max_lease_machine_ids: req.max_lease_machine_ids,
+            secret_sha256: key.secret_sha256(),
+        };
+        let store = self.store()?;
+        let created = store
+            .create(key.id(), record.to_json().as_bytes())
+            .await
+            .map_err(|e| unavailable(&e))?;
+        if !created {
+            // 48 random bits met an existing id.
+            return Err(Status::aborted("the generated key id exists; retry"));
+        }
+        self.cache.note(record.clone());
+        Ok(Response::new(pb::CreateKeyResponse {
+            key: Some(record.to_pb()),
+            secret: key.reveal(),
+        }))
     }
 
     /// See `AdminService.ListKeys`.
@@ -42,30 +176,133 @@ impl KeyAdmin {
         &self,
         _request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
-        Err(todo("ListKeys"))
+        let (stored, _) = self.store()?.list().await.map_err(|e| unavailable(&e))?;
+        let mut keys: Vec<pb::ApiKey> = stored
+            .iter()
+            .filter_map(|s| KeyRecord::from_json(&s.value).ok())
+            .map(|r| r.to_pb())
+            .collect();
+        keys.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(Response::new(pb::ListKeysResponse { keys }))
+    }
+
+    /// Reads the record of `id`, applies `change` and writes it back unless
+    /// another write came in between (then again, a few times).
+    async fn update(&self, id: &str, change: impl Fn(&mut KeyRecord)) -> Result<KeyRecord, Status> {
+        if !is_valid_id(id) {
+            return Err(Status::invalid_argument(format!(
+                "invalid key id {id:?}: 1 to 64 characters of A-Z a-z 0-9 _ - (the part of the key before the dot)"
+            )));
+        }
+        let store = self.store()?;
+        for _ in 0..UPDATE_ATTEMPTS {
+            let stored = store
+                .get(id)
+                .await
+                .map_err(|e| unavailable(&e))?
+                .ok_or_else(|| {
+                    Status::not_found(format!("no API key {id}; snowkeepctl key list shows them"))
+                })?;
+            let mut record = KeyRecord::from_json(&stored.value).map_err(|problem| {
+                Status::failed_precondition(format!(
+                    "the record of API key {id} is unreadable ({problem}); repair or delete {}",
+                    crate::etcd::keys::apikey(id)
+                ))
+            })?;
+            change(&mut record);
+            if store
+                .replace(id, record.to_json().as_bytes(), stored.mod_revision)
+                .await
+                .map_err(|e| unavailable(&e))?
+            {
+                self.cache.note(record.clone());
+                return Ok(record);
+            }
+        }
+        Err(Status::aborted(format!(
+            "API key {id} kept changing under this update; retry"
+        )))
     }
 
     /// See `AdminService.ExpireKey`.
     pub async fn expire_key(
         &self,
-        _request: Request<pb::ExpireKeyRequest>,
+        request: Request<pb::ExpireKeyRequest>,
     ) -> Result<Response<pb::ExpireKeyResponse>, Status> {
-        Err(todo("ExpireKey"))
+        let who = Who::of(request.extensions());
+        let req = request.into_inner();
+        let at = match req.expires_unix_ms {
+            0 => self.clock.unix_ms(),
+            at => at,
+        };
+        let result = self
+            .update(&req.id, |r| r.expires_unix_ms = at)
+            .await
+            .map(|r| {
+                Response::new(pb::ExpireKeyResponse {
+                    key: Some(r.to_pb()),
+                })
+            });
+        self.audit("key.expire", who, &req.id, &result);
+        result
     }
 
     /// See `AdminService.RevokeKey`.
     pub async fn revoke_key(
         &self,
-        _request: Request<pb::RevokeKeyRequest>,
+        request: Request<pb::RevokeKeyRequest>,
     ) -> Result<Response<pb::RevokeKeyResponse>, Status> {
-        Err(todo("RevokeKey"))
+        let who = Who::of(request.extensions());
+        let req = request.into_inner();
+        let result = self.update(&req.id, |r| r.revoked = true).await.map(|r| {
+            Response::new(pb::RevokeKeyResponse {
+                key: Some(r.to_pb()),
+            })
+        });
+        self.audit("key.revoke", who, &req.id, &result);
+        result
     }
 
-    /// See `AdminService.TailAudit`.
+    /// See `AdminService.TailAudit`: the events this server records from
+    /// now on. A follower that falls more than the backlog behind gets an
+    /// event of action `audit.missed` whose subject says how many it
+    /// missed, and goes on.
     pub async fn tail_audit(
         &self,
         _request: Request<pb::TailAuditRequest>,
     ) -> Result<Response<AuditStream>, Status> {
-        Err(todo("TailAudit"))
+        let rx = audit::subscribe();
+        let clock = self.clock.clone();
+        let stream = futures_util::stream::unfold(rx, move |mut rx| {
+            let clock = clock.clone();
+            async move {
+                let event = match rx.recv().await {
+                    Ok(e) => event_to_pb(e),
+                    Err(RecvError::Lagged(n)) => pb::AuditEvent {
+                        unix_ms: clock.unix_ms(),
+                        action: "audit.missed".to_owned(),
+                        subject: format!("{n} events missed: this follower fell behind"),
+                        result: "ok".to_owned(),
+                        ..Default::default()
+                    },
+                    Err(RecvError::Closed) => return None,
+                };
+                Some((Ok(pb::TailAuditResponse { event: Some(event) }), rx))
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+fn event_to_pb(e: AuditEvent) -> pb::AuditEvent {
+    pb::AuditEvent {
+        unix_ms: e.unix_ms,
+        action: e.action.to_owned(),
+        key_id: e.who.key_id,
+        peer: e.who.peer,
+        requester_hash: e.requester,
+        namespace: e.namespace,
+        subject: e.subject,
+        result: e.result,
     }
 }

@@ -156,6 +156,28 @@ pub enum StoreError {
         /// What was wrong with the token.
         reason: &'static str,
     },
+    /// A new Lease API claim would take an API key's holdings over its quota.
+    /// Nothing was claimed.
+    #[error("key {key_id} holds {held} of its {max} machine ids; asking for {asked} would exceed its quota; release some or raise max_lease_machine_ids")]
+    KeyQuotaExceeded {
+        /// The key id.
+        key_id: String,
+        /// Machine ids its requesters hold now.
+        held: u32,
+        /// Its quota.
+        max: u32,
+        /// Machine ids asked for.
+        asked: u32,
+    },
+    /// Concurrent Acquires with one API key kept changing its holdings
+    /// while this one counted them. Nothing was claimed.
+    #[error("API key {key_id}'s holdings changed under {attempts} Acquire attempts in a row (concurrent Acquires with this key); retry")]
+    KeyQuotaContended {
+        /// The key id.
+        key_id: String,
+        /// Attempts made.
+        attempts: u32,
+    },
     /// The namespace's stored layout differs from the configured one.
     #[error("namespace {namespace:?} has layout {stored} in the store but this instance is configured with {configured}; start it with --layout {stored} or use another namespace")]
     LayoutMismatch {
@@ -281,8 +303,10 @@ impl StoreError {
             | StoreError::Timeout { .. }
             | StoreError::Request { .. }
             | StoreError::AccessRefused { .. }
-            | StoreError::Io { .. } => true,
+            | StoreError::Io { .. }
+            | StoreError::KeyQuotaContended { .. } => true,
             StoreError::NoFreeMachineId { .. }
+            | StoreError::KeyQuotaExceeded { .. }
             | StoreError::UnknownNamespace { .. }
             | StoreError::InvalidNamespace { .. }
             | StoreError::CountMismatch { .. }

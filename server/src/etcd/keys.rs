@@ -13,6 +13,8 @@
 //! | `/snowkeep/v1/ns/{namespace}/token/{requester}` | SHA-256 of the requester's lease token, 64 hex digits | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/about/{requester}` | JSON: what the administration service shows of the requester (host id, pid, start time, skew, API key id; never its nonce or token); informational only, no claim reads it | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/peer/{instance_id}` | the server's advertised `host:port` (peer clock check) | yes, the server's |
+//! | `/snowkeep/v1/apikeys/{key_id}` | an API key record, JSON with the SHA-256 of its secret (`crate::auth::KeyRecord`) | no |
+//! | `/snowkeep/v1/keyholds/{key_id}/{namespace}/{requester}` | decimal count of the machine ids a requester acquired with that API key holds (its quota) | yes, the requester's |
 //!
 //! `{requester}` is the SHA-256 of the requester's identity
 //! (`host_id:pid:start_unix_ms:nonce`) in 64 hex digits, so keys never carry
@@ -23,6 +25,9 @@
 //! Servers before lease tokens also wrote `/snowkeep/v1/ns/{namespace}/skew/…`
 //! keys, each on a lease of its own; none is written any more, and those left
 //! expire with their leases.
+//!
+//! A requester that acquired with an API key has `;key={key_id}` after its
+//! record's machine ids, so its renewals keep its `keyholds` key with it.
 //!
 //! Machine ids are zero-padded to five digits so keys sort numerically.
 //!
@@ -277,6 +282,31 @@ pub(crate) fn peer(namespace: &str, instance_id: &str) -> String {
     format!("{ROOT}{namespace}/peer/{instance_id}")
 }
 
+const APIKEYS: &str = "/snowkeep/v1/apikeys/";
+const KEYHOLDS: &str = "/snowkeep/v1/keyholds/";
+
+/// The prefix of every API key record.
+pub fn apikeys_prefix() -> &'static str {
+    APIKEYS
+}
+
+/// The record of one API key.
+pub fn apikey(id: &str) -> String {
+    format!("{APIKEYS}{id}")
+}
+
+/// The prefix of one API key's Lease API holdings (the trailing `/` keeps
+/// key `k1` apart from key `k10`).
+pub fn key_holds_prefix(key_id: &str) -> String {
+    format!("{KEYHOLDS}{key_id}/")
+}
+
+/// The holding of one requester acquired with `key_id`: the number of
+/// machine ids it holds, on its etcd lease.
+pub(crate) fn key_hold(key_id: &str, namespace: &str, requester: &str) -> String {
+    format!("{KEYHOLDS}{key_id}/{namespace}/{requester}")
+}
+
 /// The first key after every key that starts with `prefix`: the exclusive end
 /// of the prefix's range (what etcd's `--prefix` reads up to).
 pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
@@ -311,12 +341,28 @@ pub(crate) fn decode_fence(key: &str, value: &[u8]) -> Result<Millis, StoreError
 }
 
 /// A requester record's value: `machine_id:floor_ms` per held machine id,
-/// comma-separated, in slot order.
-pub(crate) fn encode_record(held: &[HeldId]) -> String {
-    held.iter()
+/// comma-separated, in slot order; then `;key={key_id}` when it acquired
+/// with an API key.
+pub(crate) fn encode_record(held: &[HeldId], key_id: Option<&str>) -> String {
+    let ids = held
+        .iter()
         .map(|h| format!("{}:{}", h.machine_id.get(), h.floor.get()))
         .collect::<Vec<_>>()
-        .join(",")
+        .join(",");
+    match key_id {
+        Some(key) => format!("{ids}{RECORD_KEY}{key}"),
+        None => ids,
+    }
+}
+
+/// What separates a requester record's machine ids from its API key id.
+const RECORD_KEY: &str = ";key=";
+
+/// The API key id a requester record's value names (`;key=…`), if any.
+pub fn record_key_id(value: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (_, key) = text.split_once(RECORD_KEY)?;
+    Some(key.to_owned())
 }
 
 /// The machine ids and floors (layout ms) of a requester record's value;
@@ -331,6 +377,7 @@ pub(crate) fn decode_record(
         value: quoted(value),
     };
     let text = std::str::from_utf8(value).map_err(|_| corrupt())?;
+    let text = text.split_once(RECORD_KEY).map_or(text, |(ids, _)| ids);
     text.split(',')
         .map(|pair| {
             let (id, floor) = pair.split_once(':').ok_or_else(corrupt)?;

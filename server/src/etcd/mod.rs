@@ -33,11 +33,13 @@
 //! | [`namespace`] | the namespace record: create, confirm a floor, the rollback rule |
 //! | `instance` | one live process per instance id |
 //! | `overlap` | the advice about other namespaces sharing this range |
-//! | `requesters` | the Lease API's leases of embedded requesters |
+//! | `requesters` | the Lease API's leases of embedded requesters, and API key quotas |
 //! | `admin` | the administration service's reads, eviction, export and import |
+//! | `apikeys` | API key records and their watch |
 
 pub mod access;
 pub(crate) mod admin;
+pub(crate) mod apikeys;
 mod directory;
 mod endpoints;
 mod fence_count;

@@ -43,7 +43,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 use tracing::{error, info, warn};
 
@@ -51,10 +51,14 @@ use super::keys::{self, decode_record, encode_record, quoted};
 use super::{claim_ids, ClaimRequest, Endpoints, EtcdStore};
 use crate::claim::{Capacity, HeldId, StoreError};
 use crate::lease_api::records::{
-    authorize, hex, released_fence, unhex32, FenceRead, LeaseCheck, LeaseToken, Renewal,
-    RequesterGrant, RequesterId, RequesterStore, FENCE_MARGIN,
+    authorize, hex, released_fence, unhex32, FenceRead, KeyQuota, LeaseCheck, LeaseToken, Renewal,
+    RequesterGrant, RequesterId, RequesterStore, FENCE_MARGIN, MAX_REQUESTER_IDS,
 };
 use crate::metrics::{self as m, KeyKind};
+
+/// How many times an Acquire with an API key counts its holdings again
+/// after concurrent Acquires with the same key changed them.
+const QUOTA_ATTEMPTS: u32 = 8;
 
 /// The Lease API's view of etcd: its own copy of the endpoint clients.
 #[derive(Clone)]
@@ -83,6 +87,8 @@ struct Record {
     lease_id: i64,
     ids: Vec<(MachineId, Millis)>,
     token: Option<[u8; 32]>,
+    /// The API key it acquired with (`;key=…` in the record).
+    key_id: Option<String>,
     /// The requester's description ([`keys::about`]) when one is on the
     /// record's lease: moved with the record, never compared.
     about: Option<Vec<u8>>,
@@ -238,6 +244,7 @@ impl RequesterLeases {
             lease_id,
             ids,
             token,
+            key_id: keys::record_key_id(&value),
             about,
         }))
     }
@@ -432,19 +439,18 @@ impl RequesterLeases {
             ));
         }
         let rk = keys::requester(&ns, &requester.key());
-        ops.push(TxnOp::put(rk.clone(), encode_record(&held), on_new_lease()));
+        ops.push(TxnOp::put(
+            rk.clone(),
+            encode_record(&held, record.key_id.as_deref()),
+            on_new_lease(),
+        ));
         ops.push(TxnOp::put(
             keys::token(&ns, &requester.key()),
             hex(&record.token.unwrap_or_default()),
             on_new_lease(),
         ));
-        if let Some(about) = &record.about {
-            ops.push(TxnOp::put(
-                keys::about(&ns, &requester.key()),
-                about.clone(),
-                on_new_lease(),
-            ));
-        }
+        // The description and key holding move in a transaction of their
+        // own (move_hold): with 63 machine ids this one has 128 operations.
         // The failure branch reads the record: a transaction retried on
         // another endpoint after its first attempt committed (and the answer
         // was lost) finds the record already on the new lease, which only
@@ -473,6 +479,8 @@ impl RequesterLeases {
         };
         match resp {
             Ok(r) if committed(&r) => {
+                self.move_hold(namespace, requester, record, new_lease, grant.held.len())
+                    .await?;
                 self.revoke(record.lease_id).await;
                 Ok(Some(grant))
             }
@@ -486,6 +494,8 @@ impl RequesterLeases {
                 // would delete them under a healthy requester.
                 if let Ok(Some(now)) = self.record(namespace, requester).await {
                     if now.lease_id == new_lease {
+                        self.move_hold(namespace, requester, record, new_lease, grant.held.len())
+                            .await?;
                         self.revoke(record.lease_id).await;
                         return Ok(Some(grant));
                     }
@@ -494,6 +504,204 @@ impl RequesterLeases {
                 Err(e)
             }
         }
+    }
+
+    /// One claim of a new requester's machine ids: a lease, the claim
+    /// transactions, then the fences, record, token (and, with a quota, the
+    /// key's holding) in one transaction. `None` when the quota guard failed
+    /// (another holding of the key was written since `counted`'s revision);
+    /// nothing is left claimed then, nor on an error.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim_new(
+        &mut self,
+        namespace: &str,
+        layout: Layout,
+        requester: &RequesterId,
+        count: u32,
+        duration: Duration,
+        counted: Option<(&KeyQuota, i64)>,
+        about: &keys::RequesterAbout,
+    ) -> Result<Option<(Vec<HeldId>, LeaseToken)>, StoreError> {
+        let lease_id = self.grant_lease(duration).await?;
+        let holder = keys::requester_holder(&requester.key());
+        let now = self.now(&layout);
+        let (absent_floor, max_floor) =
+            ClaimRequest::floors(now, self.fence_horizon, self.max_fence_wait);
+        let want = ClaimRequest {
+            namespace,
+            holder: &holder,
+            range: self.range_in(&layout),
+            count: count as usize,
+            lease_id,
+            now,
+            absent_floor,
+            max_floor,
+            prefer: &[],
+        };
+        let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
+        let held = match claimed {
+            Ok(claimed) => claimed.held,
+            Err(e) => {
+                self.revoke(lease_id).await;
+                return Err(e);
+            }
+        };
+        let fence = self.fence_for(&layout, duration);
+        let held: Vec<HeldId> = held
+            .into_iter()
+            .map(|h| HeldId {
+                fence: fence.max(h.floor),
+                ..h
+            })
+            .collect();
+        let token = LeaseToken::generate();
+        let ns = namespace.to_owned();
+        let on_lease = || Some(PutOptions::new().with_lease(lease_id));
+        let mut ops: Vec<TxnOp> = held
+            .iter()
+            .map(|h| {
+                TxnOp::put(
+                    keys::fence(&ns, h.machine_id),
+                    h.fence.get().to_string(),
+                    None,
+                )
+            })
+            .collect();
+        let key_id = counted.map(|(q, _)| q.key_id.as_str());
+        ops.push(TxnOp::put(
+            keys::requester(&ns, &requester.key()),
+            encode_record(&held, key_id),
+            on_lease(),
+        ));
+        ops.push(TxnOp::put(
+            keys::token(&ns, &requester.key()),
+            hex(&token.digest()),
+            on_lease(),
+        ));
+        ops.push(TxnOp::put(
+            keys::about(&ns, &requester.key()),
+            serde_json::to_vec(about).unwrap_or_default(),
+            on_lease(),
+        ));
+        let mut guard: Vec<Compare> = held
+            .iter()
+            .map(|h| Compare::lease(keys::holder(&ns, h.machine_id), CompareOp::Equal, lease_id))
+            .collect();
+        let mut on_failure = Vec::new();
+        if let Some((q, revision)) = counted {
+            let prefix = keys::key_holds_prefix(&q.key_id);
+            ops.push(TxnOp::put(
+                keys::key_hold(&q.key_id, &ns, &requester.key()),
+                held.len().to_string(),
+                on_lease(),
+            ));
+            guard.push(
+                Compare::mod_revision(prefix.clone(), CompareOp::Less, revision + 1).with_prefix(),
+            );
+            on_failure.push(TxnOp::get(prefix, Some(GetOptions::new().with_prefix())));
+        }
+        let txn = Txn::new().when(guard).and_then(ops).or_else(on_failure);
+        let resp = self
+            .endpoints
+            .txn("requester fence txn", self.timeout, txn)
+            .await;
+        match resp {
+            Ok(r) if r.succeeded() => Ok(Some((held, token))),
+            Ok(r) => {
+                self.revoke(lease_id).await;
+                let raced = counted.is_some_and(|(_, revision)| {
+                    r.op_responses().iter().any(|op| match op {
+                        TxnOpResponse::Get(get) => {
+                            get.kvs().iter().any(|kv| kv.mod_revision() > revision)
+                        }
+                        _ => false,
+                    })
+                });
+                if raced {
+                    return Ok(None);
+                }
+                Err(StoreError::LeaseLost {
+                    reason: crate::claim::LossReason::HolderChanged,
+                })
+            }
+            Err(e) => {
+                self.revoke(lease_id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// After a renewal moved `record`'s keys onto `new_lease`: puts its API
+    /// key holding (when it acquired with a key) and its description (when
+    /// it has one) on the new lease too, in a transaction of its own (a
+    /// 63-id renewal's uses all 128 operations etcd allows), guarded by the
+    /// record being on the new lease. On an error the old lease must not be
+    /// revoked: it keeps the holding alive (counted, never under-counted)
+    /// until the caller's retry moves it.
+    async fn move_hold(
+        &mut self,
+        namespace: &str,
+        requester: &RequesterId,
+        record: &Record,
+        new_lease: i64,
+        held: usize,
+    ) -> Result<(), StoreError> {
+        let on_new_lease = || Some(PutOptions::new().with_lease(new_lease));
+        let mut ops = Vec::new();
+        if let Some(key_id) = &record.key_id {
+            ops.push(TxnOp::put(
+                keys::key_hold(key_id, namespace, &requester.key()),
+                held.to_string(),
+                on_new_lease(),
+            ));
+        }
+        if let Some(about) = &record.about {
+            ops.push(TxnOp::put(
+                keys::about(namespace, &requester.key()),
+                about.clone(),
+                on_new_lease(),
+            ));
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let rk = keys::requester(namespace, &requester.key());
+        let txn = Txn::new()
+            .when([Compare::lease(rk, CompareOp::Equal, new_lease)])
+            .and_then(ops);
+        self.endpoints
+            .txn("move key holding", self.timeout, txn)
+            .await
+            .map(|_| ())
+    }
+
+    /// The machine ids `quota`'s key holds through the Lease API now,
+    /// cluster-wide, and the revision they were counted at; an unreadable
+    /// holding counts as [`MAX_REQUESTER_IDS`] (never under-counted).
+    async fn key_holdings(&mut self, quota: &KeyQuota) -> Result<(u32, i64), StoreError> {
+        let prefix = keys::key_holds_prefix(&quota.key_id);
+        let resp = self
+            .endpoints
+            .call("count key holdings", self.timeout, |mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let held = resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                std::str::from_utf8(kv.value())
+                    .ok()
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .unwrap_or_else(|| {
+                        warn!(key = %String::from_utf8_lossy(kv.key()), value = %quoted(kv.value()), "unreadable API key holding: counted as {MAX_REQUESTER_IDS} machine ids until its lease ends");
+                        MAX_REQUESTER_IDS
+                    })
+            })
+            .fold(0u32, u32::saturating_add);
+        Ok((held, revision))
     }
 
     /// This deployment's range, cut to the machine ids `layout` has.
@@ -611,6 +819,7 @@ impl RequesterStore for RequesterLeases {
         count: u32,
         duration: Duration,
         token: Option<&LeaseToken>,
+        quota: Option<&KeyQuota>,
         about: &keys::RequesterAbout,
     ) -> Result<RequesterGrant, StoreError> {
         if let Some(record) = self.record(namespace, requester).await? {
@@ -635,88 +844,44 @@ impl RequesterStore for RequesterLeases {
             }
             return Ok(grant);
         }
-        let lease_id = self.grant_lease(duration).await?;
-        let holder = keys::requester_holder(&requester.key());
-        let now = self.now(&layout);
-        let (absent_floor, max_floor) =
-            ClaimRequest::floors(now, self.fence_horizon, self.max_fence_wait);
-        let want = ClaimRequest {
-            namespace,
-            holder: &holder,
-            range: self.range_in(&layout),
-            count: count as usize,
-            lease_id,
-            now,
-            absent_floor,
-            max_floor,
-            prefer: &[],
-        };
-        let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
-        let held = match claimed {
-            Ok(claimed) => claimed.held,
-            Err(e) => {
-                self.revoke(lease_id).await;
-                return Err(e);
-            }
-        };
-        let fence = self.fence_for(&layout, duration);
-        let held: Vec<HeldId> = held
-            .into_iter()
-            .map(|h| HeldId {
-                fence: fence.max(h.floor),
-                ..h
-            })
-            .collect();
-        let token = LeaseToken::generate();
-        let ns = namespace.to_owned();
-        let on_lease = || Some(PutOptions::new().with_lease(lease_id));
-        let mut ops: Vec<TxnOp> = held
-            .iter()
-            .map(|h| {
-                TxnOp::put(
-                    keys::fence(&ns, h.machine_id),
-                    h.fence.get().to_string(),
-                    None,
+        // With a quota: count the key's holdings, claim, and commit the
+        // claim's holding only if no holding of the key was written since
+        // the count (etcd compares the whole prefix), so the holdings
+        // committed never exceed the quota; a lost race counts again.
+        let mut attempts = 0;
+        let (held, token) = loop {
+            attempts += 1;
+            let counted = match quota {
+                Some(q) => {
+                    let (held, revision) = self.key_holdings(q).await?;
+                    if held.saturating_add(count) > q.max {
+                        return Err(StoreError::KeyQuotaExceeded {
+                            key_id: q.key_id.clone(),
+                            held,
+                            max: q.max,
+                            asked: count,
+                        });
+                    }
+                    Some((q, revision))
+                }
+                None => None,
+            };
+            match self
+                .claim_new(
+                    namespace, layout, requester, count, duration, counted, about,
                 )
-            })
-            .collect();
-        ops.push(TxnOp::put(
-            keys::requester(&ns, &requester.key()),
-            encode_record(&held),
-            on_lease(),
-        ));
-        ops.push(TxnOp::put(
-            keys::token(&ns, &requester.key()),
-            hex(&token.digest()),
-            on_lease(),
-        ));
-        ops.push(TxnOp::put(
-            keys::about(&ns, &requester.key()),
-            serde_json::to_vec(about).unwrap_or_default(),
-            on_lease(),
-        ));
-        let guard: Vec<Compare> = held
-            .iter()
-            .map(|h| Compare::lease(keys::holder(&ns, h.machine_id), CompareOp::Equal, lease_id))
-            .collect();
-        let txn = Txn::new().when(guard).and_then(ops);
-        let resp = self
-            .endpoints
-            .txn("requester fence txn", self.timeout, txn)
-            .await;
-        match resp {
-            Ok(r) if r.succeeded() => {}
-            Ok(_) => {
-                self.revoke(lease_id).await;
-                return Err(StoreError::LeaseLost {
-                    reason: crate::claim::LossReason::HolderChanged,
-                });
+                .await?
+            {
+                Some(done) => break done,
+                None if attempts < QUOTA_ATTEMPTS => continue,
+                None => {
+                    return Err(StoreError::KeyQuotaContended {
+                        key_id: quota.map(|q| q.key_id.clone()).unwrap_or_default(),
+                        attempts,
+                    })
+                }
             }
-            Err(e) => {
-                self.revoke(lease_id).await;
-                return Err(e);
-            }
-        }
+        };
         info!(namespace, requester = %requester.tag(), machine_ids = ?held.iter().map(|h| h.machine_id.get()).collect::<Vec<_>>(), "leased machine ids to a requester");
         Ok(RequesterGrant {
             held,
@@ -811,7 +976,9 @@ impl RequesterStore for RequesterLeases {
         }
         ops.push(TxnOp::delete(keys::requester(&ns, &requester.key()), None));
         ops.push(TxnOp::delete(keys::token(&ns, &requester.key()), None));
-        ops.push(TxnOp::delete(keys::about(&ns, &requester.key()), None));
+        // The description (and an API key holding) are on the lease, which
+        // is revoked below: with 63 machine ids this transaction already
+        // has etcd's 128 operations.
         let txn = Txn::new().when(guard).and_then(ops);
         let resp = self
             .endpoints

@@ -243,6 +243,16 @@ pub(crate) fn authorize(
     }
 }
 
+/// An API key's Lease API quota, for an Acquire made with that key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyQuota {
+    /// The key id.
+    pub key_id: String,
+    /// The most machine ids the key's requesters may hold at once,
+    /// cluster-wide (`max_lease_machine_ids`).
+    pub max: u32,
+}
+
 /// Where requesters' leases are kept: what the Lease API's handler asks of a
 /// store. Every call that acts on a requester's lease (Renew, Release,
 /// Check, an Acquire retry) checks the presented token with [`authorize`]
@@ -273,7 +283,10 @@ pub(crate) trait RequesterStore {
     /// the token it fails with [`StoreError::TokenRefused`]. A full range is
     /// [`StoreError::NoFreeMachineId`]. A new grant stores `about` beside
     /// the record for the administration service (a retry keeps the one
-    /// stored).
+    /// stored). With a `quota` (an Acquire made
+    /// with an API key), a new claim that would take the key's holdings
+    /// over its quota is [`StoreError::KeyQuotaExceeded`] with nothing
+    /// claimed; a retry of machine ids already held is never refused for it.
     #[allow(clippy::too_many_arguments)]
     fn acquire(
         &mut self,
@@ -283,6 +296,7 @@ pub(crate) trait RequesterStore {
         count: u32,
         duration: Duration,
         token: Option<&LeaseToken>,
+        quota: Option<&KeyQuota>,
         about: &crate::etcd::keys::RequesterAbout,
     ) -> impl Future<Output = Result<RequesterGrant, StoreError>> + Send;
 

@@ -23,8 +23,12 @@ use tracing::warn;
 
 use super::config::LeaseApiConfig;
 use super::convert;
-use super::records::{Renewal, RequesterGrant, RequesterId, RequesterStore, MAX_REQUESTER_IDS};
+use super::records::{
+    KeyQuota, Renewal, RequesterGrant, RequesterId, RequesterStore, MAX_REQUESTER_IDS,
+};
 use super::skew::{self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY};
+use crate::audit;
+use crate::auth::KeyScope;
 use crate::claim::StoreError;
 use crate::etcd::requesters::RequesterLeases;
 use crate::metrics as m;
@@ -234,8 +238,121 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
+        let who = audit::Who::of(request.extensions());
+        let namespace = request.get_ref().namespace.clone();
+        let requester = request_tag(request.get_ref().requester.as_ref());
+        let result = self.acquire_call(request).await;
+        audit::record(audit::AuditEvent {
+            unix_ms: self.clock.unix_ms(),
+            action: "lease.acquire",
+            who,
+            requester,
+            namespace,
+            subject: match &result {
+                Ok(grant) => machine_ids_subject(&ids_of(grant.get_ref())),
+                Err(_) => String::new(),
+            },
+            result: audit::result_of(&result),
+        });
+        result
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::LeaseGrant>, Status> {
+        scope_of(&request).map_or(Ok(()), |s| s.check_namespace(&request.get_ref().namespace))?;
+        self.renew_call(request).await
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let who = audit::Who::of(request.extensions());
+        let namespace = request.get_ref().namespace.clone();
+        let requester = request_tag(request.get_ref().requester.as_ref());
+        let result = self.release_call(request).await;
+        audit::record(audit::AuditEvent {
+            unix_ms: self.clock.unix_ms(),
+            action: "lease.release",
+            who,
+            requester,
+            namespace,
+            subject: match &result {
+                Ok(r) => format!("released {}", r.get_ref().released),
+                Err(_) => String::new(),
+            },
+            result: audit::result_of(&result),
+        });
+        result
+    }
+
+    async fn capacity(
+        &self,
+        request: Request<pb::CapacityRequest>,
+    ) -> Result<Response<pb::Capacity>, Status> {
+        scope_of(&request).map_or(Ok(()), |s| s.check_namespace(&request.get_ref().namespace))?;
+        self.capacity_call(request).await
+    }
+
+    async fn version(
+        &self,
+        request: Request<pb::VersionRequest>,
+    ) -> Result<Response<pb::VersionResponse>, Status> {
+        self.version_call(request).await
+    }
+
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        scope_of(&request).map_or(Ok(()), |s| s.check_namespace(&request.get_ref().namespace))?;
+        self.check_call(request).await
+    }
+}
+
+/// The caller's API key scope; `None` when authentication is off.
+fn scope_of<T>(request: &Request<T>) -> Option<&KeyScope> {
+    request.extensions().get::<KeyScope>()
+}
+
+/// The requester's tag for the audit trail (never its identity or nonce);
+/// empty when the request names no valid requester.
+fn request_tag(requester: Option<&pb::Requester>) -> String {
+    convert::requester_id(requester)
+        .map(|r| r.tag())
+        .unwrap_or_default()
+}
+
+/// The machine ids of a grant.
+fn ids_of(grant: &pb::LeaseGrant) -> Vec<u32> {
+    grant.machine_ids.iter().map(|m| m.machine_id).collect()
+}
+
+/// Machine ids as the audit trail's subject: `machine_ids 3,7`.
+fn machine_ids_subject(ids: &[u32]) -> String {
+    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    format!("machine_ids {}", list.join(","))
+}
+
+// The calls themselves; the trait methods above add the key scope checks
+// and the audit trail.
+impl LeaseHandler {
+    async fn acquire_call(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::LeaseGrant>, Status> {
         let peer = request.remote_addr();
         let key_id = crate::audit::Who::of(request.extensions()).key_id;
+        let scope = scope_of(&request).cloned();
+        if let Some(scope) = &scope {
+            scope.check_namespace(&request.get_ref().namespace)?;
+        }
+        let quota = scope.map(|s| KeyQuota {
+            key_id: s.key_id,
+            max: s.max_lease_machine_ids,
+        });
         let mut req = request.into_inner();
         req.client_time_unix_ms = given_time(req.client_time_unix_ms);
         if req.count == 0 || req.count > MAX_REQUESTER_IDS {
@@ -271,6 +388,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
                 req.count,
                 self.config.first_lease,
                 token.as_ref(),
+                quota.as_ref(),
                 &about,
             )
             .await
@@ -285,7 +403,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         ))
     }
 
-    async fn renew(
+    async fn renew_call(
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
@@ -330,10 +448,13 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         ))
     }
 
-    async fn release(
+    async fn release_call(
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        if let Some(scope) = scope_of(&request) {
+            scope.check_namespace(&request.get_ref().namespace)?;
+        }
         let req = request.into_inner();
         let token = convert::lease_token(&req.lease_token)?;
         let requester = convert::requester_id(req.requester.as_ref())?;
@@ -382,7 +503,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
 
-    async fn capacity(
+    async fn capacity_call(
         &self,
         request: Request<pb::CapacityRequest>,
     ) -> Result<Response<pb::Capacity>, Status> {
@@ -393,7 +514,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         Ok(Response::new(capacity_to_pb(&namespace, capacity, range)))
     }
 
-    async fn version(
+    async fn version_call(
         &self,
         _request: Request<pb::VersionRequest>,
     ) -> Result<Response<pb::VersionResponse>, Status> {
@@ -406,7 +527,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
     /// Read-only (but for marking a namespace found restored) and grants
     /// nothing: the token is checked first, and the caller's clock is neither
     /// judged nor recorded.
-    async fn check(
+    async fn check_call(
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {

@@ -104,6 +104,15 @@ pub(crate) const TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS: &str =
 /// (`--tls-cert-file`): a plaintext server's scrape holds the catalog
 /// without them.
 pub const TLS_ONLY: &[&str] = &[TLS_RELOADS_TOTAL, TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS];
+/// API key checks with `--auth on`, by `key_id` (`-` for a missing,
+/// malformed or unknown key) and `result` (`ok`, `missing`, `malformed`,
+/// `unknown`, `wrong_secret`, `expired`, `revoked`, `permission_denied`,
+/// `unavailable`).
+pub(crate) const AUTH_REQUESTS_TOTAL: &str = "snowkeep_auth_requests_total";
+/// Audit events (Lease API acquire and release, eviction, key changes,
+/// import), by `action`, `key_id` (empty with `--auth off`) and `result`
+/// (`ok` or a gRPC code name).
+pub(crate) const AUDIT_EVENTS_TOTAL: &str = "snowkeep_audit_events_total";
 
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
@@ -140,6 +149,8 @@ pub const CATALOG: &[(&str, &str)] = &[
     (STREAM_SEND_STALLS_TOTAL, "counter"),
     (TLS_RELOADS_TOTAL, "counter"),
     (TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS, "gauge"),
+    (AUTH_REQUESTS_TOTAL, "counter"),
+    (AUDIT_EVENTS_TOTAL, "counter"),
 ];
 
 /// Where a clock skew was observed.
@@ -422,7 +433,18 @@ pub(crate) fn describe_all() {
         Unit::Seconds,
         "notAfter of the certificate the gRPC port serves new connections with, as a Unix timestamp."
     );
+    describe_counter!(
+        AUTH_REQUESTS_TOTAL,
+        Unit::Count,
+        "API key checks with --auth on, by key id (- for a missing, malformed or unknown key) and result."
+    );
+    describe_counter!(
+        AUDIT_EVENTS_TOTAL,
+        Unit::Count,
+        "Audit events (Lease API acquire and release, eviction, key changes, import), by action, key id and result."
+    );
     // Counters exist from the start (at 0) so rates and alerts see them.
+    metrics::counter!(AUTH_REQUESTS_TOTAL, "key_id" => "-", "result" => "missing").increment(0);
     metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);
     for result in ["ok", "error"] {
         metrics::counter!(LEASE_RENEWALS_TOTAL, "result" => result).increment(0);

@@ -186,7 +186,10 @@ fn code_of(err: &ApiError) -> Code {
         ApiError::Store(e) => match e {
             StoreError::UnknownNamespace { .. } => Code::NotFound,
             StoreError::InvalidNamespace { .. } => Code::InvalidArgument,
-            StoreError::NoFreeMachineId { .. } => Code::ResourceExhausted,
+            StoreError::NoFreeMachineId { .. } | StoreError::KeyQuotaExceeded { .. } => {
+                Code::ResourceExhausted
+            }
+            StoreError::KeyQuotaContended { .. } => Code::Unavailable,
             // Not FAILED_PRECONDITION: clients retry that (a skew refusal
             // heals with NTP); another Acquire cannot fix a count mismatch.
             StoreError::CountMismatch { .. } => Code::AlreadyExists,

@@ -459,6 +459,19 @@ async fn sixty_three_machine_ids_renew_and_release_within_etcds_transaction_limi
         .unwrap()
         .into_inner();
     assert_eq!(renewed.machine_ids.len(), 63);
+    // The description moved to the renewed lease too (in its own
+    // transaction): the administration service still lists the requester.
+    let mut admin = pb::admin_service_client::AdminServiceClient::new(server.channel().await);
+    let listed = admin
+        .list_requesters(pb::ListRequestersRequest {
+            namespace: "wide".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .requesters;
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].pid, listed[0].machine_ids.len()), (4242, 63));
     let last: Vec<(u32, u64)> = grant
         .machine_ids
         .iter()

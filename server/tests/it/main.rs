@@ -6,11 +6,13 @@
 
 mod admin_state;
 mod allow_list;
+mod auth;
 mod claim_lifecycle;
 mod claims;
 mod client_skew;
 mod config_refusals;
 mod corrupt_keys;
+mod ctl_keys;
 mod ctl_state;
 mod endpoints;
 mod etcd_faults;

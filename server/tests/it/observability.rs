@@ -77,6 +77,20 @@ async fn a_live_scrape_holds_exactly_the_catalog_and_promtool_accepts_it() {
         .unwrap()
         .into_inner();
     while stream.message().await.unwrap().is_some() {}
+    // A Lease API Acquire: one audit event, so the audit counter has a series.
+    let who = crate::support::lease::requester(client_time);
+    let grant = crate::support::lease::lease_client(&a)
+        .await
+        .acquire(crate::support::lease::acquire(
+            "catalog",
+            &who,
+            1,
+            Some(client_time),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grant.machine_ids.len(), 1);
     // A renewal (TTL 2 s) and a peer measurement (every 1 s) have happened.
     let port = a.metrics_port;
     eventually(

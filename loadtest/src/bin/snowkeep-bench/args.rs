@@ -50,6 +50,13 @@ pub(crate) struct Args {
     /// Request metadata as a JSON object of strings, e.g. '{"x-team":"a"}'.
     #[arg(short = 'm', long)]
     pub(crate) metadata: Option<String>,
+    /// An API key `<id>.<secret>`, sent as `authorization: Bearer <key>`
+    /// (servers with `--auth on`); overrides an authorization in --metadata.
+    #[arg(long, env = "SNOWKEEP_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
+    /// A file whose first line is the API key, instead of --api-key.
+    #[arg(long, env = "SNOWKEEP_API_KEY_FILE", conflicts_with = "api_key")]
+    pub(crate) api_key_file: Option<PathBuf>,
     /// Number of calls in all (ignored with --duration).
     #[arg(short = 'n', long, default_value_t = 200)]
     pub(crate) total: u64,
@@ -214,6 +221,23 @@ pub(crate) fn parse_metadata(json: Option<&str>) -> anyhow::Result<MetadataMap> 
     Ok(map)
 }
 
+/// Adds `authorization: Bearer <key>` to `map` for --api-key or
+/// --api-key-file; leaves it as it is with neither.
+pub(crate) fn add_api_key(
+    map: &mut MetadataMap,
+    key: Option<&str>,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let key = match (key, file) {
+        (Some(k), _) => snowkeep_client::ApiKey::new(k)?,
+        (None, Some(path)) => snowkeep_client::ApiKey::from_file(path)
+            .with_context(|| format!("--api-key-file {}", path.display()))?,
+        (None, None) => return Ok(()),
+    };
+    map.insert("authorization", key.authorization());
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,5 +341,15 @@ mod tests {
         assert!(parse_metadata(Some("[1]")).is_err());
         assert!(parse_metadata(Some(r#"{"bad key":"v"}"#)).is_err());
         assert!(parse_metadata(None).unwrap().is_empty());
+        let mut md = parse_metadata(Some(r#"{"authorization":"old"}"#)).unwrap();
+        add_api_key(&mut md, Some("k1.secretsecretsecret"), None).unwrap();
+        assert_eq!(
+            md.get("authorization").unwrap(),
+            "Bearer k1.secretsecretsecret"
+        );
+        assert!(add_api_key(&mut md, Some("nodot"), None).is_err());
+        let mut empty = MetadataMap::new();
+        add_api_key(&mut empty, None, None).unwrap();
+        assert!(empty.is_empty());
     }
 }

@@ -35,7 +35,7 @@ use snowkeep_bench::schedule::Schedule;
 use snowkeep_bench::IdLog;
 use tokio::time::Instant;
 
-use args::{parse_metadata, schedule, Args, Shape, MAX_WORKERS, MIN_RATE};
+use args::{add_api_key, parse_metadata, schedule, Args, Shape, MAX_WORKERS, MIN_RATE};
 use call::{connect, endpoint, one_call, resolve_call};
 use report::progress_bar;
 use worker::{new_histogram, worker, Shared};
@@ -73,7 +73,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         channels.push(connect(&ep, args.wait_ready).await?);
     }
     let call = resolve_call(&args, &channels[0]).await?;
-    let metadata = parse_metadata(args.metadata.as_deref())?;
+    let mut metadata = parse_metadata(args.metadata.as_deref())?;
+    add_api_key(
+        &mut metadata,
+        args.api_key.as_deref(),
+        args.api_key_file.as_deref(),
+    )?;
     let rate = (args.load_schedule != Shape::Const || args.rps > 0.0).then(|| {
         schedule(
             args.load_schedule,

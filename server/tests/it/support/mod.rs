@@ -1,6 +1,7 @@
 //! Test harness: real etcd processes and real snowkeep-server processes on free
 //! loopback ports, with helpers that read like the behaviour under test.
 
+pub mod auth;
 pub mod etcd;
 pub mod lease;
 pub mod pki;

@@ -1,0 +1,275 @@
+//! The authentication layer: checks each call's API key before any handler
+//! runs (see [`super`] for the rules), counts the result in
+//! `snowkeep_auth_requests_total`, and hands the handler the key's id
+//! (`audit::CallerKey`) and scope ([`KeyScope`]) in the request's
+//! extensions.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use snowkeep_client::SharedClock;
+use tonic::Status;
+use tower::{Layer, Service};
+
+use super::cache::{KeyCache, Verdict};
+use super::key::{Permission, PresentedKey};
+use super::AuthMode;
+use crate::audit::CallerKey;
+
+/// What a gRPC service needs of a key: `None` for one that is always open,
+/// `Some(None)` for any valid key, `Some(Some(p))` for permission `p`.
+fn required(path: &str) -> Option<Option<Permission>> {
+    let service = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    match service {
+        "grpc.health.v1.Health"
+        | "grpc.reflection.v1.ServerReflection"
+        | "grpc.reflection.v1alpha.ServerReflection" => None,
+        "snowkeep.v1.IdService" => Some(Some(Permission::Ids)),
+        "snowkeep.v1.LeaseService" => Some(Some(Permission::Lease)),
+        "snowkeep.v1.AdminService" => Some(Some(Permission::Admin)),
+        // InfoService, and anything else (which then answers UNIMPLEMENTED
+        // to a valid key only).
+        _ => Some(None),
+    }
+}
+
+/// The service's name for messages: `snowkeep.v1.IdService` → `IdService`.
+fn service_name(path: &str) -> &str {
+    let service = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    service.rsplit('.').next().unwrap_or(service)
+}
+
+fn count(key_id: &str, result: &'static str) {
+    metrics::counter!(
+        crate::metrics::AUTH_REQUESTS_TOTAL,
+        "key_id" => key_id.to_owned(),
+        "result" => result
+    )
+    .increment(1);
+}
+
+/// Checks API keys (or lets everything through when off).
+#[derive(Clone)]
+pub struct AuthLayer {
+    mode: AuthMode,
+    cache: KeyCache,
+    clock: SharedClock,
+    /// The server's namespace, the one IdService issues in.
+    namespace: String,
+}
+
+impl AuthLayer {
+    /// A layer checking keys from `cache` at `clock`'s time when `mode` is
+    /// on; IdService calls are in `namespace`.
+    pub fn new(mode: AuthMode, cache: KeyCache, clock: SharedClock, namespace: String) -> Self {
+        Self {
+            mode,
+            cache,
+            clock,
+            namespace,
+        }
+    }
+
+    /// What the call at `path` with this `authorization` value gets: the key
+    /// id and scope to hand on, or the refusal.
+    fn judge(
+        &self,
+        path: &str,
+        authorization: Option<&[u8]>,
+    ) -> Result<Option<super::KeyScope>, Status> {
+        let Some(needed) = required(path) else {
+            return Ok(None);
+        };
+        let presented = match PresentedKey::from_authorization(authorization) {
+            Ok(p) => p,
+            Err(refusal) => {
+                count(refusal.key_label(), refusal.result());
+                return Err(Status::unauthenticated(refusal.to_string()));
+            }
+        };
+        let scope = match self.cache.verify(&presented, self.clock.unix_ms()) {
+            Verdict::Accepted(scope) => scope,
+            Verdict::Refused(refusal) => {
+                count(refusal.key_label(), refusal.result());
+                return Err(Status::unauthenticated(refusal.to_string()));
+            }
+            Verdict::NotLoaded => {
+                count("-", "unavailable");
+                return Err(Status::unavailable(
+                    "API keys are not loaded from etcd yet (this server has not reached etcd since it started); retry shortly or on another server",
+                ));
+            }
+        };
+        if let Some(permission) = needed {
+            if !scope.has(permission) {
+                count(&scope.key_id, "permission_denied");
+                return Err(Status::permission_denied(format!(
+                    "API key {} lacks the {} permission that {} needs; use a key created with --permission {}",
+                    scope.key_id,
+                    permission.as_str(),
+                    service_name(path),
+                    permission.as_str()
+                )));
+            }
+            if permission == Permission::Ids {
+                if let Err(denied) = scope.check_namespace(&self.namespace) {
+                    count(&scope.key_id, "permission_denied");
+                    return Err(denied);
+                }
+            }
+        }
+        count(&scope.key_id, "ok");
+        Ok(Some(scope))
+    }
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = Auth<S>;
+
+    fn layer(&self, inner: S) -> Auth<S> {
+        Auth {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service of [`AuthLayer`].
+#[derive(Clone)]
+pub struct Auth<S> {
+    inner: S,
+    layer: AuthLayer,
+}
+
+impl<S, R, B> Service<http::Request<R>> for Auth<S>
+where
+    S: Service<http::Request<R>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    B: Default + Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<B>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<R>) -> Self::Future {
+        if self.layer.mode == AuthMode::Off {
+            return Box::pin(self.inner.call(request));
+        }
+        let authorization = request
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        match self.layer.judge(request.uri().path(), authorization) {
+            Ok(None) => Box::pin(self.inner.call(request)),
+            Ok(Some(scope)) => {
+                request
+                    .extensions_mut()
+                    .insert(CallerKey(scope.key_id.clone()));
+                request.extensions_mut().insert(scope);
+                Box::pin(self.inner.call(request))
+            }
+            Err(status) => {
+                let response = status.into_http::<B>();
+                Box::pin(async move { Ok(response) })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_and_reflection_are_open_and_each_service_needs_its_permission() {
+        assert_eq!(required("/grpc.health.v1.Health/Check"), None);
+        assert_eq!(
+            required("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+            None
+        );
+        assert_eq!(
+            required("/snowkeep.v1.IdService/NextIds"),
+            Some(Some(Permission::Ids))
+        );
+        assert_eq!(
+            required("/snowkeep.v1.LeaseService/Acquire"),
+            Some(Some(Permission::Lease))
+        );
+        assert_eq!(
+            required("/snowkeep.v1.AdminService/ListKeys"),
+            Some(Some(Permission::Admin))
+        );
+        assert_eq!(required("/snowkeep.v1.InfoService/GetInfo"), Some(None));
+        assert_eq!(required("/other.Service/X"), Some(None));
+        assert_eq!(
+            service_name("/snowkeep.v1.LeaseService/Acquire"),
+            "LeaseService"
+        );
+    }
+    #[test]
+    fn the_layer_judges_expiry_permission_and_namespace_at_the_clocks_time() {
+        use crate::auth::key::BootstrapKey;
+        use crate::etcd::apikeys::StoredKey;
+        use snowkeep_client::ManualClock;
+
+        let key = PresentedKey::generate();
+        let mut record = BootstrapKey::parse(&key.reveal()).unwrap().record(0);
+        record.permissions = vec![Permission::Ids];
+        record.namespaces = vec!["orders".into()];
+        record.expires_unix_ms = 10_000;
+        let cache = KeyCache::new();
+        cache.replace_all(&[StoredKey {
+            id: record.id.clone(),
+            value: record.to_json().into_bytes(),
+            mod_revision: 1,
+        }]);
+        let clock = ManualClock::new(9_000);
+        let layer = AuthLayer::new(AuthMode::On, cache.clone(), clock.clone(), "orders".into());
+        let header = format!("Bearer {}", key.reveal());
+        let auth = Some(header.as_bytes());
+        let scope = layer
+            .judge("/snowkeep.v1.IdService/NextIds", auth)
+            .unwrap()
+            .unwrap();
+        assert_eq!(scope.key_id, key.id());
+        assert_eq!(
+            layer.judge("/grpc.health.v1.Health/Check", None).unwrap(),
+            None
+        );
+        let denied = layer
+            .judge("/snowkeep.v1.LeaseService/Acquire", auth)
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(
+            denied.message().contains("lacks the lease permission"),
+            "{denied:?}"
+        );
+        let elsewhere = AuthLayer::new(AuthMode::On, cache, clock.clone(), "billing".into());
+        let denied = elsewhere
+            .judge("/snowkeep.v1.IdService/NextIds", auth)
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        clock.set_unix_ms(10_000);
+        let expired = layer
+            .judge("/snowkeep.v1.InfoService/GetInfo", auth)
+            .unwrap_err();
+        assert_eq!(expired.code(), tonic::Code::Unauthenticated);
+        assert_eq!(
+            expired.message(),
+            format!(
+                "API key {} expired at 1970-01-01T00:00:10Z: ask an administrator for a new key",
+                key.id()
+            )
+        );
+        let missing = layer
+            .judge("/snowkeep.v1.InfoService/GetInfo", None)
+            .unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
+    }
+}

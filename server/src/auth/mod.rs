@@ -1,0 +1,56 @@
+//! API keys: who may call what.
+//!
+//! With `--auth on`, every call but `grpc.health.v1` and server reflection
+//! carries `authorization: Bearer <id>.<secret>` metadata. The
+//! [`AuthLayer`] checks it before any handler runs:
+//!
+//! | what | status |
+//! | --- | --- |
+//! | no key, a malformed key, an unknown id, a wrong secret, an expired or revoked key | UNAUTHENTICATED |
+//! | IdService without `ids`, LeaseService without `lease`, AdminService without `admin` (InfoService takes any valid key) | PERMISSION_DENIED |
+//! | IdService on a server whose namespace the key may not use | PERMISSION_DENIED |
+//! | no keys loaded yet (etcd not reached since start) | UNAVAILABLE |
+//!
+//! The Lease API names its namespace in the request body, so its handler
+//! checks the namespace against the [`KeyScope`] the layer put into the
+//! request's extensions, and counts the key's holdings at Acquire against
+//! its `max_lease_machine_ids` (RESOURCE_EXHAUSTED over it; see
+//! `crate::etcd::requesters` for the guarantee).
+//!
+//! Keys live in etcd at `/snowkeep/v1/apikeys/<id>` ([`KeyRecord`], JSON,
+//! with the SHA-256 of the secret only); every server follows them with a
+//! watch ([`KeyCache`]). The single-instance store has no etcd, so `--auth
+//! on` is refused there.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`key`] | records, presented keys, verification, scopes, the bootstrap key |
+//! | [`cache`] | the servers' copy of the keys and the watch that keeps it current |
+//! | [`layer`] | the tower layer |
+
+pub mod cache;
+pub mod key;
+pub mod layer;
+
+pub use cache::KeyCache;
+pub use key::{BootstrapKey, KeyRecord, KeyScope, Permission, PresentedKey};
+pub use layer::AuthLayer;
+
+/// `--auth`: whether calls need an API key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AuthMode {
+    /// Every call is served without a key (the quickstart).
+    #[default]
+    Off,
+    /// Every call but health and reflection needs a valid API key.
+    On,
+}
+
+/// Authentication settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// `--auth`.
+    pub mode: AuthMode,
+    /// `--bootstrap-admin-key-file`, read and hashed.
+    pub bootstrap_admin_key: Option<BootstrapKey>,
+}

@@ -1,0 +1,178 @@
+//! `snowkeepctl key …` and `snowkeepctl audit tail` against a live cluster
+//! with `--auth on`, asserting their JSON output.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use snowkeep_proto::v1 as pb;
+use tonic::Code;
+
+use crate::support::auth::{ids, AuthCluster};
+use crate::support::eventually;
+
+/// Runs snowkeepctl with `args` against `url` with the key in `key_file`.
+fn ctl(url: &str, key_file: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
+        .args([
+            "--endpoint",
+            url,
+            "--api-key-file",
+            key_file,
+            "--output",
+            "json",
+        ])
+        .args(args)
+        .output()
+        .expect("run snowkeepctl")
+}
+
+/// Runs it and parses its JSON output; panics on a failure.
+fn ctl_json(url: &str, key_file: &str, args: &[&str]) -> Value {
+    let out = ctl(url, key_file, args);
+    assert!(
+        out.status.success(),
+        "snowkeepctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "snowkeepctl {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_commands_and_audit_tail_run_against_a_live_cluster() {
+    let c = AuthCluster::start("ctlkeys").await;
+    let key_file = c.dir.path().join("admin.key");
+    let key_file = key_file.to_str().unwrap().to_owned();
+    let (url_a, url_b) = (c.a.url(), c.b.url());
+
+    let created = ctl_json(
+        &url_a,
+        &key_file,
+        &[
+            "key",
+            "create",
+            "--description",
+            "orders service",
+            "--expires",
+            "30d",
+            "--namespace",
+            "ctlkeys",
+            "--permission",
+            "ids",
+            "--permission",
+            "lease",
+            "--max-lease-machine-ids",
+            "4",
+        ],
+    );
+    let id = created["id"].as_str().unwrap().to_owned();
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    assert_eq!(secret.split_once('.').unwrap().0, id);
+    assert_eq!(created["description"], "orders service");
+    assert_eq!(created["namespaces"], serde_json::json!(["ctlkeys"]));
+    assert_eq!(created["permissions"], serde_json::json!(["ids", "lease"]));
+    assert_eq!(created["max_lease_machine_ids"], 4);
+    assert_eq!(created["revoked"], false);
+    let created_ms = created["created_unix_ms"].as_u64().unwrap();
+    let expires_ms = created["expires_unix_ms"].as_u64().unwrap();
+    // 30 days from snowkeepctl's clock, created by the server's a moment later.
+    let month = 30 * 86_400_000;
+    assert!(
+        (month - 10_000..=month).contains(&(expires_ms - created_ms)),
+        "{created}"
+    );
+
+    // The key works, then list shows it without its secret.
+    let next = pb::NextIdsRequest {
+        count: 1,
+        ..Default::default()
+    };
+    assert!(ids(&c.a, Some(&secret)).await.next_ids(next).await.is_ok());
+    let listed = ctl_json(&url_b, &key_file, &["key", "list"]);
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 2, "the bootstrap key and ours: {listed:?}");
+    let ours = listed.iter().find(|k| k["id"] == id.as_str()).unwrap();
+    assert!(ours.get("secret").is_none());
+    assert!(!serde_json::to_string(listed)
+        .unwrap()
+        .contains(secret.split_once('.').unwrap().1));
+    let boot = listed.iter().find(|k| k["id"] == "kbootstrap01").unwrap();
+    assert_eq!(boot["permissions"], serde_json::json!(["admin"]));
+
+    // Expire now through b: refused on a.
+    let expired = ctl_json(&url_b, &key_file, &["key", "expire", &id]);
+    assert!(expired["expires_unix_ms"].as_u64().unwrap() < expires_ms);
+    eventually(
+        "the expired key to be refused",
+        Duration::from_secs(10),
+        || {
+            let (a, secret, next) = (&c.a, secret.clone(), next);
+            async move {
+                matches!(ids(a, Some(&secret)).await.next_ids(next).await,
+                Err(s) if s.code() == Code::Unauthenticated && s.message().contains("expired at"))
+            }
+        },
+    )
+    .await;
+    let revoked = ctl_json(&url_a, &key_file, &["key", "revoke", &id]);
+    assert_eq!(revoked["revoked"], true);
+    let missing = ctl(&url_a, &key_file, &["key", "revoke", "knosuchkey001"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("no API key knosuchkey001"));
+
+    // audit tail --count 2 exits after two events: make key events until it does.
+    let mut tail = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
+        .args([
+            "--endpoint",
+            &url_a,
+            "--api-key-file",
+            &key_file,
+            "--output",
+            "json",
+        ])
+        .args(["audit", "tail", "--count", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tail.try_wait().unwrap().is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "audit tail did not exit"
+        );
+        ctl_json(
+            &url_a,
+            &key_file,
+            &[
+                "key",
+                "create",
+                "--description",
+                "audit",
+                "--permission",
+                "ids",
+            ],
+        );
+    }
+    let out = tail.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let events: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    for e in &events {
+        assert_eq!(e["action"], "key.create");
+        assert_eq!(e["key_id"], "kbootstrap01");
+        assert_eq!(e["result"], "ok");
+    }
+}
