@@ -28,6 +28,20 @@ impl std::fmt::Debug for ApiKey {
 )]
 pub struct InvalidApiKey(&'static str);
 
+/// A fresh random key as text, `<id>.<secret>`: the id is `k` and 12 hex
+/// digits (48 random bits), the secret 64 hex digits (32 random bytes), both
+/// from the operating system's generator through `rand`. Servers create keys
+/// this way (CreateKey), and `snowkeepctl key generate` prints one for
+/// `--bootstrap-admin-key-file`.
+pub fn generate_key() -> String {
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+    let id: [u8; 6] = rand::random();
+    let secret: [u8; 32] = rand::random();
+    format!("k{}.{}", hex(&id), hex(&secret))
+}
+
 impl ApiKey {
     /// The key `text` (surrounding whitespace ignored).
     pub fn new(text: &str) -> Result<Self, InvalidApiKey> {
@@ -102,6 +116,14 @@ mod tests {
             sent.metadata().get("authorization").unwrap(),
             "Bearer k1.s3cr3tvalue"
         );
+        let generated = generate_key();
+        let (id, secret) = generated.split_once('.').unwrap();
+        assert_eq!((id.len(), secret.len()), (13, 64));
+        assert!(id.starts_with('k'));
+        assert!(generated[1..]
+            .bytes()
+            .all(|b| b == b'.' || b.is_ascii_hexdigit()));
+        assert_ne!(generate_key(), generated);
         let none = SendApiKey(None).call(tonic::Request::new(())).unwrap();
         assert!(none.metadata().get("authorization").is_none());
         assert!(ApiKey::new("nodot").is_err());

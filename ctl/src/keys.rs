@@ -66,6 +66,10 @@ pub enum KeyCommand {
         /// The key id (before the dot).
         id: String,
     },
+    /// Print a fresh random key `<id>.<secret>`, offline (no server): the
+    /// content of a `--bootstrap-admin-key-file`. It is a key only once a
+    /// server has written it to etcd.
+    Generate,
 }
 
 /// A time as given: a duration from `now_ms` or RFC 3339; ms since the epoch.
@@ -152,6 +156,13 @@ fn key_row(k: &pb::ApiKey) -> Vec<String> {
 impl KeyCommand {
     /// Runs the command.
     pub async fn run(self, conn: &ConnArgs, output: Output) -> anyhow::Result<()> {
+        if let KeyCommand::Generate = self {
+            #[allow(clippy::print_stdout)]
+            {
+                println!("{}", snowkeep_client::api_key::generate_key());
+            }
+            return Ok(());
+        }
         let now = snowkeep_client::SystemClock.unix_ms();
         let mut admin = conn.admin().await?;
         match self {
@@ -218,6 +229,8 @@ impl KeyCommand {
                 let key = r.key.unwrap_or_default();
                 print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key));
             }
+            // Answered above, without a server.
+            KeyCommand::Generate => {}
         }
         Ok(())
     }

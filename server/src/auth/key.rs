@@ -225,11 +225,11 @@ impl PresentedKey {
     /// A fresh key: id `k` + 12 hex digits (48 random bits), secret 64 hex
     /// digits (32 random bytes).
     pub fn generate() -> Self {
-        let id: [u8; 6] = rand::random();
-        let secret: [u8; 32] = rand::random();
+        let text = snowkeep_client::api_key::generate_key();
+        let (id, secret) = text.split_once('.').unwrap_or_default();
         Self {
-            id: format!("k{}", hex(&id)),
-            secret: hex(&secret),
+            id: id.to_owned(),
+            secret: secret.to_owned(),
         }
     }
 

@@ -176,3 +176,40 @@ async fn key_commands_and_audit_tail_run_against_a_live_cluster() {
         assert_eq!(e["result"], "ok");
     }
 }
+
+/// `snowkeepctl key generate` prints a fresh key offline; a server started
+/// with it as `--bootstrap-admin-key-file` accepts it as an admin key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generated_key_bootstraps_the_first_admin_key() {
+    let generate = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
+            .args(["key", "generate"])
+            .output()
+            .expect("run snowkeepctl");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let key = generate();
+    assert_ne!(generate(), key);
+    let (id, secret) = key.split_once('.').unwrap();
+    assert_eq!((id.len(), secret.len()), (13, 64));
+
+    let etcd = crate::support::etcd::EtcdProcess::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("admin.key");
+    std::fs::write(&file, format!("{key}\n")).unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let server = crate::support::server::ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "generated",
+        &["--auth", "on", "--bootstrap-admin-key-file", &file],
+    );
+    server.wait_serving(crate::support::READY).await;
+    let listed = ctl_json(&server.url(), &file, &["key", "list"]);
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["id"], id);
+    assert_eq!(listed[0]["permissions"], serde_json::json!(["admin"]));
+    // The log never carries the secret.
+    assert!(!server.log().contains(secret));
+}
