@@ -34,6 +34,16 @@ fn required(path: &str) -> Option<Option<Permission>> {
     }
 }
 
+/// The one call open without a key: InfoService.GetInfo, answered with the
+/// server's version and clock only ([`Anonymous`]), so servers' peer clock
+/// checks work with `--auth on` (a wrong key is still refused).
+const GET_INFO: &str = "/snowkeep.v1.InfoService/GetInfo";
+
+/// Marks a GetInfo call made without a key (`--auth on`): the handler
+/// answers only the version and the server's clock.
+#[derive(Clone, Copy, Debug)]
+pub struct Anonymous;
+
 /// The service's name for messages: `snowkeep.v1.IdService` → `IdService`.
 fn service_name(path: &str) -> &str {
     let service = path.trim_start_matches('/').split('/').next().unwrap_or("");
@@ -165,6 +175,11 @@ where
             .headers()
             .get(http::header::AUTHORIZATION)
             .map(|v| v.as_bytes());
+        if authorization.is_none() && request.uri().path() == GET_INFO {
+            count("-", "anonymous");
+            request.extensions_mut().insert(Anonymous);
+            return Box::pin(self.inner.call(request));
+        }
         match self.layer.judge(request.uri().path(), authorization) {
             Ok(None) => Box::pin(self.inner.call(request)),
             Ok(Some(scope)) => {

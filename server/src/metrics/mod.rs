@@ -107,7 +107,7 @@ pub const TLS_ONLY: &[&str] = &[TLS_RELOADS_TOTAL, TLS_CERTIFICATE_EXPIRY_TIMEST
 /// API key checks with `--auth on`, by `key_id` (`-` for a missing,
 /// malformed or unknown key) and `result` (`ok`, `missing`, `malformed`,
 /// `unknown`, `wrong_secret`, `expired`, `revoked`, `permission_denied`,
-/// `unavailable`).
+/// `unavailable`, `anonymous`: a GetInfo without a key).
 pub(crate) const AUTH_REQUESTS_TOTAL: &str = "snowkeep_auth_requests_total";
 /// Audit events (Lease API acquire and release, eviction, key changes,
 /// import), by `action`, `key_id` (empty with `--auth off`) and `result`

@@ -546,3 +546,72 @@ async fn auth_without_etcd_or_with_a_bad_key_file_refuses_to_start_with_64() {
         assert!(secretless, "the key file's content is never echoed:\n{log}");
     }
 }
+
+/// With `--auth on`, GetInfo without a key answers only the version and the
+/// server's clock, which is what the servers' peer clock check reads: two
+/// servers measure each other. A wrong key is still refused there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_measure_clocks_with_auth_on_and_anonymous_get_info_reveals_nothing_else() {
+    use snowkeep_client::Clock;
+    let etcd = crate::support::etcd::EtcdProcess::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("admin.key");
+    std::fs::write(&file, random_key("kpeers")).unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let flags = [
+        "--auth",
+        "on",
+        "--bootstrap-admin-key-file",
+        &file,
+        "--peer-skew-interval",
+        "1s",
+    ];
+    let a = crate::support::server::ServerProcess::on_etcd(&etcd.endpoint(), "peerauth", &flags);
+    a.wait_serving(crate::support::READY).await;
+    let b = crate::support::server::ServerProcess::joining(&etcd.endpoint(), "peerauth", &flags);
+    b.wait_serving(crate::support::READY).await;
+
+    let mut info = pb::info_service_client::InfoServiceClient::new(a.channel().await);
+    let before = snowkeep_client::SystemClock.unix_ms();
+    let anonymous = info
+        .get_info(pb::GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let after = snowkeep_client::SystemClock.unix_ms();
+    assert_eq!(
+        pb::GetInfoResponse {
+            server_time_unix_ms: 0,
+            ..anonymous.clone()
+        },
+        pb::GetInfoResponse {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            ..Default::default()
+        }
+    );
+    // One host, one clock.
+    assert!((before..=after).contains(&anonymous.server_time_unix_ms));
+    let mut wrong = pb::info_service_client::InfoServiceClient::with_interceptor(
+        a.channel().await,
+        crate::support::auth::bearer(Some(&random_key("kpeers"))),
+    );
+    assert_status(
+        wrong.get_info(pb::GetInfoRequest {}).await,
+        Code::Unauthenticated,
+        "",
+    );
+
+    for s in [&a, &b] {
+        let port = s.metrics_port;
+        eventually(
+            "a peer clock measurement under --auth on",
+            Duration::from_secs(15),
+            || async move {
+                crate::support::server::scrape(port).await.contains(
+                    "snowkeep_clock_skew_seconds_count{namespace=\"peerauth\",source=\"peer\"}",
+                )
+            },
+        )
+        .await;
+    }
+}
