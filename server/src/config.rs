@@ -912,19 +912,25 @@ fn etcd_access_from(args: &Args, store: &StoreConfig) -> Result<EtcdAccess, Conf
     Ok(EtcdAccess { tls, credentials })
 }
 
-/// Reads `path` for `flag`; an unreadable file names the OS error.
-fn read_file(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
-    let bytes = std::fs::read(path).map_err(|e| ConfigError::EtcdFile {
+/// [`ConfigError::EtcdFile`] for `flag`'s file `path`.
+fn file_error(
+    flag: &'static str,
+    path: &std::path::Path,
+    problem: impl Into<String>,
+) -> ConfigError {
+    ConfigError::EtcdFile {
         flag,
         path: path.to_owned(),
-        problem: format!("cannot read it ({e})"),
-    })?;
+        problem: problem.into(),
+    }
+}
+
+/// Reads `path` for `flag`; an unreadable file names the OS error.
+fn read_file(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| file_error(flag, path, format!("cannot read it ({e})")))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ConfigError::EtcdFile {
-            flag,
-            path: path.to_owned(),
-            problem: "the file is empty".into(),
-        });
+        return Err(file_error(flag, path, "the file is empty"));
     }
     Ok(bytes)
 }
@@ -938,20 +944,20 @@ fn read_certificates(flag: &'static str, path: &std::path::Path) -> Result<Vec<u
     let mut count = 0;
     for cert in CertificateDer::pem_slice_iter(&bytes) {
         if let Err(e) = cert {
-            return Err(ConfigError::EtcdFile {
+            return Err(file_error(
                 flag,
-                path: path.to_owned(),
-                problem: format!("not a readable PEM file ({e})"),
-            });
+                path,
+                format!("not a readable PEM file ({e})"),
+            ));
         }
         count += 1;
     }
     if count == 0 {
-        return Err(ConfigError::EtcdFile {
+        return Err(file_error(
             flag,
-            path: path.to_owned(),
-            problem: "no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into(),
-        });
+            path,
+            "no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+        ));
     }
     Ok(bytes)
 }
@@ -962,10 +968,12 @@ fn read_private_key(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8
     use rustls_pki_types::PrivateKeyDer;
     let bytes = read_file(flag, path)?;
     // The message never quotes the file: it holds a key.
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| ConfigError::EtcdFile {
-        flag,
-        path: path.to_owned(),
-        problem: "no PEM private key (PKCS#8, PKCS#1 or SEC1) in it".into(),
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| {
+        file_error(
+            flag,
+            path,
+            "no PEM private key (PKCS#8, PKCS#1 or SEC1) in it",
+        )
     })?;
     Ok(bytes)
 }
@@ -974,11 +982,8 @@ fn read_private_key(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8
 fn read_password(path: &std::path::Path) -> Result<String, ConfigError> {
     const FLAG: &str = "--etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE)";
     let bytes = read_file(FLAG, path)?;
-    let text = String::from_utf8(bytes).map_err(|_| ConfigError::EtcdFile {
-        flag: FLAG,
-        path: path.to_owned(),
-        problem: "the password is not UTF-8 text".into(),
-    })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| file_error(FLAG, path, "the password is not UTF-8 text"))?;
     let password = text
         .strip_suffix('\n')
         .map(|t| t.strip_suffix('\r').unwrap_or(t))

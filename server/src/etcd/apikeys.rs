@@ -172,18 +172,10 @@ impl ApiKeyStore {
                 return FollowEnd::Failed;
             }
         };
-        let mut probing = false;
         loop {
-            let message = match tokio::time::timeout(self.timeout, stream.message()).await {
-                Ok(message) => message,
-                Err(_) if !probing => {
-                    probing = true;
-                    match stream.request_progress().await {
-                        Ok(()) => continue,
-                        Err(e) => Err(e),
-                    }
-                }
-                Err(_) => {
+            let message = match super::watch::next_message(&mut stream, self.timeout).await {
+                Some(message) => message,
+                None => {
                     warn!(
                         endpoint = self.endpoints.url_at(position),
                         "API key watch got no answer; reopening it on the next endpoint"
@@ -192,7 +184,6 @@ impl ApiKeyStore {
                     return FollowEnd::Failed;
                 }
             };
-            probing = false;
             match message {
                 Ok(Some(resp)) if resp.canceled() => return FollowEnd::Compacted,
                 Ok(Some(resp)) => {

@@ -14,6 +14,30 @@ use crate::claim::{LossReason, StoreError};
 /// Pause before re-opening a failed holder watch.
 const WATCH_RETRY: Duration = Duration::from_millis(250);
 
+/// The next message of a watch `stream`, or `None` when its member is
+/// silent. A hung member leaves the stream silent, not failed: after
+/// `timeout` without a message this asks for a progress report, which a
+/// live member answers at once; no answer within another `timeout` is
+/// `None`, which callers count as a failed endpoint.
+pub(super) async fn next_message(
+    stream: &mut etcd_client::WatchStream,
+    timeout: Duration,
+) -> Option<Result<Option<etcd_client::WatchResponse>, etcd_client::Error>> {
+    let mut probing = false;
+    loop {
+        match tokio::time::timeout(timeout, stream.message()).await {
+            Ok(message) => return Some(message),
+            Err(_) if !probing => {
+                probing = true;
+                if let Err(e) = stream.request_progress().await {
+                    return Some(Err(e));
+                }
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
 impl EtcdStore {
     /// Watches the namespace's holder keys from just after the claim: the
     /// returned task ends with `HolderChanged` when one of the claim's keys is
@@ -55,28 +79,15 @@ impl EtcdStore {
                         continue;
                     }
                 };
-                // A hung member leaves the stream silent, not failed: after a
-                // request timeout without a message, ask for a progress
-                // report, which a live member answers at once; no answer
-                // within another request timeout counts as a failed endpoint.
-                let mut probing = false;
                 loop {
-                    let message = match tokio::time::timeout(timeout, stream.message()).await {
-                        Ok(message) => message,
-                        Err(_) if !probing => {
-                            probing = true;
-                            match stream.request_progress().await {
-                                Ok(()) => continue,
-                                Err(e) => Err(e),
-                            }
-                        }
-                        Err(_) => {
+                    let message = match next_message(&mut stream, timeout).await {
+                        Some(message) => message,
+                        None => {
                             warn!(endpoint = endpoints.url_at(position), silent_for = ?(timeout * 2), "holder watch got no answer; reopening it on the next endpoint");
                             endpoints.failed_at(position);
                             break;
                         }
                     };
-                    probing = false;
                     match message {
                         Ok(Some(resp)) if resp.canceled() => {
                             // Compacted past our revision: read the keys instead.
