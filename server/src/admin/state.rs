@@ -238,6 +238,7 @@ impl StateAdmin {
         let status = |e: ImportError| match e {
             ImportError::Invalid(m) => Status::invalid_argument(m),
             ImportError::Conflict(m) => Status::failed_precondition(m),
+            ImportError::Contended(m) => Status::aborted(m),
             ImportError::Store(e) => store_status(e),
         };
         let doc = StateDocument::parse(&req.document).map_err(status)?;

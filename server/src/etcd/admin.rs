@@ -47,6 +47,9 @@ pub const DOCUMENT_VERSION: u32 = 1;
 /// Puts per import transaction (etcd's `--max-txn-ops` is 128 by default;
 /// a fence and its marker are two).
 const IMPORT_BATCH: usize = 50;
+/// How often the import re-reads a key that changed under it before it
+/// gives up with ABORTED (only with `replace`, where holders are live).
+const IMPORT_ATTEMPTS: u32 = 16;
 
 /// The administration service's access to etcd, on its own copy of the
 /// endpoint clients.
@@ -543,6 +546,10 @@ pub(crate) enum ImportError {
     /// a namespace's stored layout differs from the document's.
     #[error("{0}")]
     Conflict(String),
+    /// Holders kept changing a key the import must raise (with `replace`):
+    /// nothing is lowered, but not everything is raised yet; run it again.
+    #[error("{0}")]
+    Contended(String),
     /// etcd failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -802,8 +809,14 @@ impl StateStore {
         // Fences, in batches, each guarded by the key as read, only raised;
         // a key created gets its creation marker.
         let wanted: Vec<(u16, Millis)> = wanted.into_iter().collect();
+        let contended = |what: &str| {
+            ImportError::Contended(format!(
+                "namespace {name:?}: {what} kept changing under the import ({IMPORT_ATTEMPTS} attempts); nothing was lowered, but not everything is raised yet: run the import again"
+            ))
+        };
         for chunk in wanted.chunks(IMPORT_BATCH) {
-            for _attempt in 0..16 {
+            let mut raised = false;
+            for _attempt in 0..IMPORT_ATTEMPTS {
                 let gets: Vec<TxnOp> = chunk
                     .iter()
                     .map(|&(id, _)| TxnOp::get(keys::fence(name, MachineId(id)), None))
@@ -844,6 +857,7 @@ impl StateStore {
                     }
                 }
                 if ops.is_empty() {
+                    raised = true;
                     break;
                 }
                 let n = guard.len();
@@ -857,9 +871,13 @@ impl StateStore {
                     .await?;
                 if resp.succeeded() {
                     written += u32::try_from(n).unwrap_or(u32::MAX);
+                    raised = true;
                     break;
                 }
                 // A holder raised one meanwhile (replace): read again.
+            }
+            if !raised {
+                return Err(contended("a fence"));
             }
         }
         // The counts: the root (created when absent, with nothing else under
@@ -875,7 +893,8 @@ impl StateStore {
         );
         let stored = namespace::read(&self.endpoints, self.timeout, name).await?;
         for key in counts {
-            for _attempt in 0..16 {
+            let mut settled = false;
+            for _attempt in 0..IMPORT_ATTEMPTS {
                 let resp = self
                     .endpoints
                     .call("read fence count", self.timeout, |mut c| {
@@ -900,7 +919,10 @@ impl StateStore {
                     },
                     // An existing namespace without this count (or an
                     // unreadable one): it does not vouch; leave it so.
-                    _ => break,
+                    _ => {
+                        settled = true;
+                        break;
+                    }
                 };
                 let guard = if rev == 0 {
                     Compare::version(key.clone(), CompareOp::Equal, 0)
@@ -918,8 +940,12 @@ impl StateStore {
                     .await?
                     .succeeded()
                 {
+                    settled = true;
                     break;
                 }
+            }
+            if !settled {
+                return Err(contended("a fence count"));
             }
         }
         // Last holders (only into a namespace created here).
@@ -946,7 +972,7 @@ impl StateStore {
         }
         // The record, last: a server waiting for the namespace starts only
         // on the whole of it.
-        for _attempt in 0..16 {
+        for attempt in 1..=IMPORT_ATTEMPTS {
             let current = namespace::read(&self.endpoints, self.timeout, name).await?;
             let (record, guard) = match current {
                 None => {
@@ -992,6 +1018,9 @@ impl StateStore {
                 .succeeded()
             {
                 break;
+            }
+            if attempt == IMPORT_ATTEMPTS {
+                return Err(contended("the namespace record"));
             }
         }
         Ok(written)
