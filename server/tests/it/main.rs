@@ -7,6 +7,7 @@
 mod admin_state;
 mod allow_list;
 mod auth;
+mod break_admin;
 mod break_auth;
 mod claim_lifecycle;
 mod claims;
