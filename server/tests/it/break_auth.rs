@@ -83,3 +83,58 @@ async fn concurrent_acquires_of_one_requester_pin_more_than_the_key_quota() {
         pinned.len()
     );
 }
+
+/// A key names "the namespaces it may use" (admin.proto `ApiKey`), and
+/// CreateKey accepts `--permission admin --namespace orders`. But the
+/// AdminService checks only the `admin` permission: an admin key scoped
+/// to namespace "orders" evicts machine ids of any other namespace and
+/// mints a key for every namespace (an escalation from one namespace to
+/// the whole cluster). Either refuse namespaces on admin keys at
+/// CreateKey, or hold admin calls to the key's namespaces (and refuse a
+/// scoped admin key cluster-wide calls: keys, export, import).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_key_scoped_to_one_namespace_administers_every_namespace() {
+    use crate::support::auth::admin;
+    let c = AuthCluster::start("brkadminns").await;
+    let (scoped, _) = c
+        .create_key(&[pb::Permission::Admin], &["orders"], 0)
+        .await;
+    let mut api = admin(&c.a, Some(&scoped)).await;
+    let minted = api
+        .create_key(pb::CreateKeyRequest {
+            description: "minted by a key scoped to orders".into(),
+            expires_unix_ms: 0,
+            namespaces: vec![],
+            permissions: vec![pb::Permission::Ids as i32, pb::Permission::Admin as i32],
+            max_lease_machine_ids: 0,
+        })
+        .await;
+    let m = admin(&c.a, Some(&c.admin_key))
+        .await
+        .list_machine_ids(pb::ListMachineIdsRequest {
+            namespace: c.ns.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .machine_ids
+        .iter()
+        .find(|r| !r.holder.is_empty())
+        .expect("a held machine id")
+        .machine_id;
+    let evicted = api
+        .evict(pb::EvictRequest {
+            namespace: c.ns.clone(),
+            machine_id: m,
+        })
+        .await;
+    assert!(
+        matches!(&minted, Err(s) if s.code() == Code::PermissionDenied)
+            && matches!(&evicted, Err(s) if s.code() == Code::PermissionDenied),
+        "an admin key scoped to \"orders\" acted on namespace {:?} and the whole cluster:\n  CreateKey (all namespaces) -> {:?}\n  Evict {}/{m} -> {:?}",
+        c.ns,
+        minted.map(|r| r.into_inner().key),
+        c.ns,
+        evicted.map(|r| r.into_inner())
+    );
+}
