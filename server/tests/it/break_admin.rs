@@ -158,3 +158,79 @@ async fn import_of_a_document_naming_a_machine_id_twice_keeps_the_lower_fence() 
         high - restored
     );
 }
+
+/// operations.md, "Backup, export and import": after losing etcd, start the
+/// servers with `--wait-for-namespace` ("they wait for the namespace,
+/// NOT_SERVING, and their administration service answers") and import
+/// through any of them. With `--auth on` (as every deploy example runs)
+/// the key cache is connected, and the bootstrap admin key written, only
+/// after the namespace opened (run.rs calls `key_cache.connect` after
+/// `connect_etcd_serving` returns). While the server waits, every
+/// AdminService call is UNAVAILABLE ("API keys are not loaded from etcd
+/// yet"), so the import that would create the namespace can never run:
+/// the documented restore deadlocks. The keys should be loaded (and the
+/// bootstrap key written) as soon as etcd answers, before the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_a_server_waiting_for_its_namespace_refuses_the_import_that_would_create_it(
+) {
+    use crate::support::auth::{admin, random_key};
+    let mut etcd = EtcdProcess::start().await;
+    let ns = "brkwaitauth";
+    let dir = tempfile::tempdir().unwrap();
+    let admin_key = random_key("kbootstrap02");
+    let file = dir.path().join("admin.key");
+    std::fs::write(&file, format!("{admin_key}\n")).unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let auth = ["--auth", "on", "--bootstrap-admin-key-file", &file];
+    let mut first = ServerProcess::on_etcd(&etcd.endpoint(), ns, &auth);
+    first.wait_serving(READY).await;
+    let document = loop {
+        match admin(&first, Some(&admin_key))
+            .await
+            .export(pb::ExportRequest {})
+            .await
+        {
+            Ok(r) => break r.into_inner().document,
+            Err(e) if e.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("export: {e:?}"),
+        }
+    };
+    first.signal("TERM");
+    first.wait_exit(Duration::from_secs(15)).await;
+    etcd.wipe().await;
+
+    let mut flags = vec!["--wait-for-namespace"];
+    flags.extend(auth);
+    let waiting = ServerProcess::joining(&etcd.endpoint(), ns, &flags);
+    let start = tokio::time::Instant::now();
+    let mut last = None;
+    while start.elapsed() < Duration::from_secs(20) {
+        if let Ok(ch) = tonic::transport::Channel::from_shared(waiting.url())
+            .unwrap()
+            .connect()
+            .await
+        {
+            let mut api = pb::admin_service_client::AdminServiceClient::with_interceptor(
+                ch,
+                crate::support::auth::bearer(Some(&admin_key)),
+            );
+            match api
+                .import(pb::ImportRequest {
+                    document: document.clone(),
+                    replace: false,
+                    lead_ms: 0,
+                })
+                .await
+            {
+                Ok(_) => return,
+                Err(e) => last = Some(format!("{:?}: {}", e.code(), e.message())),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!(
+        "20 s of Import through a server waiting for its namespace with --auth on, last answer: {last:?}"
+    );
+}
