@@ -9,6 +9,7 @@ mod allow_list;
 mod auth;
 mod break_admin;
 mod break_auth;
+mod break_ctl;
 mod break_net;
 mod claim_lifecycle;
 mod claims;
