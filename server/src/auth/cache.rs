@@ -266,6 +266,49 @@ mod tests {
         );
     }
 
+    /// Break-session finding (FAILS): `note` (called by the admin service
+    /// right after its own write of a key) replaces whatever the cache
+    /// holds, with no revision to compare. When another server revokes the
+    /// key between this server's write and its `note`, and the watch
+    /// delivers both changes first, the note puts the older, unrevoked
+    /// record back, and this server accepts the revoked key until the next
+    /// change of that key or a re-list. `note` should carry the record's
+    /// mod revision and never replace a newer one.
+    #[test]
+    fn a_late_note_of_an_older_record_does_not_undo_a_newer_revocation() {
+        let key = PresentedKey::generate();
+        let boot = BootstrapKey::parse(&key.reveal()).unwrap();
+        let cache = KeyCache::new();
+        let mut expired_later = boot.record(1);
+        expired_later.expires_unix_ms = 1_000_000;
+        cache.replace_all(&[StoredKey {
+            id: key.id().to_owned(),
+            value: boot.record(1).to_json().into_bytes(),
+            mod_revision: 10,
+        }]);
+        // Revision 11: this server's ExpireKey wrote `expired_later`.
+        // Revision 12: another server's RevokeKey. The watch delivers both
+        // before this server's ExpireKey handler calls `note`.
+        cache.apply(KeyChange::Put(StoredKey {
+            id: key.id().to_owned(),
+            value: expired_later.to_json().into_bytes(),
+            mod_revision: 11,
+        }));
+        let mut revoked = expired_later.clone();
+        revoked.revoked = true;
+        cache.apply(KeyChange::Put(StoredKey {
+            id: key.id().to_owned(),
+            value: revoked.to_json().into_bytes(),
+            mod_revision: 12,
+        }));
+        cache.note(expired_later);
+        assert_eq!(
+            cache.verify(&key, 2),
+            Verdict::Refused(KeyRefusal::Revoked(key.id().to_owned())),
+            "the revoked key is accepted again after a late note of the record revoked since"
+        );
+    }
+
     #[test]
     fn expiry_is_judged_by_the_clock_at_each_call() {
         let key = PresentedKey::generate();

@@ -7,6 +7,10 @@
 mod admin_state;
 mod allow_list;
 mod auth;
+mod break_admin;
+mod break_auth;
+mod break_ctl;
+mod break_net;
 mod claim_lifecycle;
 mod claims;
 mod client_skew;

@@ -1,0 +1,236 @@
+//! Findings of the break session on export/import. Each test here FAILS on
+//! the code it was written against; see its comment for why.
+
+use std::time::Duration;
+
+use snowkeep_proto::v1 as pb;
+use tonic::Code;
+
+use crate::support::auth::{admin, ids, AuthCluster};
+use crate::support::etcd::EtcdProcess;
+use crate::support::lease::{acquire, lease_client, requester};
+use crate::support::server::ServerProcess;
+use crate::support::READY;
+
+use pb::Permission::Ids;
+
+/// `RevokeKey` "revokes a key for good" (admin.proto), and a revoked key is
+/// the documented answer to a leaked one. `import --replace` writes the
+/// document's API key records verbatim over the stored ones, so restoring
+/// an export taken before the revocation (the routine "restore from last
+/// night's backup") silently brings the leaked key back to life on every
+/// server. A replace import should never un-revoke a key nor push its
+/// expiry later (keep `revoked` if either copy has it, the earlier expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_replace_of_an_older_export_brings_a_revoked_key_back() {
+    let c = AuthCluster::start("brkrevive").await;
+    let (leaked, record) = c.create_key(&[Ids], &[], 0).await;
+    let next = pb::NextIdsRequest {
+        count: 1,
+        ..Default::default()
+    };
+    assert!(ids(&c.a, Some(&leaked)).await.next_ids(next).await.is_ok());
+    let backup = admin(&c.a, Some(&c.admin_key))
+        .await
+        .export(pb::ExportRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .document;
+    admin(&c.a, Some(&c.admin_key))
+        .await
+        .revoke_key(pb::RevokeKeyRequest {
+            id: record.id.clone(),
+        })
+        .await
+        .unwrap();
+    let refused = ids(&c.a, Some(&leaked)).await.next_ids(next).await;
+    assert_eq!(refused.unwrap_err().code(), Code::Unauthenticated);
+
+    admin(&c.a, Some(&c.admin_key))
+        .await
+        .import(pb::ImportRequest {
+            document: backup,
+            replace: true,
+            lead_ms: 0,
+        })
+        .await
+        .expect("import --replace");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // GetInfo takes any valid key (and does not depend on the claim, which
+    // the replace import's raised fences take away for a moment).
+    let after = pb::info_service_client::InfoServiceClient::with_interceptor(
+        c.b.channel().await,
+        crate::support::auth::bearer(Some(&leaked)),
+    )
+    .get_info(pb::GetInfoRequest {})
+    .await
+    .map(|r| r.into_inner().instance_id);
+    assert!(
+        matches!(&after, Err(s) if s.code() == Code::Unauthenticated),
+        "the revoked key {} works again after import --replace: {after:?}",
+        record.id
+    );
+}
+
+/// A document that names a machine id twice: the import keeps the LAST
+/// entry (a BTreeMap collect), not the highest, so a document whose fences
+/// are [{id, F}, {id, 0}] restores that machine id at the import's clock
+/// plus the lead instead of F. Here F is a Lease API requester's fence (its
+/// lease plus 60 s ahead): an embedded client that is still running can
+/// stamp up to F while a server that claims the machine id after the import
+/// stamps from now + 3 s. The right behaviour: INVALID_ARGUMENT for a
+/// repeated machine id (an export never has one), or at least the highest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_of_a_document_naming_a_machine_id_twice_keeps_the_lower_fence() {
+    let mut etcd = EtcdProcess::start().await;
+    let ns = "brkdup";
+    let mut server = ServerProcess::on_etcd(&etcd.endpoint(), ns, &[]);
+    server.wait_serving(READY).await;
+    let grant = lease_client(&server)
+        .await
+        .acquire(acquire(ns, &requester(9), 1, None))
+        .await
+        .unwrap()
+        .into_inner();
+    let m = grant.machine_ids[0].machine_id;
+    let mut adm = pb::admin_service_client::AdminServiceClient::new(server.channel().await);
+    let document = adm
+        .export(pb::ExportRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .document;
+    let mut doc: serde_json::Value = serde_json::from_str(&document).unwrap();
+    let fences = doc["namespaces"][0]["fences"].as_array_mut().unwrap();
+    let high = fences
+        .iter()
+        .find(|f| f["machine_id"] == m)
+        .unwrap()["fence_ms"]
+        .as_u64()
+        .unwrap();
+    fences.push(serde_json::json!({"machine_id": m, "fence_ms": 0}));
+    let crafted = serde_json::to_string(&doc).unwrap();
+
+    server.signal("KILL");
+    server.wait_exit(Duration::from_secs(10)).await;
+    etcd.wipe().await;
+    let fresh = ServerProcess::joining(&etcd.endpoint(), ns, &["--wait-for-namespace"]);
+    let mut adm = loop {
+        if let Ok(ch) = tonic::transport::Channel::from_shared(fresh.url())
+            .unwrap()
+            .connect()
+            .await
+        {
+            break pb::admin_service_client::AdminServiceClient::new(ch);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let result = loop {
+        match adm
+            .import(pb::ImportRequest {
+                document: crafted.clone(),
+                replace: false,
+                lead_ms: 0,
+            })
+            .await
+        {
+            Err(e) if e.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            other => break other,
+        }
+    };
+    if let Err(e) = &result {
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        return;
+    }
+    let stored = etcd
+        .client()
+        .await
+        .get(format!("/snowkeep/v1/ns/{ns}/fence/{m:05}"), None)
+        .await
+        .unwrap();
+    let restored: u64 = stored.kvs()[0].value_str().unwrap().parse().unwrap();
+    assert!(
+        restored >= high,
+        "machine id {m}: the document holds fence {high}, the import restored {restored} ({} ms lower)",
+        high - restored
+    );
+}
+
+/// operations.md, "Backup, export and import": after losing etcd, start the
+/// servers with `--wait-for-namespace` ("they wait for the namespace,
+/// NOT_SERVING, and their administration service answers") and import
+/// through any of them. With `--auth on` (as every deploy example runs)
+/// the key cache is connected, and the bootstrap admin key written, only
+/// after the namespace opened (run.rs calls `key_cache.connect` after
+/// `connect_etcd_serving` returns). While the server waits, every
+/// AdminService call is UNAVAILABLE ("API keys are not loaded from etcd
+/// yet"), so the import that would create the namespace can never run:
+/// the documented restore deadlocks. The keys should be loaded (and the
+/// bootstrap key written) as soon as etcd answers, before the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_a_server_waiting_for_its_namespace_refuses_the_import_that_would_create_it(
+) {
+    use crate::support::auth::{admin, random_key};
+    let mut etcd = EtcdProcess::start().await;
+    let ns = "brkwaitauth";
+    let dir = tempfile::tempdir().unwrap();
+    let admin_key = random_key("kbootstrap02");
+    let file = dir.path().join("admin.key");
+    std::fs::write(&file, format!("{admin_key}\n")).unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let auth = ["--auth", "on", "--bootstrap-admin-key-file", &file];
+    let mut first = ServerProcess::on_etcd(&etcd.endpoint(), ns, &auth);
+    first.wait_serving(READY).await;
+    let document = loop {
+        match admin(&first, Some(&admin_key))
+            .await
+            .export(pb::ExportRequest {})
+            .await
+        {
+            Ok(r) => break r.into_inner().document,
+            Err(e) if e.code() == Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("export: {e:?}"),
+        }
+    };
+    first.signal("TERM");
+    first.wait_exit(Duration::from_secs(15)).await;
+    etcd.wipe().await;
+
+    let mut flags = vec!["--wait-for-namespace"];
+    flags.extend(auth);
+    let waiting = ServerProcess::joining(&etcd.endpoint(), ns, &flags);
+    let start = tokio::time::Instant::now();
+    let mut last = None;
+    while start.elapsed() < Duration::from_secs(20) {
+        if let Ok(ch) = tonic::transport::Channel::from_shared(waiting.url())
+            .unwrap()
+            .connect()
+            .await
+        {
+            let mut api = pb::admin_service_client::AdminServiceClient::with_interceptor(
+                ch,
+                crate::support::auth::bearer(Some(&admin_key)),
+            );
+            match api
+                .import(pb::ImportRequest {
+                    document: document.clone(),
+                    replace: false,
+                    lead_ms: 0,
+                })
+                .await
+            {
+                Ok(_) => return,
+                Err(e) => last = Some(format!("{:?}: {}", e.code(), e.message())),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!(
+        "20 s of Import through a server waiting for its namespace with --auth on, last answer: {last:?}"
+    );
+}
