@@ -4,18 +4,18 @@
 // A test binary: helpers panic on anything unexpected, like the tests do.
 #![allow(clippy::unwrap_used)]
 
+mod admin_faults;
 mod admin_state;
 mod allow_list;
+mod allow_list_faults;
 mod auth;
-mod break_admin;
-mod break_auth;
-mod break_ctl;
-mod break_net;
+mod auth_faults;
 mod claim_lifecycle;
 mod claims;
 mod client_skew;
 mod config_refusals;
 mod corrupt_keys;
+mod ctl_faults;
 mod ctl_keys;
 mod ctl_state;
 mod endpoints;

@@ -103,10 +103,7 @@ async fn import_of_a_document_naming_a_machine_id_twice_keeps_the_lower_fence() 
         .document;
     let mut doc: serde_json::Value = serde_json::from_str(&document).unwrap();
     let fences = doc["namespaces"][0]["fences"].as_array_mut().unwrap();
-    let high = fences
-        .iter()
-        .find(|f| f["machine_id"] == m)
-        .unwrap()["fence_ms"]
+    let high = fences.iter().find(|f| f["machine_id"] == m).unwrap()["fence_ms"]
         .as_u64()
         .unwrap();
     fences.push(serde_json::json!({"machine_id": m, "fence_ms": 0}));
@@ -171,8 +168,7 @@ async fn import_of_a_document_naming_a_machine_id_twice_keeps_the_lower_fence() 
 /// the documented restore deadlocks. The keys should be loaded (and the
 /// bootstrap key written) as soon as etcd answers, before the namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_auth_on_a_server_waiting_for_its_namespace_refuses_the_import_that_would_create_it(
-) {
+async fn with_auth_on_a_server_waiting_for_its_namespace_refuses_the_import_that_would_create_it() {
     use crate::support::auth::{admin, random_key};
     let mut etcd = EtcdProcess::start().await;
     let ns = "brkwaitauth";

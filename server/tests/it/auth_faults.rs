@@ -96,9 +96,7 @@ async fn concurrent_acquires_of_one_requester_pin_more_than_the_key_quota() {
 async fn an_admin_key_scoped_to_one_namespace_administers_every_namespace() {
     use crate::support::auth::admin;
     let c = AuthCluster::start("brkadminns").await;
-    let (scoped, _) = c
-        .create_key(&[pb::Permission::Admin], &["orders"], 0)
-        .await;
+    let (scoped, _) = c.create_key(&[pb::Permission::Admin], &["orders"], 0).await;
     let mut api = admin(&c.a, Some(&scoped)).await;
     let minted = api
         .create_key(pb::CreateKeyRequest {

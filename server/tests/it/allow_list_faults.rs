@@ -30,7 +30,9 @@ async fn busy_connection_from(source: &str, port: u16) -> Option<tokio::task::Jo
         loop {
             let request = http::Request::builder()
                 .method("POST")
-                .uri(format!("http://127.0.0.1:{port}/grpc.health.v1.Health/Check"))
+                .uri(format!(
+                    "http://127.0.0.1:{port}/grpc.health.v1.Health/Check"
+                ))
                 .header("content-type", "application/grpc")
                 .header("te", "trailers")
                 .body(())
