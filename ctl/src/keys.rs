@@ -93,10 +93,7 @@ fn time(unix_ms: u64) -> String {
     if unix_ms == 0 {
         return "never".to_owned();
     }
-    humantime::format_rfc3339_seconds(
-        std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms),
-    )
-    .to_string()
+    crate::output::utc(unix_ms, false)
 }
 
 fn permission_name(p: i32) -> &'static str {

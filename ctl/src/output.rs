@@ -28,3 +28,37 @@ pub fn print(output: Output, header: &[&str], rows: Vec<Vec<String>>, json: serd
         }
     }
 }
+
+/// The last millisecond RFC 3339 can write: 9999-12-31T23:59:59.999Z.
+const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
+/// `unix_ms` (ms since the Unix epoch) as RFC 3339 in UTC, with
+/// milliseconds when `millis`. Times after the year 9999, which RFC 3339
+/// cannot write (a Lease API client may send any start time), print as the
+/// number itself, never a panic.
+pub fn utc(unix_ms: u64, millis: bool) -> String {
+    if unix_ms > LAST_RFC3339_MS {
+        return format!("{unix_ms} ms (after 9999)");
+    }
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(unix_ms);
+    match millis {
+        true => humantime::format_rfc3339_millis(t).to_string(),
+        false => humantime::format_rfc3339_seconds(t).to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_past_rfc3339_print_as_numbers() {
+        assert_eq!(utc(0, true), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(LAST_RFC3339_MS, false), "9999-12-31T23:59:59Z");
+        assert_eq!(
+            utc(LAST_RFC3339_MS + 1, true),
+            "253402300800000 ms (after 9999)"
+        );
+        assert_eq!(utc(u64::MAX, false), "18446744073709551615 ms (after 9999)");
+    }
+}

@@ -131,7 +131,7 @@ fn capacity_json(c: Option<&pb::Capacity>) -> serde_json::Value {
 }
 
 fn utc(unix_ms: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
+    crate::output::utc(unix_ms, true)
 }
 
 /// The fields of `id` under `layout`, as JSON.
