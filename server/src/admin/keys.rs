@@ -134,6 +134,14 @@ impl KeyAdmin {
             ));
         }
         permissions.sort();
+        if permissions.contains(&Permission::Admin) && !req.namespaces.is_empty() {
+            // Administration acts on the whole cluster (keys, export,
+            // import, every namespace's holders): a scoped admin key would
+            // only look scoped.
+            return Err(Status::invalid_argument(
+                "an admin key cannot be limited to namespaces: administration acts on the whole cluster (keys, export, import); create it without --namespace, or give the key only ids and lease",
+            ));
+        }
         let now = self.clock.unix_ms();
         if req.expires_unix_ms != 0 && req.expires_unix_ms <= now {
             return Err(Status::invalid_argument(format!(
