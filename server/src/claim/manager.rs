@@ -55,6 +55,12 @@ pub(crate) struct ClaimTiming {
 const CLAIM_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(2));
 /// Retry delay after a failed renewal or fence advance.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
+/// Claims in a row given back for a fence too far ahead (within what a
+/// holder could have set) before the loop stops trying other machine ids and
+/// waits for the fence instead: when every machine id is fenced ahead (after
+/// an import or a confirmed floor raised them all), claiming on would only
+/// write a fence key for each machine id of the namespace.
+const MAX_FAR_ABANDONS: u32 = 3;
 
 /// A generator and the channel that feeds it grants: one per held machine id.
 pub(crate) struct Slot {
@@ -147,6 +153,9 @@ impl<S: ClaimStore> ClaimManager<S> {
         state: &mut Claiming,
         release: &CancellationToken,
     ) -> Result<Option<Claim<S::Lease>>, StoreError> {
+        // Consecutive claims given back for a fence too far ahead, and the
+        // lowest of those fences.
+        let mut far = (0u32, Millis(u64::MAX));
         loop {
             let claimed = tokio::select! {
                 _ = release.cancelled() => return Ok(None),
@@ -192,6 +201,23 @@ impl<S: ClaimStore> ClaimManager<S> {
                     // holder) and claim again.
                     warn!(error = %crate::DisplayChain(&err), "claimed machine id is fenced too far ahead; claiming again");
                     self.store.abandon(&claim).await;
+                    far = (far.0 + 1, far.1.min(h.floor));
+                    if far.0 >= MAX_FAR_ABANDONS && self.a_holders_fence(&err) {
+                        // Wait until the lowest of them is within
+                        // --max-fence-wait, then claim again (NOT_SERVING
+                        // meanwhile).
+                        let until = far
+                            .1
+                            .get()
+                            .saturating_sub(millis(self.timing.max_fence_wait));
+                        let wait = Duration::from_millis(until.saturating_sub(self.now_ms().get()));
+                        warn!(namespace = %self.namespace, claims = far.0, wait = ?wait, "every machine id claimed in a row is fenced too far ahead (as after an import or a confirmed floor): waiting for the fence instead of claiming more");
+                        far = (0, Millis(u64::MAX));
+                        tokio::select! {
+                            _ = release.cancelled() => return Ok(None),
+                            _ = tokio::time::sleep(wait) => {}
+                        }
+                    }
                     continue;
                 }
             }

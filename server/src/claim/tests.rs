@@ -546,3 +546,39 @@ async fn release_withdraws_then_drains_then_lowers_each_fence_to_its_last_stamp(
     // Drained: nothing is stamped under the old grant any more.
     assert!(h.generators[0].next_id().await.is_err());
 }
+
+/// Every machine id fenced 12 s ahead (more than --max-fence-wait, 10 s,
+/// and within what a holder could have set): after three claims given back
+/// in a row the loop stops claiming other machine ids, which would only
+/// write a fence key for each, and waits until the fence is within 10 s.
+#[tokio::test(start_paused = true)]
+async fn a_namespace_fenced_ahead_everywhere_is_waited_for_not_claimed_through() {
+    let floor = START_MS + 12_000;
+    let claims = (0..6).map(|i| vec![held(i, floor)]).collect();
+    let mut h = Harness::start(claims, true, OnLeaseLost::Exit, None);
+    // Claiming through all six would leave none to hold: no grant at all.
+    let (at, grant) = tokio::time::timeout(Duration::from_secs(60), h.next_grant(0))
+        .await
+        .expect("a grant within 60 s");
+    assert_eq!(at, 12_001);
+    assert_eq!(grant.map(|g| g.machine_id), Some(MachineId(3)));
+    let calls: Vec<(u64, Call)> = h
+        .log()
+        .into_iter()
+        .filter(|(_, c)| matches!(c, Call::Claim | Call::Abandon))
+        .collect();
+    assert_eq!(
+        calls,
+        vec![
+            (0, Call::Claim),
+            (0, Call::Abandon),
+            (0, Call::Claim),
+            (0, Call::Abandon),
+            (0, Call::Claim),
+            (0, Call::Abandon),
+            (2_000, Call::Claim),
+        ]
+    );
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
