@@ -128,26 +128,31 @@ pub(crate) async fn connect_etcd(
     clock: snowkeep_client::SharedClock,
     shutdown: &CancellationToken,
 ) -> Result<Option<EtcdStore>, StoreError> {
-    connect_etcd_serving(settings, layout, clock, shutdown, None, false).await
+    connect_etcd_serving(settings, layout, clock, shutdown, None, None, false).await
 }
 
 /// [`connect_etcd`] for a serving server: `access` gets the administration
-/// service's etcd handle as soon as the clients exist (before the namespace
-/// opens, so an import can restore it), and with `wait_for_namespace` a
-/// namespace without a record is waited for (logged each retry) instead of
-/// ending the server.
+/// service's etcd handle and `keys` (the API key cache, with the bootstrap
+/// admin key) connects as soon as the clients exist, before the namespace
+/// opens, so an import can restore the namespace even with `--auth on`;
+/// with `wait_for_namespace` a namespace without a record is waited for
+/// (logged each retry) instead of ending the server.
 pub(crate) async fn connect_etcd_serving(
     settings: EtcdSettings,
     layout: snowkeep_client::Layout,
     clock: snowkeep_client::SharedClock,
     shutdown: &CancellationToken,
     access: Option<&StoreAccess>,
+    keys: Option<(&crate::auth::KeyCache, Option<crate::auth::BootstrapKey>)>,
     wait_for_namespace: bool,
 ) -> Result<Option<EtcdStore>, StoreError> {
     let endpoints = settings.endpoints.clone();
-    let mut store = EtcdStore::new(settings, layout, clock).await?;
+    let mut store = EtcdStore::new(settings, layout, clock.clone()).await?;
     if let Some(access) = access {
         access.clients_ready(&store);
+    }
+    if let Some((cache, bootstrap)) = keys {
+        cache.connect(store.api_keys(), bootstrap, clock, shutdown.clone());
     }
     let mut backoff =
         snowkeep_client::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
@@ -425,6 +430,7 @@ pub async fn run(
                         clock.clone(),
                         &shutdown,
                         Some(&access),
+                        Some((&key_cache, bootstrap)),
                         wait_for_namespace,
                     )
                     .await?
@@ -432,7 +438,6 @@ pub async fn run(
                         return Ok(());
                     };
                     access.connected(&store);
-                    key_cache.connect(store.api_keys(), bootstrap, clock.clone(), shutdown.clone());
                     let _ = peers.set(store.peer_directory());
                     // Advice only, so it neither delays nor stops the claim.
                     tokio::spawn(store.overlap_check().warn_once());

@@ -37,6 +37,7 @@ use super::fence_count::{CountBase, Counter};
 use super::keys::{self, FenceCountKey, RequesterAbout};
 use super::namespace::{self, NamespaceRecord};
 use super::EtcdStore;
+use crate::auth::KeyRecord;
 use crate::claim::{Capacity, StoreError};
 
 /// The `format` field of an export document.
@@ -555,10 +556,56 @@ pub(crate) enum ImportError {
     Store(#[from] StoreError),
 }
 
+/// The document's key record `document` with what the stored one
+/// `stored` tightens: revoked if either is, the earlier expiry (0 is never).
+/// An unreadable stored value does not tighten anything.
+fn tightened(document: &str, stored: &[u8]) -> String {
+    let (Ok(mut record), Ok(stored)) = (
+        serde_json::from_str::<KeyRecord>(document),
+        serde_json::from_slice::<KeyRecord>(stored),
+    ) else {
+        return document.to_owned();
+    };
+    record.revoked |= stored.revoked;
+    record.expires_unix_ms = match (record.expires_unix_ms, stored.expires_unix_ms) {
+        (0, e) | (e, 0) => e,
+        (a, b) => a.min(b),
+    };
+    serde_json::to_string(&record).unwrap_or_else(|_| document.to_owned())
+}
+
+/// True when two key records are the same key: the same id and secret hash.
+fn same_secret(document: &str, stored: &[u8]) -> bool {
+    match (
+        serde_json::from_str::<KeyRecord>(document),
+        serde_json::from_slice::<KeyRecord>(stored),
+    ) {
+        (Ok(a), Ok(b)) => a.id == b.id && a.secret_sha256 == b.secret_sha256,
+        _ => false,
+    }
+}
+
+/// [`ImportError::Invalid`] naming the first value `items` holds twice.
+fn repeated<T: Ord + std::fmt::Debug>(
+    what: &str,
+    items: impl Iterator<Item = T>,
+) -> Result<(), ImportError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for item in items {
+        if seen.contains(&item) {
+            return Err(ImportError::Invalid(format!(
+                "the document names {what} {item:?} twice: an export names each once; fix or re-export the document"
+            )));
+        }
+        seen.insert(item);
+    }
+    Ok(())
+}
+
 impl StateDocument {
     /// Parses and checks a document: INVALID ([`ImportError::Invalid`]) with
     /// the parse error's line and column, an unknown format or version, a bad
-    /// namespace name, record, fence or key.
+    /// namespace name, record, fence or key, or anything named twice.
     pub(crate) fn parse(text: &str) -> Result<Self, ImportError> {
         let doc: StateDocument = serde_json::from_str(text).map_err(|e| {
             ImportError::Invalid(format!(
@@ -572,6 +619,26 @@ impl StateDocument {
                 "unknown document format {:?} version {}: this server reads {DOCUMENT_FORMAT:?} version {DOCUMENT_VERSION}",
                 doc.format, doc.version
             )));
+        }
+        // Nothing may be named twice: two entries for one machine id (or
+        // namespace, block, key) would leave which one wins to the order
+        // of the document, and a lower fence winning could repeat ids.
+        repeated("namespace", doc.namespaces.iter().map(|n| n.name.clone()))?;
+        repeated("API key", doc.api_keys.iter().map(|k| k.key.clone()))?;
+        for ns in &doc.namespaces {
+            let within = |what: &str| format!("namespace {:?}: {what}", ns.name);
+            repeated(
+                &within("fence of machine id"),
+                ns.fences.iter().map(|f| f.machine_id),
+            )?;
+            repeated(
+                &within("fence-count block"),
+                ns.fence_count_blocks.iter().map(|b| b.block),
+            )?;
+            repeated(
+                &within("last holder of machine id"),
+                ns.last_holders.iter().map(|l| l.machine_id),
+            )?;
         }
         for ns in &doc.namespaces {
             if !crate::config::is_valid_namespace(&ns.name) {
@@ -602,6 +669,24 @@ impl StateDocument {
                 k.key,
                 keys::API_KEYS_ROOT
             )));
+        }
+        for k in &doc.api_keys {
+            let id = &k.key[keys::API_KEYS_ROOT.len()..];
+            match serde_json::from_str::<KeyRecord>(&k.value) {
+                Ok(record) if record.id == id => {}
+                Ok(record) => {
+                    return Err(ImportError::Invalid(format!(
+                        "api key {:?} holds the record of key id {:?}",
+                        k.key, record.id
+                    )))
+                }
+                Err(e) => {
+                    return Err(ImportError::Invalid(format!(
+                        "api key {:?} is not a key record: {e}",
+                        k.key
+                    )))
+                }
+            }
         }
         Ok(doc)
     }
@@ -741,9 +826,12 @@ impl StateStore {
                 .await?;
             for k in &doc.api_keys {
                 if let Some(kv) = stored.iter().find(|kv| kv.key() == k.key.as_bytes()) {
-                    if kv.value() != k.value.as_bytes() {
+                    // The same key (id and secret), e.g. the bootstrap admin
+                    // key the restoring servers wrote at start, is merged
+                    // (only ever tightened); another key under the id is not.
+                    if !same_secret(&k.value, kv.value()) {
                         return Err(ImportError::Conflict(format!(
-                            "API key {} already exists in etcd with another value: pass replace (--replace) to overwrite it",
+                            "API key {} already exists in etcd with another secret: pass replace (--replace) to overwrite it",
                             k.key
                         )));
                     }
@@ -774,16 +862,47 @@ impl StateStore {
             done.namespaces += 1;
         }
         for k in &doc.api_keys {
-            self.endpoints
-                .txn(
-                    "import api key",
-                    self.timeout,
-                    Txn::new().and_then([TxnOp::put(k.key.clone(), k.value.clone(), None)]),
-                )
-                .await?;
+            self.import_key(k).await?;
             done.keys += 1;
         }
         Ok(done)
+    }
+
+    /// Writes one API key of a document. A stored key of the same id keeps
+    /// what only tightens it: an import never un-revokes a key nor moves
+    /// its expiry later (restoring an old backup must not revive a key
+    /// revoked since), whatever else the document says of it.
+    async fn import_key(&self, k: &RawKey) -> Result<(), ImportError> {
+        for _attempt in 0..IMPORT_ATTEMPTS {
+            let current = self
+                .get_prefix("read api key", k.key.clone(), false)
+                .await?;
+            let (value, guard) = match current.first() {
+                None => (
+                    k.value.clone(),
+                    Compare::version(k.key.clone(), CompareOp::Equal, 0),
+                ),
+                Some(kv) => (
+                    tightened(&k.value, kv.value()),
+                    Compare::mod_revision(k.key.clone(), CompareOp::Equal, kv.mod_revision()),
+                ),
+            };
+            let txn = Txn::new()
+                .when([guard])
+                .and_then([TxnOp::put(k.key.clone(), value, None)]);
+            if self
+                .endpoints
+                .txn("import api key", self.timeout, txn)
+                .await?
+                .succeeded()
+            {
+                return Ok(());
+            }
+        }
+        Err(ImportError::Contended(format!(
+            "API key {} kept changing under the import ({IMPORT_ATTEMPTS} attempts): run the import again",
+            k.key
+        )))
     }
 
     /// Restores one namespace (see [`StateStore::import`]); returns the
@@ -1024,5 +1143,57 @@ impl StateStore {
             }
         }
         Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(revoked: bool, expires_unix_ms: u64) -> String {
+        format!(
+            r#"{{"id":"k1","expires_unix_ms":{expires_unix_ms},"revoked":{revoked},"permissions":["ids"],"secret_sha256":"{}"}}"#,
+            "ab".repeat(32)
+        )
+    }
+
+    fn read(value: &str) -> (bool, u64) {
+        let r: KeyRecord = serde_json::from_str(value).unwrap();
+        (r.revoked, r.expires_unix_ms)
+    }
+
+    #[test]
+    fn an_imported_key_is_never_loosened_by_the_document() {
+        // Revoked since the export: stays revoked.
+        assert_eq!(
+            read(&tightened(&record(false, 0), record(true, 0).as_bytes())),
+            (true, 0)
+        );
+        // Expired earlier since the export: keeps the earlier expiry.
+        assert_eq!(
+            read(&tightened(&record(false, 0), record(false, 5).as_bytes())),
+            (false, 5)
+        );
+        assert_eq!(
+            read(&tightened(&record(false, 9), record(false, 5).as_bytes())),
+            (false, 5)
+        );
+        // The document tightens too.
+        assert_eq!(
+            read(&tightened(&record(true, 3), record(false, 5).as_bytes())),
+            (true, 3)
+        );
+        // An unreadable stored value tightens nothing.
+        assert_eq!(tightened(&record(false, 7), b"garbage"), record(false, 7));
+    }
+
+    #[test]
+    fn a_document_naming_anything_twice_is_invalid() {
+        assert!(repeated("x", [1, 2, 3].into_iter()).is_ok());
+        let e = repeated("fence of machine id", [4u16, 5, 4].into_iter()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the document names fence of machine id 4 twice: an export names each once; fix or re-export the document"
+        );
     }
 }

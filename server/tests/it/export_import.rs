@@ -17,7 +17,7 @@ use crate::support::READY;
 type Admin = pb::admin_service_client::AdminServiceClient<Channel>;
 
 const API_KEY: &str = "/snowkeep/v1/apikeys/k1";
-const API_KEY_VALUE: &str = r#"{"id":"k1","description":"copied verbatim","sha256":"00"}"#;
+const API_KEY_VALUE: &str = r#"{"id":"k1","description":"copied verbatim","permissions":["ids"],"secret_sha256":"0000000000000000000000000000000000000000000000000000000000000000"}"#;
 
 async fn export(server: &ServerProcess) -> String {
     Admin::new(server.channel().await)
