@@ -5,6 +5,12 @@
 //! probe in the pod calls from 127.0.0.1). An IPv4 client reaching an IPv6
 //! socket (an IPv4-mapped address, `::ffff:10.1.2.3`) is matched against the
 //! IPv4 ranges. An empty list allows every peer.
+//!
+//! The listener ([`crate::limits::conn::Listener::with_allow_list`]) sorts
+//! connections by the same list at accept: one from outside it counts
+//! against no connection limit of the allowed peers, only against a small
+//! budget of its own, and is closed soon after its first call is denied
+//! here (see [`crate::limits::conn`]).
 
 use std::future::Future;
 use std::net::IpAddr;
@@ -34,6 +40,18 @@ impl AllowList {
     pub fn allows(&self, peer: IpAddr) -> bool {
         let peer = peer.to_canonical();
         self.nets.is_empty() || self.nets.iter().any(|n| n.contains(&peer))
+    }
+
+    /// Whether a connection from `peer` (`None`: an unknown address) may
+    /// call: always with an empty list, never from an unknown address
+    /// otherwise.
+    pub fn admits(&self, peer: Option<IpAddr>) -> bool {
+        self.nets.is_empty() || peer.is_some_and(|p| self.allows(p))
+    }
+
+    /// Whether the list admits every peer.
+    pub fn is_empty(&self) -> bool {
+        self.nets.is_empty()
     }
 
     /// The status for a peer the list refuses (`None`: an unknown address).
@@ -87,12 +105,13 @@ where
 
     fn call(&mut self, request: http::Request<R>) -> Self::Future {
         if !self.list.nets.is_empty() {
-            let peer = request
-                .extensions()
-                .get::<ConnInfo>()
-                .and_then(|c| c.tcp.remote_addr())
-                .map(|a| a.ip());
-            if !peer.is_some_and(|p| self.list.allows(p)) {
+            let conn = request.extensions().get::<ConnInfo>();
+            let peer = conn.and_then(|c| c.tcp.remote_addr()).map(|a| a.ip());
+            if !self.list.admits(peer) {
+                if let Some(conn) = conn {
+                    // The connection closes shortly, once this answer is out.
+                    conn.state.denied();
+                }
                 let response = self.list.denied(peer).into_http();
                 return Box::pin(async move { Ok(response) });
             }

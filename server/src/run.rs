@@ -482,13 +482,16 @@ pub async fn run(
     ));
     let limits = &config.limits;
     if let Some(soft) = crate::limits::conn::open_file_limit() {
-        let needed = (limits.max_connections + crate::metrics::http::MAX_CONNECTIONS) as u64
+        let needed = (limits.max_connections
+            + crate::metrics::http::MAX_CONNECTIONS
+            + crate::limits::conn::DISALLOWED_MAX_CONNECTIONS) as u64
             + crate::limits::conn::OWN_DESCRIPTORS;
         if needed > soft {
             warn!(
                 open_file_limit = soft,
                 max_connections = limits.max_connections,
                 metrics_connections = crate::metrics::http::MAX_CONNECTIONS,
+                disallowed_connections = crate::limits::conn::DISALLOWED_MAX_CONNECTIONS,
                 own_descriptors = crate::limits::conn::OWN_DESCRIPTORS,
                 "--max-connections leaves too few file descriptors under the open-file limit: clients can exhaust those the server needs for etcd and its state; raise the limit (ulimit -n, LimitNOFILE) or lower --max-connections"
             );
@@ -508,7 +511,8 @@ pub async fn run(
             tcp_keepalive: limits.tcp_keepalive,
         },
         shutdown.clone(),
-    );
+    )
+    .with_allow_list(crate::allow::AllowList::new(config.allow_cidrs.clone()));
     let listener = match (tls, &config.tls) {
         (Some((tls, reloader)), Some(settings)) => {
             info!(cert_file = %settings.cert_file.display(), client_ca_file = ?settings.client_ca_file, reload_interval = ?settings.reload_interval, "serving gRPC over TLS");
@@ -518,7 +522,7 @@ pub async fn run(
         _ => listener,
     };
     if !config.allow_cidrs.is_empty() {
-        info!(allow_cidrs = ?config.allow_cidrs, "calls from other peer addresses get PERMISSION_DENIED");
+        info!(allow_cidrs = ?config.allow_cidrs, disallowed_max_connections = crate::limits::conn::DISALLOWED_MAX_CONNECTIONS, "calls from other peer addresses get PERMISSION_DENIED, on connections of their own small budget that close soon");
     }
     let open_connections = listener.open_connections();
     let window = receive_window(limits);

@@ -13,6 +13,18 @@
 //!   address: a client that keeps reopening sockets (each held until the
 //!   handshake timeout) cannot take every slot from the others. Both
 //!   refusals are counted in `snowkeep_connections_refused_total`.
+//! * With an allow-list ([`Listener::with_allow_list`], `--allow-cidrs`), a
+//!   connection from a peer outside it counts against neither limit and
+//!   holds no slot of theirs: such connections share a budget of their own,
+//!   at most [`DISALLOWED_MAX_CONNECTIONS`] open at once and as many new
+//!   ones per second; one beyond it is closed as soon as it is accepted,
+//!   before any TLS handshake (counted with `reason="allow_list"`). One
+//!   inside the budget is served only so that its calls get the
+//!   allow-list's PERMISSION_DENIED: it is closed [`DENIED_LINGER`] after
+//!   its first call is denied, and [`DISALLOWED_TIMEOUT`] after it was
+//!   accepted whatever it does (handshake included). Peers outside the list
+//!   therefore never take a connection slot, a per-peer slot, handshake
+//!   work or connection memory from allowed ones beyond that fixed budget.
 //! * [`GuardedIo`] wraps each accepted socket. It ends the read side (the
 //!   HTTP server then sees the client close) when no call is in progress on
 //!   the connection and the client has sent nothing for `idle_timeout`. A
@@ -69,6 +81,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tracing::{debug, warn};
 
 use super::throttle::Throttle;
+use crate::allow::AllowList;
 use crate::tls::ServerTls;
 
 /// First sleep after an accept error.
@@ -80,6 +93,19 @@ const WARN_PERIOD: Duration = Duration::from_secs(10);
 /// Longest a connection may stay open without its client sending a byte:
 /// 10 s, ample for an HTTP/2 preface over any network.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most connections from peers outside the allow-list open at once, and
+/// most such connections accepted per second; beyond either, one is closed
+/// at accept. They count against no other limit.
+pub const DISALLOWED_MAX_CONNECTIONS: usize = 8;
+/// Longest a connection from a peer outside the allow-list stays open,
+/// TLS handshake and first call included.
+pub const DISALLOWED_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a connection from a peer outside the allow-list stays open after
+/// its first call was denied: time for the answer to go out.
+pub const DENIED_LINGER: Duration = Duration::from_millis(100);
+/// The period [`DISALLOWED_MAX_CONNECTIONS`] new disallowed connections
+/// may be accepted in.
+const DISALLOWED_RATE_PERIOD: Duration = Duration::from_secs(1);
 
 /// What a listener allows its connections.
 #[derive(Debug, Clone)]
@@ -115,6 +141,7 @@ pub struct Listener {
     open: Arc<AtomicUsize>,
     shutdown: CancellationToken,
     tls: Option<ServerTls>,
+    allow: AllowList,
 }
 
 /// Open connections per source IP address; an address with none has no
@@ -130,7 +157,17 @@ impl Listener {
             open: Arc::default(),
             shutdown,
             tls: None,
+            allow: AllowList::default(),
         }
+    }
+
+    /// Sorts connections by `allow` at accept: one from a peer outside it
+    /// gets the small budget of [`DISALLOWED_MAX_CONNECTIONS`] and a short
+    /// life (see the module docs), and no slot of the allowed peers. The
+    /// allow-list layer still answers its calls.
+    pub fn with_allow_list(mut self, allow: AllowList) -> Self {
+        self.allow = allow;
+        self
     }
 
     /// Serves TLS: every connection accepted from now on runs a TLS
@@ -154,6 +191,7 @@ impl Listener {
             open,
             shutdown,
             tls,
+            allow,
         } = self;
         // Registered at 0, so the series exist before the first refusal.
         let refused = |reason: &'static str| {
@@ -168,6 +206,12 @@ impl Listener {
                 .with_keepalive(limits.tcp_keepalive),
             refused_total: refused("max_connections"),
             refused_per_peer: refused("max_connections_per_peer"),
+            // Only where there is a list to refuse by.
+            refused_disallowed: (!allow.is_empty()).then(|| refused("allow_list")),
+            allow,
+            disallowed_open: Arc::default(),
+            disallowed_window: (Instant::now(), 0),
+            disallowed_refusals: Throttle::new(WARN_PERIOD),
             stalls: Stalls::default(),
             limits,
             open,
@@ -209,6 +253,15 @@ struct Accepting {
     refused_total: metrics::Counter,
     refused_per_peer: metrics::Counter,
     stalls: Stalls,
+    allow: AllowList,
+    /// Open connections from peers outside `allow`.
+    disallowed_open: Arc<AtomicUsize>,
+    /// When the current rate period began, and the disallowed connections
+    /// accepted since.
+    disallowed_window: (Instant, usize),
+    disallowed_refusals: Throttle,
+    /// `Some` with a non-empty allow-list.
+    refused_disallowed: Option<metrics::Counter>,
 }
 
 /// The send stalls of a listener's connections: counted, logged throttled.
@@ -233,6 +286,16 @@ impl Accepting {
         loop {
             match self.incoming.next().await {
                 Some(Ok(stream)) => {
+                    let peer = stream.peer_addr().ok().map(|a| a.ip());
+                    if !self.allow.admits(peer) {
+                        match self.take_disallowed_slot(peer) {
+                            Some(slot) => return GuardedIo::new(stream, self, slot, None, true),
+                            None => {
+                                drop(stream);
+                                continue;
+                            }
+                        }
+                    }
                     let open = self.open.load(Ordering::Acquire);
                     if open >= self.limits.max_connections {
                         if let Some(held_back) = self.refusals.hit(Instant::now()) {
@@ -248,7 +311,6 @@ impl Accepting {
                         drop(stream);
                         continue;
                     }
-                    let peer = stream.peer_addr().ok().map(|a| a.ip());
                     let Some(peer_slot) = self.take_peer_slot(peer) else {
                         self.refused_per_peer.increment(1);
                         if let Some(held_back) = self.peer_refusals.hit(Instant::now()) {
@@ -264,7 +326,9 @@ impl Accepting {
                         drop(stream);
                         continue;
                     };
-                    return GuardedIo::new(stream, self, peer_slot);
+                    self.open.fetch_add(1, Ordering::AcqRel);
+                    let slot = Slot(self.open.clone());
+                    return GuardedIo::new(stream, self, slot, peer_slot, false);
                 }
                 Some(Err(error)) => {
                     let delay = backoff.next_delay();
@@ -285,6 +349,39 @@ impl Accepting {
                 None => std::future::pending::<()>().await,
             }
         }
+    }
+
+    /// Counts a connection from `peer`, outside the allow-list, when the
+    /// budget of such connections allows it (open at once and accepted in
+    /// the current second); `None` (counted and logged) when it does not.
+    fn take_disallowed_slot(&mut self, peer: Option<IpAddr>) -> Option<Slot> {
+        let now = Instant::now();
+        if now >= self.disallowed_window.0 + DISALLOWED_RATE_PERIOD {
+            self.disallowed_window = (now, 0);
+        }
+        let open = self.disallowed_open.load(Ordering::Acquire);
+        let recent = self.disallowed_window.1;
+        if open >= DISALLOWED_MAX_CONNECTIONS || recent >= DISALLOWED_MAX_CONNECTIONS {
+            if let Some(c) = &self.refused_disallowed {
+                c.increment(1);
+            }
+            if let Some(held_back) = self.disallowed_refusals.hit(now) {
+                warn!(
+                    listener = self.limits.name,
+                    peer = ?peer,
+                    open,
+                    accepted_this_second = recent,
+                    max = DISALLOWED_MAX_CONNECTIONS,
+                    refused_since_last_log = held_back,
+                    "closing a new connection from outside --allow-cidrs: peers outside the list already use all the connections they get; allowed peers are unaffected"
+                );
+            }
+            return None;
+        }
+        self.disallowed_window.1 += 1;
+        self.disallowed_open.fetch_add(1, Ordering::AcqRel);
+        debug!(listener = self.limits.name, peer = ?peer, "a connection from outside --allow-cidrs: its calls get PERMISSION_DENIED, and it closes soon");
+        Some(Slot(self.disallowed_open.clone()))
     }
 
     /// Counts a connection from `peer` when the per-peer cap allows it:
@@ -358,6 +455,9 @@ pub struct ConnState {
     ever_called: AtomicBool,
     /// Milliseconds after `opened` of the last byte received or call ended.
     last_active_ms: AtomicU64,
+    /// 1 + milliseconds after `opened` when the allow-list first denied a
+    /// call on this connection; 0 when it has not.
+    denied_ms: AtomicU64,
     /// The response senders of the calls made on this connection (dead ones
     /// are pruned as it grows).
     senders: Mutex<Vec<Weak<Unsent>>>,
@@ -370,6 +470,7 @@ impl ConnState {
             calls: AtomicUsize::new(0),
             ever_called: AtomicBool::new(false),
             last_active_ms: AtomicU64::new(0),
+            denied_ms: AtomicU64::new(0),
             senders: Mutex::default(),
         }
     }
@@ -413,6 +514,21 @@ impl ConnState {
 
     fn last_active(&self) -> Instant {
         self.opened + Duration::from_millis(self.last_active_ms.load(Ordering::Acquire))
+    }
+
+    /// The allow-list denied a call on this connection: a connection from
+    /// outside the list closes [`DENIED_LINGER`] after the first one.
+    pub fn denied(&self) {
+        let now = self.ms_since_opened().saturating_add(1);
+        let _ = self
+            .denied_ms
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// When the allow-list first denied a call on this connection, if it has.
+    fn first_denied(&self) -> Option<Instant> {
+        let ms = self.denied_ms.load(Ordering::Acquire).checked_sub(1)?;
+        Some(self.opened + Duration::from_millis(ms))
     }
 
     /// Calls in progress on this connection.
@@ -631,6 +747,9 @@ pub struct GuardedIo {
     shutting_down: bool,
     closed: bool,
     listener: &'static str,
+    /// For a connection from outside the allow-list: when it closes at the
+    /// latest (see [`DISALLOWED_TIMEOUT`]).
+    disallowed_until: Option<Instant>,
     _slot: Slot,
     _peer_slot: Option<PeerSlot>,
 }
@@ -646,9 +765,13 @@ impl std::fmt::Debug for GuardedIo {
 }
 
 impl GuardedIo {
-    fn new(inner: TcpStream, accepting: &Accepting, peer_slot: Option<PeerSlot>) -> Self {
-        accepting.open.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot(accepting.open.clone());
+    fn new(
+        inner: TcpStream,
+        accepting: &Accepting,
+        slot: Slot,
+        peer_slot: Option<PeerSlot>,
+        disallowed: bool,
+    ) -> Self {
         let tcp = inner.connect_info();
         let inner = match &accepting.tls {
             Some(tls) => Io::Handshaking(Box::new(tls.acceptor().accept(inner).into_fallible())),
@@ -656,8 +779,12 @@ impl GuardedIo {
         };
         let state = Arc::new(ConnState::new());
         let idle_timeout = accepting.limits.idle_timeout;
-        let handshake_timeout = accepting.limits.handshake_timeout.min(idle_timeout);
+        let mut handshake_timeout = accepting.limits.handshake_timeout.min(idle_timeout);
+        if disallowed {
+            handshake_timeout = handshake_timeout.min(DISALLOWED_TIMEOUT);
+        }
         let send_timeout = accepting.limits.send_timeout;
+        let disallowed_until = disallowed.then(|| state.opened + DISALLOWED_TIMEOUT);
         Self {
             inner,
             idle: Box::pin(tokio::time::sleep_until(state.opened + handshake_timeout)),
@@ -675,6 +802,7 @@ impl GuardedIo {
             shutting_down: false,
             closed: false,
             listener: accepting.limits.name,
+            disallowed_until,
             _slot: slot,
             _peer_slot: peer_slot,
         }
@@ -801,8 +929,26 @@ impl GuardedIo {
                 }
             }
         }
+        // A connection from outside the allow-list ends at its deadline, or
+        // once its first denied call has had time to be answered, whatever
+        // else happens on it.
+        let end = self.disallowed_until.map(|until| {
+            self.state
+                .first_denied()
+                .map_or(until, |denied| until.min(denied + DENIED_LINGER))
+        });
+        if let Some(end) = end {
+            if self.idle.deadline() > end {
+                self.idle.as_mut().reset(end);
+            }
+        }
         while self.idle.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
+            if end.is_some_and(|end| now >= end) {
+                debug!(listener = self.listener, peer = ?self.tcp.remote_addr, denied = self.state.first_denied().is_some(), "closing a connection from outside --allow-cidrs");
+                self.closed = true;
+                return true;
+            }
             let deadline = if self.heard {
                 self.state.last_active() + self.idle_timeout
             } else {
@@ -818,7 +964,9 @@ impl GuardedIo {
             } else {
                 deadline
             };
-            self.idle.as_mut().reset(next);
+            self.idle
+                .as_mut()
+                .reset(end.map_or(next, |end| next.min(end)));
         }
         false
     }
@@ -1125,6 +1273,107 @@ mod tests {
         let io = incoming.next().await.unwrap().unwrap();
         assert_eq!(io.tcp.remote_addr().unwrap().ip().to_string(), "127.0.0.1");
         assert_eq!(open.get(), 3);
+    }
+
+    /// A listener allowing 127.0.0.1 only, with room for one connection,
+    /// one per peer.
+    async fn allow_listener() -> (
+        std::net::SocketAddr,
+        OpenConnections,
+        impl Stream<Item = Result<GuardedIo, Infallible>>,
+    ) {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut l = limits(1, 60_000);
+        l.max_connections_per_peer = Some(1);
+        let allow = AllowList::new(vec!["127.0.0.1/32".parse().unwrap()]);
+        let listener = Listener::new(tcp, l, CancellationToken::new()).with_allow_list(allow);
+        let open = listener.open_connections();
+        (addr, open, listener.incoming())
+    }
+
+    #[tokio::test]
+    async fn peers_outside_the_allow_list_take_no_slot_of_allowed_ones_and_have_a_small_budget() {
+        let (addr, open, incoming) = allow_listener().await;
+        let mut incoming = Box::pin(incoming);
+        let mut outside = Vec::new();
+        let mut kept = Vec::new();
+        for i in 0..DISALLOWED_MAX_CONNECTIONS {
+            let from = if i % 2 == 0 {
+                [127, 0, 0, 2]
+            } else {
+                [127, 0, 0, 3]
+            };
+            outside.push(connect_from(from, addr).await);
+            kept.push(incoming.next().await.unwrap().unwrap());
+        }
+        // They count against neither the connection nor the per-peer limit.
+        assert_eq!(open.get(), 0);
+        // One more from outside is closed at accept; the allowed peer gets
+        // the one connection slot.
+        let mut over = connect_from([127, 0, 0, 4], addr).await;
+        let _allowed = connect_from([127, 0, 0, 1], addr).await;
+        let io = incoming.next().await.unwrap().unwrap();
+        assert_eq!(io.tcp.remote_addr().unwrap().ip().to_string(), "127.0.0.1");
+        assert_eq!(open.get(), 1);
+        assert_eq!(read_to_end(&mut over).await, b"");
+        // A connection from outside that keeps talking is closed after
+        // DISALLOWED_TIMEOUT anyway; the allowed one stays.
+        let started = Instant::now();
+        let servers: Vec<_> = kept.into_iter().map(echo).collect();
+        let mut client = outside.pop().unwrap();
+        let talking = async {
+            let mut b = [0u8; 1];
+            loop {
+                if client.write_all(b"t").await.is_err() {
+                    return;
+                }
+                match client.read(&mut b).await {
+                    Ok(1) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    _ => return,
+                }
+            }
+        };
+        tokio::time::timeout(DISALLOWED_TIMEOUT * 2, talking)
+            .await
+            .expect("closed");
+        let waited = started.elapsed();
+        assert!(
+            waited >= DISALLOWED_TIMEOUT - Duration::from_millis(100),
+            "closed after {waited:?}"
+        );
+        for s in servers {
+            s.await.unwrap();
+        }
+        assert_eq!(open.get(), 1);
+        drop(io);
+        assert_eq!(open.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_connection_from_outside_the_allow_list_closes_soon_after_its_first_denial() {
+        let (addr, _open, incoming) = allow_listener().await;
+        let mut incoming = Box::pin(incoming);
+        let mut client = connect_from([127, 0, 0, 2], addr).await;
+        let io = incoming.next().await.unwrap().unwrap();
+        let state = io.connect_info().state;
+        let server = echo(io);
+        client.write_all(b"a").await.unwrap();
+        let mut b = [0u8; 1];
+        client.read_exact(&mut b).await.unwrap();
+        let started = Instant::now();
+        // Denied while hyper reads the call: the connection is read again
+        // (here: the client's next byte) and ends after the linger, well
+        // before the timeout.
+        state.denied();
+        client.write_all(b"b").await.unwrap();
+        assert_eq!(read_to_end(&mut client).await, b"b");
+        let waited = started.elapsed();
+        assert!(
+            waited >= DENIED_LINGER - Duration::from_millis(10) && waited < DISALLOWED_TIMEOUT,
+            "closed after {waited:?}"
+        );
+        server.await.unwrap();
     }
 
     /// A TLS listener for `localhost` with a self-signed certificate, and a

@@ -416,7 +416,7 @@ pub(crate) fn describe_all() {
     describe_counter!(
         CONNECTIONS_REFUSED_TOTAL,
         Unit::Count,
-        "Connections closed as soon as they were accepted because a limit was reached, by listener and reason (max_connections, max_connections_per_peer)."
+        "Connections closed as soon as they were accepted because a limit was reached, by listener and reason (max_connections, max_connections_per_peer, allow_list: the budget of peers outside --allow-cidrs)."
     );
     describe_counter!(
         STREAM_SEND_STALLS_TOTAL,

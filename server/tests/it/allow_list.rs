@@ -62,3 +62,53 @@ async fn a_peer_inside_the_allow_list_is_served() {
     assert_eq!(ids.len(), 25);
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
 }
+
+/// NextIds over a channel whose connections come from `source`.
+async fn next_ids_from(source: &str, url: &str) -> Result<Vec<u64>, tonic::Status> {
+    let channel = tonic::transport::Channel::from_shared(url.to_owned())
+        .unwrap()
+        .local_address(Some(source.parse().unwrap()))
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .connect_lazy();
+    snowkeep_proto::v1::id_service_client::IdServiceClient::new(channel)
+        .next_ids(snowkeep_proto::v1::NextIdsRequest {
+            count: 5,
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().ids)
+}
+
+/// A connection from outside the list is closed at accept only beyond its
+/// own small budget, and soon after its first denial: within the budget a
+/// peer outside the list still learns why it is refused, on every new
+/// connection, and takes no slot of the allowed peers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_outside_the_allow_list_still_gets_the_denial_on_each_new_connection() {
+    let server = ServerProcess::spawn(&["--allow-cidrs", "127.0.0.1/32", "--max-connections", "1"]);
+    server.wait_serving(READY).await;
+    let url = server.url();
+    for _ in 0..3 {
+        let denied = next_ids_from("127.0.0.2", &url).await.unwrap_err();
+        assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+        assert_eq!(
+            denied.message(),
+            "peer 127.0.0.2 is outside this server's --allow-cidrs (127.0.0.1/32): call from an allowed network, or have the operator add the client's range to --allow-cidrs"
+        );
+    }
+    // The one connection slot is the allowed peer's.
+    let ids = next_ids_from("127.0.0.1", &url).await.unwrap();
+    assert_eq!(ids.len(), 5);
+    assert_eq!(
+        server
+            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",code="PERMISSION_DENIED"}"#)
+            .await,
+        3.0
+    );
+    for reason in ["allow_list", "max_connections"] {
+        let series =
+            format!(r#"snowkeep_connections_refused_total{{listener="gRPC",reason="{reason}"}}"#);
+        assert_eq!(server.metric(&series).await, 0.0, "{series}");
+    }
+}

@@ -1,5 +1,5 @@
-//! Findings of the break session on the network controls. Each test here
-//! FAILS on the code it was written against; see its comment for why.
+//! Findings of the break session on the network controls, kept as
+//! regression tests of their fixes; see each test's comment.
 
 use std::time::Duration;
 
@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio::net::TcpSocket;
 
 use crate::support::server::ServerProcess;
-use crate::support::READY;
+use crate::support::{eventually, READY};
 
 /// An HTTP/2 connection from `source` that keeps calling (each call is
 /// denied) so that it never counts as idle; returns once it is open.
@@ -53,18 +53,20 @@ async fn busy_connection_from(source: &str, port: u16) -> Option<tokio::task::Jo
     }))
 }
 
-/// `--allow-cidrs` is meant to keep peers outside the listed networks
-/// away ("Stops 1: any process that reaches the gRPC port"), but it is a
-/// tower layer that answers each *call* PERMISSION_DENIED: the TCP
-/// connection is accepted, counted against `--max-connections`, its TLS
-/// handshake (if any) run, and it is kept open for as long as the peer
-/// keeps calling. Peers outside the list, from a few source addresses
-/// (`--max-connections` / `--max-connections-per-peer`: 4 at the default
-/// 256/64), therefore take every connection slot, and the allowed clients
-/// are turned away. A peer outside the list should be closed at accept,
-/// before it counts against any limit.
+/// Regression: `--allow-cidrs` was only a tower layer answering each *call*
+/// PERMISSION_DENIED, while the TCP connection was accepted, counted against
+/// `--max-connections` and `--max-connections-per-peer`, and kept open for
+/// as long as the peer kept calling, so peers outside the list, from a few
+/// source addresses, took every connection slot and the allowed clients were
+/// turned away. Now the listener sorts connections by the list at accept:
+/// those from outside count against no limit of the allowed peers, only
+/// against a budget of their own (8 open, 8 new per second; more are
+/// closed at accept, counted with `reason="allow_list"`), and each closes
+/// soon after its first call is denied. Here 12 busy connections from
+/// outside, more than the budget and than `--max-connections 8`, neither
+/// lock out the allowed client nor stay open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn peers_outside_the_allow_list_take_every_connection_slot_from_allowed_ones() {
+async fn peers_outside_the_allow_list_take_no_connection_slot_from_allowed_ones() {
     let server = ServerProcess::spawn(&[
         "--allow-cidrs",
         "127.0.0.1/32",
@@ -76,7 +78,7 @@ async fn peers_outside_the_allow_list_take_every_connection_slot_from_allowed_on
     server.wait_serving(READY).await;
     let mut held = Vec::new();
     for source in ["127.0.0.2", "127.0.0.3"] {
-        for _ in 0..4 {
+        for _ in 0..6 {
             if let Some(task) = busy_connection_from(source, server.port).await {
                 held.push(task);
             }
@@ -104,4 +106,22 @@ async fn peers_outside_the_allow_list_take_every_connection_slot_from_allowed_on
         allowed.is_ok(),
         "{alive} connections from 127.0.0.2 and 127.0.0.3 (outside --allow-cidrs 127.0.0.1/32) hold the connection slots; the allowed client 127.0.0.1 gets: {allowed:?}"
     );
+    // The server closes them although they keep calling: at the latest 2 s
+    // after accept, here soon after the first denial.
+    eventually(
+        "the server closes the connections from outside the list",
+        Duration::from_secs(5),
+        || std::future::ready(held.iter().all(|t| t.is_finished())),
+    )
+    .await;
+    // More than the budget came at once: some were closed at accept.
+    let refused = server
+        .metric(r#"snowkeep_connections_refused_total{listener="gRPC",reason="allow_list"}"#)
+        .await;
+    assert!(refused >= 1.0, "refused at accept: {refused}");
+    for reason in ["max_connections", "max_connections_per_peer"] {
+        let series =
+            format!(r#"snowkeep_connections_refused_total{{listener="gRPC",reason="{reason}"}}"#);
+        assert_eq!(server.metric(&series).await, 0.0, "{series}");
+    }
 }

@@ -165,6 +165,16 @@ async fn connect(
     ca: &str,
     identity: Option<&Leaf>,
 ) -> Result<Channel, tonic::transport::Error> {
+    connect_from(None, port, ca, identity).await
+}
+
+/// [`connect`] from source address `source` when given.
+async fn connect_from(
+    source: Option<&str>,
+    port: u16,
+    ca: &str,
+    identity: Option<&Leaf>,
+) -> Result<Channel, tonic::transport::Error> {
     let mut tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))
         .domain_name("localhost");
@@ -173,6 +183,7 @@ async fn connect(
     }
     Channel::from_shared(format!("https://127.0.0.1:{port}"))
         .unwrap()
+        .local_address(source.map(|s| s.parse().unwrap()))
         .tls_config(tls)?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(5))
@@ -688,4 +699,39 @@ async fn tls_and_allow_list_flags_that_cannot_serve_refuse_to_start_with_64() {
             "{args}: want {message}\nlog:\n{log}"
         );
     }
+}
+
+/// With TLS, a peer outside `--allow-cidrs` completes its handshake within
+/// the small budget of such connections and gets the allow-list's
+/// PERMISSION_DENIED, on each new connection; an allowed peer is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_peer_outside_the_allow_list_gets_the_denial_and_allowed_ones_are_served() {
+    let ca = Ca::new("snowkeep test CA");
+    let leaf = ca.server(2040);
+    let files = Files::new();
+    let (cert, key) = (
+        files.write("tls.crt", &leaf.cert),
+        files.write("tls.key", &leaf.key),
+    );
+    let server = ServerProcess::spawn(&[
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--allow-cidrs",
+        "127.0.0.1/32",
+    ]);
+    let channel = wait_serving_tls(&server, &ca.pem, None).await;
+    for _ in 0..3 {
+        let outside = connect_from(Some("127.0.0.2"), server.port, &ca.pem, None)
+            .await
+            .unwrap();
+        let denied = next_ids(outside, 5).await.unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+        assert_eq!(
+            denied.message(),
+            "peer 127.0.0.2 is outside this server's --allow-cidrs (127.0.0.1/32): call from an allowed network, or have the operator add the client's range to --allow-cidrs"
+        );
+    }
+    assert_eq!(next_ids(channel, 5).await.unwrap().len(), 5);
 }
