@@ -164,15 +164,15 @@ impl KeyAdmin {
             secret_sha256: key.secret_sha256(),
         };
         let store = self.store()?;
-        let created = store
+        let Some(revision) = store
             .create(key.id(), record.to_json().as_bytes())
             .await
-            .map_err(|e| unavailable(&e))?;
-        if !created {
+            .map_err(|e| unavailable(&e))?
+        else {
             // 48 random bits met an existing id.
             return Err(Status::aborted("the generated key id exists; retry"));
-        }
-        self.cache.note(record.clone());
+        };
+        self.cache.note(record.clone(), revision);
         Ok(Response::new(pb::CreateKeyResponse {
             key: Some(record.to_pb()),
             secret: key.reveal(),
@@ -218,12 +218,12 @@ impl KeyAdmin {
                 ))
             })?;
             change(&mut record);
-            if store
+            if let Some(revision) = store
                 .replace(id, record.to_json().as_bytes(), stored.mod_revision)
                 .await
                 .map_err(|e| unavailable(&e))?
             {
-                self.cache.note(record.clone());
+                self.cache.note(record.clone(), revision);
                 return Ok(record);
             }
         }

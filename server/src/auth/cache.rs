@@ -15,6 +15,14 @@
 //!
 //! A record that does not parse is logged and left out (so its key is
 //! refused as unknown) until it is repaired.
+//!
+//! **Order.** Every record is kept with its etcd mod revision, and the cache
+//! knows the revision through which it has applied every change (the
+//! list's, then each watch event's). Nothing replaces a record with an older
+//! one, and no older write brings back a deleted key: a server's own write,
+//! noted at once ([`KeyCache::note`]), may reach the cache after the watch
+//! delivered a later change (a revocation through another server), and the
+//! watch then delivers the noted write again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -40,9 +48,29 @@ pub struct KeyCache {
 #[derive(Default)]
 struct Inner {
     /// `None` until the first load.
-    keys: RwLock<Option<HashMap<String, KeyRecord>>>,
+    keys: RwLock<Option<Known>>,
     /// The etcd side, once connected.
     store: OnceLock<ApiKeyStore>,
+}
+
+/// The keys known, as of etcd revision `revision` at least.
+struct Known {
+    /// The readable records by id, each with its etcd mod revision.
+    records: HashMap<String, (KeyRecord, i64)>,
+    /// Every change up to this revision is applied (the list's revision,
+    /// then each watch event's); a record noted after a write of ours may be
+    /// newer still.
+    revision: i64,
+}
+
+impl Known {
+    /// Whether a change of `id` at `revision` is newer than the record held
+    /// for `id` (true when none is held).
+    fn is_newer(&self, id: &str, revision: i64) -> bool {
+        self.records
+            .get(id)
+            .is_none_or(|&(_, held)| held < revision)
+    }
 }
 
 impl std::fmt::Debug for KeyCache {
@@ -88,9 +116,9 @@ impl KeyCache {
         let Some(keys) = keys.as_ref() else {
             return Verdict::NotLoaded;
         };
-        match keys.get(presented.id()) {
+        match keys.records.get(presented.id()) {
             None => Verdict::Refused(KeyRefusal::Unknown(presented.id().to_owned())),
-            Some(record) => match record.verify(presented, now_unix_ms) {
+            Some((record, _)) => match record.verify(presented, now_unix_ms) {
                 Ok(scope) => Verdict::Accepted(scope),
                 Err(refusal) => Verdict::Refused(refusal),
             },
@@ -102,50 +130,74 @@ impl KeyCache {
         self.inner.store.get().cloned()
     }
 
-    /// Applies one record as read back after a write of ours, so this
-    /// server answers with it at once (the watch delivers it again).
-    pub(crate) fn note(&self, record: KeyRecord) {
+    /// Applies one record as written by a write of ours at `mod_revision`,
+    /// so this server answers with it at once (the watch delivers it again).
+    /// Left out when the cache already knows `record.id` as of that revision
+    /// or later: a change the watch delivered first (a revocation through
+    /// another server, a delete) is never undone.
+    pub(crate) fn note(&self, record: KeyRecord, mod_revision: i64) {
         let mut keys = self.inner.keys.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(keys) = keys.as_mut() {
-            keys.insert(record.id.clone(), record);
+        let Some(known) = keys.as_mut() else { return };
+        if mod_revision > known.revision && known.is_newer(&record.id, mod_revision) {
+            known
+                .records
+                .insert(record.id.clone(), (record, mod_revision));
         }
     }
 
-    pub(crate) fn replace_all(&self, stored: &[StoredKey]) {
-        let fresh: HashMap<String, KeyRecord> = stored
+    /// Replaces the keys with `stored`, as listed at etcd revision
+    /// `revision`; a record noted since at a later revision than the list's
+    /// is kept (the list is older than it).
+    pub(crate) fn replace_all(&self, stored: &[StoredKey], revision: i64) {
+        let mut records: HashMap<String, (KeyRecord, i64)> = stored
             .iter()
-            .filter_map(parse)
-            .map(|r| (r.id.clone(), r))
+            .filter_map(|s| parse(s).map(|r| (r.id.clone(), (r, s.mod_revision))))
             .collect();
-        let count = fresh.len();
-        let first = self
-            .inner
-            .keys
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(fresh)
-            .is_none();
+        let mut keys = self.inner.keys.write().unwrap_or_else(|p| p.into_inner());
+        let first = keys.is_none();
+        if let Some(old) = keys.take() {
+            for (id, (record, at)) in old.records {
+                if at > revision {
+                    records.insert(id, (record, at));
+                }
+            }
+        }
+        let count = records.len();
+        *keys = Some(Known { records, revision });
         if first {
             info!(keys = count, "API keys loaded from etcd");
         }
     }
 
+    /// Applies one change the watch delivered (in revision order), unless
+    /// a record noted since is newer.
     fn apply(&self, change: KeyChange) {
         let mut keys = self.inner.keys.write().unwrap_or_else(|p| p.into_inner());
-        let Some(keys) = keys.as_mut() else { return };
+        let Some(known) = keys.as_mut() else { return };
+        let (id, revision) = match &change {
+            KeyChange::Put(stored) => (stored.id.as_str(), stored.mod_revision),
+            KeyChange::Delete(id, revision) => (id.as_str(), *revision),
+        };
+        if !known.is_newer(id, revision) {
+            known.revision = known.revision.max(revision);
+            return;
+        }
         match change {
             KeyChange::Put(stored) => match parse(&stored) {
                 Some(record) => {
-                    keys.insert(record.id.clone(), record);
+                    known
+                        .records
+                        .insert(record.id.clone(), (record, stored.mod_revision));
                 }
                 None => {
-                    keys.remove(&stored.id);
+                    known.records.remove(&stored.id);
                 }
             },
-            KeyChange::Delete(id) => {
-                keys.remove(&id);
+            KeyChange::Delete(id, _) => {
+                known.records.remove(&id);
             }
         }
+        known.revision = known.revision.max(revision);
     }
 
     /// Connects the cache to etcd: writes the bootstrap admin key when no
@@ -176,11 +228,11 @@ impl KeyCache {
             loop {
                 let record = boot.record(clock.unix_ms());
                 match store.create(&boot.id, record.to_json().as_bytes()).await {
-                    Ok(true) => {
+                    Ok(Some(_)) => {
                         info!(key_id = %boot.id, "wrote the bootstrap admin key (--bootstrap-admin-key-file) to etcd");
                         break;
                     }
-                    Ok(false) => {
+                    Ok(None) => {
                         info!(key_id = %boot.id, "the bootstrap admin key is already in etcd; left as it is");
                         break;
                     }
@@ -194,7 +246,7 @@ impl KeyCache {
         loop {
             let revision = match store.list().await {
                 Ok((stored, revision)) => {
-                    self.replace_all(&stored);
+                    self.replace_all(&stored, revision);
                     revision
                 }
                 Err(e) => {
@@ -220,11 +272,11 @@ impl KeyCache {
 mod tests {
     use super::*;
 
-    fn stored(record: &KeyRecord) -> StoredKey {
+    fn stored(record: &KeyRecord, mod_revision: i64) -> StoredKey {
         StoredKey {
             id: record.id.clone(),
             value: record.to_json().into_bytes(),
-            mod_revision: 1,
+            mod_revision,
         }
     }
 
@@ -234,16 +286,16 @@ mod tests {
         let boot = BootstrapKey::parse(&key.reveal()).unwrap();
         let cache = KeyCache::new();
         assert_eq!(cache.verify(&key, 1), Verdict::NotLoaded);
-        cache.replace_all(&[]);
+        cache.replace_all(&[], 1);
         assert_eq!(
             cache.verify(&key, 1),
             Verdict::Refused(KeyRefusal::Unknown(key.id().to_owned()))
         );
         let mut record = boot.record(1);
-        cache.apply(KeyChange::Put(stored(&record)));
+        cache.apply(KeyChange::Put(stored(&record, 2)));
         assert!(matches!(cache.verify(&key, 2), Verdict::Accepted(s) if s.key_id == key.id()));
         record.revoked = true;
-        cache.apply(KeyChange::Put(stored(&record)));
+        cache.apply(KeyChange::Put(stored(&record, 3)));
         assert_eq!(
             cache.verify(&key, 2),
             Verdict::Refused(KeyRefusal::Revoked(key.id().to_owned()))
@@ -252,28 +304,28 @@ mod tests {
         cache.apply(KeyChange::Put(StoredKey {
             id: key.id().to_owned(),
             value: b"{".to_vec(),
-            mod_revision: 3,
+            mod_revision: 4,
         }));
         assert_eq!(
             cache.verify(&key, 2),
             Verdict::Refused(KeyRefusal::Unknown(key.id().to_owned()))
         );
-        cache.apply(KeyChange::Put(stored(&boot.record(1))));
-        cache.apply(KeyChange::Delete(key.id().to_owned()));
+        cache.apply(KeyChange::Put(stored(&boot.record(1), 5)));
+        cache.apply(KeyChange::Delete(key.id().to_owned(), 6));
         assert_eq!(
             cache.verify(&key, 2),
             Verdict::Refused(KeyRefusal::Unknown(key.id().to_owned()))
         );
     }
 
-    /// Break-session finding (FAILS): `note` (called by the admin service
-    /// right after its own write of a key) replaces whatever the cache
-    /// holds, with no revision to compare. When another server revokes the
-    /// key between this server's write and its `note`, and the watch
-    /// delivers both changes first, the note puts the older, unrevoked
-    /// record back, and this server accepts the revoked key until the next
-    /// change of that key or a re-list. `note` should carry the record's
-    /// mod revision and never replace a newer one.
+    /// Regression test (outside testing): `note` (called by the admin
+    /// service right after its own write of a key) replaced whatever the
+    /// cache held, with no revision to compare. When another server revoked
+    /// the key between this server's write and its `note`, and the watch
+    /// delivered both changes first, the note put the older, unrevoked
+    /// record back, and this server accepted the revoked key until the next
+    /// change of that key or a re-list. `note` now carries the write's mod
+    /// revision and never replaces a newer record.
     #[test]
     fn a_late_note_of_an_older_record_does_not_undo_a_newer_revocation() {
         let key = PresentedKey::generate();
@@ -281,11 +333,14 @@ mod tests {
         let cache = KeyCache::new();
         let mut expired_later = boot.record(1);
         expired_later.expires_unix_ms = 1_000_000;
-        cache.replace_all(&[StoredKey {
-            id: key.id().to_owned(),
-            value: boot.record(1).to_json().into_bytes(),
-            mod_revision: 10,
-        }]);
+        cache.replace_all(
+            &[StoredKey {
+                id: key.id().to_owned(),
+                value: boot.record(1).to_json().into_bytes(),
+                mod_revision: 10,
+            }],
+            10,
+        );
         // Revision 11: this server's ExpireKey wrote `expired_later`.
         // Revision 12: another server's RevokeKey. The watch delivers both
         // before this server's ExpireKey handler calls `note`.
@@ -301,12 +356,62 @@ mod tests {
             value: revoked.to_json().into_bytes(),
             mod_revision: 12,
         }));
-        cache.note(expired_later);
+        cache.note(expired_later, 11);
         assert_eq!(
             cache.verify(&key, 2),
             Verdict::Refused(KeyRefusal::Revoked(key.id().to_owned())),
             "the revoked key is accepted again after a late note of the record revoked since"
         );
+    }
+
+    /// The same kind for a delete and for a re-list: a late note of a write
+    /// older than a delete the watch delivered does not bring the key back,
+    /// an older watch event does not replace a newer noted record, and a
+    /// re-list older than a noted record keeps the noted one.
+    #[test]
+    fn no_writer_replaces_a_record_or_a_delete_with_an_older_one() {
+        let key = PresentedKey::generate();
+        let boot = BootstrapKey::parse(&key.reveal()).unwrap();
+        let unknown = Verdict::Refused(KeyRefusal::Unknown(key.id().to_owned()));
+        let revoked = Verdict::Refused(KeyRefusal::Revoked(key.id().to_owned()));
+        let cache = KeyCache::new();
+        cache.replace_all(&[stored(&boot.record(1), 10)], 10);
+        cache.apply(KeyChange::Delete(key.id().to_owned(), 12));
+        cache.note(boot.record(1), 11);
+        assert_eq!(cache.verify(&key, 2), unknown, "a late note undid a delete");
+
+        // A revocation of ours noted at 20 before the watch delivers an
+        // older change (13) and then the revocation itself (20).
+        let cache = KeyCache::new();
+        cache.replace_all(&[stored(&boot.record(1), 10)], 10);
+        let mut record = boot.record(1);
+        record.revoked = true;
+        cache.note(record.clone(), 20);
+        assert_eq!(cache.verify(&key, 2), revoked);
+        cache.apply(KeyChange::Put(stored(&boot.record(1), 13)));
+        assert_eq!(
+            cache.verify(&key, 2),
+            revoked,
+            "an older watch event undid a noted revocation"
+        );
+        cache.apply(KeyChange::Delete(key.id().to_owned(), 14));
+        assert_eq!(
+            cache.verify(&key, 2),
+            revoked,
+            "an older delete removed a newer record"
+        );
+        // A re-list at 15 (older than the note) keeps the noted record.
+        cache.replace_all(&[stored(&boot.record(1), 13)], 15);
+        assert_eq!(
+            cache.verify(&key, 2),
+            revoked,
+            "an older re-list undid a noted revocation"
+        );
+        cache.apply(KeyChange::Put(stored(&record, 20)));
+        assert_eq!(cache.verify(&key, 2), revoked);
+        // A re-list at or after the note's revision is the truth.
+        cache.replace_all(&[], 21);
+        assert_eq!(cache.verify(&key, 2), unknown);
     }
 
     #[test]
@@ -315,7 +420,7 @@ mod tests {
         let mut record = BootstrapKey::parse(&key.reveal()).unwrap().record(1);
         record.expires_unix_ms = 10_000;
         let cache = KeyCache::new();
-        cache.replace_all(&[stored(&record)]);
+        cache.replace_all(&[stored(&record, 1)], 1);
         assert!(matches!(cache.verify(&key, 9_999), Verdict::Accepted(_)));
         assert!(matches!(
             cache.verify(&key, 10_000),

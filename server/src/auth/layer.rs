@@ -248,11 +248,14 @@ mod tests {
         record.namespaces = vec!["orders".into()];
         record.expires_unix_ms = 10_000;
         let cache = KeyCache::new();
-        cache.replace_all(&[StoredKey {
-            id: record.id.clone(),
-            value: record.to_json().into_bytes(),
-            mod_revision: 1,
-        }]);
+        cache.replace_all(
+            &[StoredKey {
+                id: record.id.clone(),
+                value: record.to_json().into_bytes(),
+                mod_revision: 1,
+            }],
+            1,
+        );
         let clock = ManualClock::new(9_000);
         let layer = AuthLayer::new(AuthMode::On, cache.clone(), clock.clone(), "orders".into());
         let header = format!("Bearer {}", key.reveal());

@@ -28,8 +28,8 @@ pub(crate) struct StoredKey {
 pub(crate) enum KeyChange {
     /// A record was written.
     Put(StoredKey),
-    /// A record was deleted.
-    Delete(String),
+    /// A record was deleted: its id and the revision of the delete.
+    Delete(String, i64),
 }
 
 /// Why [`ApiKeyStore::follow`] returned: the caller re-lists, then follows
@@ -104,10 +104,11 @@ impl ApiKeyStore {
         Ok(resp.kvs().first().and_then(stored))
     }
 
-    /// Writes `value` at `id` when no record has that id: `true` when written
-    /// (a retry that finds its own earlier write counts as written), `false`
-    /// when another record was there (left as it is).
-    pub(crate) async fn create(&self, id: &str, value: &[u8]) -> Result<bool, StoreError> {
+    /// Writes `value` at `id` when no record has that id: the record's mod
+    /// revision when written (a retry that finds its own earlier write
+    /// counts as written), `None` when another record was there (left as it
+    /// is).
+    pub(crate) async fn create(&self, id: &str, value: &[u8]) -> Result<Option<i64>, StoreError> {
         let key = keys::apikey(id);
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -117,18 +118,19 @@ impl ApiKeyStore {
             .endpoints
             .txn("create api key", self.timeout, txn)
             .await?;
-        Ok(resp.succeeded() || first_value(&resp).as_deref() == Some(value))
+        Ok(written(&resp, value))
     }
 
     /// Replaces the record at `id` with `value` if it is still at
-    /// `mod_revision`: `true` when written (or found written by an earlier
-    /// attempt of this call), `false` when it changed in between.
+    /// `mod_revision`: the new record's mod revision when written (or found
+    /// written by an earlier attempt of this call), `None` when it changed
+    /// in between.
     pub(crate) async fn replace(
         &self,
         id: &str,
         value: &[u8],
         mod_revision: i64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<i64>, StoreError> {
         let key = keys::apikey(id);
         let txn = Txn::new()
             .when([Compare::mod_revision(
@@ -142,7 +144,7 @@ impl ApiKeyStore {
             .endpoints
             .txn("update api key", self.timeout, txn)
             .await?;
-        Ok(resp.succeeded() || first_value(&resp).as_deref() == Some(value))
+        Ok(written(&resp, value))
     }
 
     /// Follows the records from `from_revision` on, calling `apply` for
@@ -192,7 +194,9 @@ impl ApiKeyStore {
                         let Some(key) = stored(kv) else { continue };
                         match event.event_type() {
                             EventType::Put => apply(KeyChange::Put(key)),
-                            EventType::Delete => apply(KeyChange::Delete(key.id)),
+                            // A delete event's key carries the revision
+                            // of the delete as its mod revision.
+                            EventType::Delete => apply(KeyChange::Delete(key.id, key.mod_revision)),
                         }
                     }
                 }
@@ -209,10 +213,20 @@ impl ApiKeyStore {
     }
 }
 
-/// The value of the first key of a transaction's first get, if any.
-fn first_value(resp: &etcd_client::TxnResponse) -> Option<Vec<u8>> {
+/// The mod revision of `value` as a write transaction of one put left it:
+/// the transaction's revision when it committed; else, when the failure
+/// branch's get found `value` itself (an earlier attempt of the same write
+/// committed and its answer was lost), that key's mod revision; else `None`.
+fn written(resp: &etcd_client::TxnResponse, value: &[u8]) -> Option<i64> {
+    if resp.succeeded() {
+        return resp.header().map(|h| h.revision());
+    }
     resp.op_responses().into_iter().find_map(|op| match op {
-        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+        TxnOpResponse::Get(get) => get
+            .kvs()
+            .first()
+            .filter(|kv| kv.value() == value)
+            .map(|kv| kv.mod_revision()),
         _ => None,
     })
 }

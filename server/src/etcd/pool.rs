@@ -301,6 +301,13 @@ pub(super) struct ClaimRequest<'a> {
     /// Free machine ids to try first, after the ones the holder still holds
     /// (a crashed predecessor's, under the same instance id).
     pub(super) prefer: &'a [MachineId],
+    /// Whether a machine id whose holder key already names `holder` is
+    /// rebound to this claim's lease (a crashed predecessor's, under the
+    /// same instance id). Lease API requesters pass `false`: such a key is a
+    /// grant of the same requester, perhaps a concurrent Acquire's that
+    /// committed, and moving it onto this claim's lease would take it from
+    /// that grant (and lose it when this claim gives up).
+    pub(super) take_own: bool,
 }
 
 impl ClaimRequest<'_> {
@@ -372,6 +379,7 @@ pub(super) async fn claim_ids(
         )
         .into_iter()
         .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
+        .filter(|c| want.take_own || c.kind != CandidateKind::Own)
         .filter(|c| match view.fences.get(&c.machine_id) {
             Some(&f) if f.max(record.floor) > want.max_floor => {
                 too_far.get_or_insert((c.machine_id, f.max(record.floor)));

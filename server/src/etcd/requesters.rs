@@ -17,6 +17,15 @@
 //! constant time); anyone else gets [`StoreError::TokenRefused`] and nothing
 //! changes, so knowing a requester's identity grants nothing.
 //!
+//! **One grant per requester.** A new grant's transaction commits only while
+//! the requester has no record, token (and, with an API key, no holding of
+//! the key), and its claim never rebinds a holder key that already names the
+//! requester. Of concurrent Acquires of one requester, one is granted; each
+//! other revokes its own claim and is answered from the winner's record
+//! (without the winner's token: [`StoreError::TokenRefused`]). Otherwise
+//! each would replace the one before, whose machine ids would stay held on
+//! its lease, counted in no holding.
+//!
 //! **Cost.** etcd holds one lease and `2 × machine ids + 2` keys per requester
 //! that holds machine ids, and nothing for any other: a call from a requester
 //! that holds nothing reads and never writes, and a refused call writes
@@ -59,6 +68,19 @@ use crate::metrics::{self as m, KeyKind};
 /// How many times an Acquire with an API key counts its holdings again
 /// after concurrent Acquires with the same key changed them.
 const QUOTA_ATTEMPTS: u32 = 8;
+
+/// How one claim of a new requester's machine ids ended
+/// ([`RequesterLeases::claim_new`]).
+enum NewClaim {
+    /// Granted: the machine ids and the new lease token.
+    Granted(Vec<HeldId>, LeaseToken),
+    /// Another holding of the API key was written since the count: count
+    /// again.
+    QuotaRaced,
+    /// Another grant of the requester was committed first (or an ended
+    /// grant's keys were in the way, now revoked): read its record again.
+    RequesterRaced,
+}
 
 /// The Lease API's view of etcd: its own copy of the endpoint clients.
 #[derive(Clone)]
@@ -506,11 +528,54 @@ impl RequesterLeases {
         }
     }
 
+    /// An Acquire of a requester that holds machine ids (`record`): with
+    /// its `token`, the same machine ids with the lease reset to `duration`
+    /// (never shortened) and the same token; [`StoreError::TokenRefused`]
+    /// without it and [`StoreError::CountMismatch`] for another `count`,
+    /// with nothing changed.
+    #[allow(clippy::too_many_arguments)]
+    async fn acquire_again(
+        &mut self,
+        namespace: &str,
+        layout: Layout,
+        requester: &RequesterId,
+        record: Record,
+        count: u32,
+        duration: Duration,
+        token: Option<&LeaseToken>,
+    ) -> Result<RequesterGrant, StoreError> {
+        record.authorize(token)?;
+        if record.ids.len() != count as usize {
+            return Err(StoreError::CountMismatch {
+                held: record.ids.len(),
+                asked: count,
+            });
+        }
+        // A repeated Acquire never shortens a live lease: a late retry
+        // (10 min) after a Renew (48 h) would cut the lease that the
+        // Renew's answer promised. (A Renew sets its own duration, which
+        // its answer reports.)
+        let duration = duration.max(self.remaining(record.lease_id).await);
+        let mut grant = self
+            .extend(namespace, requester, record, layout, duration)
+            .await?;
+        grant.known = !grant.held.is_empty();
+        if grant.known {
+            grant.token = token.cloned();
+        }
+        Ok(grant)
+    }
+
     /// One claim of a new requester's machine ids: a lease, the claim
-    /// transactions, then the fences, record, token (and, with a quota, the
-    /// key's holding) in one transaction. `None` when the quota guard failed
-    /// (another holding of the key was written since `counted`'s revision);
-    /// nothing is left claimed then, nor on an error.
+    /// transactions, then the fences, record, token, description (and, with
+    /// a quota, the key's holding) in one transaction, which commits only
+    /// while the requester has no record, token (or holding of the key):
+    /// each put would replace another grant's and leave that grant's machine
+    /// ids held and counted nowhere. [`NewClaim::QuotaRaced`] when another
+    /// holding of the key was written since `counted`'s revision,
+    /// [`NewClaim::RequesterRaced`] when another grant of the requester was
+    /// committed first (or keys of an ended grant were still there: their
+    /// lease is revoked); nothing is left claimed then, nor on an error.
     #[allow(clippy::too_many_arguments)]
     async fn claim_new(
         &mut self,
@@ -521,7 +586,7 @@ impl RequesterLeases {
         duration: Duration,
         counted: Option<(&KeyQuota, i64)>,
         about: &keys::RequesterAbout,
-    ) -> Result<Option<(Vec<HeldId>, LeaseToken)>, StoreError> {
+    ) -> Result<NewClaim, StoreError> {
         let lease_id = self.grant_lease(duration).await?;
         let holder = keys::requester_holder(&requester.key());
         let now = self.now(&layout);
@@ -537,6 +602,7 @@ impl RequesterLeases {
             absent_floor,
             max_floor,
             prefer: &[],
+            take_own: false,
         };
         let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
         let held = match claimed {
@@ -568,36 +634,39 @@ impl RequesterLeases {
             })
             .collect();
         let key_id = counted.map(|(q, _)| q.key_id.as_str());
+        let rk = keys::requester(&ns, &requester.key());
+        let tk = keys::token(&ns, &requester.key());
         ops.push(TxnOp::put(
-            keys::requester(&ns, &requester.key()),
+            rk.clone(),
             encode_record(&held, key_id),
             on_lease(),
         ));
-        ops.push(TxnOp::put(
-            keys::token(&ns, &requester.key()),
-            hex(&token.digest()),
-            on_lease(),
-        ));
+        ops.push(TxnOp::put(tk.clone(), hex(&token.digest()), on_lease()));
         ops.push(TxnOp::put(
             keys::about(&ns, &requester.key()),
             serde_json::to_vec(about).unwrap_or_default(),
             on_lease(),
         ));
+        let absent = |key: &str| Compare::version(key, CompareOp::Equal, 0);
         let mut guard: Vec<Compare> = held
             .iter()
             .map(|h| Compare::lease(keys::holder(&ns, h.machine_id), CompareOp::Equal, lease_id))
             .collect();
-        let mut on_failure = Vec::new();
+        guard.push(absent(&rk));
+        guard.push(absent(&tk));
+        // The failure branch reads what the guard is about (compares are
+        // free; these gets are the else branch's only operations): the
+        // record and token, then the key's holding and holdings.
+        let mut on_failure = vec![TxnOp::get(rk, None), TxnOp::get(tk, None)];
         if let Some((q, revision)) = counted {
             let prefix = keys::key_holds_prefix(&q.key_id);
-            ops.push(TxnOp::put(
-                keys::key_hold(&q.key_id, &ns, &requester.key()),
-                held.len().to_string(),
-                on_lease(),
-            ));
+            let hold = keys::key_hold(&q.key_id, &ns, &requester.key());
+            ops.push(TxnOp::put(hold.clone(), held.len().to_string(), on_lease()));
+            guard.push(absent(&hold));
             guard.push(
                 Compare::mod_revision(prefix.clone(), CompareOp::Less, revision + 1).with_prefix(),
             );
+            on_failure.push(TxnOp::get(hold, None));
             on_failure.push(TxnOp::get(prefix, Some(GetOptions::new().with_prefix())));
         }
         let txn = Txn::new().when(guard).and_then(ops).or_else(on_failure);
@@ -605,30 +674,57 @@ impl RequesterLeases {
             .endpoints
             .txn("requester fence txn", self.timeout, txn)
             .await;
-        match resp {
-            Ok(r) if r.succeeded() => Ok(Some((held, token))),
-            Ok(r) => {
-                self.revoke(lease_id).await;
-                let raced = counted.is_some_and(|(_, revision)| {
-                    r.op_responses().iter().any(|op| match op {
-                        TxnOpResponse::Get(get) => {
-                            get.kvs().iter().any(|kv| kv.mod_revision() > revision)
-                        }
-                        _ => false,
-                    })
-                });
-                if raced {
-                    return Ok(None);
-                }
-                Err(StoreError::LeaseLost {
-                    reason: crate::claim::LossReason::HolderChanged,
-                })
-            }
+        let r = match resp {
+            Ok(r) if r.succeeded() => return Ok(NewClaim::Granted(held, token)),
+            Ok(r) => r,
             Err(e) => {
+                // Had the transaction committed before the answer was
+                // lost, every key of the grant is on this claim's lease:
+                // revoking it takes back a grant nobody was told about.
                 self.revoke(lease_id).await;
-                Err(e)
+                return Err(e);
             }
+        };
+        let ops = r.op_responses();
+        match got(&ops, 0) {
+            // A retry of this transaction (on another endpoint) after its
+            // first attempt committed and the answer was lost.
+            Some((_, lease)) if lease == lease_id => return Ok(NewClaim::Granted(held, token)),
+            // Another Acquire of this requester was granted first.
+            Some(_) => {
+                self.revoke(lease_id).await;
+                info!(namespace, requester = %requester.tag(), "another Acquire of this requester was granted first; gave back this one's claim");
+                return Ok(NewClaim::RequesterRaced);
+            }
+            None => {}
         }
+        self.revoke(lease_id).await;
+        // No record, but its token (or the key's holding) is still there:
+        // what a grant that ended (Release, or a lease declared void) left
+        // while its lease's revocation failed or is under way. Nothing of a
+        // live grant is on that lease (its record is gone), so revoke it
+        // and claim again.
+        let leftover = [1, 2]
+            .into_iter()
+            .filter(|&i| i == 1 || counted.is_some())
+            .find_map(|i| got(&ops, i));
+        if let Some((_, left)) = leftover.filter(|&(_, left)| left != 0) {
+            warn!(namespace, requester = %requester.tag(), lease_id = left, "keys of an ended grant of this requester are still in etcd; revoking their lease");
+            self.revoke(left).await;
+            return Ok(NewClaim::RequesterRaced);
+        }
+        let raced = counted.is_some_and(|(_, revision)| {
+            ops.iter().skip(3).any(|op| match op {
+                TxnOpResponse::Get(get) => get.kvs().iter().any(|kv| kv.mod_revision() > revision),
+                _ => false,
+            })
+        });
+        if raced {
+            return Ok(NewClaim::QuotaRaced);
+        }
+        Err(StoreError::LeaseLost {
+            reason: crate::claim::LossReason::HolderChanged,
+        })
     }
 
     /// After a renewal moved `record`'s keys onto `new_lease`: puts its API
@@ -822,35 +918,22 @@ impl RequesterStore for RequesterLeases {
         quota: Option<&KeyQuota>,
         about: &keys::RequesterAbout,
     ) -> Result<RequesterGrant, StoreError> {
-        if let Some(record) = self.record(namespace, requester).await? {
-            record.authorize(token)?;
-            if record.ids.len() != count as usize {
-                return Err(StoreError::CountMismatch {
-                    held: record.ids.len(),
-                    asked: count,
-                });
-            }
-            // A repeated Acquire never shortens a live lease: a late retry
-            // (10 min) after a Renew (48 h) would cut the lease that the
-            // Renew's answer promised. (A Renew sets its own duration, which
-            // its answer reports.)
-            let duration = duration.max(self.remaining(record.lease_id).await);
-            let mut grant = self
-                .extend(namespace, requester, record, layout, duration)
-                .await?;
-            grant.known = !grant.held.is_empty();
-            if grant.known {
-                grant.token = token.cloned();
-            }
-            return Ok(grant);
-        }
         // With a quota: count the key's holdings, claim, and commit the
         // claim's holding only if no holding of the key was written since
         // the count (etcd compares the whole prefix), so the holdings
         // committed never exceed the quota; a lost race counts again.
+        // Every claim also commits only while the requester has no record:
+        // of concurrent Acquires of one requester, one is granted and the
+        // others read its record again and are answered from it (without
+        // its token: refused).
         let mut attempts = 0;
+        let mut requester_races = 0;
         let (held, token) = loop {
-            attempts += 1;
+            if let Some(record) = self.record(namespace, requester).await? {
+                return self
+                    .acquire_again(namespace, layout, requester, record, count, duration, token)
+                    .await;
+            }
             let counted = match quota {
                 Some(q) => {
                     let (held, revision) = self.key_holdings(q).await?;
@@ -872,13 +955,27 @@ impl RequesterStore for RequesterLeases {
                 )
                 .await?
             {
-                Some(done) => break done,
-                None if attempts < QUOTA_ATTEMPTS => continue,
-                None => {
-                    return Err(StoreError::KeyQuotaContended {
-                        key_id: quota.map(|q| q.key_id.clone()).unwrap_or_default(),
-                        attempts,
-                    })
+                NewClaim::Granted(held, token) => break (held, token),
+                NewClaim::QuotaRaced => {
+                    attempts += 1;
+                    if attempts >= QUOTA_ATTEMPTS {
+                        return Err(StoreError::KeyQuotaContended {
+                            key_id: quota.map(|q| q.key_id.clone()).unwrap_or_default(),
+                            attempts,
+                        });
+                    }
+                }
+                NewClaim::RequesterRaced => {
+                    // Each lost race means another Acquire of this requester
+                    // was granted; its record answers the next pass. The
+                    // bound only stops a livelock (granted and released
+                    // again each time).
+                    requester_races += 1;
+                    if requester_races >= QUOTA_ATTEMPTS {
+                        return Err(StoreError::TokenRefused {
+                            reason: "other Acquires of this requester were granted first",
+                        });
+                    }
                 }
             }
         };

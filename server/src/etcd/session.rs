@@ -105,6 +105,7 @@ impl EtcdStore {
             absent_floor,
             max_floor,
             prefer,
+            take_own: true,
         };
         let claimed = claim_ids(&self.endpoints, self.settings.request_timeout, want).await?;
         self.check_no_older_twin(lease_id).await?;

@@ -1,6 +1,6 @@
-//! Findings of the break session on authentication, quotas and the
-//! administration service. Each test here FAILS on the code it was written
-//! against; see the commit message and the test's comment for why.
+//! Regression tests for findings of outside testing on authentication,
+//! quotas and the administration service. Each test failed on the code it
+//! was written against; its comment says what it found and what now holds.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -9,16 +9,18 @@ use snowkeep_proto::v1 as pb;
 use tonic::Code;
 
 use crate::support::auth::{lease, AuthCluster};
-use crate::support::lease::{acquire, requester};
+use crate::support::etcd::EtcdProcess;
+use crate::support::lease::{acquire, ids_of, lease_client, renew, requester};
+use crate::support::server::ServerProcess;
+use crate::support::READY;
 
 use pb::Permission::Lease;
 
 /// Machine ids of `ns` whose holder key names a Lease API requester (the
 /// ground truth of what is pinned, whatever the requester records say).
-async fn requester_held_ids(c: &AuthCluster) -> BTreeSet<u32> {
-    let prefix = format!("/snowkeep/v1/ns/{}/holder/", c.ns);
-    let resp = c
-        .etcd
+async fn requester_held_ids(etcd: &EtcdProcess, ns: &str) -> BTreeSet<u32> {
+    let prefix = format!("/snowkeep/v1/ns/{ns}/holder/");
+    let resp = etcd
         .client()
         .await
         .get(
@@ -39,18 +41,19 @@ async fn requester_held_ids(c: &AuthCluster) -> BTreeSet<u32> {
         .collect()
 }
 
-/// The quota promise (operations.md, "Quotas"): "one key cannot pin more
-/// machine ids than its quota". Concurrent Acquires of ONE requester
-/// identity (same host, pid, start and nonce, no token) all pass the
-/// "record exists?" check before the first commits; claim_new then writes
-/// the requester record, token and the key holding without guarding that
-/// they do not exist, so each winner overwrites the previous one's holding
-/// (`keyholds/<key>/<ns>/<requester>` = its own count). The quota loop's
-/// retry counts again (it sees only the latest holding) and claims again.
-/// The machine ids of the overwritten grants stay held on their own etcd
-/// leases (10 min) and are counted nowhere.
+/// Regression test (outside testing; the quota promise of operations.md,
+/// "Quotas": one key cannot pin more machine ids than its quota).
+/// Concurrent Acquires of ONE requester identity (same host, pid, start and
+/// nonce, no token) all passed the "record exists?" check before the first
+/// committed, and the grant transaction wrote the requester record, token
+/// and the key holding without requiring them absent, so each winner
+/// overwrote the previous one's holding and the overwritten grants' machine
+/// ids stayed held on their own etcd leases, counted nowhere (9 pinned under
+/// quota 4). Now the grant commits only while the requester has no record,
+/// token or holding; the others give their claims back and are refused as
+/// Acquires without the winner's lease token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_acquires_of_one_requester_pin_more_than_the_key_quota() {
+async fn concurrent_acquires_of_one_requester_never_pin_more_than_the_key_quota() {
     let c = AuthCluster::start("brkquota").await;
     let quota = 4;
     let (key, _) = c.create_key(&[Lease], &[], quota).await;
@@ -76,11 +79,80 @@ async fn concurrent_acquires_of_one_requester_pin_more_than_the_key_quota() {
         }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let pinned = requester_held_ids(&c).await;
+    let pinned = requester_held_ids(&c.etcd, &c.ns).await;
     assert!(
         pinned.len() <= quota as usize,
         "a key with quota {quota} pins {} machine ids ({pinned:?}); {granted} granted in answers",
         pinned.len()
+    );
+}
+
+/// The same kind without an API key (no quota): concurrent Acquires of one
+/// requester identity through two servers each overwrote the previous
+/// winner's record and token, and every overwritten grant's machine ids
+/// stayed held on its own lease (10 min) with no record to renew or release
+/// them. Exactly one grant is held now; every other Acquire is refused as
+/// one without that grant's lease token, and gave its claim back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquires_of_one_requester_without_a_key_leave_one_grant_held() {
+    let ns = "brkonegrant";
+    let etcd = EtcdProcess::start().await;
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &[]);
+    a.wait_serving(READY).await;
+    let b = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
+    b.wait_serving(READY).await;
+    let (api_a, api_b) = (lease_client(&a).await, lease_client(&b).await);
+    let who = requester(4_343);
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(16));
+    let calls: Vec<_> = (0..16)
+        .map(|i| {
+            let mut api = if i % 2 == 0 {
+                api_a.clone()
+            } else {
+                api_b.clone()
+            };
+            let req = acquire(ns, &who, 2, None);
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                api.acquire(req).await
+            })
+        })
+        .collect();
+    let mut grants = Vec::new();
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(g) => grants.push(g.into_inner()),
+            Err(s) => assert!(
+                matches!(s.code(), Code::PermissionDenied | Code::Unavailable),
+                "{s:?}"
+            ),
+        }
+    }
+    assert_eq!(
+        grants.len(),
+        1,
+        "concurrent Acquires of one requester were each granted: {:?}",
+        grants.iter().map(ids_of).collect::<Vec<_>>()
+    );
+    let grant = grants.pop().unwrap();
+    let granted: BTreeSet<u32> = ids_of(&grant).into_iter().collect();
+    assert_eq!(granted.len(), 2);
+    assert_eq!(
+        requester_held_ids(&etcd, ns).await,
+        granted,
+        "the machine ids held in etcd are not exactly the one grant's"
+    );
+    // The grant answered is the one in etcd: its token renews it.
+    let renewed = api_a
+        .clone()
+        .renew(renew(ns, &who, &grant.lease_token, None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        ids_of(&renewed).into_iter().collect::<BTreeSet<_>>(),
+        granted
     );
 }
 
