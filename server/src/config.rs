@@ -1902,4 +1902,27 @@ mod tests {
             "invalid --namespace (SNOWKEEP_NAMESPACE) \"..\": a namespace is 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit (so never \".\" or \"..\", and no \"/\")"
         );
     }
+
+    #[test]
+    fn the_status_page_is_off_by_default_and_needs_etcd_and_its_own_address() {
+        let etcd = ["--etcd-endpoints", "http://127.0.0.1:2379"];
+        assert_eq!(parse(&etcd).unwrap().admin_listen, None);
+        let on = parse(&[&etcd[..], &["--admin-listen", "127.0.0.1:9465"]].concat()).unwrap();
+        assert_eq!(on.admin_listen, Some("127.0.0.1:9465".parse().unwrap()));
+        // Any address is allowed when given.
+        let wide = parse(&[&etcd[..], &["--admin-listen", "0.0.0.0:9465"]].concat()).unwrap();
+        assert_eq!(wide.admin_listen, Some("0.0.0.0:9465".parse().unwrap()));
+        assert_eq!(
+            parse(&["--admin-listen", "127.0.0.1:9465"]).unwrap_err().to_string(),
+            "invalid --admin-listen (SNOWKEEP_ADMIN_LISTEN) 127.0.0.1:9465: the status page shows a cluster's state, which is kept in etcd: add --etcd-endpoints (the single-instance store has no status page)"
+        );
+        for taken in [DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN] {
+            assert_eq!(
+                parse(&[&etcd[..], &["--admin-listen", taken]].concat())
+                    .unwrap_err()
+                    .to_string(),
+                format!("invalid --admin-listen (SNOWKEEP_ADMIN_LISTEN) {taken}: the status page needs an address of its own, not the one of --listen or --metrics-listen")
+            );
+        }
+    }
 }
