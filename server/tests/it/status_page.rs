@@ -295,7 +295,8 @@ async fn the_page_shows_holders_requesters_and_evictions_behind_the_admin_key() 
         },
     )
     .await;
-    screenshot(page_b, &admin_key).await;
+    // Server a answered the Acquires: its page has audit events to show.
+    screenshot(page_a, &admin_key).await;
     let evicted = admin(&a, Some(&admin_key))
         .await
         .evict(pb::EvictRequest {
