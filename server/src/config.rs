@@ -95,6 +95,14 @@ pub struct Args {
     /// Prometheus metrics listen address (GET /metrics).
     #[arg(long, env = "SNOWKEEP_METRICS_LISTEN", default_value = DEFAULT_METRICS_LISTEN)]
     pub metrics_listen: SocketAddr,
+    /// Status page listen address (HTTP, GET /): a read-only page of the
+    /// cluster's namespaces, machine ids, Lease API requesters, this
+    /// server's state and recent audit events. Off unless given; give a
+    /// loopback address (e.g. 127.0.0.1:9465) unless the page must be
+    /// reached from other hosts. With --auth on it needs an API key with the
+    /// admin permission. Needs --etcd-endpoints.
+    #[arg(long, env = "SNOWKEEP_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
     /// Namespace: an isolated pool of machine ids with one layout; 1-64
     /// characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit.
     #[arg(long, env = "SNOWKEEP_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
@@ -416,6 +424,8 @@ pub struct ServerConfig {
     pub allow_cidrs: Vec<IpNet>,
     /// API keys.
     pub auth: AuthConfig,
+    /// Where the status page listens (`--admin-listen`); `None`: no page.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -630,6 +640,14 @@ pub enum ConfigError {
     /// `--auth on` or a bootstrap key without etcd.
     #[error("{0}")]
     AuthNeedsEtcd(&'static str),
+    /// `--admin-listen` that cannot serve the status page.
+    #[error("invalid --admin-listen (SNOWKEEP_ADMIN_LISTEN) {address}: {problem}")]
+    AdminListen {
+        /// The address given.
+        address: SocketAddr,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// The bootstrap admin key file cannot be read or holds no key.
     #[error(
         "invalid --bootstrap-admin-key-file (SNOWKEEP_BOOTSTRAP_ADMIN_KEY_FILE) {path}: {problem}"
@@ -782,6 +800,20 @@ impl TryFrom<Args> for ServerConfig {
         {
             return Err(ConfigError::AuthNeedsEtcd("--auth on and --bootstrap-admin-key-file need etcd, where API keys are kept: add --etcd-endpoints (the single-instance store serves without authentication; keep its port private)"));
         }
+        if let Some(address) = args.admin_listen {
+            let problem = if matches!(store, StoreConfig::SingleInstance { .. }) {
+                Some("the status page shows a cluster's state, which is kept in etcd: add --etcd-endpoints (the single-instance store has no status page)")
+            } else if address.port() != 0
+                && (address == args.listen || address == args.metrics_listen)
+            {
+                Some("the status page needs an address of its own, not the one of --listen or --metrics-listen")
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return Err(ConfigError::AdminListen { address, problem });
+            }
+        }
         let setup_only = args.create_namespace_only || namespace_setup.confirm_floor.is_some();
         let machine_id_range = match args.machine_id_range {
             None => 0..layout.machine_id_count(),
@@ -836,6 +868,7 @@ impl TryFrom<Args> for ServerConfig {
                 mode: args.auth,
                 bootstrap_admin_key,
             },
+            admin_listen: args.admin_listen,
         })
     }
 }
@@ -1868,5 +1901,28 @@ mod tests {
             parse(&["--namespace", ".."]).unwrap_err().to_string(),
             "invalid --namespace (SNOWKEEP_NAMESPACE) \"..\": a namespace is 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit (so never \".\" or \"..\", and no \"/\")"
         );
+    }
+
+    #[test]
+    fn the_status_page_is_off_by_default_and_needs_etcd_and_its_own_address() {
+        let etcd = ["--etcd-endpoints", "http://127.0.0.1:2379"];
+        assert_eq!(parse(&etcd).unwrap().admin_listen, None);
+        let on = parse(&[&etcd[..], &["--admin-listen", "127.0.0.1:9465"]].concat()).unwrap();
+        assert_eq!(on.admin_listen, Some("127.0.0.1:9465".parse().unwrap()));
+        // Any address is allowed when given.
+        let wide = parse(&[&etcd[..], &["--admin-listen", "0.0.0.0:9465"]].concat()).unwrap();
+        assert_eq!(wide.admin_listen, Some("0.0.0.0:9465".parse().unwrap()));
+        assert_eq!(
+            parse(&["--admin-listen", "127.0.0.1:9465"]).unwrap_err().to_string(),
+            "invalid --admin-listen (SNOWKEEP_ADMIN_LISTEN) 127.0.0.1:9465: the status page shows a cluster's state, which is kept in etcd: add --etcd-endpoints (the single-instance store has no status page)"
+        );
+        for taken in [DEFAULT_LISTEN, DEFAULT_METRICS_LISTEN] {
+            assert_eq!(
+                parse(&[&etcd[..], &["--admin-listen", taken]].concat())
+                    .unwrap_err()
+                    .to_string(),
+                format!("invalid --admin-listen (SNOWKEEP_ADMIN_LISTEN) {taken}: the status page needs an address of its own, not the one of --listen or --metrics-listen")
+            );
+        }
     }
 }

@@ -61,6 +61,7 @@ pub mod scale;
 pub(crate) mod service;
 pub mod shutdown;
 pub(crate) mod single_instance;
+pub(crate) mod status_page;
 pub mod telemetry;
 pub mod tls;
 

@@ -13,7 +13,7 @@
 //! one ahead makes others wait.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use snowkeep_client::SharedClock;
@@ -28,6 +28,35 @@ use crate::metrics as m;
 
 /// Timeout of one GetInfo to a peer; a slower answer says little about clocks.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The last check's result for one peer, as the status page shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerClock {
+    /// The peer's instance id.
+    pub instance_id: String,
+    /// The address it advertises.
+    pub address: String,
+    /// Its clock minus ours, ms; `None` when it did not answer the last
+    /// check.
+    pub offset_ms: Option<i64>,
+}
+
+/// The peers of the last clock check round, shared with the status page.
+/// Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct PeerClocks(Arc<Mutex<Vec<PeerClock>>>);
+
+impl PeerClocks {
+    /// The peers of the last round, by instance id.
+    pub fn snapshot(&self) -> Vec<PeerClock> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, mut peers: Vec<PeerClock>) {
+        peers.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = peers;
+    }
+}
 
 /// One measurement: the peer's clock minus ours at the midpoint of the call,
 /// ms, from our wall time before (`t0`) and after (`t1`) the call and the
@@ -51,12 +80,14 @@ async fn measure(channel: Channel, clock: &SharedClock) -> Option<i64> {
 }
 
 /// Runs the check every `config.interval` until `shutdown`, once `directory`
-/// is set (the store connected). Does nothing when the interval is zero.
+/// is set (the store connected), keeping each round's results in `clocks`.
+/// Does nothing when the interval is zero.
 pub async fn run(
     config: PeerSkewConfig,
     namespace: String,
     directory: Arc<OnceLock<PeerDirectory>>,
     clock: SharedClock,
+    clocks: PeerClocks,
     shutdown: CancellationToken,
 ) {
     if config.interval.is_zero() {
@@ -85,6 +116,7 @@ pub async fn run(
         channels.retain(|address, _| peers.iter().any(|(_, a)| a == address));
         let mut largest: i64 = 0;
         let mut answered = 0;
+        let mut round = Vec::with_capacity(peers.len());
         for (instance, address) in &peers {
             let channel = match channels.get(address) {
                 Some(c) => c.clone(),
@@ -100,7 +132,13 @@ pub async fn run(
                     }
                 },
             };
-            let Some(offset) = measure(channel, &clock).await else {
+            let measured = measure(channel, &clock).await;
+            round.push(PeerClock {
+                instance_id: instance.clone(),
+                address: address.clone(),
+                offset_ms: measured,
+            });
+            let Some(offset) = measured else {
                 debug!(peer = %instance, %address, "peer did not answer the clock check");
                 continue;
             };
@@ -113,6 +151,7 @@ pub async fn run(
                 warn!(peer = %instance, %address, offset_ms = offset, threshold = ?config.warn, "clock offset to a peer server is over the threshold; check NTP on both hosts");
             }
         }
+        clocks.set(round);
         // No peers: no offset. Peers that all failed to answer leave the last
         // figure standing rather than clearing a real skew.
         if peers.is_empty() || answered > 0 {

@@ -48,6 +48,15 @@ pub enum ServeError {
     /// Reflection could not be built from the descriptor sets.
     #[error("server reflection setup failed")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The status page's address (`--admin-listen`) cannot be bound.
+    #[error("cannot bind the status page's listener (--admin-listen) {address}")]
+    AdminListen {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// A background task panicked.
     #[error("a background task panicked")]
     Panic(#[from] tokio::task::JoinError),
@@ -331,6 +340,15 @@ pub async fn run(
         .as_ref()
         .map(crate::tls::ServerTls::load)
         .transpose()?;
+    // Bound before anything is claimed, like the gRPC port.
+    let admin_listener = match config.admin_listen {
+        Some(address) => Some(
+            TcpListener::bind(address)
+                .await
+                .map_err(|source| ServeError::AdminListen { address, source })?,
+        ),
+        None => None,
+    };
     // The single-instance store opens now (its errors need an operator). etcd is
     // connected by the lease task, so the server answers (NOT_SERVING,
     // UNAVAILABLE) while etcd is still coming up instead of hanging callers.
@@ -391,16 +409,19 @@ pub async fn run(
     let tracker = TaskTracker::new();
     let release = CancellationToken::new();
     let peers = Arc::new(OnceLock::new());
+    let peer_clocks = crate::peers::PeerClocks::default();
     let mut peer_skew = config.peer_skew.clone();
     if config.tls.is_some() && !peer_skew.interval.is_zero() {
         info!("the peer clock check (--peer-skew-interval) is off while the gRPC port serves TLS: it calls peers in plaintext; watch hosts' clocks with NTP monitoring");
         peer_skew.interval = Duration::ZERO;
     }
+    let peer_check = !peer_skew.interval.is_zero();
     tracker.spawn(crate::peers::run(
         peer_skew,
         ns.clone(),
         peers.clone(),
         clock.clone(),
+        peer_clocks.clone(),
         shutdown.clone(),
     ));
     // The lease loop gets a runtime of its own (see `lease_runtime`); the
@@ -451,6 +472,45 @@ pub async fn run(
             }
         })
     };
+    let info = InfoHandler::new(
+        generators.clone(),
+        clock.clone(),
+        ns.clone(),
+        config.instance_id.clone(),
+        store_kind,
+        access.clone(),
+    );
+    let admin = AdminHandler::new(
+        StateAdmin::new(access.clone(), clock.clone()),
+        KeyAdmin::new(access.clone(), key_cache.clone(), clock.clone()),
+    );
+    if let Some(listener) = admin_listener {
+        let address = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        info!(address = %address, auth = ?config.auth.mode, "serving the status page (--admin-listen)");
+        let sources = crate::status_page::StatusSources {
+            admin: admin.clone(),
+            info: info.clone(),
+            generators: generators.clone(),
+            peers: peer_clocks,
+            peer_check,
+            peer_warn: config.peer_skew.warn,
+            audit: crate::status_page::AuditRing::follow(shutdown.clone()),
+            clock: clock.clone(),
+            instance_id: config.instance_id.clone(),
+            namespace: ns.clone(),
+            auth: config.auth.mode,
+            keys: key_cache.clone(),
+        };
+        tracker.spawn(crate::status_page::serve(
+            listener,
+            sources,
+            config.limits.idle_timeout,
+            shutdown.clone(),
+        ));
+    }
     let (routes, reporter) = service::router(
         IdHandler::new(
             generators.clone(),
@@ -458,19 +518,9 @@ pub async fn run(
             clock.clone(),
             shutdown.clone(),
         ),
-        InfoHandler::new(
-            generators.clone(),
-            clock.clone(),
-            ns.clone(),
-            config.instance_id.clone(),
-            store_kind,
-            access.clone(),
-        ),
+        info,
         LeaseHandler::new(access.clone(), config.lease_api, clock.clone()),
-        AdminHandler::new(
-            StateAdmin::new(access.clone(), clock.clone()),
-            KeyAdmin::new(access, key_cache.clone(), clock.clone()),
-        ),
+        admin,
         &config.limits,
     )?;
     tracker.spawn(health::follow_issuance(
@@ -484,7 +534,8 @@ pub async fn run(
     if let Some(soft) = crate::limits::conn::open_file_limit() {
         let needed = (limits.max_connections
             + crate::metrics::http::MAX_CONNECTIONS
-            + crate::limits::conn::DISALLOWED_MAX_CONNECTIONS) as u64
+            + crate::limits::conn::DISALLOWED_MAX_CONNECTIONS
+            + crate::status_page::MAX_CONNECTIONS) as u64
             + crate::limits::conn::OWN_DESCRIPTORS;
         if needed > soft {
             warn!(

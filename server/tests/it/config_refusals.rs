@@ -216,3 +216,12 @@ async fn etcd_tls_and_auth_flags_that_do_not_fit_refuse_to_start_with_64() {
     let mut s = ServerProcess::spawn(&[&http, "--etcd-password=pw"]);
     assert_eq!(s.wait_exit(Duration::from_secs(15)).await.code(), Some(64));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_page_without_etcd_refuses_to_start_with_64() {
+    refused(vec![(
+        vec!["--admin-listen".to_owned(), "127.0.0.1:9465".to_owned()],
+        "invalid --admin-listen (SNOWKEEP_ADMIN_LISTEN) 127.0.0.1:9465: the status page shows a cluster's state, which is kept in etcd: add --etcd-endpoints (the single-instance store has no status page)".to_owned(),
+    )])
+    .await;
+}
