@@ -143,6 +143,40 @@ impl AuthLayer {
     }
 }
 
+impl AuthLayer {
+    /// Records a Lease API Acquire or Release that a valid key was refused
+    /// (permission or namespace) as an audit event, like the ones the
+    /// handler records. Calls without a valid key are not events (an
+    /// anonymous flood must not flood the trail); they are counted in
+    /// `snowkeep_auth_requests_total{key_id="-"}`.
+    fn audit_refusal<R>(
+        &self,
+        request: &http::Request<R>,
+        authorization: Option<&[u8]>,
+        status: &Status,
+    ) {
+        let action = match request.uri().path() {
+            "/snowkeep.v1.LeaseService/Acquire" => "lease.acquire",
+            "/snowkeep.v1.LeaseService/Release" => "lease.release",
+            _ => return,
+        };
+        let Ok(presented) = PresentedKey::from_authorization(authorization) else {
+            return;
+        };
+        let mut who = crate::audit::Who::of(request.extensions());
+        who.key_id = presented.id().to_owned();
+        crate::audit::record(crate::audit::AuditEvent {
+            unix_ms: self.clock.unix_ms(),
+            action,
+            who,
+            requester: String::new(),
+            namespace: String::new(),
+            subject: "refused before the Lease API".to_owned(),
+            result: format!("{:?}", status.code()),
+        });
+    }
+}
+
 impl<S> Layer<S> for AuthLayer {
     type Service = Auth<S>;
 
@@ -199,6 +233,9 @@ where
                 Box::pin(self.inner.call(request))
             }
             Err(status) => {
+                if status.code() == tonic::Code::PermissionDenied {
+                    self.layer.audit_refusal(&request, authorization, &status);
+                }
                 let response = status.into_http::<B>();
                 Box::pin(async move { Ok(response) })
             }

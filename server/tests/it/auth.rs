@@ -243,6 +243,25 @@ async fn a_key_is_held_to_its_namespaces_and_permissions() {
         Code::PermissionDenied,
         "lacks the lease permission that LeaseService needs; use a key created with --permission lease",
     );
+    // The refusal is an audit event naming the key, though no handler ran.
+    let key_id = ids_only.split_once('.').unwrap().0.to_owned();
+    let a = &c.a;
+    eventually(
+        "the refused Acquire in the audit trail",
+        Duration::from_secs(10),
+        || {
+            let key_id = key_id.clone();
+            async move {
+                a.log().lines().any(|l| {
+                    l.contains("snowkeep::audit")
+                        && l.contains("lease.acquire")
+                        && l.contains(&format!("key_id={key_id}"))
+                        && l.contains("result=PermissionDenied")
+                })
+            }
+        },
+    )
+    .await;
     let (scoped, _) = c.create_key(&[Lease], &["authscope"], 4).await;
     let grant = lease(&c.a, Some(&scoped))
         .await
@@ -273,7 +292,7 @@ async fn a_key_over_its_quota_is_refused_and_renewals_never_are() {
             .await,
         Code::ResourceExhausted,
         &format!(
-            "key {} holds 2 of its 3 machine ids; asking for 2 would exceed its quota; release some or raise max_lease_machine_ids",
+            "key {} holds 2 of its 3 machine ids; asking for 2 would exceed its quota; release some, or use a key with a larger quota (snowkeepctl key create --max-lease-machine-ids N; a key's quota never changes)",
             record.id
         ),
     );
