@@ -616,3 +616,33 @@ fn a_stream_cut_short_fails_the_check_and_shows_in_the_status_distribution() {
         (Some(1), Some(3000))
     );
 }
+
+/// Streams the server refuses outright (here an invalid batch size; against
+/// snowkeep, a key without the ids permission) are failed calls, exit 1,
+/// not a uniqueness check that failed on ids that never came (exit 2).
+#[test]
+fn refused_streams_exit_1_not_as_a_failed_check() {
+    let f = floor(&[]);
+    let out = bench(
+        &f.addr,
+        &[
+            "--call",
+            "stream",
+            "--count",
+            "100",
+            "--batch-size",
+            "4000000000",
+            "-n",
+            "2",
+            "-c",
+            "1",
+            "--check",
+            "--no-progress",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("every call failed"),
+        "{out:?}"
+    );
+}

@@ -158,7 +158,7 @@ pub enum StoreError {
     },
     /// A new Lease API claim would take an API key's holdings over its quota.
     /// Nothing was claimed.
-    #[error("key {key_id} holds {held} of its {max} machine ids; asking for {asked} would exceed its quota; release some or raise max_lease_machine_ids")]
+    #[error("key {key_id} holds {held} of its {max} machine ids; asking for {asked} would exceed its quota; release some, or use a key with a larger quota (snowkeepctl key create --max-lease-machine-ids N; a key's quota never changes)")]
     KeyQuotaExceeded {
         /// The key id.
         key_id: String,

@@ -119,6 +119,11 @@ pub(crate) fn write(
             let _ = writeln!(std::io::stderr(), "check: {}", c.summary());
         }
     }
+    // Every call refused (a bad key, a missing permission): that is the
+    // failure to report (exit 1), not a check of ids that never came.
+    if report.all_failed() && checked.as_ref().is_none_or(|c| c.ids == 0) {
+        bail!("every call failed (see the error distribution)");
+    }
     if let Some(c) = checked {
         if c.ids == 0 {
             let _ = writeln!(
