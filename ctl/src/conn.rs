@@ -20,16 +20,18 @@ pub struct ConnArgs {
     )]
     pub endpoint: String,
     /// The API key (`<id>.<secret>`), sent as `authorization: Bearer <key>`.
+    /// A flag wins over an environment variable; --api-key wins over
+    /// --api-key-file when both are flags (or both variables).
     #[arg(long, global = true, env = "SNOWKEEP_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// A file holding the API key (its first line), instead of --api-key.
-    #[arg(
-        long,
-        global = true,
-        env = "SNOWKEEP_API_KEY_FILE",
-        conflicts_with = "api_key"
-    )]
+    #[arg(long, global = true, env = "SNOWKEEP_API_KEY_FILE")]
     pub api_key_file: Option<std::path::PathBuf>,
+    /// Whether the key file wins over the key: --api-key-file was given as
+    /// a flag and --api-key came only from SNOWKEEP_API_KEY (set by
+    /// [`ConnArgs::settle_key_sources`]).
+    #[arg(skip)]
+    pub file_over_key: bool,
     /// Request timeout.
     #[arg(long, global = true, env = "SNOWKEEP_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: std::time::Duration,
@@ -60,25 +62,85 @@ pub struct ConnArgs {
     pub tls_server_name: Option<String>,
 }
 
-/// A status with the errors beneath it (a transport failure's cause, such
-/// as a TLS alert, is only there) and, for TLS failures a person can fix
-/// with a flag, what to do.
+/// The canonical (upper-case) name of a gRPC status code, as the gRPC
+/// specification and the rest of snowkeep's documentation write it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// A status as `CODE_NAME: message`, with the errors beneath it (a
+/// transport failure's cause, such as a TLS alert, is only there).
 pub fn explain(status: &tonic::Status) -> String {
-    let mut out = format!("{:?}: {}", status.code(), status.message());
+    let mut out = format!("{}: {}", code_name(status.code()), status.message());
     let mut source = std::error::Error::source(status);
     while let Some(s) = source {
         out.push_str(": ");
         out.push_str(&s.to_string());
         source = s.source();
     }
-    if out.contains("CertificateRequired") {
-        out.push_str(
-            " (the server requires a client certificate: give --tls-cert-file and --tls-key-file)",
-        );
-    } else if out.contains("UnknownCA") || out.contains("BadCertificate") {
-        out.push_str(" (the server does not accept this client certificate: use one signed by the CA of its --tls-client-ca-file)");
-    }
     out
+}
+
+/// An error as snowkeepctl prints it (without the `snowkeepctl: ` prefix):
+/// its context, then a gRPC status as [`explain`] writes it.
+pub fn render(error: &anyhow::Error) -> String {
+    let mut parts = Vec::new();
+    for cause in error.chain() {
+        if let Some(status) = cause.downcast_ref::<tonic::Status>() {
+            parts.push(explain(status));
+            break;
+        }
+        parts.push(cause.to_string());
+    }
+    parts.join(": ")
+}
+
+/// What to do about an error (as [`render`] writes it) that a flag fixes,
+/// for a connection to `endpoint`.
+pub fn hint(error: &anyhow::Error, text: &str, endpoint: &str) -> Option<&'static str> {
+    let unauthenticated = error.chain().any(|c| {
+        c.downcast_ref::<tonic::Status>()
+            .is_some_and(|s| s.code() == tonic::Code::Unauthenticated)
+    });
+    let plaintext = !is_https(endpoint);
+    if text.contains("CertificateRequired") {
+        Some("the server requires a client certificate: give --tls-cert-file and --tls-key-file")
+    } else if text.contains("UnknownCA") || text.contains("BadCertificate") {
+        Some("the server does not accept this client certificate: use one signed by the CA of its --tls-client-ca-file")
+    } else if unauthenticated || text.starts_with("UNAUTHENTICATED: ") {
+        Some("send an API key with --api-key-file FILE (or SNOWKEEP_API_KEY_FILE)")
+    } else if plaintext
+        && (text.contains("frame with invalid size") || text.contains("h2 protocol error"))
+    {
+        Some("the server may serve TLS: use https:// and --tls-ca-file")
+    } else {
+        None
+    }
+}
+
+fn is_https(endpoint: &str) -> bool {
+    endpoint
+        .get(..8)
+        .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
 }
 
 fn read(flag: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -107,8 +169,9 @@ pub type Admin = AdminServiceClient<InterceptedService<Channel, ApiKey>>;
 impl ConnArgs {
     fn key(&self) -> anyhow::Result<ApiKey> {
         let key = match (&self.api_key, &self.api_key_file) {
-            (Some(k), _) => Some(k.trim().to_owned()),
-            (None, Some(path)) => Some(
+            (Some(k), None) => Some(k.trim().to_owned()),
+            (Some(k), Some(_)) if !self.file_over_key => Some(k.trim().to_owned()),
+            (_, Some(path)) => Some(
                 std::fs::read_to_string(path)
                     .with_context(|| format!("reading the API key from {}", path.display()))?
                     .lines()
@@ -133,11 +196,7 @@ impl ConnArgs {
     /// # Errors
     /// TLS flags with an `http://` endpoint, or a file that cannot be read.
     fn tls(&self) -> anyhow::Result<Option<ClientTlsConfig>> {
-        let https = self
-            .endpoint
-            .get(..8)
-            .is_some_and(|s| s.eq_ignore_ascii_case("https://"));
-        if !https {
+        if !is_https(&self.endpoint) {
             let flag = [
                 ("--tls-ca-file", self.tls_ca_file.is_some()),
                 ("--tls-cert-file", self.tls_cert_file.is_some()),
@@ -203,21 +262,78 @@ pub type Info =
     snowkeep_proto::v1::info_service_client::InfoServiceClient<InterceptedService<Channel, ApiKey>>;
 
 impl ConnArgs {
-    /// Connects to the server's InfoService.
+    /// Connects to the server's InfoService, over TLS for `https://` as
+    /// every other connection.
     pub async fn info(&self) -> anyhow::Result<Info> {
-        let endpoint = Endpoint::from_shared(self.endpoint.clone())
-            .with_context(|| format!("--endpoint {:?} is not a URL", self.endpoint))?
-            .timeout(self.timeout)
-            .connect_timeout(self.timeout);
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("connecting to {}", self.endpoint))?;
+        let channel = self.channel().await?;
         Ok(
             snowkeep_proto::v1::info_service_client::InfoServiceClient::with_interceptor(
                 channel,
                 self.key()?,
             ),
         )
+    }
+
+    /// Records where the API key flags came from, so a flag wins over an
+    /// environment variable: --api-key-file on the command line wins over
+    /// SNOWKEEP_API_KEY; --api-key on the command line wins over both.
+    pub fn settle_key_sources(&mut self, matches: &clap::ArgMatches) {
+        let key = on_command_line(matches, "api_key");
+        let file = on_command_line(matches, "api_key_file");
+        self.file_over_key = file && !key;
+    }
+}
+
+/// Whether global argument `id` was given on the command line, at the top
+/// level or after a subcommand.
+fn on_command_line(matches: &clap::ArgMatches, id: &str) -> bool {
+    let here = matches.try_get_raw(id).ok().flatten().is_some()
+        && matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    here || matches
+        .subcommand()
+        .is_some_and(|(_, sub)| on_command_line(sub, id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_print_their_canonical_code_name_and_a_hint() {
+        let e = anyhow::Error::new(tonic::Status::failed_precondition("etcd holds state"));
+        let text = render(&e);
+        assert_eq!(text, "FAILED_PRECONDITION: etcd holds state");
+        assert_eq!(hint(&e, &text, "http://x:1"), None);
+
+        let e = anyhow::Error::new(tonic::Status::unauthenticated("no API key"))
+            .context("asking the server for its namespace (or pass --namespace)");
+        let text = render(&e);
+        assert_eq!(
+            text,
+            "asking the server for its namespace (or pass --namespace): UNAUTHENTICATED: no API key"
+        );
+        assert_eq!(
+            hint(&e, &text, "http://x:1"),
+            Some("send an API key with --api-key-file FILE (or SNOWKEEP_API_KEY_FILE)")
+        );
+
+        let e = anyhow::Error::new(tonic::Status::internal(
+            "h2 protocol error: http2 error: connection error detected: frame with invalid size",
+        ));
+        let text = render(&e);
+        assert_eq!(
+            hint(&e, &text, "http://x:1"),
+            Some("the server may serve TLS: use https:// and --tls-ca-file")
+        );
+        assert_eq!(hint(&e, &text, "https://x:1"), None);
+
+        let e = anyhow::anyhow!("received fatal alert: CertificateRequired");
+        assert_eq!(
+            hint(&e, &render(&e), "https://x:1"),
+            Some(
+                "the server requires a client certificate: give --tls-cert-file and --tls-key-file"
+            )
+        );
+        assert_eq!(code_name(tonic::Code::NotFound), "NOT_FOUND");
     }
 }

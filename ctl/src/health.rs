@@ -23,7 +23,6 @@ impl HealthArgs {
     /// # Errors
     /// The server cannot be reached (TLS included) or does not answer, the
     /// service is unknown to it, or its status is anything but SERVING.
-    #[allow(clippy::print_stdout)]
     pub async fn run(self, conn: &ConnArgs) -> anyhow::Result<()> {
         let what = if self.service.is_empty() {
             "the server".to_owned()
@@ -52,7 +51,6 @@ impl HealthArgs {
                 status.as_str_name()
             );
         }
-        println!("SERVING");
-        Ok(())
+        crate::output::line("SERVING")
     }
 }

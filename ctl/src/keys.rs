@@ -31,7 +31,8 @@ impl PermissionArg {
 /// API key commands.
 #[derive(clap::Subcommand)]
 pub enum KeyCommand {
-    /// Create an API key; its secret is printed once, here.
+    /// Create an API key; its secret is printed once, here (or written to
+    /// --secret-file).
     Create {
         /// What the key is for.
         #[arg(long)]
@@ -50,6 +51,11 @@ pub enum KeyCommand {
         /// Lease API, cluster-wide.
         #[arg(long, default_value_t = 0)]
         max_lease_machine_ids: u32,
+        /// Write the key (`<id>.<secret>` and a newline) to this new file,
+        /// readable by its owner only (mode 0600), instead of printing the
+        /// secret; fails if the file exists.
+        #[arg(long)]
+        secret_file: Option<std::path::PathBuf>,
     },
     /// List API keys (never their secrets).
     List,
@@ -154,11 +160,7 @@ impl KeyCommand {
     /// Runs the command.
     pub async fn run(self, conn: &ConnArgs, output: Output) -> anyhow::Result<()> {
         if let KeyCommand::Generate = self {
-            #[allow(clippy::print_stdout)]
-            {
-                println!("{}", snowkeep_client::api_key::generate_key());
-            }
-            return Ok(());
+            return crate::output::line(snowkeep_client::api_key::generate_key());
         }
         let now = snowkeep_client::SystemClock.unix_ms();
         let mut admin = conn.admin().await?;
@@ -169,12 +171,19 @@ impl KeyCommand {
                 namespaces,
                 permissions,
                 max_lease_machine_ids,
+                secret_file,
             } => {
                 let expires_unix_ms = expires
                     .as_deref()
                     .map(|e| parse_when(e, now))
                     .transpose()?
                     .unwrap_or(0);
+                // Made before the key, so an existing file refuses before
+                // a key nobody can use exists.
+                let mut file = secret_file
+                    .as_deref()
+                    .map(|path| new_secret_file(path).map(|f| (path, f)))
+                    .transpose()?;
                 let r = admin
                     .create_key(pb::CreateKeyRequest {
                         description,
@@ -183,24 +192,54 @@ impl KeyCommand {
                         permissions: permissions.iter().map(|p| p.to_pb() as i32).collect(),
                         max_lease_machine_ids,
                     })
-                    .await?
-                    .into_inner();
+                    .await;
+                let r = match r {
+                    Ok(r) => r.into_inner(),
+                    Err(status) => {
+                        if let Some((path, _)) = file.take() {
+                            let _ = std::fs::remove_file(path);
+                        }
+                        return Err(status.into());
+                    }
+                };
                 let Some(key) = r.key else {
                     bail!("the server answered without the key");
                 };
+                if let Some((path, mut f)) = file {
+                    use std::io::Write;
+                    f.write_all(format!("{}\n", r.secret).as_bytes())
+                        .and_then(|()| f.sync_all())
+                        .with_context(|| {
+                            format!(
+                                "writing the key to {} (key {} exists: revoke it)",
+                                path.display(),
+                                key.id
+                            )
+                        })?;
+                    let mut json = key_json(&key);
+                    json["secret_file"] = serde_json::Value::String(path.display().to_string());
+                    print(output, KEY_HEADER, vec![key_row(&key)], json)?;
+                    if output == Output::Table {
+                        crate::output::line(format_args!(
+                            "the key (<id>.<secret>) is in {} (mode 0600): give it to the client",
+                            path.display()
+                        ))?;
+                    }
+                    return Ok(());
+                }
                 let mut json = key_json(&key);
                 json["secret"] = serde_json::Value::String(r.secret.clone());
                 let mut row = key_row(&key);
                 row.push(r.secret);
                 let mut header = KEY_HEADER.to_vec();
                 header.push("SECRET (shown once: give it to the client now)");
-                print(output, &header, vec![row], json);
+                print(output, &header, vec![row], json)?;
             }
             KeyCommand::List => {
                 let r = admin.list_keys(pb::ListKeysRequest {}).await?.into_inner();
                 let rows = r.keys.iter().map(key_row).collect();
                 let json = serde_json::json!(r.keys.iter().map(key_json).collect::<Vec<_>>());
-                print(output, KEY_HEADER, rows, json);
+                print(output, KEY_HEADER, rows, json)?;
             }
             KeyCommand::Expire { id, at } => {
                 let expires_unix_ms = at
@@ -216,7 +255,7 @@ impl KeyCommand {
                     .await?
                     .into_inner();
                 let key = r.key.unwrap_or_default();
-                print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key));
+                print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key))?;
             }
             KeyCommand::Revoke { id } => {
                 let r = admin
@@ -224,7 +263,7 @@ impl KeyCommand {
                     .await?
                     .into_inner();
                 let key = r.key.unwrap_or_default();
-                print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key));
+                print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key))?;
             }
             // Answered above, without a server.
             KeyCommand::Generate => {}
@@ -261,7 +300,6 @@ fn event_json(e: &pb::AuditEvent) -> serde_json::Value {
 
 impl AuditCommand {
     /// Runs the command.
-    #[allow(clippy::print_stdout)]
     pub async fn run(self, conn: &ConnArgs, output: Output) -> anyhow::Result<()> {
         let AuditCommand::Tail { count } = self;
         let mut admin = conn.admin().await?;
@@ -278,8 +316,8 @@ impl AuditCommand {
             seen += 1;
             match output {
                 // One compact JSON object per line, so scripts can read events as they come.
-                Output::Json => println!("{}", event_json(&e)),
-                Output::Table => println!(
+                Output::Json => crate::output::line(event_json(&e))?,
+                Output::Table => crate::output::line(format_args!(
                     "{} {} key={} peer={} requester={} namespace={} subject={:?} result={}",
                     time(e.unix_ms),
                     e.action,
@@ -289,11 +327,29 @@ impl AuditCommand {
                     or_dash(&e.namespace),
                     e.subject,
                     e.result
-                ),
+                ))?,
             }
         }
         Ok(())
     }
+}
+
+/// Creates `path` for a key: new (an existing file is an error), readable
+/// and writable by its owner only.
+fn new_secret_file(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path).with_context(|| {
+        format!(
+            "--secret-file {}: cannot create it (it must not exist yet)",
+            path.display()
+        )
+    })
 }
 
 fn or_dash(s: &str) -> &str {
@@ -316,5 +372,29 @@ mod tests {
             1_767_225_600_000
         );
         assert!(parse_when("soon", 0).is_err());
+    }
+
+    #[test]
+    fn a_secret_file_is_new_and_private() {
+        let dir = std::env::temp_dir().join(format!("snowkeepctl-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("orders.key");
+        let _ = std::fs::remove_file(&path);
+        drop(new_secret_file(&path).unwrap());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let err = new_secret_file(&path).unwrap_err();
+        assert_eq!(
+            format!("{err}"),
+            format!(
+                "--secret-file {}: cannot create it (it must not exist yet)",
+                path.display()
+            )
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

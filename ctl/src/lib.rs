@@ -3,7 +3,10 @@
 //! authentication is on. Flags follow the server's conventions: every flag
 //! has a `SNOWKEEP_*` environment variable, secrets can be read from files.
 //! Output is a table for people, or JSON with `--output json` for scripts.
-//! Exits 0 on success, 1 on an error (printed on stderr), 2 on bad usage.
+//! Exits 0 on success, 1 on an error (printed on stderr as `snowkeepctl:
+//! CODE_NAME: message`, with a `hint:` line when a flag fixes it), 2 on bad
+//! usage. A closed stdout (`snowkeepctl machine-ids | head -3`) is a normal
+//! end: exit 0, nothing on stderr.
 //!
 //! The `snowkeepctl` binary is built by the server package
 //! (`server/src/bin/snowkeepctl.rs`, which calls [`main`]), so the server's
@@ -15,7 +18,7 @@ mod keys;
 mod output;
 mod state;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// snowkeep administration.
 #[derive(Parser)]
@@ -46,7 +49,9 @@ enum Command {
 
 /// Parses the command line, runs the command and returns the exit code.
 pub fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.conn.settle_key_sources(&matches);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -70,12 +75,59 @@ pub fn main() -> std::process::ExitCode {
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<output::StdoutClosed>().is_some() => {
+            std::process::ExitCode::SUCCESS
+        }
         Err(e) => {
+            let text = conn::render(&e);
             #[allow(clippy::print_stderr)]
             {
-                eprintln!("snowkeepctl: {e:#}");
+                eprintln!("snowkeepctl: {text}");
+                if let Some(hint) = conn::hint(&e, &text, &cli.conn.endpoint) {
+                    eprintln!("hint: {hint}");
+                }
             }
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(args: &[&str]) -> conn::ConnArgs {
+        let matches = Cli::command().try_get_matches_from(args).unwrap();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap();
+        cli.conn.settle_key_sources(&matches);
+        cli.conn
+    }
+
+    #[test]
+    fn api_key_flags_no_longer_conflict_and_the_key_flag_wins() {
+        // Both as flags, before or after the subcommand: --api-key wins.
+        let c = conn(&[
+            "snowkeepctl",
+            "--api-key-file",
+            "/no/such/file",
+            "key",
+            "list",
+            "--api-key",
+            "k.s",
+        ]);
+        assert!(!c.file_over_key);
+        let c = conn(&["snowkeepctl", "key", "list", "--api-key-file", "f"]);
+        assert!(c.file_over_key);
+        let c = conn(&["snowkeepctl", "--api-key-file", "f", "key", "list"]);
+        assert!(c.file_over_key);
+        let c = conn(&["snowkeepctl", "key", "list"]);
+        assert!(!c.file_over_key);
+    }
+
+    #[test]
+    fn evict_defaults_its_namespace() {
+        assert!(Cli::command()
+            .try_get_matches_from(["snowkeepctl", "evict", "3"])
+            .is_ok());
     }
 }

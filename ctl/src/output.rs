@@ -1,5 +1,7 @@
 //! Tables for people, JSON for scripts.
 
+use std::io::Write;
+
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 
 /// The output format.
@@ -12,10 +14,17 @@ pub enum Output {
 }
 
 /// Prints `rows` under `header` as a table, or `json` as JSON.
-#[allow(clippy::print_stdout)]
-pub fn print(output: Output, header: &[&str], rows: Vec<Vec<String>>, json: serde_json::Value) {
+///
+/// # Errors
+/// Stdout cannot be written ([`StdoutClosed`] when its reader has gone).
+pub fn print(
+    output: Output,
+    header: &[&str],
+    rows: Vec<Vec<String>>,
+    json: serde_json::Value,
+) -> anyhow::Result<()> {
     match output {
-        Output::Json => println!("{json:#}"),
+        Output::Json => line(format_args!("{json:#}")),
         Output::Table => {
             let mut table = Table::new();
             table
@@ -24,10 +33,38 @@ pub fn print(output: Output, header: &[&str], rows: Vec<Vec<String>>, json: serd
             for row in rows {
                 table.add_row(row);
             }
-            println!("{table}");
+            line(&table)
         }
     }
 }
+
+/// Writes `text` and a newline to stdout (locked) and flushes it.
+///
+/// # Errors
+/// [`StdoutClosed`] when stdout's reader has gone (`snowkeepctl … | head`),
+/// which `main` treats as a normal end; any other write error as it is.
+pub fn line(text: impl std::fmt::Display) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}")
+        .and_then(|()| out.flush())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe => anyhow::Error::new(StdoutClosed),
+            _ => anyhow::Error::new(e).context("writing to stdout"),
+        })
+}
+
+/// Stdout's reader has gone: nothing more can be shown, which is no
+/// failure (exit 0, nothing on stderr).
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("stdout was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
 
 /// The last millisecond RFC 3339 can write: 9999-12-31T23:59:59.999Z.
 const LAST_RFC3339_MS: u64 = 253_402_300_799_999;

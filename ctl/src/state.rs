@@ -63,9 +63,8 @@ pub struct DecodeArgs {
 /// `evict`.
 #[derive(clap::Args)]
 pub struct EvictArgs {
-    /// The namespace.
-    #[arg(long, env = "SNOWKEEP_NAMESPACE")]
-    namespace: String,
+    #[command(flatten)]
+    namespace: NamespaceArg,
     /// The machine id to take from its holder.
     machine_id: u32,
 }
@@ -140,8 +139,9 @@ fn decode(id: u64, layout: &Layout) -> anyhow::Result<serde_json::Value> {
         bail!("id {id} has its top bit set; snowkeep ids are 63-bit");
     };
     let unix_ms = layout.to_unix_ms(d.timestamp);
+    // A string: JSON numbers lose 64-bit precision in JavaScript.
     Ok(json!({
-        "id": id,
+        "id": id.to_string(),
         "layout": layout.to_string(),
         "timestamp_ms": d.timestamp.get(),
         "unix_ms": unix_ms,
@@ -210,7 +210,7 @@ impl StateCommand {
                     &["NAMESPACE", "LAYOUT", "HELD", "FREE", "TOTAL"],
                     rows,
                     json,
-                );
+                )?;
             }
             StateCommand::MachineIds(ns) => {
                 let namespace = ns.resolve(conn).await?;
@@ -259,7 +259,7 @@ impl StateCommand {
                     ],
                     rows,
                     json,
-                );
+                )?;
             }
             StateCommand::Requesters(ns) => {
                 let namespace = ns.resolve(conn).await?;
@@ -321,7 +321,7 @@ impl StateCommand {
                     ],
                     rows,
                     json,
-                );
+                )?;
             }
             StateCommand::Capacity(ns) => {
                 let namespace = ns.resolve(conn).await?;
@@ -344,7 +344,7 @@ impl StateCommand {
                     &["NAMESPACE", "HELD", "FREE", "TOTAL", "RANGE"],
                     rows,
                     capacity_json(Some(&c)),
-                );
+                )?;
             }
             StateCommand::Decode(a) => {
                 let layout = parse_layout(&a.layout, a.epoch.as_deref())?;
@@ -367,13 +367,14 @@ impl StateCommand {
                     ],
                     rows,
                     d,
-                );
+                )?;
             }
             StateCommand::Evict(a) => {
+                let namespace = a.namespace.resolve(conn).await?;
                 let mut admin = conn.admin().await?;
                 let r = admin
                     .evict(pb::EvictRequest {
-                        namespace: a.namespace.clone(),
+                        namespace: namespace.clone(),
                         machine_id: a.machine_id,
                     })
                     .await?
@@ -395,12 +396,12 @@ impl StateCommand {
                         &[],
                         Vec::new(),
                         json!({
-                            "namespace": a.namespace,
+                            "namespace": namespace,
                             "holder": r.holder,
                             "machine_ids": r.machine_ids,
                             "successor_wait_ms": r.successor_wait_ms,
                         }),
-                    ),
+                    )?,
                     Output::Table => {
                         print(
                             output,
@@ -411,11 +412,8 @@ impl StateCommand {
                                 r.successor_wait_ms.to_string(),
                             ]],
                             serde_json::Value::Null,
-                        );
-                        #[allow(clippy::print_stdout)]
-                        {
-                            println!("{why}");
-                        }
+                        )?;
+                        crate::output::line(why)?;
                     }
                 }
             }
@@ -429,12 +427,7 @@ impl StateCommand {
                 match a.file {
                     Some(path) => std::fs::write(&path, doc.as_bytes())
                         .with_context(|| format!("writing {}", path.display()))?,
-                    None => {
-                        #[allow(clippy::print_stdout)]
-                        {
-                            println!("{doc}");
-                        }
-                    }
+                    None => crate::output::line(doc)?,
                 }
             }
             StateCommand::Import(a) => {
@@ -472,7 +465,7 @@ impl StateCommand {
                         "keys": r.keys,
                         "lead_ms": r.lead_ms,
                     }),
-                );
+                )?;
             }
         }
         Ok(())
@@ -504,6 +497,7 @@ mod tests {
     fn an_id_decodes_into_its_fields() {
         let layout = parse_layout("41/12/10", None).unwrap();
         let d = decode(4_194_309_125, &layout).unwrap();
+        assert_eq!(d["id"], "4194309125");
         assert_eq!(d["timestamp_ms"], 1000);
         assert_eq!(d["unix_ms"], 1_767_225_601_000u64);
         assert_eq!(d["utc"], "2026-01-01T00:00:01.000Z");

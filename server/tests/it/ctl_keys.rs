@@ -125,6 +125,149 @@ async fn key_commands_and_audit_tail_run_against_a_live_cluster() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no API key knosuchkey001"));
 
+    // --secret-file: the key goes to a new 0600 file, the table says where
+    // and shows no secret; an existing file is refused before any key exists.
+    let secret_file = c.dir.path().join("orders.key");
+    let secret_path = secret_file.to_str().unwrap().to_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
+        .args(["--endpoint", &url_a, "--api-key-file", &key_file])
+        .args([
+            "key",
+            "create",
+            "--description",
+            "orders",
+            "--permission",
+            "ids",
+        ])
+        .args(["--secret-file", &secret_path])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written = std::fs::read_to_string(&secret_file).unwrap();
+    let (file_id, file_secret) = written.trim_end().split_once('.').unwrap();
+    assert!(
+        written.ends_with('\n') && written.lines().count() == 1,
+        "{written:?}"
+    );
+    assert!(
+        stdout.contains(file_id) && !stdout.contains(file_secret),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("SECRET"), "{stdout}");
+    assert!(
+        stdout.ends_with(&format!(
+            "the key (<id>.<secret>) is in {secret_path} (mode 0600): give it to the client\n"
+        )),
+        "{stdout}"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&secret_file)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    assert!(ids(&c.a, Some(written.trim_end()))
+        .await
+        .next_ids(next)
+        .await
+        .is_ok());
+    let keys_before = ctl_json(&url_a, &key_file, &["key", "list"])
+        .as_array()
+        .unwrap()
+        .len();
+    let again = ctl(
+        &url_a,
+        &key_file,
+        &[
+            "key",
+            "create",
+            "--description",
+            "orders",
+            "--permission",
+            "ids",
+            "--secret-file",
+            &secret_path,
+        ],
+    );
+    assert_eq!(again.status.code(), Some(1));
+    assert!(again.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).starts_with(&format!(
+            "snowkeepctl: --secret-file {secret_path}: cannot create it (it must not exist yet): "
+        )),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&secret_file).unwrap(), written);
+    let keys_after = ctl_json(&url_a, &key_file, &["key", "list"])
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(keys_after, keys_before);
+
+    // A flag wins over an environment variable, without a usage error:
+    // --api-key over SNOWKEEP_API_KEY_FILE, --api-key-file over SNOWKEEP_API_KEY.
+    let admin_key = std::fs::read_to_string(&key_file).unwrap();
+    let admin_key = admin_key.lines().next().unwrap().trim().to_owned();
+    let flag_over_env = |flag: &str, value: &str, env: &str, env_value: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
+            .args(["--endpoint", &url_a, "--output", "json", "key", "list"])
+            .args([flag, value])
+            .env_remove("SNOWKEEP_API_KEY")
+            .env_remove("SNOWKEEP_API_KEY_FILE")
+            .env(env, env_value)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(
+        flag_over_env(
+            "--api-key",
+            &admin_key,
+            "SNOWKEEP_API_KEY_FILE",
+            "/no/such/key"
+        ),
+        (Some(0), String::new())
+    );
+    assert_eq!(
+        flag_over_env(
+            "--api-key-file",
+            &key_file,
+            "SNOWKEEP_API_KEY",
+            "kwrongkey0001.0000"
+        ),
+        (Some(0), String::new())
+    );
+
+    // No key: the canonical code name, and what to do.
+    let out = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
+        .args(["--endpoint", &url_a, "key", "list"])
+        .env_remove("SNOWKEEP_API_KEY")
+        .env_remove("SNOWKEEP_API_KEY_FILE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.starts_with("snowkeepctl: UNAUTHENTICATED: "), "{err}");
+    assert!(
+        err.ends_with(
+            "\nhint: send an API key with --api-key-file FILE (or SNOWKEEP_API_KEY_FILE)\n"
+        ),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 2, "{err}");
+
     // audit tail --count 2 exits after two events: make key events until it does.
     let mut tail = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
         .args([

@@ -39,6 +39,8 @@ fn json(server: Option<&ServerProcess>, args: &[&str]) -> serde_json::Value {
 fn decode_works_offline() {
     // 41/12/10 at the default epoch: timestamp 1000, machine id 5, sequence 5.
     let d = json(None, &["decode", "4194309125", "--layout", "41/12/10"]);
+    // The id is a string: JSON numbers lose 64-bit precision in JavaScript.
+    assert_eq!(d["id"], "4194309125");
     assert_eq!(d["timestamp_ms"], 1000);
     assert_eq!(d["unix_ms"], 1_767_225_601_000u64);
     assert_eq!(d["utc"], "2026-01-01T00:00:01.000Z");
@@ -56,9 +58,54 @@ fn decode_works_offline() {
         ],
     );
     assert_eq!(d["utc"], "1970-01-01T00:00:01.000Z");
+    assert_eq!(d["id"], "4194309125");
     let (ok, _, err) = ctl(None, &["decode", "1", "--layout", "41/12"]);
     assert!(!ok);
     assert!(err.contains("--layout"), "{err}");
+}
+
+/// Runs snowkeepctl with `args` with its stdout closed before it writes (as
+/// `snowkeepctl … | head` once head has its lines): (exit code, stderr).
+fn ctl_closed_stdout(server: Option<&ServerProcess>, args: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
+    let mut c = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"));
+    if let Some(s) = server {
+        c.args(["--endpoint", &s.url()]);
+    }
+    let mut child = c
+        .args(args)
+        .env_remove("SNOWKEEP_NAMESPACE")
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run snowkeepctl");
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (child.wait().unwrap().code(), err)
+}
+
+/// A closed stdout is a normal end: exit 0 and nothing on stderr, never
+/// the "failed printing to stdout: Broken pipe" panic.
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    for args in [
+        &["decode", "4194309125", "--layout", "41/12/10"][..],
+        &["--output", "json", "decode", "4194309125"],
+        &["key", "generate"],
+    ] {
+        assert_eq!(
+            ctl_closed_stdout(None, args),
+            (Some(0), String::new()),
+            "{args:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,6 +132,10 @@ async fn every_state_command_runs_against_a_live_cluster() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["machine_id"], mine);
     assert_eq!(rows[0]["holder"], info.instance_id.as_str());
+    assert_eq!(
+        ctl_closed_stdout(Some(s), &["machine-ids"]),
+        (Some(0), String::new())
+    );
 
     let who = requester(1_700_000_000_000);
     let grant = lease_client(s)
@@ -119,8 +170,10 @@ async fn every_state_command_runs_against_a_live_cluster() {
     let (ok, _, err) = ctl(Some(s), &["evict", "--namespace", ns, &free]);
     assert!(!ok);
     assert!(err.contains("has no holder"), "{err}");
+    // Without --namespace: the server's own, as machine-ids.
     let requester_id = grant.machine_ids[0].machine_id.to_string();
-    let e = json(Some(s), &["evict", "--namespace", ns, &requester_id]);
+    let e = json(Some(s), &["evict", &requester_id]);
+    assert_eq!(e["namespace"], ns);
     assert_eq!(
         e["holder"],
         format!("requester:{}", reqs[0]["requester_hash"].as_str().unwrap())
@@ -148,9 +201,10 @@ async fn every_state_command_runs_against_a_live_cluster() {
     let (ok, _, err) = ctl(Some(s), &["import", "--file", file]);
     assert!(!ok);
     assert!(
-        err.contains("FailedPrecondition") || err.contains("already holds"),
+        err.starts_with("snowkeepctl: FAILED_PRECONDITION: "),
         "{err}"
     );
+    assert_eq!(err.lines().count(), 1, "{err}");
     let r = json(Some(s), &["import", "--file", file, "--replace"]);
     assert_eq!(r["namespaces"], 1);
     assert_eq!(r["keys"], 0);

@@ -453,10 +453,36 @@ async fn ids_health_reflection_and_snowkeepctl_health_work_over_tls_and_plaintex
     assert_eq!(code, Some(1));
     assert!(
         err.starts_with(&format!(
-            "snowkeepctl: health check of service \"no.such.Service\" at {endpoint} failed: NotFound: "
+            "snowkeepctl: health check of service \"no.such.Service\" at {endpoint} failed: NOT_FOUND: "
         )),
         "{err}"
     );
+    // The commands that default to the server's namespace ask for it over
+    // TLS too.
+    for command in ["capacity", "machine-ids", "requesters"] {
+        let (code, out, err) = snowkeepctl(&[
+            command,
+            "--output",
+            "json",
+            "--endpoint",
+            &endpoint,
+            "--tls-ca-file",
+            &ca_file,
+        ]);
+        assert_eq!((code, err.as_str()), (Some(0), ""), "{command}");
+        let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(out["namespace"], "tls", "{command}: {out}");
+    }
+    // A plaintext endpoint for a TLS server: what to do.
+    let (code, _, err) = snowkeepctl(&["capacity", "--endpoint", &server.url()]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.starts_with("snowkeepctl: "), "{err}");
+    if err.contains("frame with invalid size") || err.contains("h2 protocol error") {
+        assert!(
+            err.ends_with("\nhint: the server may serve TLS: use https:// and --tls-ca-file\n"),
+            "{err}"
+        );
+    }
     // Without the CA the server's certificate is not trusted.
     let other = Files::new();
     let other_ca = other.write("ca.crt", &Ca::new("another CA").pem);
