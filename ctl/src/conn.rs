@@ -62,30 +62,8 @@ pub struct ConnArgs {
     pub tls_server_name: Option<String>,
 }
 
-/// The canonical (upper-case) name of a gRPC status code, as the gRPC
-/// specification and the rest of snowkeep's documentation write it.
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code;
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+/// The canonical (upper-case) name of a gRPC status code.
+pub use snowkeep_client::error::code_name;
 
 /// A status as `CODE_NAME: message`, with the errors beneath it (a
 /// transport failure's cause, such as a TLS alert, is only there).

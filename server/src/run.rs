@@ -532,17 +532,28 @@ pub async fn run(
     ));
     let limits = &config.limits;
     if let Some(soft) = crate::limits::conn::open_file_limit() {
+        // Connections outside the allow-list, and the status page's, only
+        // exist when those are configured.
+        let disallowed = match config.allow_cidrs.is_empty() {
+            true => 0,
+            false => crate::limits::conn::DISALLOWED_MAX_CONNECTIONS,
+        };
+        let status_page = match config.admin_listen {
+            None => 0,
+            Some(_) => crate::status_page::MAX_CONNECTIONS,
+        };
         let needed = (limits.max_connections
             + crate::metrics::http::MAX_CONNECTIONS
-            + crate::limits::conn::DISALLOWED_MAX_CONNECTIONS
-            + crate::status_page::MAX_CONNECTIONS) as u64
+            + disallowed
+            + status_page) as u64
             + crate::limits::conn::OWN_DESCRIPTORS;
         if needed > soft {
             warn!(
                 open_file_limit = soft,
                 max_connections = limits.max_connections,
                 metrics_connections = crate::metrics::http::MAX_CONNECTIONS,
-                disallowed_connections = crate::limits::conn::DISALLOWED_MAX_CONNECTIONS,
+                disallowed_connections = disallowed,
+                status_page_connections = status_page,
                 own_descriptors = crate::limits::conn::OWN_DESCRIPTORS,
                 "--max-connections leaves too few file descriptors under the open-file limit: clients can exhaust those the server needs for etcd and its state; raise the limit (ulimit -n, LimitNOFILE) or lower --max-connections"
             );

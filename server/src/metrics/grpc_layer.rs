@@ -19,6 +19,7 @@ use tonic::Code;
 use tower::{Layer, Service};
 
 use super::{GRPC_REQUESTS_IN_FLIGHT, GRPC_REQUESTS_TOTAL, GRPC_REQUEST_DURATION_SECONDS};
+use snowkeep_client::error::code_name;
 
 /// Every method this server serves, as `(service, method)`.
 const KNOWN: &[(&str, &str)] = &[
@@ -54,29 +55,6 @@ fn labels(path: &str) -> (&'static str, &'static str) {
         .find(|(s, m)| *s == service && *m == method)
         .copied()
         .unwrap_or(("unknown", "unknown"))
-}
-
-/// The canonical name of a gRPC status code (`OK`, `UNAVAILABLE`, …).
-fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
 }
 
 fn grpc_status(headers: &http::HeaderMap) -> Option<Code> {

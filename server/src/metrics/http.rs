@@ -51,10 +51,36 @@ pub async fn serve(
             }
         })
     };
+    serve_http1(
+        listener,
+        ("metrics", "the metrics port's 16"),
+        idle_timeout,
+        shutdown,
+        move |_request| scrape(handle.clone()),
+    )
+    .await;
+    upkeep.abort();
+}
+
+/// Serves HTTP/1.1 on `listener` (the listener `name`, at most
+/// [`MAX_CONNECTIONS`] open, each closed after `idle_timeout` idle or
+/// [`HEADER_READ_TIMEOUT`] without its headers; `limit` names that limit in
+/// the log) with `answer` for every request, until `shutdown`. The metrics
+/// port and the status page use it.
+pub(crate) async fn serve_http1<F, Fut>(
+    listener: TcpListener,
+    (name, limit): (&'static str, &'static str),
+    idle_timeout: Duration,
+    shutdown: CancellationToken,
+    answer: F,
+) where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = http::Response<Full<Bytes>>> + Send + 'static,
+{
     let limits = ListenerLimits {
-        name: "metrics",
+        name,
         max_connections: MAX_CONNECTIONS,
-        max_connections_flag: "the metrics port's 16",
+        max_connections_flag: limit,
         max_connections_per_peer: None,
         send_timeout: None,
         idle_timeout,
@@ -71,11 +97,11 @@ pub async fn serve(
                 None => break,
             },
         };
-        let handle = handle.clone();
+        let answer = answer.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |_request| {
-                let handle = handle.clone();
-                async move { Ok::<_, Infallible>(scrape(handle).await) }
+            let service = hyper::service::service_fn(move |request| {
+                let answered = answer(request);
+                async move { Ok::<_, Infallible>(answered.await) }
             });
             let served = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -83,11 +109,10 @@ pub async fn serve(
                 .serve_connection(TokioIo::new(io), service)
                 .await;
             if let Err(e) = served {
-                debug!(error = %e, "metrics connection ended with an error");
+                debug!(listener = name, error = %e, "HTTP connection ended with an error");
             }
         });
     }
-    upkeep.abort();
 }
 
 async fn scrape(handle: PrometheusHandle) -> http::Response<Full<Bytes>> {

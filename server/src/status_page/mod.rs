@@ -22,7 +22,6 @@
 mod view;
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,28 +30,22 @@ use base64::Engine;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, StatusCode};
 use http_body_util::Full;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use snowkeep_client::{GeneratorSet, SharedClock};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
-use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
 
 use crate::admin::AdminHandler;
 use crate::audit::{self, AuditEvent};
 use crate::auth::cache::Verdict;
 use crate::auth::key::{KeyRefusal, Permission, PresentedKey};
 use crate::auth::{AuthMode, KeyCache};
-use crate::limits::conn::{Listener, ListenerLimits};
 use crate::peers::PeerClocks;
 use crate::service::info::InfoHandler;
 
-/// Most open connections to the status page (a few operators' browsers).
-pub(crate) const MAX_CONNECTIONS: usize = 16;
-/// A request's headers must arrive within this.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most open connections to the status page (a few operators' browsers):
+/// the metrics port's, as both are served by `metrics::http::serve_http1`.
+pub(crate) const MAX_CONNECTIONS: usize = crate::metrics::http::MAX_CONNECTIONS;
 /// How often the page reloads itself, seconds.
 pub const REFRESH_SECONDS: u32 = 2;
 /// How many recent audit events the page shows.
@@ -271,42 +264,14 @@ pub async fn serve(
     idle_timeout: Duration,
     shutdown: CancellationToken,
 ) {
-    let limits = ListenerLimits {
-        name: "status page",
-        max_connections: MAX_CONNECTIONS,
-        max_connections_flag: "the status page's 16",
-        max_connections_per_peer: None,
-        send_timeout: None,
+    crate::metrics::http::serve_http1(
+        listener,
+        ("status page", "the status page's 16"),
         idle_timeout,
-        handshake_timeout: crate::limits::conn::HANDSHAKE_TIMEOUT,
-        tcp_keepalive: None,
-    };
-    let incoming = Listener::new(listener, limits, shutdown.clone()).incoming();
-    tokio::pin!(incoming);
-    loop {
-        let io = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            io = incoming.next() => match io {
-                Some(Ok(io)) => io,
-                None => break,
-            },
-        };
-        let sources = sources.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let sources = sources.clone();
-                async move { Ok::<_, Infallible>(answer(sources, request).await) }
-            });
-            let served = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(io), service)
-                .await;
-            if let Err(e) = served {
-                debug!(error = %e, "status page connection ended with an error");
-            }
-        });
-    }
+        shutdown,
+        move |request| answer(sources.clone(), request),
+    )
+    .await;
 }
 
 #[cfg(test)]
