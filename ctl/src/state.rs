@@ -235,6 +235,7 @@ impl StateCommand {
                             m.fence_ms.to_string(),
                             m.fence_ahead_ms.to_string(),
                             m.lease_remaining_s.to_string(),
+                            m.lease_renewed_ago_s.to_string(),
                         ]
                     })
                     .collect();
@@ -246,6 +247,7 @@ impl StateCommand {
                         "fence_ms": m.fence_ms,
                         "fence_ahead_ms": m.fence_ahead_ms,
                         "lease_remaining_s": m.lease_remaining_s,
+                        "lease_renewed_ago_s": m.lease_renewed_ago_s,
                     })).collect::<Vec<_>>(),
                 });
                 print(
@@ -256,6 +258,7 @@ impl StateCommand {
                         "FENCE (LAYOUT MS)",
                         "FENCE AHEAD (MS)",
                         "LEASE LEFT (S)",
+                        "RENEWED (S AGO)",
                     ],
                     rows,
                     json,

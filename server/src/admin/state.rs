@@ -89,6 +89,7 @@ impl StateAdmin {
                     fence_ms: r.fence.get(),
                     fence_ahead_ms: r.fence_ahead_ms,
                     lease_remaining_s: r.lease_remaining_s,
+                    lease_renewed_ago_s: r.lease_renewed_ago_s,
                 })
                 .collect(),
         }))

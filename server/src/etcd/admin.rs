@@ -108,6 +108,8 @@ pub(crate) struct MachineIdRow {
     pub(crate) fence_ahead_ms: i64,
     /// Seconds left on the holder's lease (0: free).
     pub(crate) lease_remaining_s: i64,
+    /// Seconds since the holder's lease was last renewed (0: free).
+    pub(crate) lease_renewed_ago_s: i64,
 }
 
 /// One Lease API requester.
@@ -208,8 +210,15 @@ impl StateStore {
 
     /// Seconds left on `lease` (0 when gone or unknown).
     async fn ttl(&self, lease: i64) -> Result<i64, StoreError> {
+        Ok(self.lease_times(lease).await?.0)
+    }
+
+    /// Seconds left on `lease` and seconds since it was last renewed (its
+    /// granted TTL minus what is left: a keepalive resets it); `(0, 0)` when
+    /// gone or unknown.
+    async fn lease_times(&self, lease: i64) -> Result<(i64, i64), StoreError> {
         if lease == 0 {
-            return Ok(0);
+            return Ok((0, 0));
         }
         let resp = self
             .endpoints
@@ -217,7 +226,11 @@ impl StateStore {
                 c.lease_time_to_live(lease, None).await
             })
             .await?;
-        Ok(resp.ttl().max(0))
+        let left = resp.ttl();
+        if left <= 0 {
+            return Ok((0, 0));
+        }
+        Ok((left, (resp.granted_ttl() - left).max(0)))
     }
 
     /// The namespace's record; [`StoreError::UnknownNamespace`] when absent.
@@ -309,13 +322,13 @@ impl StateStore {
             }
         }
         let now = self.now(&record.layout);
-        let mut ttls: HashMap<i64, i64> = HashMap::new();
+        let mut ttls: HashMap<i64, (i64, i64)> = HashMap::new();
         let mut out = Vec::with_capacity(rows.len());
         for (machine_id, (holder, lease, fence)) in rows {
-            let lease_remaining_s = match ttls.get(&lease) {
+            let (lease_remaining_s, lease_renewed_ago_s) = match ttls.get(&lease) {
                 Some(&t) => t,
                 None => {
-                    let t = self.ttl(lease).await?;
+                    let t = self.lease_times(lease).await?;
                     ttls.insert(lease, t);
                     t
                 }
@@ -330,6 +343,7 @@ impl StateStore {
                     ms_between(fence, now)
                 },
                 lease_remaining_s,
+                lease_renewed_ago_s,
             });
         }
         Ok(out)

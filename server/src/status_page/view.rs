@@ -83,6 +83,7 @@ pub(crate) struct MachineIdView {
     pub(crate) ours: bool,
     pub(crate) fence_ahead_ms: i64,
     pub(crate) lease_remaining_s: i64,
+    pub(crate) lease_renewed_ago_s: i64,
 }
 
 /// One Lease API requester (never its nonce or lease token).
@@ -188,6 +189,7 @@ async fn namespace_view(
                     holder: m.holder,
                     fence_ahead_ms: m.fence_ahead_ms,
                     lease_remaining_s: m.lease_remaining_s,
+                    lease_renewed_ago_s: m.lease_renewed_ago_s,
                 })
                 .collect(),
         ),

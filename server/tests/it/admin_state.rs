@@ -91,6 +91,12 @@ async fn inventories_are_exact_for_two_servers_and_a_requester() {
     for r in &rows {
         assert!(r.fence_ms > 0, "{r:?}");
         assert!((1..=2).contains(&r.lease_remaining_s), "{r:?}");
+        // Renewed a moment ago: what is left plus the time since is the
+        // lease's granted TTL, to the second.
+        assert!(
+            (1..=2).contains(&(r.lease_remaining_s + r.lease_renewed_ago_s)),
+            "{r:?}"
+        );
     }
 
     // A Lease API requester appears with its identity, and goes on Release.

@@ -231,6 +231,11 @@ async fn the_page_shows_holders_requesters_and_evictions_behind_the_admin_key() 
         );
         assert!(page.contains(r#"data-namespace="page""#), "{page}");
         assert!(page.contains("2 of 4096 held"), "{page}");
+        // Each holder's last renewal, as seconds ago.
+        assert!(
+            page.contains(r#"<td class="num last-renewal">"#) && page.contains(" s ago</td>"),
+            "{page}"
+        );
     }
     // Server a's peer is b, with a clock offset.
     page_until(page_a, &admin_key, "server b as a's peer", |p| {
