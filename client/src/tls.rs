@@ -71,7 +71,12 @@ impl ClientTls {
     }
 
     /// `endpoint` with these settings.
-    pub(crate) fn apply(&self, endpoint: Endpoint) -> Result<Endpoint, ClientError> {
+    /// `endpoint` with these settings (for code that builds its own
+    /// channels, such as the servers' peer clock check).
+    ///
+    /// # Errors
+    /// [`ClientError::Tls`] for settings tonic refuses.
+    pub fn apply(&self, endpoint: Endpoint) -> Result<Endpoint, ClientError> {
         let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
         if let Some((cert, key)) = &self.identity {
             tls = tls.identity(Identity::from_pem(cert, key));

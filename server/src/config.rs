@@ -179,6 +179,17 @@ pub struct Args {
     /// Peer clock offset above which a warning is logged.
     #[arg(long, env = "SNOWKEEP_PEER_SKEW_WARN", default_value = DEFAULT_PEER_SKEW_WARN, value_parser = humantime::parse_duration)]
     pub peer_skew_warn: Duration,
+    /// With TLS on the gRPC port: PEM CA certificates that sign the peers'
+    /// server certificates, so the peer clock check calls peers over TLS
+    /// (presenting this server's own certificate, for peers that require
+    /// client certificates). Without it the check is off under TLS.
+    #[arg(long, env = "SNOWKEEP_PEER_TLS_CA_FILE")]
+    pub peer_tls_ca_file: Option<PathBuf>,
+    /// The name peers' certificates carry, checked instead of the advertised
+    /// address (peers are called by address, which certificates rarely
+    /// name), e.g. the Service's DNS name.
+    #[arg(long, env = "SNOWKEEP_PEER_TLS_SERVER_NAME")]
+    pub peer_tls_server_name: Option<String>,
     /// OTLP/gRPC collector to export traces to, e.g. `http://otel-collector:4317`;
     /// no trace export without it.
     #[arg(long, env = "SNOWKEEP_OTLP_ENDPOINT")]
@@ -349,6 +360,22 @@ pub struct PeerSkewConfig {
     pub interval: Duration,
     /// Offset that logs a warning.
     pub warn: Duration,
+    /// TLS towards peers (`--peer-tls-ca-file`); `None`: plaintext, which
+    /// only works while the gRPC port serves plaintext.
+    pub tls: Option<PeerTls>,
+}
+
+/// How the peer clock check reaches peers that serve TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerTls {
+    /// `--peer-tls-ca-file`: the CA bundle peers' certificates chain to.
+    pub ca_file: PathBuf,
+    /// `--peer-tls-server-name`: the name checked in their certificates.
+    pub server_name: Option<String>,
+    /// This server's own certificate and key (`--tls-cert-file`,
+    /// `--tls-key-file`), presented to peers that require one; read again
+    /// for every new peer connection, so a rotated pair is used.
+    pub identity: (PathBuf, PathBuf),
 }
 
 /// Log output format.
@@ -736,6 +763,20 @@ impl TryFrom<Args> for ServerConfig {
         }
         let limits = limits_from(&args)?;
         let tls = tls_from(&args)?;
+        let peer_tls = match (&tls, &args.peer_tls_ca_file) {
+            (_, None) if args.peer_tls_server_name.is_some() => {
+                return Err(ConfigError::TlsFlags("--peer-tls-server-name (SNOWKEEP_PEER_TLS_SERVER_NAME) needs --peer-tls-ca-file"));
+            }
+            (_, None) => None,
+            (None, Some(_)) => {
+                return Err(ConfigError::TlsFlags("--peer-tls-ca-file (SNOWKEEP_PEER_TLS_CA_FILE) is for peers that serve TLS: add --tls-cert-file and --tls-key-file, or drop it"));
+            }
+            (Some(t), Some(ca)) => Some(PeerTls {
+                ca_file: ca.clone(),
+                server_name: args.peer_tls_server_name.clone(),
+                identity: (t.cert_file.clone(), t.key_file.clone()),
+            }),
+        };
         let allow_cidrs = allow_cidrs_from(&args.allow_cidrs)?;
         let stable_instance = args.instance_id.is_some();
         let instance_id = match args.instance_id.clone() {
@@ -860,6 +901,7 @@ impl TryFrom<Args> for ServerConfig {
                     .unwrap_or_else(|| advertise_default(args.listen)),
                 interval: args.peer_skew_interval,
                 warn: args.peer_skew_warn,
+                tls: peer_tls,
             },
             namespace_setup,
             wait_for_namespace: args.wait_for_namespace,

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 
-use crate::config::PeerSkewConfig;
+use crate::config::{PeerSkewConfig, PeerTls};
 use crate::etcd::PeerDirectory;
 use crate::metrics as m;
 
@@ -66,6 +66,26 @@ pub fn offset_ms(t0: u64, peer: u64, t1: u64) -> i64 {
     i64::try_from(i128::from(peer) - mid).unwrap_or(i64::MAX)
 }
 
+/// The endpoint of the peer at `address` (`host:port`): plaintext, or TLS
+/// with `tls`'s CA, server name and this server's own certificate (files
+/// read now, so a rotated pair serves the next connection).
+fn peer_endpoint(address: &str, tls: Option<&PeerTls>) -> Result<Endpoint, String> {
+    let Some(tls) = tls else {
+        return Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| format!("unusable peer address: {e}"));
+    };
+    let endpoint = Endpoint::from_shared(format!("https://{address}"))
+        .map_err(|e| format!("unusable peer address: {e}"))?;
+    let (cert, key) = &tls.identity;
+    let mut client = snowkeep_client::ClientTls::from_ca_file(&tls.ca_file)
+        .and_then(|c| c.identity_files(cert, key))
+        .map_err(|e| e.to_string())?;
+    if let Some(name) = &tls.server_name {
+        client = client.server_name(name.clone());
+    }
+    client.apply(endpoint).map_err(|e| e.to_string())
+}
+
 /// Measures the offset to `channel`'s server; `None` when it does not answer
 /// in time.
 async fn measure(channel: Channel, clock: &SharedClock) -> Option<i64> {
@@ -96,6 +116,9 @@ pub async fn run(
     let max_gauge =
         metrics::gauge!(m::PEER_CLOCK_OFFSET_MAX_SECONDS, "namespace" => namespace.clone());
     let mut channels: HashMap<String, Channel> = HashMap::new();
+    // A peer that cannot be reached for a reason of ours (a TLS file) is
+    // warned about once; it is retried every round.
+    let mut warned = false;
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -120,14 +143,17 @@ pub async fn run(
         for (instance, address) in &peers {
             let channel = match channels.get(address) {
                 Some(c) => c.clone(),
-                None => match Endpoint::from_shared(format!("http://{address}")) {
+                None => match peer_endpoint(address, config.tls.as_ref()) {
                     Ok(e) => {
                         let c = e.connect_timeout(CALL_TIMEOUT).connect_lazy();
                         channels.insert(address.clone(), c.clone());
                         c
                     }
-                    Err(_) => {
-                        debug!(peer = %instance, %address, "unusable peer address");
+                    Err(problem) => {
+                        if !warned {
+                            warn!(peer = %instance, %address, %problem, "cannot reach a peer for the clock check");
+                            warned = true;
+                        }
                         continue;
                     }
                 },

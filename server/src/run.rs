@@ -411,8 +411,8 @@ pub async fn run(
     let peers = Arc::new(OnceLock::new());
     let peer_clocks = crate::peers::PeerClocks::default();
     let mut peer_skew = config.peer_skew.clone();
-    if config.tls.is_some() && !peer_skew.interval.is_zero() {
-        info!("the peer clock check (--peer-skew-interval) is off while the gRPC port serves TLS: it calls peers in plaintext; watch hosts' clocks with NTP monitoring");
+    if config.tls.is_some() && peer_skew.tls.is_none() && !peer_skew.interval.is_zero() {
+        info!("the peer clock check (--peer-skew-interval) is off while the gRPC port serves TLS without --peer-tls-ca-file: give the CA that signs the peers' certificates (and --peer-tls-server-name, the name they carry) to check peers' clocks over TLS");
         peer_skew.interval = Duration::ZERO;
     }
     let peer_check = !peer_skew.interval.is_zero();

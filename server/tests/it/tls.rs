@@ -708,6 +708,14 @@ async fn tls_and_allow_list_flags_that_cannot_serve_refuse_to_start_with_64() {
             format!("invalid TLS files: cannot read --tls-client-ca-file {missing}: No such file or directory (os error 2)"),
         ),
         (
+            vec!["--peer-tls-ca-file", &cert],
+            "--peer-tls-ca-file (SNOWKEEP_PEER_TLS_CA_FILE) is for peers that serve TLS: add --tls-cert-file and --tls-key-file, or drop it".into(),
+        ),
+        (
+            vec!["--tls-cert-file", &cert, "--tls-key-file", &key, "--peer-tls-server-name", "x"],
+            "--peer-tls-server-name (SNOWKEEP_PEER_TLS_SERVER_NAME) needs --peer-tls-ca-file".into(),
+        ),
+        (
             vec!["--allow-cidrs", "10.0.0.0/8,10.0.0.300/32"],
             "invalid --allow-cidrs (SNOWKEEP_ALLOW_CIDRS) entry \"10.0.0.300/32\": use CIDR ranges like 10.0.0.0/8 or fd00::/8 (or a single address), comma-separated".into(),
         ),
@@ -760,4 +768,73 @@ async fn a_tls_peer_outside_the_allow_list_gets_the_denial_and_allowed_ones_are_
         );
     }
     assert_eq!(next_ids(channel, 5).await.unwrap().len(), 5);
+}
+
+/// With TLS and client certificates on the gRPC port, the peer clock check
+/// calls peers over TLS: `--peer-tls-ca-file` trusts their certificates,
+/// `--peer-tls-server-name` is the name those carry (peers are called by
+/// address, which the certificate here does not name), and each server
+/// presents its own certificate to the other. Both measure each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_check_each_others_clocks_over_mtls() {
+    let ca = Ca::new("cluster CA");
+    // Server and client use in one certificate, as cert-manager issues it
+    // for the Kubernetes example; no IP address among its names.
+    let mut params =
+        CertificateParams::new(vec!["snowkeep-peer".to_owned(), "localhost".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "snowkeep-peer");
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    let leaf = Leaf {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+        not_after_unix: params.not_after.unix_timestamp(),
+    };
+    let files = Files::new();
+    let (crt, k, ca_file) = (
+        files.write("tls.crt", &leaf.cert),
+        files.write("tls.key", &leaf.key),
+        files.write("ca.crt", &ca.pem),
+    );
+    let etcd = EtcdProcess::start().await;
+    let flags = [
+        "--tls-cert-file",
+        crt.as_str(),
+        "--tls-key-file",
+        k.as_str(),
+        "--tls-client-ca-file",
+        ca_file.as_str(),
+        "--peer-tls-ca-file",
+        ca_file.as_str(),
+        "--peer-tls-server-name",
+        "snowkeep-peer",
+        "--peer-skew-interval",
+        "1s",
+    ];
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), "peertls", &flags);
+    wait_serving_tls(&a, &ca.pem, Some(&leaf)).await;
+    let b = ServerProcess::joining(&etcd.endpoint(), "peertls", &flags);
+    wait_serving_tls(&b, &ca.pem, Some(&leaf)).await;
+    for s in [&a, &b] {
+        let port = s.metrics_port;
+        eventually(
+            "a peer clock measurement over mTLS",
+            Duration::from_secs(15),
+            || async move {
+                crate::support::server::scrape(port).await.contains(
+                    "snowkeep_clock_skew_seconds_count{namespace=\"peertls\",source=\"peer\"}",
+                )
+            },
+        )
+        .await;
+        assert!(!s
+            .log()
+            .contains("the peer clock check (--peer-skew-interval) is off"));
+    }
 }
