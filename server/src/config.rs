@@ -1013,27 +1013,18 @@ fn read_file(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8>, Conf
 /// Reads a PEM file that must hold at least one certificate, and no
 /// malformed PEM section.
 fn read_certificates(flag: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::CertificateDer;
     let bytes = read_file(flag, path)?;
-    let mut count = 0;
-    for cert in CertificateDer::pem_slice_iter(&bytes) {
-        if let Err(e) = cert {
-            return Err(file_error(
-                flag,
-                path,
-                format!("not a readable PEM file ({e})"),
-            ));
+    // The gRPC port's own check of a certificate file, worded for etcd.
+    crate::tls::certificates(flag, path, &bytes).map_err(|e| match e {
+        TlsError::Malformed { detail, .. } => {
+            file_error(flag, path, format!("not a readable PEM file ({detail})"))
         }
-        count += 1;
-    }
-    if count == 0 {
-        return Err(file_error(
+        _ => file_error(
             flag,
             path,
             "no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
-        ));
-    }
+        ),
+    })?;
     Ok(bytes)
 }
 

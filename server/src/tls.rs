@@ -125,8 +125,9 @@ fn read_all(settings: &TlsSettings) -> Result<Contents, TlsError> {
     })
 }
 
-/// The certificates of a PEM file, at least one.
-fn certificates(
+/// The certificates of a PEM file, at least one: [`TlsError::Malformed`]
+/// for a section that does not parse, [`TlsError::Empty`] for none.
+pub(crate) fn certificates(
     flag: &'static str,
     path: &Path,
     pem: &[u8],
