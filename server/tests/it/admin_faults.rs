@@ -120,31 +120,7 @@ async fn import_of_a_document_naming_a_machine_id_twice_is_refused() {
     server.wait_exit(Duration::from_secs(10)).await;
     etcd.wipe().await;
     let fresh = ServerProcess::joining(&etcd.endpoint(), ns, &["--wait-for-namespace"]);
-    let mut adm = loop {
-        if let Ok(ch) = tonic::transport::Channel::from_shared(fresh.url())
-            .unwrap()
-            .connect()
-            .await
-        {
-            break pb::admin_service_client::AdminServiceClient::new(ch);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let result = loop {
-        match adm
-            .import(pb::ImportRequest {
-                document: crafted.clone(),
-                replace: false,
-                lead_ms: 0,
-            })
-            .await
-        {
-            Err(e) if e.code() == Code::Unavailable => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            other => break other,
-        }
-    };
+    let result = crate::support::auth::import_when_ready(&fresh, None, &crafted).await;
     let refused = result.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
     assert_eq!(
@@ -168,19 +144,14 @@ async fn import_of_a_document_naming_a_machine_id_twice_is_refused() {
     assert_eq!(stored.count(), 0);
 }
 
-/// operations.md, "Backup, export and import": after losing etcd, start the
-/// servers with `--wait-for-namespace` ("they wait for the namespace,
-/// NOT_SERVING, and their administration service answers") and import
-/// through any of them. With `--auth on` (as every deploy example runs)
-/// the key cache is connected, and the bootstrap admin key written, only
-/// after the namespace opened (run.rs calls `key_cache.connect` after
-/// `connect_etcd_serving` returns). While the server waits, every
-/// AdminService call is UNAVAILABLE ("API keys are not loaded from etcd
-/// yet"), so the import that would create the namespace can never run:
-/// the documented restore deadlocks. The keys should be loaded (and the
-/// bootstrap key written) as soon as etcd answers, before the namespace.
+/// The restore in operations.md ("Backup, export and import") with
+/// `--auth on`: a server waiting for its namespace (`--wait-for-namespace`)
+/// must take the import that creates it. Its API keys (and the bootstrap
+/// admin key) used to load only after the namespace opened, so every
+/// AdminService call was UNAVAILABLE and the restore could never finish;
+/// they now load as soon as etcd answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_auth_on_a_server_waiting_for_its_namespace_refuses_the_import_that_would_create_it() {
+async fn with_auth_on_a_server_waiting_for_its_namespace_takes_the_import_that_creates_it() {
     use crate::support::auth::{admin, random_key};
     let mut etcd = EtcdProcess::start().await;
     let ns = "brkwaitauth";
@@ -212,33 +183,7 @@ async fn with_auth_on_a_server_waiting_for_its_namespace_refuses_the_import_that
     let mut flags = vec!["--wait-for-namespace"];
     flags.extend(auth);
     let waiting = ServerProcess::joining(&etcd.endpoint(), ns, &flags);
-    let start = tokio::time::Instant::now();
-    let mut last = None;
-    while start.elapsed() < Duration::from_secs(20) {
-        if let Ok(ch) = tonic::transport::Channel::from_shared(waiting.url())
-            .unwrap()
-            .connect()
-            .await
-        {
-            let mut api = pb::admin_service_client::AdminServiceClient::with_interceptor(
-                ch,
-                crate::support::auth::bearer(Some(&admin_key)),
-            );
-            match api
-                .import(pb::ImportRequest {
-                    document: document.clone(),
-                    replace: false,
-                    lead_ms: 0,
-                })
-                .await
-            {
-                Ok(_) => return,
-                Err(e) => last = Some(format!("{:?}: {}", e.code(), e.message())),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!(
-        "20 s of Import through a server waiting for its namespace with --auth on, last answer: {last:?}"
-    );
+    crate::support::auth::import_when_ready(&waiting, Some(&admin_key), &document)
+        .await
+        .expect("Import through a server waiting for its namespace with --auth on");
 }

@@ -75,29 +75,9 @@ async fn export_wipe_import_issues_no_id_again() {
     // A server waits for its namespace and answers the administration
     // service meanwhile; the import restores it.
     let first = ServerProcess::joining(&etcd.endpoint(), ns, &["--wait-for-namespace"]);
-    let mut admin = loop {
-        if let Ok(c) = Channel::from_shared(first.url()).unwrap().connect().await {
-            break Admin::new(c);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let imported = loop {
-        match admin
-            .import(pb::ImportRequest {
-                document: document.clone(),
-                replace: false,
-                lead_ms: 0,
-            })
-            .await
-        {
-            Ok(r) => break r.into_inner(),
-            // Before the server reached etcd.
-            Err(e) if e.code() == Code::Unavailable => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("Import: {e:?}"),
-        }
-    };
+    let imported = crate::support::auth::import_when_ready(&first, None, &document)
+        .await
+        .expect("Import");
     assert_eq!(
         imported,
         pb::ImportResponse {

@@ -153,3 +153,46 @@ pub async fn ids(
 ) -> pb::id_service_client::IdServiceClient<Keyed> {
     pb::id_service_client::IdServiceClient::with_interceptor(server.channel().await, bearer(key))
 }
+
+/// Imports `document` (without replace, the server's own lead) through
+/// `server`, sending `key`: retried while the server does not accept
+/// connections yet or answers UNAVAILABLE (before it reached etcd or loaded
+/// its keys), for at most 20 s; the first other answer. Panics with the
+/// last answer when none came.
+pub async fn import_when_ready(
+    server: &ServerProcess,
+    key: Option<&str>,
+    document: &str,
+) -> Result<pb::ImportResponse, tonic::Status> {
+    let start = tokio::time::Instant::now();
+    let mut last = None;
+    while start.elapsed() < Duration::from_secs(20) {
+        let connected = Channel::from_shared(server.url())
+            .expect("uri")
+            .connect()
+            .await;
+        if let Ok(channel) = connected {
+            let answer = pb::admin_service_client::AdminServiceClient::with_interceptor(
+                channel,
+                bearer(key),
+            )
+            .import(pb::ImportRequest {
+                document: document.to_owned(),
+                replace: false,
+                lead_ms: 0,
+            })
+            .await;
+            match answer {
+                Err(e) if e.code() == tonic::Code::Unavailable => {
+                    last = Some(format!("{:?}: {}", e.code(), e.message()))
+                }
+                other => return other.map(|r| r.into_inner()),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "no answer but UNAVAILABLE to Import within 20 s, last: {last:?}; log:\n{}",
+        server.log()
+    );
+}
