@@ -805,8 +805,12 @@ const MESSAGE_OF_100K: usize = 800_009;
 /// The stream receive window of the slow readers below.
 const SLOW_WINDOW: u32 = 65_535;
 
-/// A reader that takes one DATA frame (at most 16 KiB) per 50 ms and
-/// releases its window after the pause; it can be paused between frames.
+/// A reader that reads at 320 KiB/s (it waits 50 ms per 16 KiB it takes,
+/// pro rata for smaller DATA frames) and releases its window after the
+/// wait; it can be paused between frames. The pace is per byte, not per
+/// frame: two streams sharing one connection window get frames split to
+/// a few KiB, and a per-frame pause made the drain last 8 s of a 10 s
+/// grace period on a quiet machine.
 #[derive(Default)]
 struct SlowReader {
     /// Bytes received.
@@ -814,7 +818,12 @@ struct SlowReader {
     /// Bytes whose window was given back to the server.
     released: AtomicUsize,
     paused: std::sync::atomic::AtomicBool,
+    /// In the pause loop, holding back its last frame's window.
     parked: std::sync::atomic::AtomicBool,
+    /// Waiting for a frame. A paused reader can wait here for good: the
+    /// other stream's unreleased frames can hold the whole connection
+    /// window. Either way it releases nothing until it is unpaused.
+    awaiting_data: std::sync::atomic::AtomicBool,
 }
 
 impl SlowReader {
@@ -824,10 +833,15 @@ impl SlowReader {
         let response = response.await.unwrap();
         assert!(tonic::Status::from_header_map(response.headers()).is_none());
         let mut body = response.into_body();
-        while let Some(chunk) = body.data().await {
+        loop {
+            self.awaiting_data.store(true, Ordering::Release);
+            let Some(chunk) = body.data().await else {
+                break;
+            };
+            self.awaiting_data.store(false, Ordering::Release);
             let chunk = chunk.ok()?;
             self.read.fetch_add(chunk.len(), Ordering::AcqRel);
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50) * chunk.len() as u32 / 16_384).await;
             while self.paused.load(Ordering::Acquire) {
                 self.parked.store(true, Ordering::Release);
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -841,7 +855,7 @@ impl SlowReader {
 }
 
 /// Two streams of 100,000-id batches (800,009-byte messages) on one
-/// connection, each read one 16 KiB frame per 50 ms through a 64 KiB
+/// connection, each read at 320 KiB/s through a 64 KiB
 /// window. SIGTERM comes while both readers hold back their window. Each
 /// stream then gets its counted UNAVAILABLE status behind at most the rest
 /// of one message (the server made no message after the window closed),
@@ -885,7 +899,11 @@ async fn slowly_read_streams_get_their_shutdown_status_within_the_grace_period()
     }
     eventually("both readers hold back", Duration::from_secs(5), || {
         let readers = readers.clone();
-        async move { readers.iter().all(|r| r.parked.load(Ordering::Acquire)) }
+        async move {
+            readers.iter().all(|r| {
+                r.parked.load(Ordering::Acquire) || r.awaiting_data.load(Ordering::Acquire)
+            })
+        }
     })
     .await;
     let released: Vec<usize> = readers
