@@ -97,11 +97,12 @@ pub struct Args {
     pub metrics_listen: SocketAddr,
     /// Status page listen address (HTTP, GET /): a read-only page of the
     /// cluster's namespaces, machine ids, Lease API requesters, this
-    /// server's state and recent audit events. Off unless given; give a
-    /// loopback address (e.g. 127.0.0.1:9465) unless the page must be
-    /// reached from other hosts. With --auth on it needs an API key with the
-    /// admin permission. Needs --etcd-endpoints.
-    #[arg(long, env = "SNOWKEEP_ADMIN_LISTEN")]
+    /// server's state and recent audit events. Off unless given; a port
+    /// alone (e.g. 9465) listens on 127.0.0.1 only; give a whole address
+    /// (e.g. 0.0.0.0:9465) when the page must be reached from other hosts.
+    /// With --auth on it needs an API key with the admin permission. Needs
+    /// --etcd-endpoints.
+    #[arg(long, env = "SNOWKEEP_ADMIN_LISTEN", value_parser = parse_admin_listen)]
     pub admin_listen: Option<SocketAddr>,
     /// Namespace: an isolated pool of machine ids with one layout; 1-64
     /// characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit.
@@ -312,6 +313,18 @@ pub const DEFAULT_TLS_RELOAD_INTERVAL: &str = "5s";
 
 fn parse_floor(text: &str) -> Result<FloorSpec, String> {
     text.parse()
+}
+
+/// `--admin-listen`: `HOST:PORT`, or a port alone, which binds the loopback
+/// address 127.0.0.1 so the page stays on the host unless an address says
+/// otherwise.
+fn parse_admin_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)));
+    }
+    text.parse().map_err(|_| {
+        format!("{text:?} is neither HOST:PORT (e.g. 127.0.0.1:9465, [::1]:9465) nor a port (e.g. 9465, which listens on 127.0.0.1)")
+    })
 }
 
 /// Default most open gRPC connections.
@@ -1942,6 +1955,18 @@ mod tests {
         assert_eq!(parse(&etcd).unwrap().admin_listen, None);
         let on = parse(&[&etcd[..], &["--admin-listen", "127.0.0.1:9465"]].concat()).unwrap();
         assert_eq!(on.admin_listen, Some("127.0.0.1:9465".parse().unwrap()));
+        // A port alone stays on the loopback address.
+        let port = parse(&[&etcd[..], &["--admin-listen", "9465"]].concat()).unwrap();
+        assert_eq!(port.admin_listen, Some("127.0.0.1:9465".parse().unwrap()));
+        let v6 = parse(&[&etcd[..], &["--admin-listen", "[::1]:9465"]].concat()).unwrap();
+        assert_eq!(v6.admin_listen, Some("[::1]:9465".parse().unwrap()));
+        let bad = Args::try_parse_from(["snowkeep-server", "--admin-listen", "localhost:x"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("\"localhost:x\" is neither HOST:PORT (e.g. 127.0.0.1:9465, [::1]:9465) nor a port (e.g. 9465, which listens on 127.0.0.1)"),
+            "{bad}"
+        );
         // Any address is allowed when given.
         let wide = parse(&[&etcd[..], &["--admin-listen", "0.0.0.0:9465"]].concat()).unwrap();
         assert_eq!(wide.admin_listen, Some("0.0.0.0:9465".parse().unwrap()));
