@@ -126,6 +126,10 @@ pub struct EtcdStore {
     /// The mod revision of each held fence key as this holder last wrote (or
     /// claimed) it: the guard of its next fence write.
     fence_revisions: HashMap<MachineId, i64>,
+    /// The fence values sent for each held machine id since its last
+    /// confirmed fence write (answers lost: each may yet commit). Found in
+    /// the fence key, such a value is this holder's own write.
+    fence_attempts: HashMap<MachineId, Vec<Millis>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -160,6 +164,7 @@ impl EtcdStore {
             keeper_position: 0,
             own_leases: Vec::new(),
             fence_revisions: HashMap::new(),
+            fence_attempts: HashMap::new(),
         })
     }
 

@@ -13,6 +13,12 @@ use super::pool::{claim_ids, ClaimRequest, Claimed};
 use super::{keys, Claim, EtcdLease, EtcdStore};
 use crate::claim::{LossReason, StoreError};
 
+/// The most unanswered fence values remembered per machine id: about 12
+/// minutes of retries during an outage (one per request timeout plus the
+/// retry pause). An older one found committed is taken as foreign, which
+/// costs a claim, never an id.
+const MAX_FENCE_ATTEMPTS: usize = 1024;
+
 impl EtcdStore {
     /// Grants a lease and claims `machine_ids` machine ids for it, with an
     /// atomic transaction per candidate. The fence returned as each floor is
@@ -60,6 +66,7 @@ impl EtcdStore {
                     .map(|h| h.machine_id)
                     .zip(claimed.fence_revisions)
                     .collect();
+                self.fence_attempts.clear();
                 let claim = Claim {
                     held: claimed.held,
                     deadline: Some(deadline),
@@ -119,15 +126,57 @@ impl EtcdStore {
     /// write that timed out on a hung member, and was retried on another one,
     /// may still be applied when that member resumes; it then finds the fence
     /// moved on and changes nothing, rather than lowering a fence already in
-    /// use. A retried write that finds its own earlier attempt committed
-    /// counts as done. [`StoreError::LeaseLost`] with `HolderChanged` when a
-    /// holder key is not ours any more, or a fence key was changed by anyone
-    /// else (the caller stops issuing and claims again, reading the fence).
+    /// use.
+    ///
+    /// An earlier attempt whose answer was lost may have committed instead
+    /// (etcd down or restarting when the request timed out, then applying it
+    /// once back). A fence that holds this write's own value counts as done;
+    /// one that holds the value of another attempt made since the last
+    /// confirmed write is taken as ours too: its revision becomes the guard
+    /// and the write is sent again. [`StoreError::LeaseLost`] with
+    /// `HolderChanged` when a holder key is not ours any more, or a fence key
+    /// holds anything else (the caller stops issuing and claims again,
+    /// reading the fence).
     pub async fn advance_fences(
         &mut self,
         claim: &Claim,
         fences: &[Millis],
     ) -> Result<(), StoreError> {
+        for (h, f) in claim.held.iter().zip(fences) {
+            let attempts = self.fence_attempts.entry(h.machine_id).or_default();
+            if !attempts.contains(f) {
+                if attempts.len() == MAX_FENCE_ATTEMPTS {
+                    attempts.remove(0);
+                }
+                attempts.push(*f);
+            }
+        }
+        // All unanswered attempts were guarded by the same revision, so at
+        // most one of them commits: one pass finds it and takes its
+        // revision, the next writes over it.
+        for _ in 0..2 {
+            if self.try_advance_fences(claim, fences).await? {
+                for h in &claim.held {
+                    self.fence_attempts.remove(&h.machine_id);
+                }
+                return Ok(());
+            }
+        }
+        Err(StoreError::Request {
+            store: "etcd",
+            source: "fence txn: another unanswered fence write committed under its retry".into(),
+        })
+    }
+
+    /// One fence transaction of [`EtcdStore::advance_fences`]: `true` when
+    /// every fence now holds `fences[i]`, `false` when an earlier unanswered
+    /// attempt of this holder was found committed (its revision is now the
+    /// guard; send again).
+    async fn try_advance_fences(
+        &mut self,
+        claim: &Claim,
+        fences: &[Millis],
+    ) -> Result<bool, StoreError> {
         let ns = self.ns().to_owned();
         let lease_id = claim.lease.id;
         let mut guard = self.ownership(claim);
@@ -153,10 +202,10 @@ impl EtcdStore {
             for h in &claim.held {
                 self.fence_revisions.insert(h.machine_id, revision);
             }
-            return Ok(());
+            return Ok(true);
         }
         // The guard failed: the reads say whether the holder keys are still
-        // ours and whether each fence holds what this write meant to put.
+        // ours and whether each fence holds what this holder wrote.
         let found: Vec<Option<etcd_client::KeyValue>> = resp
             .op_responses()
             .into_iter()
@@ -166,6 +215,7 @@ impl EtcdStore {
             })
             .collect();
         let mut revisions = Vec::with_capacity(claim.held.len());
+        let mut done = true;
         for (i, (h, f)) in claim.held.iter().zip(fences).enumerate() {
             let holder_ours = found
                 .get(2 * i)
@@ -176,12 +226,27 @@ impl EtcdStore {
                     reason: LossReason::HolderChanged,
                 });
             }
-            match found.get(2 * i + 1).and_then(Option::as_ref) {
-                Some(kv) if kv.value() == f.get().to_string().as_bytes() => {
+            let fence = found.get(2 * i + 1).and_then(Option::as_ref);
+            let holds = |kv: &etcd_client::KeyValue, v: &Millis| {
+                kv.value() == v.get().to_string().as_bytes()
+            };
+            let earlier = fence.and_then(|kv| {
+                self.fence_attempts
+                    .get(&h.machine_id)?
+                    .iter()
+                    .find(|a| holds(kv, a))
+            });
+            match (fence, earlier) {
+                // This very write committed earlier; its answer was lost.
+                (Some(kv), _) if holds(kv, f) => revisions.push((h.machine_id, kv.mod_revision())),
+                // Another unanswered attempt of ours committed.
+                (Some(kv), Some(v)) => {
+                    debug!(namespace = %ns, machine_id = h.machine_id.get(), fence_found_ms = v.get(), fence_ms = f.get(), "an earlier fence write of this holder committed after its answer was lost; writing again over it");
                     revisions.push((h.machine_id, kv.mod_revision()));
+                    done = false;
                 }
-                other => {
-                    let now = other.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+                _ => {
+                    let now = fence.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
                     warn!(namespace = %ns, machine_id = h.machine_id.get(), fence_now = ?now, fence_written_ms = h.fence.get(), "a fence key changed under its holder, not by it; stopping issuance and claiming again");
                     return Err(StoreError::LeaseLost {
                         reason: LossReason::HolderChanged,
@@ -189,9 +254,8 @@ impl EtcdStore {
                 }
             }
         }
-        // An earlier attempt of this very write committed; its answer was lost.
         self.fence_revisions.extend(revisions);
-        Ok(())
+        Ok(done)
     }
 
     /// Compares that hold while every holder key of `claim` is bound to its lease.

@@ -624,6 +624,13 @@ async fn the_one_shot_modes_and_a_joining_server_work_with_a_dead_first_endpoint
 /// etcd 3.4: a put that timed out on a SIGSTOPped member was applied after
 /// SIGCONT, over a later put), so without the guard it could lower a fence
 /// already in use. Here a client stands in for the late write.
+///
+/// The holder's own unanswered attempts are its writes, whatever their
+/// value: a write that timed out while etcd hung and then committed once it
+/// resumed must not read as tampering to the next, higher write (it did:
+/// the server dropped its claim after every etcd restart that caught a
+/// fence write in flight). Once a write is confirmed, those values are
+/// foreign again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
     use snowkeep_client::{Millis, SystemClock};
@@ -690,15 +697,41 @@ async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
         .unwrap();
     assert_eq!(fence_now().await, floor + 3000);
 
-    // A late write lowers the fence: the holder's next write changes nothing
-    // and reports the claim lost, so the server stops issuing and claims
-    // again from what etcd holds.
+    // etcd hangs under a write, which times out; the write commits when
+    // etcd resumes (the client's put stands in for it, so the test does not
+    // hang on whether etcd applies the stalled request: if it does, before
+    // the put, the value is the same; after it, its guard fails). The next,
+    // higher write takes the committed value as its own and goes over it.
+    etcd.pause();
+    let timed_out = store
+        .advance_fences(&claim, &[Millis(floor + 3500)])
+        .await
+        .unwrap_err();
+    etcd.resume();
+    assert!(
+        matches!(timed_out, StoreError::Timeout { .. }),
+        "{timed_out:?}"
+    );
     client
-        .put(key.clone(), (floor + 1000).to_string(), None)
+        .put(key.clone(), (floor + 3500).to_string(), None)
+        .await
+        .unwrap();
+    store
+        .advance_fences(&claim, &[Millis(floor + 4000)])
+        .await
+        .unwrap();
+    assert_eq!(fence_now().await, floor + 4000);
+
+    // A late write lowers the fence, to the value of an attempt that is no
+    // longer outstanding (a write was confirmed since): the holder's next
+    // write changes nothing and reports the claim lost, so the server stops
+    // issuing and claims again from what etcd holds.
+    client
+        .put(key.clone(), (floor + 3500).to_string(), None)
         .await
         .unwrap();
     let err = store
-        .advance_fences(&claim, &[Millis(floor + 4000)])
+        .advance_fences(&claim, &[Millis(floor + 5000)])
         .await
         .unwrap_err();
     assert!(
@@ -710,5 +743,5 @@ async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
         ),
         "{err:?}"
     );
-    assert_eq!(fence_now().await, floor + 1000);
+    assert_eq!(fence_now().await, floor + 3500);
 }

@@ -119,6 +119,14 @@ async fn a_dead_etcd_leaves_busy_servers_issuing_for_their_budget_then_they_stop
             0.0,
             "the lease deadline no longer stops a server"
         );
+        // A fence write in flight when etcd came back may commit with its
+        // answer lost; the next write takes it as the server's own.
+        assert_eq!(
+            s.metric(r#"snowkeep_lease_losses_total{reason="holder_changed"}"#)
+                .await,
+            0.0,
+            "an unanswered fence write of the server's own read as tampering"
+        );
     }
 }
 
