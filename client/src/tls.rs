@@ -70,7 +70,6 @@ impl ClientTls {
         self
     }
 
-    /// `endpoint` with these settings.
     /// `endpoint` with these settings (for code that builds its own
     /// channels, such as the servers' peer clock check).
     ///

@@ -70,12 +70,12 @@ pub fn offset_ms(t0: u64, peer: u64, t1: u64) -> i64 {
 /// with `tls`'s CA, server name and this server's own certificate (files
 /// read now, so a rotated pair serves the next connection).
 fn peer_endpoint(address: &str, tls: Option<&PeerTls>) -> Result<Endpoint, String> {
-    let Some(tls) = tls else {
-        return Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| format!("unusable peer address: {e}"));
-    };
-    let endpoint = Endpoint::from_shared(format!("https://{address}"))
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
         .map_err(|e| format!("unusable peer address: {e}"))?;
+    let Some(tls) = tls else {
+        return Ok(endpoint);
+    };
     let (cert, key) = &tls.identity;
     let mut client = snowkeep_client::ClientTls::from_ca_file(&tls.ca_file)
         .and_then(|c| c.identity_files(cert, key))
