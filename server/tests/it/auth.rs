@@ -621,16 +621,7 @@ async fn peers_measure_clocks_with_auth_on_and_anonymous_get_info_reveals_nothin
     );
 
     for s in [&a, &b] {
-        let port = s.metrics_port;
-        eventually(
-            "a peer clock measurement under --auth on",
-            Duration::from_secs(15),
-            || async move {
-                crate::support::server::scrape(port).await.contains(
-                    "snowkeep_clock_skew_seconds_count{namespace=\"peerauth\",source=\"peer\"}",
-                )
-            },
-        )
-        .await;
+        s.wait_peer_measured("peerauth", "a peer clock measurement under --auth on")
+            .await;
     }
 }

@@ -822,17 +822,8 @@ async fn peers_check_each_others_clocks_over_mtls() {
     let b = ServerProcess::joining(&etcd.endpoint(), "peertls", &flags);
     wait_serving_tls(&b, &ca.pem, Some(&leaf)).await;
     for s in [&a, &b] {
-        let port = s.metrics_port;
-        eventually(
-            "a peer clock measurement over mTLS",
-            Duration::from_secs(15),
-            || async move {
-                crate::support::server::scrape(port).await.contains(
-                    "snowkeep_clock_skew_seconds_count{namespace=\"peertls\",source=\"peer\"}",
-                )
-            },
-        )
-        .await;
+        s.wait_peer_measured("peertls", "a peer clock measurement over mTLS")
+            .await;
         assert!(!s
             .log()
             .contains("the peer clock check (--peer-skew-interval) is off"));

@@ -237,6 +237,21 @@ impl ServerProcess {
             .unwrap_or(0.0)
     }
 
+    /// Waits at most 15 s for this server's first peer clock measurement in
+    /// `namespace` (the skew histogram's `source="peer"` series), or panics
+    /// naming `what`.
+    pub async fn wait_peer_measured(&self, namespace: &str, what: &str) {
+        let port = self.metrics_port;
+        let series = format!(
+            "snowkeep_clock_skew_seconds_count{{namespace=\"{namespace}\",source=\"peer\"}}"
+        );
+        let series = &series;
+        crate::support::eventually(what, Duration::from_secs(15), || async move {
+            scrape(port).await.contains(series.as_str())
+        })
+        .await;
+    }
+
     /// The OS process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
