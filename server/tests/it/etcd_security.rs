@@ -306,6 +306,26 @@ async fn a_client_certificate_from_another_ca_stops_the_server_at_start() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_by_one_endpoint_while_the_other_is_down_stops_the_server() {
+    let etcd = EtcdProcess::start_secured().await;
+    // Nothing listens on the first endpoint.
+    let down = format!("https://127.0.0.1:{}", crate::support::free_port());
+    let endpoints = format!("{down},{}", etcd.endpoint());
+    let args = with_flag(&etcd.server_args(), "--etcd-endpoints", Some(&endpoints));
+    let args = with_client_certificate(&args, &etcd.pki().stranger_client());
+    refused_at_start(
+        &etcd,
+        &args,
+        "one-down",
+        &format!(
+            "etcd at {} refused this server: it requires a client certificate signed by a CA it trusts (its --trusted-ca-file) and refused the one in --etcd-cert-file",
+            etcd.endpoint()
+        ),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_client_certificate_stops_the_server_at_start() {
     let etcd = EtcdProcess::start_secured().await;
     let args = with_client_certificate(&etcd.server_args(), &etcd.pki().expired_client());
