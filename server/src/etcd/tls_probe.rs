@@ -387,6 +387,146 @@ mod tests {
         ));
     }
 
+    /// How a test server treats its one connection.
+    #[derive(Clone, Copy)]
+    enum Then {
+        /// Sends application data after the handshake.
+        Answer,
+        /// Resets the connection right after the handshake, without an alert.
+        Reset,
+    }
+
+    /// A rustls server on a free loopback port speaking only `version`,
+    /// asking for a client certificate (`client_auth`: none, optional,
+    /// required) and doing `then` with its first connection. Returns its URL
+    /// and the CA that signed its certificate.
+    async fn server_once(
+        version: &'static rustls::SupportedProtocolVersion,
+        client_auth: Option<bool>,
+        then: Then,
+    ) -> (String, EtcdTls) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[version])
+            .unwrap();
+        let builder = match client_auth {
+            None => builder.with_no_client_auth(),
+            Some(required) => {
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    roots.into(),
+                    provider,
+                );
+                let verifier = match required {
+                    true => verifier,
+                    false => verifier.allow_unauthenticated(),
+                };
+                builder.with_client_cert_verifier(verifier.build().unwrap())
+            }
+        };
+        let key_der = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap();
+        let config = builder
+            .with_single_cert(vec![leaf.der().clone()], key_der)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let Ok(mut stream) = acceptor.accept(tcp).await else {
+                return; // the alert is sent; the connection closes
+            };
+            match then {
+                Then::Answer => {
+                    use tokio::io::AsyncWriteExt;
+                    stream.write_all(b"settings").await.unwrap();
+                    stream.flush().await.unwrap();
+                    let _ = stream.read(&mut [0u8; 16]).await;
+                }
+                // A zero linger makes the close a reset at once (and so
+                // never blocks, which is what the deprecation warns of).
+                #[allow(deprecated)]
+                Then::Reset => stream.get_ref().0.set_linger(Some(Duration::ZERO)).unwrap(),
+            }
+        });
+        let tls = EtcdTls {
+            ca_pem: ca_pem.into_bytes(),
+            client_identity: None,
+        };
+        (url, tls)
+    }
+
+    const VERSIONS: [&rustls::SupportedProtocolVersion; 2] =
+        [&rustls::version::TLS12, &rustls::version::TLS13];
+
+    async fn probe_of(url: &str, tls: &EtcdTls) -> Probe {
+        probe(url, tls, Duration::from_secs(10), 0).await
+    }
+
+    #[tokio::test]
+    async fn a_refused_missing_certificate_is_named_under_tls_1_2_and_1_3() {
+        for version in VERSIONS {
+            let (url, tls) = server_once(version, Some(true), Then::Answer).await;
+            let verdict = probe_of(&url, &tls).await;
+            assert!(
+                matches!(
+                    verdict,
+                    Probe::Refused {
+                        problem: AccessProblem::ClientCertificateMissing,
+                        ..
+                    }
+                ),
+                "{version:?}: {verdict:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reset_after_a_certificate_request_is_a_refusal_under_tls_1_2_and_1_3() {
+        for version in VERSIONS {
+            let (url, tls) = server_once(version, Some(false), Then::Reset).await;
+            let verdict = probe_of(&url, &tls).await;
+            assert!(
+                matches!(
+                    verdict,
+                    Probe::Refused {
+                        problem: AccessProblem::ClientCertificateMissing,
+                        ..
+                    }
+                ),
+                "{version:?}: {verdict:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reset_without_a_certificate_request_is_no_verdict_and_an_answer_accepts() {
+        for version in VERSIONS {
+            let (url, tls) = server_once(version, None, Then::Reset).await;
+            let verdict = probe_of(&url, &tls).await;
+            assert!(
+                matches!(verdict, Probe::Unanswered(_)),
+                "{version:?}: {verdict:?}"
+            );
+            let (url, tls) = server_once(version, Some(false), Then::Answer).await;
+            assert_eq!(probe_of(&url, &tls).await, Probe::Accepted, "{version:?}");
+        }
+    }
+
     #[test]
     fn endpoint_urls_give_host_and_port() {
         assert_eq!(
