@@ -126,7 +126,9 @@ fn single_instance_machine_ids(config: &ServerConfig) -> Vec<snowkeep_client::Ma
 /// shutdown comes first. etcd may come up after us (compose, Kubernetes), so
 /// only what an operator must fix (a namespace not created, a layout
 /// mismatch, a rolled-back namespace, etcd refusing the `--etcd-*` TLS or
-/// credentials: [`StoreError::AccessRefused`]) is an error. Opens the namespace as
+/// credentials, or a user without permission on the namespace's keys:
+/// [`StoreError::AccessRefused`], found by `EtcdStore::check_access` before
+/// any other request) is an error. Opens the namespace as
 /// `settings.namespace_setup` says ([`EtcdStore::open_namespace`]). Each
 /// attempt tries every endpoint in turn and the clients live across attempts,
 /// so a retry starts on the endpoint after the last one that failed, not on
@@ -168,7 +170,10 @@ pub(crate) async fn connect_etcd_serving(
     loop {
         let checked = tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
-            r = store.open_namespace() => r,
+            r = async {
+                store.check_access().await?;
+                store.open_namespace().await
+            } => r,
         };
         match checked {
             Ok(()) => return Ok(Some(store)),

@@ -42,7 +42,7 @@ impl std::fmt::Display for LossReason {
 
 /// What etcd refused of the `--etcd-*` settings; each message names the flag
 /// or the etcd setting to fix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum AccessProblem {
     /// The user name or password is wrong.
     #[error("authentication failed: the user or password is wrong; check --etcd-user (SNOWKEEP_ETCD_USER) and the file --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE) names against the etcd user (etcdctl user get)")]
@@ -51,14 +51,24 @@ pub enum AccessProblem {
     #[error("etcd has authentication enabled: give --etcd-user and --etcd-password-file (see docs/operations.md#etcd-tls-and-authentication)")]
     AuthenticationRequired,
     /// The user's roles do not cover snowkeep's keys.
-    #[error("permission denied: the etcd user (--etcd-user; without it, etcd takes the client certificate's common name as the user) needs a role with readwrite permission on the key prefix /snowkeep/ (etcdctl role grant-permission ROLE --prefix=true readwrite /snowkeep/)")]
-    Permission,
+    #[error("permission denied: etcd user {user} needs a role with readwrite permission on the key prefix /snowkeep/ (etcdctl role grant-permission ROLE --prefix=true readwrite /snowkeep/, then etcdctl user grant-role USER ROLE)")]
+    Permission {
+        /// The user etcd checked, and where its name came from.
+        user: String,
+    },
     /// The member's server certificate is not trusted.
     #[error("its server certificate is not trusted: it must be signed by a CA in --etcd-ca-file (SNOWKEEP_ETCD_CA_FILE) and name the endpoint's host as a DNS or IP subject alternative name")]
     ServerCertificate,
-    /// The member wants a client certificate it trusts.
-    #[error("it requires a client certificate signed by a CA it trusts (its --trusted-ca-file): give --etcd-cert-file and --etcd-key-file, or check that they are signed by that CA")]
+    /// The member wants a client certificate it trusts and refused the one
+    /// given.
+    #[error("it requires a client certificate signed by a CA it trusts (its --trusted-ca-file) and refused the one in --etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE): check that a CA in that file signed it, that it is valid now, that it allows client authentication (extended key usage clientAuth) and that --etcd-key-file is its key")]
     ClientCertificate,
+    /// The member wants a client certificate and none was given.
+    #[error("it requires a client certificate signed by a CA it trusts (its --trusted-ca-file) and none was given: give --etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE) and --etcd-key-file (SNOWKEEP_ETCD_KEY_FILE)")]
+    ClientCertificateMissing,
+    /// The member refused the client certificate, which has expired.
+    #[error("it requires a client certificate signed by a CA it trusts (its --trusted-ca-file) and refused the one in --etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE), which has expired (its notAfter is past): renew it, then restart the server")]
+    ClientCertificateExpired,
     /// A TLS hello got a plaintext answer.
     #[error("it does not serve TLS on this port: use an http:// endpoint, or the member's https:// client URL")]
     TlsNotServed,

@@ -103,7 +103,9 @@ impl fmt::Debug for EtcdCredentials {
 /// user without permission on snowkeep's keys, an untrusted server
 /// certificate, or a client certificate etcd wants and did not get (or does
 /// not trust). `None` for anything else (an unreachable member, a timeout).
-pub(crate) fn refusal_of(e: &etcd_client::Error) -> Option<AccessProblem> {
+/// `access` names the user in a permission refusal and tells a missing client
+/// certificate from a refused one.
+pub(crate) fn refusal_of(e: &etcd_client::Error, access: &EtcdAccess) -> Option<AccessProblem> {
     use tonic::Code;
     if let etcd_client::Error::GRpcStatus(status) = e {
         let message = status.message();
@@ -117,11 +119,52 @@ pub(crate) fn refusal_of(e: &etcd_client::Error) -> Option<AccessProblem> {
             Code::FailedPrecondition if message.contains("authentication is not enabled") => {
                 return None
             }
-            Code::PermissionDenied => return Some(AccessProblem::Permission),
+            Code::PermissionDenied => {
+                return Some(AccessProblem::Permission {
+                    user: user_description(access),
+                })
+            }
             _ => {}
         }
     }
-    tls_refusal(&chain_text(e))
+    match tls_refusal(&chain_text(e)) {
+        Some(AccessProblem::ClientCertificate)
+            if access
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.client_identity.is_none()) =>
+        {
+            Some(AccessProblem::ClientCertificateMissing)
+        }
+        other => other,
+    }
+}
+
+/// The etcd user whose permissions etcd checks, quoted, and where its name
+/// comes from: `--etcd-user`, or without it the client certificate's common
+/// name (etcd takes that as the user of a request without a token).
+pub(crate) fn user_description(access: &EtcdAccess) -> String {
+    if let Some(credentials) = &access.credentials {
+        return format!("{:?} (--etcd-user)", credentials.user);
+    }
+    let identity = access.tls.as_ref().and_then(|t| t.client_identity.as_ref());
+    match identity.and_then(common_name) {
+        Some(cn) => format!(
+            "{cn:?} (the common name of --etcd-cert-file, which etcd takes as the user without --etcd-user)"
+        ),
+        None => "(none: give --etcd-user and --etcd-password-file)".to_owned(),
+    }
+}
+
+/// The common name of the identity's leaf certificate.
+fn common_name(identity: &ClientIdentity) -> Option<String> {
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateDer::pem_slice_iter(&identity.cert_pem)
+        .next()?
+        .ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_owned)
 }
 
 /// The TLS refusal named in an error chain's text: rustls's words for a
@@ -166,6 +209,17 @@ fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use super::*;
 
+    fn refusal(e: &etcd_client::Error) -> Option<AccessProblem> {
+        let access = EtcdAccess {
+            tls: None,
+            credentials: Some(EtcdCredentials {
+                user: "snowkeep".into(),
+                password: "secret".into(),
+            }),
+        };
+        refusal_of(e, &access)
+    }
+
     fn status(code: tonic::Code, message: &str) -> etcd_client::Error {
         etcd_client::Error::GRpcStatus(tonic::Status::new(code, message))
     }
@@ -174,36 +228,65 @@ mod tests {
     fn etcd_auth_answers_are_recognised() {
         use tonic::Code;
         assert_eq!(
-            refusal_of(&status(
+            refusal(&status(
                 Code::InvalidArgument,
                 "etcdserver: authentication failed, invalid user ID or password"
             )),
             Some(AccessProblem::Authentication)
         );
         assert_eq!(
-            refusal_of(&status(
+            refusal(&status(
                 Code::InvalidArgument,
                 "etcdserver: user name is empty"
             )),
             Some(AccessProblem::AuthenticationRequired)
         );
         assert_eq!(
-            refusal_of(&status(
+            refusal(&status(
                 Code::PermissionDenied,
                 "etcdserver: permission denied"
             )),
-            Some(AccessProblem::Permission)
+            Some(AccessProblem::Permission {
+                user: "\"snowkeep\" (--etcd-user)".into()
+            })
         );
         assert_eq!(
-            refusal_of(&status(Code::Unavailable, "tcp connect error")),
+            refusal(&status(Code::Unavailable, "tcp connect error")),
             None
         );
         assert_eq!(
-            refusal_of(&status(
+            refusal(&status(
                 Code::InvalidArgument,
                 "etcdserver: too many operations"
             )),
             None
+        );
+    }
+
+    #[test]
+    fn a_certificate_alert_without_a_client_certificate_is_a_missing_one() {
+        let alert = status(
+            tonic::Code::Unknown,
+            "transport error: received fatal alert: CertificateRequired",
+        );
+        let tls = |client_identity| EtcdAccess {
+            tls: Some(EtcdTls {
+                ca_pem: b"ca".to_vec(),
+                client_identity,
+            }),
+            credentials: None,
+        };
+        assert_eq!(
+            refusal_of(&alert, &tls(None)),
+            Some(AccessProblem::ClientCertificateMissing)
+        );
+        let identity = ClientIdentity {
+            cert_pem: b"cert".to_vec(),
+            key_pem: b"key".to_vec(),
+        };
+        assert_eq!(
+            refusal_of(&alert, &tls(Some(identity))),
+            Some(AccessProblem::ClientCertificate)
         );
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions, Txn};
 use tracing::{debug, warn};
 
-use super::access::{refusal_of, EtcdAccess, EtcdCredentials};
+use super::access::{refusal_of, EtcdAccess};
 use crate::claim::{AccessProblem, StoreError};
 
 /// Clients for each endpoint, moving to the next after a failure. Clones
@@ -25,8 +25,9 @@ pub(super) struct Endpoints {
     current: Arc<AtomicUsize>,
     /// Per endpoint: set once its client has authenticated.
     authenticated: Vec<Arc<tokio::sync::OnceCell<()>>>,
-    /// etcd's user and password, when its auth is on.
-    credentials: Option<Arc<EtcdCredentials>>,
+    /// The TLS and authentication settings (etcd's user and password, when
+    /// its auth is on).
+    access: Arc<EtcdAccess>,
 }
 
 /// True when `e` says the endpoint did not serve the request (refused, reset,
@@ -45,6 +46,8 @@ pub(super) fn endpoint_failed(e: &StoreError) -> bool {
                 problem,
                 AccessProblem::ServerCertificate
                     | AccessProblem::ClientCertificate
+                    | AccessProblem::ClientCertificateMissing
+                    | AccessProblem::ClientCertificateExpired
                     | AccessProblem::TlsNotServed
             )
         }
@@ -157,7 +160,7 @@ impl Endpoints {
             clients,
             urls: urls.into(),
             current: Arc::new(AtomicUsize::new(0)),
-            credentials: access.credentials.clone().map(Arc::new),
+            access: Arc::new(access.clone()),
         })
     }
 
@@ -168,7 +171,7 @@ impl Endpoints {
     /// is retried by the next request. After that, etcd-client refreshes
     /// the token itself when etcd calls it invalid (expired).
     async fn authenticate(&self, position: usize) -> Result<(), etcd_client::Error> {
-        let Some(credentials) = &self.credentials else {
+        let Some(credentials) = &self.access.credentials else {
             return Ok(());
         };
         let mut client = self.client_at(position);
@@ -192,6 +195,11 @@ impl Endpoints {
 
     fn client_at(&self, position: usize) -> Client {
         self.clients[position % self.clients.len()].clone()
+    }
+
+    /// The endpoint URLs, in order.
+    pub(super) fn urls(&self) -> &[String] {
+        &self.urls
     }
 
     pub(super) fn url_at(&self, position: usize) -> &str {
@@ -300,7 +308,7 @@ impl Endpoints {
     /// `e` as [`StoreError::AccessRefused`] when it is etcd refusing this
     /// server's TLS connection or credentials; otherwise `e` unchanged.
     fn refused(&self, position: usize, e: StoreError) -> StoreError {
-        let problem = etcd_error(&e).and_then(refusal_of);
+        let problem = etcd_error(&e).and_then(|e| refusal_of(e, &self.access));
         match (problem, e) {
             (Some(problem), StoreError::Request { source, .. }) => StoreError::AccessRefused {
                 endpoint: self.url_at(position).to_owned(),

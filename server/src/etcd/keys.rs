@@ -13,6 +13,7 @@
 //! | `/snowkeep/v1/ns/{namespace}/token/{requester}` | SHA-256 of the requester's lease token, 64 hex digits | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/about/{requester}` | JSON: what the administration service shows of the requester (host id, pid, start time, skew, API key id; never its nonce or token); informational only, no claim reads it | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/peer/{instance_id}` | the server's advertised `host:port` (peer clock check) | yes, the server's |
+//! | `/snowkeep/v1/ns/{namespace}/write-check` | never written: the start's write-permission check puts it in a transaction whose guard can never hold (`super::start_check`) | no |
 //! | `/snowkeep/v1/apikeys/{key_id}` | an API key record, JSON with the SHA-256 of its secret (`crate::auth::KeyRecord`) | no |
 //! | `/snowkeep/v1/keyholds/{key_id}/{namespace}/{requester}` | decimal count of the machine ids a requester acquired with that API key holds (its quota) | yes, the requester's |
 //!
@@ -52,6 +53,12 @@ pub(crate) fn namespaces_root() -> &'static str {
 /// The prefix of everything under a namespace.
 pub(crate) fn namespace_prefix(namespace: &str) -> String {
     format!("{ROOT}{namespace}/")
+}
+
+/// The key of the start's write-permission check: named in a guarded put
+/// whose guard never holds, so it is never written.
+pub(crate) fn write_check(namespace: &str) -> String {
+    format!("{ROOT}{namespace}/write-check")
 }
 
 /// The namespace's record key (named for the layout it first held).

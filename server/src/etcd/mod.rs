@@ -24,6 +24,8 @@
 //! | --- | --- |
 //! | `endpoints` | the failover client: one client per endpoint, TLS and authentication, timeouts, which errors move on |
 //! | [`access`] | the TLS and authentication settings, and recognising etcd's refusals of them |
+//! | `tls_probe` | a TLS connection of our own at start that reads etcd's verdict on this server's certificates |
+//! | `start_check` | the access check before the first claim: the TLS probe, then read and write permission on the namespace's keys |
 //! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions |
 //! | `fence_count` | the counts of fence keys created, per block of 64 machine ids, which tell a never-written fence key from a deleted one |
 //! | `session` | the server's own lease: grant and claim, fence writes, keepalive, peer registration, release and revoke |
@@ -50,6 +52,8 @@ pub(crate) mod overlap;
 mod pool;
 pub(crate) mod requesters;
 mod session;
+mod start_check;
+mod tls_probe;
 mod watch;
 
 use std::collections::HashMap;
@@ -142,8 +146,9 @@ impl std::fmt::Debug for EtcdStore {
 
 impl EtcdStore {
     /// Makes one client per endpoint without sending any request
-    /// (etcd-client connects on first use). Call `EtcdStore::open_namespace`
-    /// next: it is the first request. Errors only for an unusable endpoint URL.
+    /// (etcd-client connects on first use). Call `EtcdStore::check_access`
+    /// and `EtcdStore::open_namespace` next: they are the first requests.
+    /// Errors only for an unusable endpoint URL.
     pub(crate) async fn new(
         settings: EtcdSettings,
         layout: Layout,
@@ -168,9 +173,12 @@ impl EtcdStore {
         })
     }
 
-    /// `EtcdStore::new`, then `EtcdStore::open_namespace` once: opens the
+    /// `EtcdStore::new`, then `EtcdStore::check_access` and
+    /// `EtcdStore::open_namespace` once: checks that etcd accepts this
+    /// server's TLS settings, credentials and permissions, then opens the
     /// namespace as `settings.namespace_setup` says (create it, confirm a
     /// floor, or check it is usable). Errors with
+    /// [`StoreError::AccessRefused`],
     /// [`StoreError::NamespaceNotCreated`], [`StoreError::LayoutMismatch`],
     /// [`StoreError::CorruptNamespace`] or [`StoreError::NamespaceRolledBack`],
     /// and with a retryable error when no endpoint answers.
@@ -180,6 +188,7 @@ impl EtcdStore {
         clock: SharedClock,
     ) -> Result<Self, StoreError> {
         let mut store = Self::new(settings, layout, clock).await?;
+        store.check_access().await?;
         store.open_namespace().await?;
         Ok(store)
     }

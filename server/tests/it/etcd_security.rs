@@ -2,17 +2,21 @@
 //! client URL, client certificates required, and etcd's authentication on
 //! (a `snowkeep` user whose role reaches only `/snowkeep/`). It issues,
 //! releases and takes back its machine id, serves the Lease API, keeps its
-//! lease across many expiries of its auth token, and a wrong password, a
-//! missing client certificate or a wrong CA stop it at start with a message
-//! naming the flag to fix.
+//! lease across many expiries of its auth token. Every refusal etcd gives
+//! at connect stops it at start, at its first attempt, with exit code 64 and
+//! a message naming what to fix: a wrong password or user, no user, a user
+//! without (write) permission on `/snowkeep/`, no client certificate, one
+//! from another CA, an expired one, and a CA that did not sign etcd's server
+//! certificate.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use etcd_client::GetOptions;
+use etcd_client::{GetOptions, Permission};
 
 use crate::support::etcd::{EtcdProcess, SecureOptions};
 use crate::support::lease::{acquire, ids_of, lease_client, renew, requester};
+use crate::support::pki::CertFiles;
 use crate::support::server::ServerProcess;
 use crate::support::{eventually, READY};
 
@@ -138,14 +142,48 @@ async fn the_lease_api_acquires_and_renews_through_the_secured_etcd() {
     assert_eq!(holders(&etcd, "secured-api").await.len(), 3);
 }
 
-/// Starts a server with `args` on `etcd`, asserts it exits with 64 and
-/// `message` in its log, and that it claimed nothing.
+/// How long a refused server may take to exit. The access check is its
+/// first step, so it exits in about a second; the bound leaves room for a
+/// loaded machine.
+const REFUSED_WITHIN: Duration = Duration::from_secs(20);
+
+/// `args` with `--etcd-cert-file` and `--etcd-key-file` set to `files`.
+fn with_client_certificate(args: &[String], files: &CertFiles) -> Vec<String> {
+    let args = with_flag(args, "--etcd-cert-file", Some(files.cert.to_str().unwrap()));
+    with_flag(&args, "--etcd-key-file", Some(files.key.to_str().unwrap()))
+}
+
+/// Starts a server with `args` on `etcd` (creating `namespace`), asserts it
+/// exits with 64 within [`REFUSED_WITHIN`] and `message` in its log, that
+/// it did so at its first attempt (it never took the refusal for an etcd
+/// still starting), and that it wrote nothing: not even the namespace.
 async fn refused_at_start(etcd: &EtcdProcess, args: &[String], namespace: &str, message: &str) {
+    refused_after_namespace(etcd, args, namespace, message).await;
+    let record = etcd
+        .client()
+        .await
+        .get(format!("/snowkeep/v1/ns/{namespace}/layout"), None)
+        .await
+        .unwrap();
+    assert_eq!(record.kvs().len(), 0, "the namespace was not created");
+}
+
+/// [`refused_at_start`] for a namespace that may exist already.
+async fn refused_after_namespace(
+    etcd: &EtcdProcess,
+    args: &[String],
+    namespace: &str,
+    message: &str,
+) {
     let mut s = server(args, namespace, &[]);
-    let code = s.wait_exit(Duration::from_secs(30)).await.code();
+    let code = s.wait_exit(REFUSED_WITHIN).await.code();
     let log = s.log();
     assert_eq!(code, Some(64), "log:\n{log}");
     assert!(log.contains(message), "want {message:?} in:\n{log}");
+    assert!(
+        !log.contains("etcd is not reachable yet"),
+        "refused at the first attempt, never retried:\n{log}"
+    );
     assert!(
         !log.contains(etcd_client_password()),
         "the password must never be logged:\n{log}"
@@ -163,26 +201,81 @@ async fn a_wrong_password_stops_the_server_at_start_naming_the_flags() {
         "--etcd-password-file",
         Some(wrong.to_str().unwrap()),
     );
+    refused_at_start(&etcd, &args, "wrong-pw", AUTHENTICATION_FAILED).await;
+}
+
+/// The message of a wrong user or password.
+const AUTHENTICATION_FAILED: &str = "refused this server: authentication failed: the user or password is wrong; check --etcd-user (SNOWKEEP_ETCD_USER) and the file --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE) names";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_user_stops_the_server_at_start_naming_the_flags() {
+    let etcd = EtcdProcess::start_secured().await;
+    let args = with_flag(&etcd.server_args(), "--etcd-user", Some("nobody"));
+    refused_at_start(&etcd, &args, "wrong-user", AUTHENTICATION_FAILED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_user_where_etcd_wants_one_stops_the_server_naming_the_certificates_user() {
+    // etcd takes the client certificate's common name as the user, which
+    // has no role here.
+    let etcd = EtcdProcess::start_secured().await;
+    let args = with_flag(&etcd.server_args(), "--etcd-user", None);
+    let args = with_flag(&args, "--etcd-password-file", None);
     refused_at_start(
         &etcd,
         &args,
-        "wrong-pw",
-        "refused this server: authentication failed: the user or password is wrong; check --etcd-user (SNOWKEEP_ETCD_USER) and the file --etcd-password-file (SNOWKEEP_ETCD_PASSWORD_FILE) names",
+        "no-user",
+        "refused this server: permission denied: etcd user \"snowkeep-client\" (the common name of --etcd-cert-file, which etcd takes as the user without --etcd-user) needs a role with readwrite permission on the key prefix /snowkeep/",
     )
     .await;
+}
 
-    // No user at all, where etcd wants one: etcd takes the client
-    // certificate's common name as the user, which has no role here.
-    let args = with_flag(&etcd.server_args(), "--etcd-user", None);
-    let args = with_flag(&args, "--etcd-password-file", None);
-    let mut s = server(&args, "no-user", &[]);
-    let code = s.wait_exit(Duration::from_secs(30)).await.code();
-    let log = s.log();
-    assert_eq!(code, Some(64), "log:\n{log}");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_permission_on_the_prefix_stops_the_server_at_start() {
+    let etcd = EtcdProcess::start_secured().await;
+    etcd.add_user("outsider", Permission::read_write("/other/").with_prefix())
+        .await;
+    let args = with_flag(&etcd.server_args(), "--etcd-user", Some("outsider"));
+    refused_at_start(
+        &etcd,
+        &args,
+        "outsider",
+        "refused this server: permission denied: etcd user \"outsider\" (--etcd-user) needs a role with readwrite permission on the key prefix /snowkeep/ (etcdctl role grant-permission ROLE --prefix=true readwrite /snowkeep/, then etcdctl user grant-role USER ROLE)",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_that_may_only_read_the_prefix_stops_the_server_at_start() {
+    let etcd = EtcdProcess::start_secured().await;
+    etcd.add_user("reader", Permission::read("/snowkeep/").with_prefix())
+        .await;
+    // The namespace exists, so the reader's start reads it and would then
+    // claim: its write permission is checked before that.
+    let mut argv = etcd.server_args();
+    argv.extend(["--namespace", "read-only", "--create-namespace-only"].map(String::from));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut create = ServerProcess::spawn(&argv);
     assert!(
-        log.contains("refused this server: permission denied: the etcd user (--etcd-user; without it, etcd takes the client certificate's common name as the user) needs a role with readwrite permission on the key prefix /snowkeep/"),
-        "{log}"
+        create.wait_exit(REFUSED_WITHIN).await.success(),
+        "{}",
+        create.log()
     );
+    let args = with_flag(&etcd.server_args(), "--etcd-user", Some("reader"));
+    refused_after_namespace(
+        &etcd,
+        &args,
+        "read-only",
+        "refused this server: permission denied: etcd user \"reader\" (--etcd-user) needs a role with readwrite permission on the key prefix /snowkeep/",
+    )
+    .await;
+    let write_check = etcd
+        .client()
+        .await
+        .get("/snowkeep/v1/ns/read-only/write-check", None)
+        .await
+        .unwrap();
+    assert_eq!(write_check.kvs().len(), 0, "the check never writes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,27 +287,53 @@ async fn a_missing_client_certificate_stops_the_server_at_start() {
         &etcd,
         &args,
         "no-cert",
-        "refused this server: it requires a client certificate signed by a CA it trusts (its --trusted-ca-file): give --etcd-cert-file and --etcd-key-file",
+        "refused this server: it requires a client certificate signed by a CA it trusts (its --trusted-ca-file) and none was given: give --etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE) and --etcd-key-file (SNOWKEEP_ETCD_KEY_FILE)",
     )
     .await;
+}
 
-    // One etcd does not trust.
-    let stranger = etcd.pki().stranger_client();
-    let args = with_flag(
-        &etcd.server_args(),
-        "--etcd-cert-file",
-        Some(stranger.cert.to_str().unwrap()),
-    );
-    let args = with_flag(
-        &args,
-        "--etcd-key-file",
-        Some(stranger.key.to_str().unwrap()),
-    );
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_from_another_ca_stops_the_server_at_start() {
+    let etcd = EtcdProcess::start_secured().await;
+    let args = with_client_certificate(&etcd.server_args(), &etcd.pki().stranger_client());
     refused_at_start(
         &etcd,
         &args,
         "stranger",
-        "refused this server: it requires a client certificate signed by a CA it trusts",
+        "refused this server: it requires a client certificate signed by a CA it trusts (its --trusted-ca-file) and refused the one in --etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE): check that a CA in that file signed it, that it is valid now, that it allows client authentication (extended key usage clientAuth) and that --etcd-key-file is its key",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_by_one_endpoint_while_the_other_is_down_stops_the_server() {
+    let etcd = EtcdProcess::start_secured().await;
+    // Nothing listens on the first endpoint.
+    let down = format!("https://127.0.0.1:{}", crate::support::free_port());
+    let endpoints = format!("{down},{}", etcd.endpoint());
+    let args = with_flag(&etcd.server_args(), "--etcd-endpoints", Some(&endpoints));
+    let args = with_client_certificate(&args, &etcd.pki().stranger_client());
+    refused_at_start(
+        &etcd,
+        &args,
+        "one-down",
+        &format!(
+            "etcd at {} refused this server: it requires a client certificate signed by a CA it trusts (its --trusted-ca-file) and refused the one in --etcd-cert-file",
+            etcd.endpoint()
+        ),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_client_certificate_stops_the_server_at_start() {
+    let etcd = EtcdProcess::start_secured().await;
+    let args = with_client_certificate(&etcd.server_args(), &etcd.pki().expired_client());
+    refused_at_start(
+        &etcd,
+        &args,
+        "expired",
+        "refused this server: it requires a client certificate signed by a CA it trusts (its --trusted-ca-file) and refused the one in --etcd-cert-file (SNOWKEEP_ETCD_CERT_FILE), which has expired (its notAfter is past): renew it, then restart the server",
     )
     .await;
 }

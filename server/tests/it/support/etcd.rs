@@ -167,6 +167,23 @@ impl EtcdProcess {
             .auth_enabled = true;
     }
 
+    /// Adds the user `user` (password [`SNOWKEEP_PASSWORD`]) on a secured
+    /// cluster with a role of its own (named like it) holding only
+    /// `permission`, as `etcdctl role add`, `role grant-permission` and
+    /// `user grant-role` would.
+    #[allow(dead_code)] // used by some test files only
+    pub async fn add_user(&self, user: &str, permission: etcd_client::Permission) {
+        let mut c = self.client().await;
+        c.role_add(user).await.expect("add role");
+        c.role_grant_permission(user, permission)
+            .await
+            .expect("grant permission");
+        c.user_add(user, SNOWKEEP_PASSWORD, None)
+            .await
+            .expect("add user");
+        c.user_grant_role(user, user).await.expect("grant role");
+    }
+
     /// How many logins (successful `Authenticate` calls) the secured
     /// member has answered, from its Prometheus metrics.
     #[allow(dead_code)] // used by some test files only

@@ -83,6 +83,8 @@ impl TestPki {
             Vec::new(),
             ExtendedKeyUsagePurpose::ClientAuth,
         );
+        // One the CA signed, valid only in 2020.
+        pki.sign_valid(&ca, "expired-client", "snowkeep-client", (2020, 2021));
         // A client certificate the CA never signed (self-signed).
         let (stranger, _) = new_ca("stranger");
         pki.sign(
@@ -103,8 +105,31 @@ impl TestPki {
         sans: Vec<SanType>,
         usage: ExtendedKeyUsagePurpose,
     ) {
+        self.sign_with(ca, name, common_name, sans, usage, None);
+    }
+
+    /// A client certificate valid from January 1 of `years.0` to January 1
+    /// of `years.1`.
+    fn sign_valid(&self, ca: &Ca, name: &str, common_name: &str, years: (i32, i32)) {
+        let usage = ExtendedKeyUsagePurpose::ClientAuth;
+        self.sign_with(ca, name, common_name, Vec::new(), usage, Some(years));
+    }
+
+    fn sign_with(
+        &self,
+        ca: &Ca,
+        name: &str,
+        common_name: &str,
+        sans: Vec<SanType>,
+        usage: ExtendedKeyUsagePurpose,
+        valid_years: Option<(i32, i32)>,
+    ) {
         let key = KeyPair::generate().expect("key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        if let Some((from, to)) = valid_years {
+            params.not_before = rcgen::date_time_ymd(from, 1, 1);
+            params.not_after = rcgen::date_time_ymd(to, 1, 1);
+        }
         params.subject_alt_names = sans;
         params
             .distinguished_name
@@ -148,6 +173,12 @@ impl TestPki {
     /// The test's own client certificate for administering etcd (CN `root`).
     pub fn root_client(&self) -> CertFiles {
         self.cert_files("root-client")
+    }
+
+    /// A client certificate the CA signed (CN `snowkeep-client`) that
+    /// expired in 2021.
+    pub fn expired_client(&self) -> CertFiles {
+        self.cert_files("expired-client")
     }
 
     /// A client certificate signed by a CA etcd does not trust.
