@@ -618,7 +618,7 @@ pub async fn run(
             })
             // Outermost first: metrics see the final code of every call,
             // shed ones included.
-            .layer(crate::metrics::grpc_layer::GrpcMetricsLayer)
+            .layer(crate::metrics::grpc_layer::GrpcMetricsLayer::new())
             // Before anything that holds resources for a call.
             .layer(crate::allow::AllowList::new(config.allow_cidrs.clone()))
             // Inside metrics (which count its refusals by code), before the

@@ -12,9 +12,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
+use metrics::{Counter, Gauge, Histogram};
 use tonic::Code;
 use tower::{Layer, Service};
 
@@ -47,14 +49,22 @@ const KNOWN: &[(&str, &str)] = &[
 ];
 
 /// The bounded labels of a request path `/service/method`.
+#[cfg(test)]
 fn labels(path: &str) -> (&'static str, &'static str) {
+    match method_index(path) {
+        Some(i) => KNOWN[i],
+        None => ("unknown", "unknown"),
+    }
+}
+
+/// The position of `/service/method` in [`KNOWN`], or `None` for anything
+/// else (which is labelled `unknown`).
+fn method_index(path: &str) -> Option<usize> {
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
     let (service, method) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     KNOWN
         .iter()
-        .find(|(s, m)| *s == service && *m == method)
-        .copied()
-        .unwrap_or(("unknown", "unknown"))
+        .position(|(s, m)| *s == service && *m == method)
 }
 
 fn grpc_status(headers: &http::HeaderMap) -> Option<Code> {
@@ -65,28 +75,108 @@ fn grpc_status(headers: &http::HeaderMap) -> Option<Code> {
         .map(Code::from)
 }
 
+/// The gRPC status codes, 0 to 16.
+const CODES: usize = 17;
+
+/// One method's metric handles, each registered on its first use.
+///
+/// Looking a series up by its labels costs an allocation and a hash lookup in
+/// the recorder's registry, four times per call; a handle is an `Arc` to the
+/// series. Registering on first use keeps `/metrics` exactly as it was: a
+/// series appears once a call produced it.
+#[derive(Default)]
+struct MethodSeries {
+    in_flight: OnceLock<Gauge>,
+    duration: OnceLock<Histogram>,
+    total: [OnceLock<Counter>; CODES],
+}
+
+/// Every method's handles: [`KNOWN`]'s in order, then `unknown`'s.
+struct Series {
+    methods: Vec<MethodSeries>,
+}
+
+impl Series {
+    fn new() -> Self {
+        Self {
+            methods: (0..=KNOWN.len()).map(|_| MethodSeries::default()).collect(),
+        }
+    }
+}
+
+/// The labels and handles of one method.
+#[derive(Clone, Copy)]
+struct Method<'a> {
+    service: &'static str,
+    method: &'static str,
+    series: &'a MethodSeries,
+}
+
+impl Method<'_> {
+    fn in_flight(&self) -> &Gauge {
+        let (service, method) = (self.service, self.method);
+        self.series.in_flight.get_or_init(
+            || metrics::gauge!(GRPC_REQUESTS_IN_FLIGHT, "service" => service, "method" => method),
+        )
+    }
+
+    fn duration(&self) -> &Histogram {
+        let (service, method) = (self.service, self.method);
+        self.series.duration.get_or_init(|| {
+            metrics::histogram!(GRPC_REQUEST_DURATION_SECONDS, "service" => service, "method" => method)
+        })
+    }
+
+    fn total(&self, code: Code) -> &Counter {
+        let (service, method) = (self.service, self.method);
+        // `Code` is 0..=16 by construction (`Code::from` maps anything else
+        // to UNKNOWN).
+        let slot = (code as usize).min(CODES - 1);
+        self.series.total[slot].get_or_init(|| {
+            let code = code_name(code);
+            metrics::counter!(GRPC_REQUESTS_TOTAL, "service" => service, "method" => method, "code" => code)
+        })
+    }
+}
+
 /// Adds [`GrpcMetrics`] around a service.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct GrpcMetricsLayer;
+#[derive(Clone)]
+pub(crate) struct GrpcMetricsLayer {
+    series: Arc<Series>,
+}
+
+impl GrpcMetricsLayer {
+    /// A layer whose handles bind to the metrics recorder installed when each
+    /// series is first used.
+    pub(crate) fn new() -> Self {
+        Self {
+            series: Arc::new(Series::new()),
+        }
+    }
+}
 
 impl<S> Layer<S> for GrpcMetricsLayer {
     type Service = GrpcMetrics<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        GrpcMetrics { inner }
+        GrpcMetrics {
+            inner,
+            series: Arc::clone(&self.series),
+        }
     }
 }
 
 /// Records `snowkeep_grpc_*` metrics for every call through it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct GrpcMetrics<S> {
     inner: S,
+    series: Arc<Series>,
 }
 
 /// One call being measured; records when dropped.
 struct Call {
-    service: &'static str,
-    method: &'static str,
+    series: Arc<Series>,
+    index: usize,
     #[allow(clippy::disallowed_methods)] // the metrics timer is one of the two clock exceptions
     started: std::time::Instant,
     code: Option<Code>,
@@ -94,28 +184,40 @@ struct Call {
 
 impl Call {
     #[allow(clippy::disallowed_methods)] // the metrics latency timer
-    fn start(path: &str) -> Self {
-        let (service, method) = labels(path);
-        metrics::gauge!(GRPC_REQUESTS_IN_FLIGHT, "service" => service, "method" => method)
-            .increment(1.0);
-        Self {
-            service,
-            method,
+    fn start(series: Arc<Series>, path: &str) -> Self {
+        let index = method_index(path).unwrap_or(KNOWN.len());
+        let call = Self {
+            series,
+            index,
             started: std::time::Instant::now(),
             code: None,
+        };
+        call.method().in_flight().increment(1.0);
+        call
+    }
+
+    fn method(&self) -> Method<'_> {
+        let (service, method) = KNOWN
+            .get(self.index)
+            .copied()
+            .unwrap_or(("unknown", "unknown"));
+        Method {
+            service,
+            method,
+            series: &self.series.methods[self.index],
         }
     }
 }
 
 impl Drop for Call {
     fn drop(&mut self) {
-        let (service, method) = (self.service, self.method);
-        let code = code_name(self.code.unwrap_or(Code::Cancelled));
-        metrics::gauge!(GRPC_REQUESTS_IN_FLIGHT, "service" => service, "method" => method)
-            .decrement(1.0);
-        metrics::counter!(GRPC_REQUESTS_TOTAL, "service" => service, "method" => method, "code" => code)
+        let method = self.method();
+        method.in_flight().decrement(1.0);
+        method
+            .total(self.code.unwrap_or(Code::Cancelled))
             .increment(1);
-        metrics::histogram!(GRPC_REQUEST_DURATION_SECONDS, "service" => service, "method" => method)
+        method
+            .duration()
             .record(self.started.elapsed().as_secs_f64());
     }
 }
@@ -134,7 +236,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let mut call = Call::start(request.uri().path());
+        let mut call = Call::start(Arc::clone(&self.series), request.uri().path());
         let response = self.inner.call(request);
         Box::pin(async move {
             // An error here ends the call without a response: the drop of
@@ -218,5 +320,52 @@ mod tests {
         assert_eq!(code_name(Code::Ok), "OK");
         assert_eq!(code_name(Code::from(14)), "UNAVAILABLE");
         assert_eq!(code_name(Code::InvalidArgument), "INVALID_ARGUMENT");
+    }
+
+    #[test]
+    fn each_call_counts_once_under_its_method_and_final_code() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let layer = GrpcMetricsLayer::new();
+            let next_ids = "/snowkeep.v1.IdService/NextIds";
+            for code in [
+                Some(Code::Ok),
+                Some(Code::Ok),
+                Some(Code::Unavailable),
+                None,
+            ] {
+                let mut call = Call::start(Arc::clone(&layer.series), next_ids);
+                call.code = code;
+            }
+            let open = Call::start(Arc::clone(&layer.series), "/attacker.Svc/Any");
+            let text = handle.render();
+            drop(open);
+            let after = handle.render();
+            let series = |text: &str, needle: &str| {
+                text.lines()
+                    .find(|l| l.starts_with(needle))
+                    .map(|l| l.rsplit(' ').next().unwrap_or("").to_string())
+            };
+            let total = |code: &str| {
+                series(&text, &format!(
+                    "snowkeep_grpc_requests_total{{service=\"snowkeep.v1.IdService\",method=\"NextIds\",code=\"{code}\"}}"
+                ))
+            };
+            assert_eq!(total("OK").as_deref(), Some("2"));
+            assert_eq!(total("UNAVAILABLE").as_deref(), Some("1"));
+            // Dropped before a status: CANCELLED.
+            assert_eq!(total("CANCELLED").as_deref(), Some("1"));
+            // Codes no call ended with have no series.
+            assert_eq!(total("INTERNAL"), None);
+            let unknown_in_flight =
+                "snowkeep_grpc_requests_in_flight{service=\"unknown\",method=\"unknown\"}";
+            assert_eq!(series(&text, unknown_in_flight).as_deref(), Some("1"));
+            assert_eq!(series(&after, unknown_in_flight).as_deref(), Some("0"));
+            let next_ids_in_flight = "snowkeep_grpc_requests_in_flight{service=\"snowkeep.v1.IdService\",method=\"NextIds\"}";
+            assert_eq!(series(&text, next_ids_in_flight).as_deref(), Some("0"));
+            let count = "snowkeep_grpc_request_duration_seconds_count{service=\"snowkeep.v1.IdService\",method=\"NextIds\"}";
+            assert_eq!(series(&text, count).as_deref(), Some("4"));
+        });
     }
 }
