@@ -289,3 +289,170 @@ fn license_is_the_apache_license_2_0_the_crates_declare_and_the_image_carries() 
     let dockerfile = std::fs::read_to_string(repo().join("deploy/Dockerfile")).unwrap();
     assert!(dockerfile.contains("COPY LICENSE /usr/share/doc/snowkeep/LICENSE\n"));
 }
+
+/// `kubectl kustomize dir` (kustomize v5, built into kubectl 1.27 and later),
+/// written to a file in `tmp`; returns its path and its documents.
+fn kustomize(dir: &str, tmp: &std::path::Path) -> (String, Vec<serde_json::Value>) {
+    let out = Command::new("kubectl")
+        .args(["kustomize", dir])
+        .current_dir(repo())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("kubectl: {e} (kubectl 1.27 or later, for its built-in kustomize v5)")
+        });
+    assert!(out.status.success(), "kubectl kustomize {dir}: {out:?}");
+    let path = tmp.join(format!("{}.yaml", dir.replace('/', "_")));
+    std::fs::write(&path, &out.stdout).unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    let docs = yaml_documents(&path);
+    (path, docs)
+}
+
+/// The one resource of `kind` and `name` in `docs`.
+fn resource<'a>(docs: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_json::Value {
+    let found: Vec<&serde_json::Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "{kind}/{name}");
+    found[0]
+}
+
+/// The value of environment variable `name` in `container`, if it sets one.
+fn env<'a>(container: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| &e["value"])
+}
+
+#[test]
+fn every_kubernetes_overlay_renders_valid_manifests_with_one_place_for_the_etcd_endpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut endpoints_of = Vec::new();
+    for (dir, passed) in [
+        ("deploy/kubernetes", 11),
+        ("deploy/kubernetes-tls", 11),
+        ("deploy/kubernetes-etcd-tls", 11),
+    ] {
+        let (path, docs) = kustomize(dir, tmp.path());
+        // Every resource with a bundled schema passes it strictly (no
+        // unknown fields); cert-manager's kinds and the ServiceMonitor are
+        // CRDs without one.
+        let out = Command::new(tools::python())
+            .args(["-m", "kubernetes_validate", "--strict", &path])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{dir}: {text}");
+        assert_eq!(
+            text.matches(" passed for resource ").count(),
+            passed,
+            "{dir}: {text}"
+        );
+        // The servers and the namespace Job take the endpoints and the
+        // namespace from the one ConfigMap, and set neither themselves.
+        let config = resource(&docs, "ConfigMap", "snowkeep-config");
+        let deployment = resource(&docs, "Deployment", "snowkeep");
+        let job = resource(&docs, "Job", "snowkeep-create-namespace");
+        for workload in [deployment, job] {
+            let container = &workload["spec"]["template"]["spec"]["containers"][0];
+            assert_eq!(
+                container["envFrom"],
+                serde_json::json!([{"configMapRef": {"name": "snowkeep-config"}}]),
+                "{dir}"
+            );
+            assert_eq!(env(container, "SNOWKEEP_ETCD_ENDPOINTS"), None, "{dir}");
+            assert_eq!(env(container, "SNOWKEEP_NAMESPACE"), None, "{dir}");
+        }
+        // The servers wait for the Job's namespace instead of exiting 64.
+        let server = &deployment["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(
+            env(server, "SNOWKEEP_WAIT_FOR_NAMESPACE"),
+            Some(&serde_json::json!("true")),
+            "{dir}"
+        );
+        // Only snowkeep's pods (servers and the Job) reach etcd's client port.
+        let policy = resource(&docs, "NetworkPolicy", "etcd");
+        assert_eq!(
+            policy["spec"]["podSelector"],
+            serde_json::json!({"matchLabels": {"app.kubernetes.io/name": "etcd"}})
+        );
+        let client_port = &policy["spec"]["ingress"][0];
+        assert_eq!(
+            client_port["ports"],
+            serde_json::json!([{"protocol": "TCP", "port": 2379}])
+        );
+        assert_eq!(
+            client_port["from"][0]["podSelector"]["matchExpressions"][0]["values"],
+            serde_json::json!(["snowkeep", "snowkeep-create-namespace"])
+        );
+        assert_eq!(
+            deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"],
+            "snowkeep"
+        );
+        assert_eq!(
+            job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"],
+            "snowkeep-create-namespace"
+        );
+        endpoints_of.push((
+            dir,
+            config["data"]["SNOWKEEP_ETCD_ENDPOINTS"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+            docs,
+        ));
+    }
+    let plain = "http://etcd-0.etcd:2379,http://etcd-1.etcd:2379,http://etcd-2.etcd:2379";
+    assert_eq!(endpoints_of[0].1, plain);
+    assert_eq!(endpoints_of[1].1, plain);
+    assert_eq!(
+        endpoints_of[2].1,
+        "https://etcd-0.etcd:2379,https://etcd-1.etcd:2379,https://etcd-2.etcd:2379"
+    );
+
+    // The etcd-TLS overlay: etcd listens only with TLS, wants client
+    // certificates on both ports, and its certificate names every endpoint.
+    let docs = &endpoints_of[2].2;
+    let etcd = resource(docs, "StatefulSet", "etcd");
+    let script = etcd["spec"]["template"]["spec"]["containers"][0]["command"][2]
+        .as_str()
+        .unwrap();
+    assert!(!script.contains("http://"), "{script}");
+    for flag in [
+        "--listen-client-urls https://0.0.0.0:2379",
+        "--listen-peer-urls https://0.0.0.0:2380",
+        "--client-cert-auth",
+        "--peer-client-cert-auth",
+        "--trusted-ca-file /etc/etcd/tls/ca.crt",
+        "--peer-trusted-ca-file /etc/etcd/tls/ca.crt",
+    ] {
+        assert!(script.contains(flag), "{flag}: {script}");
+    }
+    let member = resource(docs, "Certificate", "etcd-member");
+    assert_eq!(member["spec"]["secretName"], "etcd-member-tls");
+    let names = member["spec"]["dnsNames"].as_array().unwrap();
+    for host in ["etcd-0.etcd", "etcd-1.etcd", "etcd-2.etcd"] {
+        assert!(names.contains(&serde_json::json!(host)), "{host}");
+    }
+    let client = resource(docs, "Certificate", "snowkeep-etcd-client");
+    assert_eq!(client["spec"]["secretName"], "snowkeep-etcd-client");
+    assert_eq!(
+        client["spec"]["usages"],
+        serde_json::json!(["digital signature", "key encipherment", "client auth"])
+    );
+    let server = &resource(docs, "Deployment", "snowkeep")["spec"]["template"]["spec"];
+    assert_eq!(
+        env(&server["containers"][0], "SNOWKEEP_ETCD_CERT_FILE"),
+        Some(&serde_json::json!("/etc/snowkeep/etcd-tls/tls.crt"))
+    );
+    assert!(server["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v["secret"]["secretName"] == "snowkeep-etcd-client"));
+}

@@ -465,7 +465,7 @@ fn every_yaml_file_under_deploy_is_valid() {
         &args,
         "kubernetes-validate in the virtual environment target/py",
     );
-    assert_eq!(out.matches(" passed for resource ").count(), 9, "{out}");
+    assert_eq!(out.matches(" passed for resource ").count(), 11, "{out}");
 
     // The TLS overlay: its kustomization names exactly the files beside it
     // (resources and the Deployment patch), and the patch is itself a valid
