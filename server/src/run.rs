@@ -395,7 +395,7 @@ pub async fn run(
         layout = %config.layout,
         lease_ttl = ?config.lease_ttl,
         outage_budget = ?timing_budget(&config),
-        etcd_access = ?config.etcd_access,
+        etcd_access = etcd_settings.as_ref().map(|_| tracing::field::display(&config.etcd_access)),
         listen = %listen,
         auth = ?config.auth.mode,
         "snowkeep-server starting"

@@ -483,7 +483,12 @@ impl<S: ClaimStore> ClaimManager<S> {
     async fn lost(&mut self, claim: Claim<S::Lease>, reason: LossReason) -> Result<(), StoreError> {
         self.withdraw();
         metrics::counter!(m::LEASE_LOSSES_TOTAL, "reason" => reason.as_str()).increment(1);
-        error!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), %reason, "machine-id lease lost; issuance stopped");
+        super::loss::log_loss(
+            &self.namespace,
+            &claim.machine_ids(),
+            reason,
+            self.timing.on_lease_lost,
+        );
         if matches!(reason, LossReason::HolderChanged | LossReason::RolledBack) {
             self.store.abandon(&claim).await;
         }

@@ -26,6 +26,7 @@ pub(crate) mod candidates;
 pub(crate) mod capacity;
 mod error;
 mod hold;
+mod loss;
 mod manager;
 mod store;
 #[cfg(test)]

@@ -71,6 +71,24 @@ impl fmt::Debug for EtcdAccess {
     }
 }
 
+/// The settings as one line for the start-up log: whether TLS is on (and
+/// with a client certificate), and the etcd user. Never a secret.
+impl fmt::Display for EtcdAccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.tls {
+            None => f.write_str("plaintext")?,
+            Some(t) if t.client_identity.is_some() => {
+                f.write_str("TLS with a client certificate")?
+            }
+            Some(_) => f.write_str("TLS without a client certificate")?,
+        }
+        match &self.credentials {
+            None => f.write_str(", no etcd user"),
+            Some(c) => write!(f, ", etcd user {}", c.user),
+        }
+    }
+}
+
 impl fmt::Debug for EtcdTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdTls")
@@ -326,5 +344,25 @@ mod tests {
         assert!(!shown.contains("very-secret-key"), "{shown}");
         assert!(!shown.contains("hunter2-secret"), "{shown}");
         assert!(shown.contains("snowkeep"), "{shown}");
+        assert_eq!(
+            access.to_string(),
+            "TLS with a client certificate, etcd user snowkeep"
+        );
+    }
+
+    #[test]
+    fn the_start_up_line_names_tls_and_the_user_in_words() {
+        assert_eq!(EtcdAccess::default().to_string(), "plaintext, no etcd user");
+        let server_only = EtcdAccess {
+            tls: Some(EtcdTls {
+                ca_pem: b"ca".to_vec(),
+                client_identity: None,
+            }),
+            credentials: None,
+        };
+        assert_eq!(
+            server_only.to_string(),
+            "TLS without a client certificate, no etcd user"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! The status page (`--admin-listen`): one read-only HTML page of the
 //! cluster's namespaces (layout, capacity bars), machine ids (holder, fence
-//! ahead, lease remaining), Lease API requesters (never their nonces or
+//! against the clock, lease remaining), Lease API requesters (never their nonces or
 //! lease tokens), this server's state (ready, held machine ids, peers and
 //! their clock offsets) and recent audit events. It refreshes itself every
 //! [`REFRESH_SECONDS`] with a `<meta http-equiv="refresh">`: no script, and
@@ -19,6 +19,7 @@
 //! Served like the metrics port: the same accept loop with a connection cap
 //! ([`MAX_CONNECTIONS`]), silent connections closed, headers within a bound.
 
+mod fence;
 mod view;
 
 use std::collections::VecDeque;

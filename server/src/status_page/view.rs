@@ -11,6 +11,7 @@ use snowkeep_proto::v1::admin_service_server::AdminService;
 use snowkeep_proto::v1::info_service_server::InfoService;
 use tonic::Request;
 
+use super::fence::fence_text;
 use super::StatusSources;
 use crate::etcd::namespace::rfc3339;
 
@@ -49,7 +50,8 @@ pub(crate) struct ServerView {
 /// A machine id this server holds.
 pub(crate) struct HeldView {
     pub(crate) machine_id: u32,
-    pub(crate) fence_ahead_ms: i64,
+    /// The fence against the clock, in words ([`fence_text`]).
+    pub(crate) fence: String,
     pub(crate) lease_remaining: String,
 }
 
@@ -81,7 +83,8 @@ pub(crate) struct MachineIdView {
     pub(crate) machine_id: u32,
     pub(crate) holder: String,
     pub(crate) ours: bool,
-    pub(crate) fence_ahead_ms: i64,
+    /// The fence against the clock, in words ([`fence_text`]).
+    pub(crate) fence: String,
     pub(crate) lease_remaining_s: i64,
     pub(crate) lease_renewed_ago_s: i64,
 }
@@ -186,8 +189,8 @@ async fn namespace_view(
                 .map(|m| MachineIdView {
                     ours: m.holder == ours,
                     machine_id: m.machine_id,
+                    fence: fence_text(m.fence_ms, m.fence_ahead_ms, !m.holder.is_empty()),
                     holder: m.holder,
-                    fence_ahead_ms: m.fence_ahead_ms,
                     lease_remaining_s: m.lease_remaining_s,
                     lease_renewed_ago_s: m.lease_renewed_ago_s,
                 })
@@ -266,8 +269,12 @@ pub(crate) async fn gather(sources: &StatusSources) -> StatusView {
             .into_iter()
             .map(|h| HeldView {
                 machine_id: h.machine_id,
-                fence_ahead_ms: i64::try_from(i128::from(h.fence_ms) - i128::from(now_layout_ms))
-                    .unwrap_or(i64::MAX),
+                fence: fence_text(
+                    h.fence_ms,
+                    i64::try_from(i128::from(h.fence_ms) - i128::from(now_layout_ms))
+                        .unwrap_or(i64::MAX),
+                    true,
+                ),
                 // On etcd the grant has no local deadline: the fence alone
                 // bounds issuance (the etcd lease is in the namespace table).
                 lease_remaining: match h.lease_remaining_ms {

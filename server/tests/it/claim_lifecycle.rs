@@ -342,4 +342,19 @@ async fn a_lease_revoked_by_an_operator_stops_issuance_at_once_and_it_claims_aga
         "loss seen after {took:?}"
     );
     assert_moved_off(&server, machine_id, &before).await;
+    // The server recovered by itself, and nothing was at risk: the loss is a
+    // warning, never an error.
+    let log = server.log();
+    let losses: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("machine-id lease lost"))
+        .collect();
+    assert_eq!(losses.len(), 1, "{log}");
+    assert!(
+        losses[0].contains(" WARN ")
+            && losses[0].contains("machine-id lease lost; issuance stopped, claiming again"),
+        "{}",
+        losses[0]
+    );
+    assert!(!log.contains(" ERROR "), "{log}");
 }

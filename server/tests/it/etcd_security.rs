@@ -97,6 +97,14 @@ async fn a_server_issues_releases_and_takes_back_its_machine_id_through_tls_and_
         !log.contains(etcd_client_password()),
         "the password must never be logged:\n{log}"
     );
+    // The start-up line says in words how the server reaches etcd.
+    assert_eq!(
+        log.matches("etcd_access=TLS with a client certificate, etcd user snowkeep")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(!log.contains("EtcdAccess {"), "{log}");
 
     // A clean stop releases through the secured etcd (the holder key goes),
     // and the same instance takes the same machine id back.

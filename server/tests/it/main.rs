@@ -18,6 +18,7 @@ mod corrupt_keys;
 mod ctl_faults;
 mod ctl_keys;
 mod ctl_state;
+mod deploy_files;
 mod endpoints;
 mod etcd_faults;
 mod etcd_security;

@@ -231,6 +231,22 @@ async fn the_page_shows_holders_requesters_and_evictions_behind_the_admin_key() 
         );
         assert!(page.contains(r#"data-namespace="page""#), "{page}");
         assert!(page.contains("2 of 4096 held"), "{page}");
+        // Each holder's fence in words (three rows: this server's own
+        // table and the namespace's two holders), ahead of the clock or, for
+        // an idle holder, passed: never a signed number of ms.
+        let fences: Vec<&str> = page
+            .split(r#"<td class="num fence">"#)
+            .skip(1)
+            .map(|cell| cell.split("</td>").next().unwrap())
+            .collect();
+        assert_eq!(fences.len(), 3, "{page}");
+        for fence in fences {
+            assert!(
+                fence.ends_with(" s ahead")
+                    || fence.ends_with(" s ago: idle, raised by the next call"),
+                "{fence}"
+            );
+        }
         // Each holder's last renewal, as seconds ago.
         assert!(
             page.contains(r#"<td class="num last-renewal">"#) && page.contains(" s ago</td>"),
