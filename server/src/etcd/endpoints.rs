@@ -12,6 +12,7 @@ use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Tls
 use tracing::{debug, warn};
 
 use super::access::{refusal_of, EtcdAccess, EtcdCredentials};
+use super::witness::RevisionWitness;
 use crate::claim::{AccessProblem, StoreError};
 
 /// Clients for each endpoint, moving to the next after a failure. Clones
@@ -27,6 +28,9 @@ pub(super) struct Endpoints {
     authenticated: Vec<Arc<tokio::sync::OnceCell<()>>>,
     /// etcd's user and password, when its auth is on.
     credentials: Option<Arc<EtcdCredentials>>,
+    /// The highest revision of the transactions' answers, for the rollback
+    /// check ([`super::witness`]).
+    witness: Arc<RevisionWitness>,
 }
 
 /// True when `e` says the endpoint did not serve the request (refused, reset,
@@ -158,6 +162,7 @@ impl Endpoints {
             urls: urls.into(),
             current: Arc::new(AtomicUsize::new(0)),
             credentials: access.credentials.clone().map(Arc::new),
+            witness: Arc::default(),
         })
     }
 
@@ -320,11 +325,21 @@ impl Endpoints {
         after: Duration,
         txn: Txn,
     ) -> Result<etcd_client::TxnResponse, StoreError> {
-        self.call(op, after, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await
+        let resp = self
+            .call(op, after, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        if let Some(header) = resp.header() {
+            self.witness.saw(header.revision());
+        }
+        Ok(resp)
+    }
+
+    /// The revision witness every transaction's answer feeds.
+    pub(super) fn witness(&self) -> &RevisionWitness {
+        &self.witness
     }
 
     /// Revokes `lease_id`, failing over like [`Endpoints::call`]; a lease

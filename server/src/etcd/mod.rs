@@ -51,6 +51,7 @@ mod pool;
 pub(crate) mod requesters;
 mod session;
 mod watch;
+pub(crate) mod witness;
 
 use std::collections::HashMap;
 use std::ops::Range;
