@@ -551,7 +551,8 @@ async fn the_runbooks_restore_procedure_works_as_written() {
     // data dir for each, start them.
     etcd.restore(&snapshot).await;
 
-    // snowkeep detects it: a new server exits 1, the running one stops.
+    // The script marked every namespace rolled-back: a new server exits 1,
+    // the running one stops.
     let mut refused = on_cluster(&endpoints, ns, &[]);
     refused
         .assert_exits(Duration::from_secs(20), 1, "is rolled back since")
