@@ -12,6 +12,7 @@ use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, Tls
 use tracing::{debug, warn};
 
 use super::access::{refusal_of, EtcdAccess};
+use super::witness::RevisionWitness;
 use crate::claim::{AccessProblem, StoreError};
 
 /// Clients for each endpoint, moving to the next after a failure. Clones
@@ -28,6 +29,9 @@ pub(super) struct Endpoints {
     /// The TLS and authentication settings (etcd's user and password, when
     /// its auth is on).
     access: Arc<EtcdAccess>,
+    /// The highest revision of the transactions' answers, for the rollback
+    /// check ([`super::witness`]).
+    witness: Arc<RevisionWitness>,
 }
 
 /// True when `e` says the endpoint did not serve the request (refused, reset,
@@ -161,6 +165,7 @@ impl Endpoints {
             urls: urls.into(),
             current: Arc::new(AtomicUsize::new(0)),
             access: Arc::new(access.clone()),
+            witness: Arc::default(),
         })
     }
 
@@ -328,11 +333,21 @@ impl Endpoints {
         after: Duration,
         txn: Txn,
     ) -> Result<etcd_client::TxnResponse, StoreError> {
-        self.call(op, after, |mut c| {
-            let txn = txn.clone();
-            async move { c.txn(txn).await }
-        })
-        .await
+        let resp = self
+            .call(op, after, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        if let Some(header) = resp.header() {
+            self.witness.saw(header.revision());
+        }
+        Ok(resp)
+    }
+
+    /// The revision witness every transaction's answer feeds.
+    pub(super) fn witness(&self) -> &RevisionWitness {
+        &self.witness
     }
 
     /// Revokes `lease_id`, failing over like [`Endpoints::call`]; a lease

@@ -55,6 +55,7 @@ mod session;
 mod start_check;
 mod tls_probe;
 mod watch;
+pub(crate) mod witness;
 
 use std::collections::HashMap;
 use std::ops::Range;

@@ -26,18 +26,22 @@
 //! A value holding only a layout (`41/12/10@1767225600000`) was written by an
 //! older version: it reads as state `ok`, incarnation 0 (unknown), gap 0.
 //!
-//! **Rollback detection** is stateless: etcd's raft index counts the entries
-//! of this cluster's raft log, and every entry raises the mvcc revision by at
-//! most one. So in a cluster that was never restored, `revision <= applied
-//! index + 1` on every member, whatever happens (restarts, member changes,
-//! compaction, defragmentation). `etcdctl snapshot restore` starts a new raft
-//! log (index ~1 per member) but keeps the snapshot's revision, and keeps the
-//! cluster id, so only the gap `revision - applied index` shows it. A member
-//! answering with a gap above the acknowledged one plus `ROLLBACK_SLACK`
-//! belongs to a restored cluster. The gap only shrinks in a healthy cluster
-//! (entries that write nothing: lease grants, failed transactions, leader
-//! elections), so a restore is caught as long as it lost more than the slack
-//! in writes and is checked before as many non-writing entries close the gap.
+//! **Rollback detection** here is the index rule, the last of three layers
+//! (docs/design.md, "Detecting a restore"): etcd's raft index counts the
+//! entries of this cluster's raft log, and every entry raises the mvcc
+//! revision by at most one. So in a cluster that was never restored,
+//! `revision <= applied index + 1` on every member, whatever happens
+//! (restarts, member changes, compaction, defragmentation). `etcdctl
+//! snapshot restore` starts a new raft log (index ~1 per member) but keeps
+//! the snapshot's revision, and keeps the cluster id, so only the gap
+//! `revision - applied index` shows it. A member answering with a gap above
+//! the acknowledged one plus `ROLLBACK_SLACK` belongs to a restored cluster.
+//! The gap measures the snapshot's revision, not the writes it lost: a
+//! snapshot taken within about `ROLLBACK_SLACK` revisions of the acknowledged
+//! gap is never seen, nor one whose gap non-writing entries closed before a
+//! check. The runbook's restore (`scripts/etcd-snapshot restore`) marks every
+//! record rolled-back itself, and [`guard`] first asks the revision witness
+//! ([`super::witness`]), which sees a restore a running server lived through.
 
 use std::str::FromStr;
 use std::time::{Duration, UNIX_EPOCH};
@@ -53,8 +57,9 @@ use crate::claim::StoreError;
 /// How far (in revisions) etcd's revision may run ahead of its raft applied
 /// index, beyond the acknowledged gap, before the store counts as restored
 /// from an older snapshot. A never-restored member is at most 1 ahead; the
-/// slack leaves room for what this reasoning may have missed, and is the
-/// most writes a restore can lose unnoticed.
+/// slack leaves room for what this reasoning may have missed. It is also the
+/// rule's blind spot: a snapshot whose revision is within the slack of the
+/// new raft log (an early one) is not seen, however many writes it lost.
 pub(crate) const ROLLBACK_SLACK: i64 = 16;
 
 /// The section of the runbook for a restored etcd.
@@ -365,6 +370,15 @@ pub(super) async fn read(
     timeout: Duration,
     namespace: &str,
 ) -> Result<Option<(NamespaceRecord, i64)>, StoreError> {
+    Ok(read_at(endpoints, timeout, namespace).await?.0)
+}
+
+/// [`read`], with the header revision of the (linearizable) answer.
+async fn read_at(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    namespace: &str,
+) -> Result<(Option<(NamespaceRecord, i64)>, i64), StoreError> {
     let key = keys::layout(namespace);
     let resp = endpoints
         .call("read namespace record", timeout, |mut c| {
@@ -372,13 +386,12 @@ pub(super) async fn read(
             async move { c.get(key, None).await }
         })
         .await?;
-    match resp.kvs().first() {
-        None => Ok(None),
-        Some(kv) => Ok(Some((
-            NamespaceRecord::parse(&key, kv.value())?,
-            kv.mod_revision(),
-        ))),
-    }
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let found = match resp.kvs().first() {
+        None => None,
+        Some(kv) => Some((NamespaceRecord::parse(&key, kv.value())?, kv.mod_revision())),
+    };
+    Ok((found, revision))
 }
 
 /// Reads revision and applied index from the member the next request goes to.
@@ -446,8 +459,9 @@ async fn mark_rolled_back(
 }
 
 /// The check before a claim (and the periodic one of holders): the record
-/// must exist and be `ok`, and the store must not show a restore; a restore
-/// it finds is marked in the record. Returns the record and its mod revision.
+/// must exist and be `ok`, and the store must not show a restore (the
+/// revision witness, then the index rule); a restore it finds is marked in
+/// the record. Returns the record and its mod revision.
 ///
 /// Errors: [`StoreError::UnknownNamespace`], [`StoreError::CorruptNamespace`],
 /// [`StoreError::NamespaceRolledBack`], or the etcd failure.
@@ -457,16 +471,28 @@ pub(super) async fn guard(
     namespace: &str,
     unix_ms: u64,
 ) -> Result<(NamespaceRecord, i64), StoreError> {
-    let Some((record, mod_revision)) = read(endpoints, timeout, namespace).await? else {
+    let before = endpoints.witness().highest(namespace);
+    let (found, revision) = read_at(endpoints, timeout, namespace).await?;
+    let Some((record, mod_revision)) = found else {
         return Err(StoreError::UnknownNamespace {
             namespace: namespace.to_owned(),
         });
     };
+    let confirmed_at = record.confirmed_at.as_deref();
     if let Some(refusal) = record.refusal(namespace) {
+        endpoints
+            .witness()
+            .start_over(namespace, revision, confirmed_at);
         return Err(refusal);
     }
-    let progress = progress(endpoints, timeout).await?;
-    if let Some(reason) = restored(progress, record.acknowledged_gap) {
+    let went_back = endpoints
+        .witness()
+        .check(namespace, before, revision, confirmed_at);
+    let reason = match went_back {
+        Some(reason) => Some(reason),
+        None => restored(progress(endpoints, timeout).await?, record.acknowledged_gap),
+    };
+    if let Some(reason) = reason {
         return Err(mark_rolled_back(
             endpoints,
             timeout,

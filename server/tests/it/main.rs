@@ -39,6 +39,7 @@ mod outage_budget_faults;
 mod pool_reads;
 mod protos;
 mod release;
+mod restore;
 mod rollback;
 mod scale;
 mod single_instance;

@@ -1,0 +1,324 @@
+//! Restores from early snapshots, which the index rule cannot see: the
+//! runbook's restore (`scripts/etcd-snapshot restore`) marks every namespace
+//! rolled-back before any server sees the data, and a server that lived
+//! through a restore the script did not do notices that etcd went back below
+//! a revision it saw. Either way nothing claims before a floor is confirmed,
+//! and no id repeats after it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use snowkeep_client::StopReason;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use crate::rollback::{
+    assert_unique, field, first_renewal, get, ids_from, keep_issuing, start_client, ts,
+    CLIENT_FLOOR, FLOOR_WAIT, LEASES,
+};
+use crate::support::etcd::EtcdProcess;
+use crate::support::server::ServerProcess;
+use crate::support::{eventually, libfaketime, READY};
+
+/// The index rule's slack: a snapshot at a revision this low is never seen
+/// by it after a restore.
+const INDEX_RULE_BLIND_BELOW: i64 = 20;
+
+/// The reason `scripts/etcd-snapshot restore` writes into every record.
+fn marked_reason(snapshot: &Path) -> String {
+    use sha2::Digest;
+    let sha: String = sha2::Sha256::digest(std::fs::read(snapshot).unwrap())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!(
+        "etcd was restored from the snapshot {} (sha256 {}...) with scripts/etcd-snapshot restore: every write after it was taken is lost",
+        snapshot.file_name().unwrap().to_str().unwrap(),
+        &sha[..16]
+    )
+}
+
+/// Takes a snapshot of `etcd` into `file` and returns its revision, which
+/// must be low enough for the index rule to miss the restore.
+async fn early_snapshot(etcd: &EtcdProcess, file: &Path) -> i64 {
+    let (revision, _) = etcd.progress().await;
+    etcd.snapshot_save(file);
+    assert!(
+        revision < INDEX_RULE_BLIND_BELOW,
+        "the snapshot is at revision {revision}: not an early one"
+    );
+    revision
+}
+
+/// The value of the namespace record of `ns`.
+async fn record(etcd: &EtcdProcess, ns: &str) -> String {
+    get(etcd, &format!("/snowkeep/v1/ns/{ns}/layout"))
+        .await
+        .expect("namespace record")
+}
+
+/// The message a claimer refused on a rolled-back namespace logs.
+fn refused_message(ns: &str) -> String {
+    format!("namespace \"{ns}\" is rolled back since")
+}
+
+/// Confirms `floor` with a one-shot server; returns the confirmed floor (layout ms).
+async fn confirm(etcd: &EtcdProcess, ns: &str, floor: &str) -> u64 {
+    let mut confirm =
+        ServerProcess::joining(&etcd.endpoint(), ns, &["--confirm-namespace-floor", floor]);
+    assert_eq!(
+        confirm.wait_exit(Duration::from_secs(20)).await.code(),
+        Some(0),
+        "log:\n{}",
+        confirm.log()
+    );
+    let record = record(etcd, ns).await;
+    assert_eq!(field(&record, "state"), "ok");
+    field(&record, "floor_ms").parse().unwrap()
+}
+
+/// Issue 21, reproduction (a): a Lease API client acquires and renews after
+/// an early snapshot; etcd is restored from it. A new server limited to the
+/// client's machine id found it free (`fence_ms=0`) and issued under the
+/// client's fence. Through the runbook's restore it is refused, and after
+/// the floor no id repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_renewed_after_an_early_snapshot_is_not_shadowed_after_the_runbooks_restore()
+{
+    let ns = "early-client";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("early.db");
+    let mut etcd = EtcdProcess::start().await;
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &LEASES);
+    a.wait_serving(READY).await;
+    let revision = early_snapshot(&etcd, &snapshot).await;
+
+    let client = start_client(&a, ns).await;
+    let machine_id = client.machine_ids()[0].get();
+    let issuing = keep_issuing(client.clone(), Duration::from_secs(60));
+    first_renewal(&a).await;
+    let from_a = ids_from(&a, 2000).await;
+
+    etcd.restore(&snapshot).await;
+    let record_now = record(&etcd, ns).await;
+    assert_eq!(field(&record_now, "state"), "rolled-back");
+    assert_eq!(
+        field(&record_now, "rolled_back_reason"),
+        marked_reason(&snapshot)
+    );
+    eprintln!(
+        "snapshot at revision {revision}; restored: {:?}",
+        etcd.progress().await
+    );
+
+    // A server limited to the client's machine id claims nothing: exit 1.
+    let range = format!("{machine_id}..{}", machine_id + 1);
+    let mut n = ServerProcess::joining(&etcd.endpoint(), ns, &["--machine-id-range", &range]);
+    n.assert_exits(Duration::from_secs(15), 1, &refused_message(ns))
+        .await;
+    // The client stops at its next Check, A stops issuing.
+    eventually("the client to stop", Duration::from_secs(10), || async {
+        client.stopped().is_some()
+    })
+    .await;
+    assert_eq!(client.stopped(), Some(StopReason::NamespaceRolledBack));
+    let from_client = issuing.await.unwrap();
+    assert!(!from_client.is_empty());
+    eventually("A to stop serving", Duration::from_secs(15), || async {
+        a.health().await == Some(ServingStatus::NotServing)
+    })
+    .await;
+    assert_eq!(
+        a.next_ids(1).await.unwrap_err().code(),
+        tonic::Code::Unavailable
+    );
+
+    // After the floor, the client's machine id issues only above it.
+    let floor = confirm(&etcd, ns, CLIENT_FLOOR).await;
+    let d = ServerProcess::joining(
+        &etcd.endpoint(),
+        ns,
+        &["--machine-id-range", &range, FLOOR_WAIT[0], FLOOR_WAIT[1]],
+    );
+    d.wait_serving(Duration::from_secs(200)).await;
+    assert_eq!(d.machine_id().await, u32::from(machine_id));
+    let from_d = ids_from(&d, 10_000).await;
+    assert!(from_d.iter().all(|&id| ts(id) > floor));
+    let total = assert_unique(&[("A", &from_a), ("client", &from_client), ("D", &from_d)]);
+    assert_eq!(total, 2000 + from_client.len() + 10_000);
+}
+
+/// Spawns a server joining `ns` whose wall clock runs 20 s behind (the
+/// monotonic clock stays real); `offset` is libfaketime's offset file.
+fn server_20s_behind(etcd: &EtcdProcess, ns: &str, offset: &Path, extra: &[&str]) -> ServerProcess {
+    std::fs::write(offset, "-20").unwrap();
+    let endpoint = etcd.endpoint();
+    let mut args = vec![
+        "--etcd-endpoints",
+        &endpoint,
+        "--namespace",
+        ns,
+        "--lease-ttl",
+        "2s",
+        "--outage-budget",
+        "2s",
+    ];
+    args.extend_from_slice(extra);
+    let lib = libfaketime();
+    ServerProcess::spawn_env(
+        &args,
+        &[
+            ("LD_PRELOAD", &lib),
+            ("FAKETIME_TIMESTAMP_FILE", offset.to_str().unwrap()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    )
+}
+
+/// Issue 21, reproduction (b): a snapshot early in a new namespace's life,
+/// then many fence writes; the holder crashes, etcd is restored, a successor
+/// whose clock runs 20 s behind starts. The namespace stayed `ok` and the
+/// successor issued the holder's ids again. Through the runbook's restore it
+/// is refused, and after the floor no id repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_20s_behind_never_reissues_a_crashed_holders_ids_after_the_runbooks_restore() {
+    let ns = "early-holder";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("early.db");
+    let offset = dir.path().join("offset");
+    let mut etcd = EtcdProcess::start().await;
+    let mut a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &[]);
+    a.wait_serving(READY).await;
+    let revision = early_snapshot(&etcd, &snapshot).await;
+
+    // 35 writes and more after the snapshot: fence advances while A issues.
+    let mut from_a = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while etcd.progress().await.0 < revision + 35 {
+        assert!(tokio::time::Instant::now() < deadline, "35 fence writes");
+        from_a.extend(ids_from(&a, 1000).await);
+        // A pace, so the ids of a long run fit in memory.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before_crash = etcd.progress().await.0;
+    from_a.extend(ids_from(&a, 2000).await);
+    a.signal("KILL");
+    a.wait_exit(Duration::from_secs(10)).await;
+
+    etcd.restore(&snapshot).await;
+    let (restored_revision, applied) = etcd.progress().await;
+    eprintln!("snapshot at revision {revision}, {before_crash} before the crash; restored: revision {restored_revision}, applied index {applied}");
+    let record_now = record(&etcd, ns).await;
+    assert_eq!(field(&record_now, "state"), "rolled-back");
+    assert_eq!(
+        field(&record_now, "rolled_back_reason"),
+        marked_reason(&snapshot)
+    );
+
+    // The successor, 20 s behind, claims nothing: exit 1.
+    let mut b = server_20s_behind(&etcd, ns, &offset, &[]);
+    b.assert_exits(Duration::from_secs(15), 1, &refused_message(ns))
+        .await;
+
+    // Above the floor it issues, none of A's ids again.
+    let floor = confirm(&etcd, ns, "+5s").await;
+    let c = server_20s_behind(&etcd, ns, &offset, &["--max-fence-wait", "1m"]);
+    c.wait_serving(Duration::from_secs(90)).await;
+    let from_c = ids_from(&c, 20_000).await;
+    assert!(from_c.iter().all(|&id| ts(id) > floor));
+    let total = assert_unique(&[("A", &from_a), ("C", &from_c)]);
+    assert_eq!(total, from_a.len() + 20_000);
+}
+
+/// A restore done with `etcdctl snapshot restore` itself (not the script)
+/// from an early snapshot: the index rule cannot see it, but a live server
+/// remembers a higher revision than etcd now answers with. It marks the
+/// namespace and stops issuing, and its Lease API client's Check reports the
+/// rollback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_server_and_its_client_notice_a_raw_restore_of_an_early_snapshot() {
+    let ns = "raw-early";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("early.db");
+    let mut etcd = EtcdProcess::start().await;
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &LEASES);
+    a.wait_serving(READY).await;
+    let revision = early_snapshot(&etcd, &snapshot).await;
+    let client = start_client(&a, ns).await;
+    let issuing = keep_issuing(client.clone(), Duration::from_secs(60));
+    first_renewal(&a).await;
+    ids_from(&a, 2000).await;
+
+    etcd.restore_raw(&snapshot).await;
+    let (restored_revision, applied) = etcd.progress().await;
+    eprintln!("snapshot at revision {revision}; restored: revision {restored_revision}, applied index {applied}");
+    assert_eq!(field(&record(&etcd, ns).await, "state"), "ok", "not marked");
+
+    eventually(
+        "A to mark the namespace",
+        Duration::from_secs(15),
+        || async {
+            a.log()
+                .contains("etcd lost writes: marking the namespace rolled back")
+        },
+    )
+    .await;
+    let marked = record(&etcd, ns).await;
+    assert_eq!(field(&marked, "state"), "rolled-back");
+    let reason = field(&marked, "rolled_back_reason");
+    let expected_tail = " this server saw before: etcd was restored from an older snapshot";
+    assert!(
+        reason.starts_with("etcd revision ") && reason.ends_with(expected_tail),
+        "{reason}"
+    );
+    eventually("A to stop serving", Duration::from_secs(15), || async {
+        a.health().await == Some(ServingStatus::NotServing)
+    })
+    .await;
+    assert_eq!(
+        a.next_ids(1).await.unwrap_err().code(),
+        tonic::Code::Unavailable
+    );
+    eventually("the client to stop", Duration::from_secs(10), || async {
+        client.stopped().is_some()
+    })
+    .await;
+    assert_eq!(client.stopped(), Some(StopReason::NamespaceRolledBack));
+    assert!(!issuing.await.unwrap().is_empty());
+    let mut n = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
+    n.assert_exits(Duration::from_secs(15), 1, &refused_message(ns))
+        .await;
+}
+
+/// The last net, for a raw restore no running server lived through: the
+/// index rule sees a snapshot whose revision is well above the new raft log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_server_sees_a_raw_restore_of_a_late_snapshot_by_the_index_rule() {
+    let ns = "raw-late";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("late.db");
+    let mut etcd = EtcdProcess::start().await;
+    let mut a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &[]);
+    a.wait_serving(READY).await;
+    let mut other = etcd.client().await;
+    for i in 0..40 {
+        other
+            .put(format!("/other-app/{i}"), "x", None)
+            .await
+            .unwrap();
+    }
+    etcd.snapshot_save(&snapshot);
+    a.signal("KILL");
+    a.wait_exit(Duration::from_secs(10)).await;
+    etcd.restore_raw(&snapshot).await;
+
+    let mut n = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
+    n.assert_exits(Duration::from_secs(15), 1, &refused_message(ns))
+        .await;
+    let marked = record(&etcd, ns).await;
+    let reason = field(&marked, "rolled_back_reason");
+    assert!(
+        reason.starts_with("etcd revision ")
+            && reason.ends_with("+ slack 16: etcd was restored from an older snapshot"),
+        "{reason}"
+    );
+}
