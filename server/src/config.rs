@@ -1544,6 +1544,11 @@ mod tests {
         assert_eq!(c.limits.http2_max_concurrent_streams, 64);
         assert_eq!(c.limits.max_concurrent_calls, 256);
         assert_eq!(c.limits.max_open_streams, 128);
+        assert_eq!(c.limits.max_keyless_calls, 32);
+        assert_eq!(c.limits.max_keyless_streams, 16);
+        assert_eq!(c.limits.max_calls_per_key, 64);
+        assert_eq!(c.limits.max_streams_per_key, 32);
+        assert_eq!(c.limits.request_timeout, Duration::from_secs(5));
         assert_eq!(c.limits.max_call_memory, 64 << 20);
         assert_eq!(c.limits.max_recv_message_size, 16 << 10);
         assert_eq!(c.limits.max_send_message_size, 1 << 20);
@@ -1639,6 +1644,29 @@ mod tests {
             Err(ConfigError::OutOfRange { .. })
         ));
         assert!(Args::try_parse_from(["snowkeep-server", "--max-call-memory", "lots"]).is_err());
+        assert_eq!(
+            parse(&["--max-calls-per-key", "0"])
+                .unwrap_err()
+                .to_string(),
+            "invalid --max-calls-per-key (SNOWKEEP_MAX_CALLS_PER_KEY) 0: use 1 to 1000000"
+        );
+        assert_eq!(
+            parse(&["--max-keyless-streams", "0"])
+                .unwrap_err()
+                .to_string(),
+            "invalid --max-keyless-streams (SNOWKEEP_MAX_KEYLESS_STREAMS) 0: use 1 to 1000000"
+        );
+        assert!(matches!(
+            parse(&["--request-timeout", "50ms"]),
+            Err(ConfigError::OutOfRange {
+                flag: "--request-timeout (SNOWKEEP_REQUEST_TIMEOUT)",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&["--request-timeout", "11m"]),
+            Err(ConfigError::OutOfRange { .. })
+        ));
     }
 
     #[test]
