@@ -243,6 +243,27 @@ pub struct Args {
     /// whole server; more get RESOURCE_EXHAUSTED.
     #[arg(long, env = "SNOWKEEP_MAX_OPEN_STREAMS", default_value_t = DEFAULT_MAX_OPEN_STREAMS)]
     pub max_open_streams: u32,
+    /// Most calls made without an API key under `--auth on` (health Check,
+    /// GetInfo without a key) in progress at once, in a pool of their own:
+    /// they never take a slot or memory from calls with a key.
+    #[arg(long, env = "SNOWKEEP_MAX_KEYLESS_CALLS", default_value_t = DEFAULT_MAX_KEYLESS_CALLS)]
+    pub max_keyless_calls: u32,
+    /// Most streams opened without an API key under `--auth on` (health
+    /// Watch, reflection), in a pool of their own.
+    #[arg(long, env = "SNOWKEEP_MAX_KEYLESS_STREAMS", default_value_t = DEFAULT_MAX_KEYLESS_STREAMS)]
+    pub max_keyless_streams: u32,
+    /// Most unary calls one API key may have in progress on this server;
+    /// more get RESOURCE_EXHAUSTED, so one key cannot take every slot.
+    #[arg(long, env = "SNOWKEEP_MAX_CALLS_PER_KEY", default_value_t = DEFAULT_MAX_CALLS_PER_KEY)]
+    pub max_calls_per_key: u32,
+    /// Most streams one API key may have open on this server.
+    #[arg(long, env = "SNOWKEEP_MAX_STREAMS_PER_KEY", default_value_t = DEFAULT_MAX_STREAMS_PER_KEY)]
+    pub max_streams_per_key: u32,
+    /// A call whose request message has not fully arrived this long after
+    /// its headers is ended with DEADLINE_EXCEEDED, freeing its slot.
+    /// Range 100ms to 10m.
+    #[arg(long, env = "SNOWKEEP_REQUEST_TIMEOUT", default_value = DEFAULT_REQUEST_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
     /// Memory that calls in progress may reserve for their requests and the
     /// responses not yet sent (bytes, or with KiB/MiB/GiB); a quarter is kept
     /// for unary calls, the rest for streams. A call that finds no room gets
@@ -341,6 +362,18 @@ pub const DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS: u32 = 64;
 pub const DEFAULT_MAX_CONCURRENT_CALLS: u32 = 256;
 /// Default most streaming calls open on the server.
 pub const DEFAULT_MAX_OPEN_STREAMS: u32 = 128;
+/// Default most keyless calls in progress (`--auth on`).
+pub const DEFAULT_MAX_KEYLESS_CALLS: u32 = 32;
+/// Default most keyless streams open (`--auth on`).
+pub const DEFAULT_MAX_KEYLESS_STREAMS: u32 = 16;
+/// Default most unary calls in progress per API key: a quarter of
+/// [`DEFAULT_MAX_CONCURRENT_CALLS`].
+pub const DEFAULT_MAX_CALLS_PER_KEY: u32 = 64;
+/// Default most streams open per API key: a quarter of
+/// [`DEFAULT_MAX_OPEN_STREAMS`].
+pub const DEFAULT_MAX_STREAMS_PER_KEY: u32 = 32;
+/// Default longest wait for a call's request message.
+pub const DEFAULT_REQUEST_TIMEOUT: &str = "5s";
 /// Default memory calls in progress may reserve.
 pub const DEFAULT_MAX_CALL_MEMORY: &str = "64MiB";
 /// Default largest request message.
@@ -503,6 +536,16 @@ pub struct Limits {
     pub max_concurrent_calls: usize,
     /// Most streaming calls open server-wide.
     pub max_open_streams: usize,
+    /// Most keyless unary calls in progress (`--auth on`), a pool apart.
+    pub max_keyless_calls: usize,
+    /// Most keyless streams open (`--auth on`), a pool apart.
+    pub max_keyless_streams: usize,
+    /// Most unary calls in progress per API key.
+    pub max_calls_per_key: usize,
+    /// Most streams open per API key.
+    pub max_streams_per_key: usize,
+    /// Longest a call's request message may take to arrive.
+    pub request_timeout: Duration,
     /// Bytes calls in progress may reserve: a quarter for unary calls, the
     /// rest for streams.
     pub max_call_memory: usize,
@@ -535,6 +578,11 @@ impl Default for Limits {
             http2_max_concurrent_streams: DEFAULT_HTTP2_MAX_CONCURRENT_STREAMS,
             max_concurrent_calls: DEFAULT_MAX_CONCURRENT_CALLS as usize,
             max_open_streams: DEFAULT_MAX_OPEN_STREAMS as usize,
+            max_keyless_calls: DEFAULT_MAX_KEYLESS_CALLS as usize,
+            max_keyless_streams: DEFAULT_MAX_KEYLESS_STREAMS as usize,
+            max_calls_per_key: DEFAULT_MAX_CALLS_PER_KEY as usize,
+            max_streams_per_key: DEFAULT_MAX_STREAMS_PER_KEY as usize,
+            request_timeout: duration(DEFAULT_REQUEST_TIMEOUT),
             max_call_memory: size(DEFAULT_MAX_CALL_MEMORY),
             max_recv_message_size: size(DEFAULT_MAX_RECV_MESSAGE_SIZE),
             max_send_message_size: size(DEFAULT_MAX_SEND_MESSAGE_SIZE),
@@ -1157,6 +1205,30 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
             1_000_000,
         ),
         (
+            "--max-keyless-calls (SNOWKEEP_MAX_KEYLESS_CALLS)",
+            u64::from(args.max_keyless_calls),
+            1,
+            1_000_000,
+        ),
+        (
+            "--max-keyless-streams (SNOWKEEP_MAX_KEYLESS_STREAMS)",
+            u64::from(args.max_keyless_streams),
+            1,
+            1_000_000,
+        ),
+        (
+            "--max-calls-per-key (SNOWKEEP_MAX_CALLS_PER_KEY)",
+            u64::from(args.max_calls_per_key),
+            1,
+            1_000_000,
+        ),
+        (
+            "--max-streams-per-key (SNOWKEEP_MAX_STREAMS_PER_KEY)",
+            u64::from(args.max_streams_per_key),
+            1,
+            1_000_000,
+        ),
+        (
             "--max-call-memory (SNOWKEEP_MAX_CALL_MEMORY)",
             args.max_call_memory,
             4 * MIB,
@@ -1212,6 +1284,15 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
             });
         }
     }
+    let (min, max) = (Duration::from_millis(100), Duration::from_secs(600));
+    if !(min..=max).contains(&args.request_timeout) {
+        return Err(ConfigError::OutOfRange {
+            flag: "--request-timeout (SNOWKEEP_REQUEST_TIMEOUT)",
+            value: args.request_timeout,
+            min,
+            max,
+        });
+    }
     for (flag, value) in [
         (
             "--http2-keepalive-interval (SNOWKEEP_HTTP2_KEEPALIVE_INTERVAL)",
@@ -1246,6 +1327,11 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
         http2_max_concurrent_streams: args.http2_max_concurrent_streams,
         max_concurrent_calls: usize_of(args.max_concurrent_calls.into()),
         max_open_streams: usize_of(args.max_open_streams.into()),
+        max_keyless_calls: usize_of(args.max_keyless_calls.into()),
+        max_keyless_streams: usize_of(args.max_keyless_streams.into()),
+        max_calls_per_key: usize_of(args.max_calls_per_key.into()),
+        max_streams_per_key: usize_of(args.max_streams_per_key.into()),
+        request_timeout: args.request_timeout,
         max_call_memory: usize_of(args.max_call_memory),
         max_recv_message_size: usize_of(args.max_recv_message_size),
         max_send_message_size: usize_of(args.max_send_message_size),
@@ -1458,6 +1544,11 @@ mod tests {
         assert_eq!(c.limits.http2_max_concurrent_streams, 64);
         assert_eq!(c.limits.max_concurrent_calls, 256);
         assert_eq!(c.limits.max_open_streams, 128);
+        assert_eq!(c.limits.max_keyless_calls, 32);
+        assert_eq!(c.limits.max_keyless_streams, 16);
+        assert_eq!(c.limits.max_calls_per_key, 64);
+        assert_eq!(c.limits.max_streams_per_key, 32);
+        assert_eq!(c.limits.request_timeout, Duration::from_secs(5));
         assert_eq!(c.limits.max_call_memory, 64 << 20);
         assert_eq!(c.limits.max_recv_message_size, 16 << 10);
         assert_eq!(c.limits.max_send_message_size, 1 << 20);
@@ -1553,6 +1644,29 @@ mod tests {
             Err(ConfigError::OutOfRange { .. })
         ));
         assert!(Args::try_parse_from(["snowkeep-server", "--max-call-memory", "lots"]).is_err());
+        assert_eq!(
+            parse(&["--max-calls-per-key", "0"])
+                .unwrap_err()
+                .to_string(),
+            "invalid --max-calls-per-key (SNOWKEEP_MAX_CALLS_PER_KEY) 0: use 1 to 1000000"
+        );
+        assert_eq!(
+            parse(&["--max-keyless-streams", "0"])
+                .unwrap_err()
+                .to_string(),
+            "invalid --max-keyless-streams (SNOWKEEP_MAX_KEYLESS_STREAMS) 0: use 1 to 1000000"
+        );
+        assert!(matches!(
+            parse(&["--request-timeout", "50ms"]),
+            Err(ConfigError::OutOfRange {
+                flag: "--request-timeout (SNOWKEEP_REQUEST_TIMEOUT)",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&["--request-timeout", "11m"]),
+            Err(ConfigError::OutOfRange { .. })
+        ));
     }
 
     #[test]

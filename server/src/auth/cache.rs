@@ -51,6 +51,24 @@ struct Inner {
     keys: RwLock<Option<Known>>,
     /// The etcd side, once connected.
     store: OnceLock<ApiKeyStore>,
+    /// Bumped after every change of `keys`, for the open streams that end
+    /// when their key is revoked (see `super::revoke`).
+    changes: Changes,
+}
+
+/// A counter of changes that streams watch.
+struct Changes(tokio::sync::watch::Sender<u64>);
+
+impl Default for Changes {
+    fn default() -> Self {
+        Self(tokio::sync::watch::channel(0).0)
+    }
+}
+
+impl Changes {
+    fn bump(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 /// The keys known, as of etcd revision `revision` at least.
@@ -125,6 +143,19 @@ impl KeyCache {
         }
     }
 
+    /// A receiver that sees every change of the keys from now on.
+    pub(crate) fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.changes.0.subscribe()
+    }
+
+    /// When key `id` expires (unix ms, 0 for never), as known now; `None`
+    /// for a key not known.
+    pub(crate) fn expires_unix_ms(&self, id: &str) -> Option<u64> {
+        let keys = self.inner.keys.read().unwrap_or_else(|p| p.into_inner());
+        let (record, _) = keys.as_ref()?.records.get(id)?;
+        Some(record.expires_unix_ms)
+    }
+
     /// The etcd side; `None` before the store connected.
     pub(crate) fn store(&self) -> Option<ApiKeyStore> {
         self.inner.store.get().cloned()
@@ -142,6 +173,8 @@ impl KeyCache {
             known
                 .records
                 .insert(record.id.clone(), (record, mod_revision));
+            drop(keys);
+            self.inner.changes.bump();
         }
     }
 
@@ -164,6 +197,8 @@ impl KeyCache {
         }
         let count = records.len();
         *keys = Some(Known { records, revision });
+        drop(keys);
+        self.inner.changes.bump();
         if first {
             info!(keys = count, "API keys loaded from etcd");
         }
@@ -198,6 +233,8 @@ impl KeyCache {
             }
         }
         known.revision = known.revision.max(revision);
+        drop(keys);
+        self.inner.changes.bump();
     }
 
     /// Connects the cache to etcd: writes the bootstrap admin key when no

@@ -14,8 +14,11 @@ use tower::{Layer, Service};
 
 use super::cache::{KeyCache, Verdict};
 use super::key::{Permission, PresentedKey};
+use super::revoke::{self, Revocable};
 use super::AuthMode;
 use crate::audit::CallerKey;
+use crate::limits::admission::Keyless;
+use crate::limits::calls::CallKind;
 
 /// What a gRPC service needs of a key: `None` for one that is always open,
 /// `Some(None)` for any valid key, `Some(Some(p))` for permission `p`.
@@ -195,14 +198,13 @@ pub struct Auth<S> {
     layer: AuthLayer,
 }
 
-impl<S, R, B> Service<http::Request<R>> for Auth<S>
+impl<S, R> Service<http::Request<R>> for Auth<S>
 where
-    S: Service<http::Request<R>, Response = http::Response<B>>,
+    S: Service<http::Request<R>, Response = http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
-    B: Default + Send + 'static,
     S::Error: Send + 'static,
 {
-    type Response = http::Response<B>;
+    type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
@@ -221,22 +223,43 @@ where
         if authorization.is_none() && request.uri().path() == GET_INFO {
             count("-", "anonymous");
             request.extensions_mut().insert(Anonymous);
+            request.extensions_mut().insert(Keyless);
             return Box::pin(self.inner.call(request));
         }
         match self.layer.judge(request.uri().path(), authorization) {
-            Ok(None) => Box::pin(self.inner.call(request)),
+            Ok(None) => {
+                request.extensions_mut().insert(Keyless);
+                Box::pin(self.inner.call(request))
+            }
             Ok(Some(scope)) => {
+                let path = request.uri().path().to_owned();
+                let watch = (CallKind::of(&path) == CallKind::Stream)
+                    .then(|| PresentedKey::from_authorization(authorization).ok())
+                    .flatten();
                 request
                     .extensions_mut()
                     .insert(CallerKey(scope.key_id.clone()));
                 request.extensions_mut().insert(scope);
-                Box::pin(self.inner.call(request))
+                let response = self.inner.call(request);
+                let Some(presented) = watch else {
+                    return Box::pin(response);
+                };
+                let until = revoke::refused(
+                    self.layer.cache.clone(),
+                    presented,
+                    self.layer.clock.clone(),
+                );
+                Box::pin(async move {
+                    let response = response.await?;
+                    Ok(response
+                        .map(|body| tonic::body::Body::new(Revocable::new(body, until, path))))
+                })
             }
             Err(status) => {
                 if status.code() == tonic::Code::PermissionDenied {
                     self.layer.audit_refusal(&request, authorization, &status);
                 }
-                let response = status.into_http::<B>();
+                let response = status.into_http::<tonic::body::Body>();
                 Box::pin(async move { Ok(response) })
             }
         }

@@ -27,10 +27,12 @@
 //! | [`key`] | records, presented keys, verification, scopes, the bootstrap key |
 //! | [`cache`] | the servers' copy of the keys and the watch that keeps it current |
 //! | [`layer`] | the tower layer |
+//! | `revoke` | ending a key's open streams when it is revoked or expires |
 
 pub mod cache;
 pub mod key;
 pub mod layer;
+mod revoke;
 
 pub use cache::KeyCache;
 pub use key::{BootstrapKey, KeyRecord, KeyScope, Permission, PresentedKey};

@@ -33,20 +33,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::task::AtomicWaker;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tonic::Status;
 use tower::{Layer, Service};
 use tracing::warn;
 
+use super::admission::{read_request, receive, KeySlot, Keyless, PerKey};
 use super::conn::{ConnCall, ConnInfo, Unsent};
 use super::throttle::Throttle;
 use super::weight::{weigh, GRPC_HEADER, NEXT_IDS, SMALL_RESPONSE, STREAM_IDS};
 use super::{status, LimitError};
+use crate::audit::CallerKey;
 use crate::config::Limits;
 
 /// Memory of a call besides its messages: the HTTP/2 stream, the tasks and
@@ -90,18 +90,15 @@ impl CallKind {
             CallKind::Stream => "streams",
         }
     }
-
-    fn flag(self) -> &'static str {
-        match self {
-            CallKind::Unary => "--max-concurrent-calls",
-            CallKind::Stream => "--max-open-streams",
-        }
-    }
 }
 
 #[derive(Debug)]
 struct Pool {
     kind: CallKind,
+    /// What the pool holds, for messages: `unary calls`, `keyless streams`.
+    noun: &'static str,
+    /// The flag that sets its slots.
+    flag: &'static str,
     slots: Arc<Semaphore>,
     max_slots: usize,
     /// In units of [`UNIT`] bytes.
@@ -110,9 +107,15 @@ struct Pool {
 }
 
 impl Pool {
-    fn new(kind: CallKind, max_slots: usize, max_memory: usize) -> Self {
+    fn new(
+        (kind, noun, flag): (CallKind, &'static str, &'static str),
+        max_slots: usize,
+        max_memory: usize,
+    ) -> Self {
         Self {
             kind,
+            noun,
+            flag,
             slots: Arc::new(Semaphore::new(max_slots)),
             max_slots,
             memory: Arc::new(Semaphore::new(max_memory / UNIT)),
@@ -125,9 +128,9 @@ impl Pool {
             .clone()
             .try_acquire_owned()
             .map_err(|_| LimitError::Busy {
-                calls: self.kind.noun(),
+                calls: self.noun,
                 max: self.max_slots,
-                flag: self.kind.flag(),
+                flag: self.flag,
             })
     }
 
@@ -135,7 +138,7 @@ impl Pool {
     fn reserve(&self, bytes: usize, held: usize) -> Result<OwnedSemaphorePermit, LimitError> {
         if bytes + held > self.max_memory {
             return Err(LimitError::CallTooLarge {
-                calls: self.kind.noun(),
+                calls: self.noun,
                 need: bytes + held,
                 pool: self.max_memory,
             });
@@ -145,7 +148,7 @@ impl Pool {
             .clone()
             .try_acquire_many_owned(units)
             .map_err(|_| LimitError::MemoryInUse {
-                calls: self.kind.noun(),
+                calls: self.noun,
                 need: bytes,
                 pool: self.max_memory,
             })
@@ -160,6 +163,13 @@ impl Pool {
 struct Inner {
     unary: Pool,
     streams: Pool,
+    /// The pools of keyless calls (see [`super::admission`]).
+    keyless_unary: Pool,
+    keyless_streams: Pool,
+    /// Each key's share of `unary` and `streams`.
+    per_key_unary: Arc<PerKey>,
+    per_key_streams: Arc<PerKey>,
+    request_timeout: std::time::Duration,
     max_recv: usize,
     max_send: usize,
     /// Weight every call takes on admission: its request (at most one
@@ -176,19 +186,49 @@ impl CallLimits {
     /// Pools sized by `limits`.
     pub fn new(limits: &Limits) -> Self {
         let unary_memory = limits.max_call_memory / 4;
+        let base = limits.max_recv_message_size
+            + GRPC_HEADER
+            + limits.http2_max_header_list_size as usize
+            + CALL_OVERHEAD;
+        // Keyless calls weigh `base` and a small response, no more: their
+        // pools are sized in slots, and their memory is that many calls'.
+        let keyless = |slots: usize| slots * (base + SMALL_RESPONSE).div_ceil(UNIT) * UNIT;
+        let (unary, stream) = (CallKind::Unary, CallKind::Stream);
         Self(Arc::new(Inner {
-            unary: Pool::new(CallKind::Unary, limits.max_concurrent_calls, unary_memory),
+            unary: Pool::new(
+                (unary, "unary calls", "--max-concurrent-calls"),
+                limits.max_concurrent_calls,
+                unary_memory,
+            ),
             streams: Pool::new(
-                CallKind::Stream,
+                (stream, "streams", "--max-open-streams"),
                 limits.max_open_streams,
                 limits.max_call_memory - unary_memory,
             ),
+            keyless_unary: Pool::new(
+                (unary, "keyless unary calls", "--max-keyless-calls"),
+                limits.max_keyless_calls,
+                keyless(limits.max_keyless_calls),
+            ),
+            keyless_streams: Pool::new(
+                (stream, "keyless streams", "--max-keyless-streams"),
+                limits.max_keyless_streams,
+                keyless(limits.max_keyless_streams),
+            ),
+            per_key_unary: PerKey::new(
+                unary.noun(),
+                "--max-calls-per-key",
+                limits.max_calls_per_key,
+            ),
+            per_key_streams: PerKey::new(
+                stream.noun(),
+                "--max-streams-per-key",
+                limits.max_streams_per_key,
+            ),
+            request_timeout: limits.request_timeout,
             max_recv: limits.max_recv_message_size,
             max_send: limits.max_send_message_size,
-            base: limits.max_recv_message_size
-                + GRPC_HEADER
-                + limits.http2_max_header_list_size as usize
-                + CALL_OVERHEAD,
+            base,
             shed_log: Mutex::new(Throttle::new(std::time::Duration::from_secs(10))),
         }))
     }
@@ -201,14 +241,46 @@ impl CallLimits {
     /// Calls in progress now (unary and streams), responses not yet sent
     /// included.
     pub fn in_progress(&self) -> usize {
-        self.0.unary.in_progress() + self.0.streams.in_progress()
+        [
+            &self.0.unary,
+            &self.0.streams,
+            &self.0.keyless_unary,
+            &self.0.keyless_streams,
+        ]
+        .iter()
+        .map(|p| p.in_progress())
+        .sum()
     }
 
-    fn pool(&self, kind: CallKind) -> &Pool {
-        match kind {
-            CallKind::Unary => &self.0.unary,
-            CallKind::Stream => &self.0.streams,
+    fn pool(&self, kind: CallKind, keyless: bool) -> &Pool {
+        match (kind, keyless) {
+            (CallKind::Unary, false) => &self.0.unary,
+            (CallKind::Stream, false) => &self.0.streams,
+            (CallKind::Unary, true) => &self.0.keyless_unary,
+            (CallKind::Stream, true) => &self.0.keyless_streams,
         }
+    }
+
+    /// Takes a slot of `pool`, one of `key_id`'s share, and the base
+    /// weight: what every call holds from admission on.
+    fn admit(
+        &self,
+        pool: &Pool,
+        key_id: Option<&str>,
+        conn: Option<ConnCall>,
+    ) -> Result<Hold, LimitError> {
+        let slot = pool.slot()?;
+        let per_key = match pool.kind {
+            CallKind::Unary => &self.0.per_key_unary,
+            CallKind::Stream => &self.0.per_key_streams,
+        };
+        let key = key_id.map(|id| per_key.take(id)).transpose()?;
+        Ok(Hold {
+            memory: pool.reserve(self.0.base, 0)?,
+            _slot: slot,
+            _key: key,
+            _conn: conn,
+        })
     }
 
     fn shed(&self, path: &str, error: LimitError) -> http::Response<tonic::body::Body> {
@@ -235,38 +307,14 @@ impl CallLimits {
 #[derive(Debug)]
 struct Hold {
     _slot: OwnedSemaphorePermit,
+    _key: Option<KeySlot>,
     memory: OwnedSemaphorePermit,
     _conn: Option<ConnCall>,
 }
 
-/// Reads a unary call's request body: at most one message of `max_recv`
-/// bytes, refused as soon as its length prefix says it is larger.
 /// The longest a shed call waits for the rest of its request before it is
 /// answered anyway (see [`CallLimit`]).
 const SHED_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-async fn read_request(mut body: tonic::body::Body, max_recv: usize) -> Result<Bytes, Status> {
-    let mut buf = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else {
-            continue;
-        };
-        buf.extend_from_slice(&data);
-        if let Some(&[_, a, b, c, d]) = buf.get(..GRPC_HEADER) {
-            let len = u32::from_be_bytes([a, b, c, d]) as usize;
-            if len > max_recv {
-                return Err(status(LimitError::RequestTooLarge { len, max: max_recv }));
-            }
-        }
-        if buf.len() > GRPC_HEADER + max_recv {
-            return Err(status(LimitError::RequestTooLarge {
-                len: buf.len() - GRPC_HEADER,
-                max: max_recv,
-            }));
-        }
-    }
-    Ok(buf.freeze())
-}
 
 /// Enforces [`CallLimits`] on every call (see the module docs).
 #[derive(Debug, Clone)]
@@ -328,14 +376,10 @@ where
             .map_or_else(Unsent::unwatched, ConnCall::sender);
         Box::pin(async move {
             let path = request.uri().path().to_owned();
-            let pool = limits.pool(CallKind::of(&path));
-            let admitted = pool.slot().and_then(|slot| {
-                Ok(Hold {
-                    memory: pool.reserve(limits.0.base, 0)?,
-                    _slot: slot,
-                    _conn: conn_call,
-                })
-            });
+            let keyless = request.extensions().get::<Keyless>().is_some();
+            let pool = limits.pool(CallKind::of(&path), keyless);
+            let key_id = request.extensions().get::<CallerKey>().map(|k| &k.0);
+            let admitted = limits.admit(pool, key_id.map(String::as_str), conn_call);
             let mut hold = match admitted {
                 Ok(hold) => hold,
                 Err(error) => {
@@ -346,28 +390,22 @@ where
                     // client busy enough to be shed that often must keep
                     // its connection. Bounded by the message size limit and
                     // SHED_BODY_WAIT.
-                    let (_, body) = request.into_parts();
-                    let _ =
-                        tokio::time::timeout(SHED_BODY_WAIT, read_request(body, limits.0.max_recv))
-                            .await;
+                    let (_, mut body) = request.into_parts();
+                    let read = read_request(&mut body, limits.0.max_recv, false);
+                    let _ = tokio::time::timeout(SHED_BODY_WAIT, read).await;
                     return Ok(limits.shed(&path, error));
                 }
             };
+            let received = receive(request, limits.0.max_recv, limits.0.request_timeout);
+            let (request, frame) = match received.await {
+                Ok(received) => received,
+                Err(status) => return Ok(status.into_http()),
+            };
             let weight = if path == NEXT_IDS || path == STREAM_IDS {
-                let (parts, body) = request.into_parts();
-                let frame = match read_request(body, limits.0.max_recv).await {
-                    Ok(frame) => frame,
-                    Err(status) => return Ok(status.into_http()),
-                };
-                let weight = match weigh(&path, &frame, limits.0.max_send) {
+                match weigh(&path, &frame, limits.0.max_send) {
                     Ok(w) => w,
                     Err(error) => return Ok(status(error).into_http()),
-                };
-                request = http::Request::from_parts(
-                    parts,
-                    tonic::body::Body::new(http_body_util::Full::new(frame)),
-                );
-                weight
+                }
             } else {
                 SMALL_RESPONSE
             };
@@ -515,6 +553,9 @@ impl<B: Body<Data = Bytes> + Unpin> Body for HeldBody<B> {
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
+
+    use http_body_util::BodyExt;
+    use tonic::Status;
 
     use prost::Message;
     use snowkeep_proto::v1 as pb;

@@ -17,6 +17,24 @@ pub enum LimitError {
         /// The flag that sets them.
         flag: &'static str,
     },
+    /// One API key has its most calls of a pool in progress.
+    #[error("API key {key_id} already has {max} {calls} in progress on this server, the most one key may have ({flag}); retry with backoff, spread the calls over more keys, or call another snowkeep server")]
+    KeyBusy {
+        /// The key's id.
+        key_id: String,
+        /// `unary calls` or `streams`.
+        calls: &'static str,
+        /// The most per key.
+        max: usize,
+        /// The flag that sets it.
+        flag: &'static str,
+    },
+    /// The request message did not arrive within `--request-timeout`.
+    #[error("the request did not arrive in full within {} of the call's headers (--request-timeout); send each request whole, at once", humantime::format_duration(*after))]
+    RequestTimeout {
+        /// The timeout.
+        after: std::time::Duration,
+    },
     /// The pool's memory is reserved by calls in progress.
     #[error("this server's memory for {calls} is in use: {need} more bytes do not fit in its {pool} bytes (a share of --max-call-memory); retry with backoff or call another snowkeep server")]
     MemoryInUse {

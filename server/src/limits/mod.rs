@@ -6,12 +6,14 @@
 //! | --- | --- |
 //! | [`conn`] | accept errors back off; open connections; silent and idle connections; connections that hold shutdown |
 //! | [`calls`] | unary calls and streams in progress, and the memory they hold, until their responses have left the process |
+//! | [`admission`] | keyless calls in pools of their own; each key's share of the pools; how long a request may take to arrive |
 //! | [`weight`] | how much memory a call reserves |
 //! | [`wire`] | statuses of malformed and oversized messages |
 //! | [`LimitError`] | what a client is told when a limit refuses its call |
 //! | tonic's builder (in [`crate::run`]) | HTTP/2 streams per connection, keepalive pings, header list size, flow-control windows |
 //! | the generated services (in [`crate::service::router`]) | message sizes |
 
+pub mod admission;
 pub mod calls;
 pub mod conn;
 mod error;

@@ -219,12 +219,14 @@ fn code_of(err: &ApiError) -> Code {
         },
         ApiError::Limit(l) => match l {
             LimitError::Busy { .. }
+            | LimitError::KeyBusy { .. }
             | LimitError::MemoryInUse { .. }
             | LimitError::CallTooLarge { .. }
             | LimitError::RequestTooLarge { .. }
             | LimitError::IdsTooLarge { .. }
             | LimitError::BatchTooLarge { .. }
             | LimitError::ResponseTooLarge { .. } => Code::ResourceExhausted,
+            LimitError::RequestTimeout { .. } => Code::DeadlineExceeded,
             LimitError::InvalidMessage { .. }
             | LimitError::TruncatedMessage
             | LimitError::InvalidCompressionFlag { .. } => Code::InvalidArgument,
@@ -414,6 +416,23 @@ mod tests {
             (
                 LimitError::ResponseTooLarge { len: 2, max: 1 }.into(),
                 Code::ResourceExhausted,
+            ),
+            (
+                LimitError::KeyBusy {
+                    key_id: "k".into(),
+                    calls: "streams",
+                    max: 1,
+                    flag: "--max-streams-per-key",
+                }
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                LimitError::RequestTimeout {
+                    after: Duration::from_secs(1),
+                }
+                .into(),
+                Code::DeadlineExceeded,
             ),
             (
                 LimitError::InvalidMessage { detail: "x".into() }.into(),

@@ -44,6 +44,7 @@ mod rollback;
 mod scale;
 mod single_instance;
 mod single_instance_ranges;
+mod starve;
 mod status_page;
 mod streams;
 mod support;

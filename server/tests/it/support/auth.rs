@@ -64,13 +64,19 @@ impl AuthCluster {
     /// Starts it and waits until both servers serve and answer the admin
     /// key (their key caches loaded).
     pub async fn start(ns: &str) -> Self {
+        Self::start_with(ns, &[]).await
+    }
+
+    /// Like [`AuthCluster::start`], both servers with `extra` flags too.
+    pub async fn start_with(ns: &str, extra: &[&str]) -> Self {
         let etcd = EtcdProcess::start().await;
         let dir = tempfile::tempdir().unwrap();
         let admin_key = random_key("kbootstrap01");
         let file = dir.path().join("admin.key");
         std::fs::write(&file, format!("{admin_key}\n")).unwrap();
         let file = file.to_str().unwrap().to_owned();
-        let flags = ["--auth", "on", "--bootstrap-admin-key-file", &file];
+        let mut flags = vec!["--auth", "on", "--bootstrap-admin-key-file", &file];
+        flags.extend_from_slice(extra);
         let a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &flags);
         a.wait_serving(READY).await;
         let b = ServerProcess::joining(&etcd.endpoint(), ns, &flags);

@@ -1,0 +1,194 @@
+//! A key's open streams end when the key is revoked or expires: the
+//! authentication layer wraps the response of every stream opened with a
+//! key in a [`Revocable`] body. It checks the key again whenever the
+//! [`KeyCache`] changes (a revocation, a new expiry or a delete that the
+//! key watch delivered) and when the key's expiry comes, by the same rule
+//! and at the same moment as new calls with that key are refused, and then
+//! ends the stream with that call's UNAUTHENTICATED status.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use snowkeep_client::SharedClock;
+use tonic::Status;
+use tracing::info;
+
+use super::cache::{KeyCache, Verdict};
+use super::key::{KeyRefusal, PresentedKey};
+
+/// Resolves once `presented` is refused (revoked, expired, deleted or its
+/// secret replaced), with the refusal a new call would get.
+pub(super) async fn refused(
+    cache: KeyCache,
+    presented: PresentedKey,
+    clock: SharedClock,
+) -> KeyRefusal {
+    let mut changes = cache.changes();
+    loop {
+        if let Verdict::Refused(refusal) = cache.verify(&presented, clock.unix_ms()) {
+            return refusal;
+        }
+        let expiry = cache
+            .expires_unix_ms(presented.id())
+            .filter(|&at| at != 0)
+            .map(|at| Duration::from_millis(at.saturating_sub(clock.unix_ms())));
+        tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    // The cache is gone: nothing can change any more.
+                    std::future::pending::<()>().await;
+                }
+            }
+            _ = tokio::time::sleep(expiry.unwrap_or_default()), if expiry.is_some() => {}
+        }
+    }
+}
+
+/// A stream's response body that ends with UNAUTHENTICATED as soon as its
+/// key is refused (see the module docs). The inner body, and with it the
+/// call's slot and memory, is dropped then.
+pub(super) struct Revocable<B> {
+    inner: Option<B>,
+    refused: Pin<Box<dyn Future<Output = KeyRefusal> + Send>>,
+    method: String,
+}
+
+impl<B> Revocable<B> {
+    /// `inner`, ended when `refused` resolves; `method` for the log.
+    pub(super) fn new(
+        inner: B,
+        refused: impl Future<Output = KeyRefusal> + Send + 'static,
+        method: String,
+    ) -> Self {
+        Self {
+            inner: Some(inner),
+            refused: Box::pin(refused),
+            method,
+        }
+    }
+}
+
+impl<B> Body for Revocable<B>
+where
+    B: Body<Data = Bytes, Error = Status> + Unpin,
+{
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if self.inner.is_none() {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(refusal) = self.refused.as_mut().poll(cx) {
+            self.inner = None;
+            info!(key_id = refusal.key_label(), method = %self.method, reason = refusal.result(), "ending a stream: its API key is no longer valid");
+            let status = Status::unauthenticated(refusal.to_string());
+            // The status's own headers (grpc-status, grpc-message) as trailers.
+            let mut trailers = status.into_http::<()>().into_parts().0.headers;
+            trailers.remove(http::header::CONTENT_TYPE);
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        let inner = self.inner.as_mut().expect("checked above");
+        Pin::new(inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use snowkeep_client::ManualClock;
+
+    use super::*;
+    use crate::auth::key::BootstrapKey;
+    use crate::etcd::apikeys::StoredKey;
+
+    fn stored(record: &super::super::KeyRecord, mod_revision: i64) -> StoredKey {
+        StoredKey {
+            id: record.id.clone(),
+            value: record.to_json().into_bytes(),
+            mod_revision,
+        }
+    }
+
+    /// A body that never ends by itself.
+    fn endless() -> tonic::body::Body {
+        let frames = futures_util::stream::pending::<Result<Frame<Bytes>, Status>>();
+        tonic::body::Body::new(http_body_util::StreamBody::new(frames))
+    }
+
+    async fn trailer_status(body: &mut Revocable<tonic::body::Body>) -> Status {
+        let frame = body.frame().await.expect("a frame").expect("no error");
+        let trailers = frame.into_trailers().expect("trailers");
+        Status::from_header_map(&trailers).expect("a status")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_ends_unauthenticated_when_its_key_is_revoked() {
+        let key = PresentedKey::generate();
+        let mut record = BootstrapKey::parse(&key.reveal()).unwrap().record(1);
+        let cache = KeyCache::new();
+        cache.replace_all(&[stored(&record, 1)], 1);
+        let clock: SharedClock = ManualClock::new(5_000);
+        let waiting = refused(cache.clone(), key.clone(), clock);
+        let mut body = Revocable::new(endless(), waiting, "/m".into());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        record.revoked = true;
+        cache.note(record.clone(), 2);
+        let status = trailer_status(&mut body).await;
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert_eq!(
+            status.message(),
+            format!(
+                "API key {} is revoked: ask an administrator for a new key",
+                key.id()
+            )
+        );
+        assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_ends_unauthenticated_when_its_key_expires() {
+        let key = PresentedKey::generate();
+        let mut record = BootstrapKey::parse(&key.reveal()).unwrap().record(1);
+        record.expires_unix_ms = 10_000;
+        let cache = KeyCache::new();
+        cache.replace_all(&[stored(&record, 1)], 1);
+        let clock = ManualClock::new(9_000);
+        let waiting = refused(cache.clone(), key.clone(), clock.clone());
+        let mut body = Revocable::new(endless(), waiting, "/m".into());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        clock.set_unix_ms(10_000);
+        let started = tokio::time::Instant::now();
+        let status = trailer_status(&mut body).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(1));
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert_eq!(
+            status.message(),
+            format!(
+                "API key {} expired at 1970-01-01T00:00:10Z: ask an administrator for a new key",
+                key.id()
+            )
+        );
+    }
+}

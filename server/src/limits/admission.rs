@@ -1,0 +1,269 @@
+//! Who may take what before a call runs, and how long a call may take to
+//! send its request (see [`super::calls`] for the pools themselves).
+//!
+//! * **Keyless calls** (`--auth on`): the calls let through without an API
+//!   key (health Check and Watch, server reflection, GetInfo without a key)
+//!   are marked [`Keyless`] by the authentication layer and take from pools
+//!   of their own, `--max-keyless-calls` and `--max-keyless-streams`. However
+//!   many such calls a client opens, callers with a key keep every slot and
+//!   byte of theirs.
+//! * **Per key**: one API key has at most `--max-calls-per-key` unary calls
+//!   and `--max-streams-per-key` streams in progress on a server
+//!   ([`PerKey`]), so one key cannot take every slot of its pool.
+//! * **Request deadline**: a call whose request message has not fully
+//!   arrived `--request-timeout` after its headers is answered
+//!   DEADLINE_EXCEEDED and frees its slot ([`receive`]). For the one
+//!   bidirectional method (reflection) the deadline holds for its first
+//!   message.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tonic::Status;
+
+use super::weight::GRPC_HEADER;
+use super::{status, LimitError};
+
+/// Marks a call the authentication layer let through without an API key
+/// while `--auth on`: it takes from the keyless pools.
+#[derive(Clone, Copy, Debug)]
+pub struct Keyless;
+
+/// The calls of each API key in progress in one pool, at most `max` per key.
+#[derive(Debug)]
+pub(super) struct PerKey {
+    calls: &'static str,
+    flag: &'static str,
+    max: usize,
+    counts: Mutex<HashMap<String, usize>>,
+}
+
+impl PerKey {
+    /// At most `max` `calls` (`unary calls`, `streams`) per key, set by `flag`.
+    pub(super) fn new(calls: &'static str, flag: &'static str, max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            calls,
+            flag,
+            max,
+            counts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// One more call of `key_id`, held until the [`KeySlot`] is dropped.
+    pub(super) fn take(self: &Arc<Self>, key_id: &str) -> Result<KeySlot, LimitError> {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(key_id.to_owned()).or_insert(0);
+        if *count >= self.max {
+            return Err(LimitError::KeyBusy {
+                key_id: key_id.to_owned(),
+                calls: self.calls,
+                max: self.max,
+                flag: self.flag,
+            });
+        }
+        *count += 1;
+        Ok(KeySlot {
+            per_key: self.clone(),
+            key_id: key_id.to_owned(),
+        })
+    }
+
+    /// Calls of `key_id` in progress now.
+    #[cfg(test)]
+    pub(super) fn of(&self, key_id: &str) -> usize {
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.get(key_id).copied().unwrap_or(0)
+    }
+}
+
+/// One call of a key in a [`PerKey`]; dropping it gives the slot back.
+#[derive(Debug)]
+pub(super) struct KeySlot {
+    per_key: Arc<PerKey>,
+    key_id: String,
+}
+
+impl Drop for KeySlot {
+    fn drop(&mut self) {
+        let mut counts = self
+            .per_key
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = counts.get_mut(&self.key_id) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.key_id);
+            }
+        }
+    }
+}
+
+/// The bidirectional method: its request is a stream, so only its first
+/// message is awaited.
+fn is_bidirectional(path: &str) -> bool {
+    path.ends_with(".ServerReflection/ServerReflectionInfo")
+}
+
+/// Reads `body` up to its end (or, with `first_only`, up to the end of its
+/// first message): at most one message of `max_recv` bytes, refused as soon
+/// as its length prefix says it is larger.
+pub(super) async fn read_request(
+    body: &mut tonic::body::Body,
+    max_recv: usize,
+    first_only: bool,
+) -> Result<Bytes, Status> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        if let Some(&[_, a, b, c, d]) = buf.get(..GRPC_HEADER) {
+            let len = u32::from_be_bytes([a, b, c, d]) as usize;
+            if len > max_recv {
+                return Err(status(LimitError::RequestTooLarge { len, max: max_recv }));
+            }
+            if first_only && buf.len() >= GRPC_HEADER + len {
+                break;
+            }
+        }
+        if !first_only && buf.len() > GRPC_HEADER + max_recv {
+            return Err(status(LimitError::RequestTooLarge {
+                len: buf.len() - GRPC_HEADER,
+                max: max_recv,
+            }));
+        }
+    }
+    Ok(buf.freeze())
+}
+
+/// Waits at most `timeout` for `request`'s message (see the module docs)
+/// and returns the request to run, its body replaced by what was read, and
+/// the bytes read.
+///
+/// # Errors
+/// DEADLINE_EXCEEDED when the message did not arrive in time; the statuses
+/// of [`read_request`].
+pub(super) async fn receive(
+    request: http::Request<tonic::body::Body>,
+    max_recv: usize,
+    timeout: Duration,
+) -> Result<(http::Request<tonic::body::Body>, Bytes), Status> {
+    let first_only = is_bidirectional(request.uri().path());
+    let (parts, mut body) = request.into_parts();
+    let read = tokio::time::timeout(timeout, read_request(&mut body, max_recv, first_only));
+    let frame = match read.await {
+        Ok(frame) => frame?,
+        Err(_) => return Err(status(LimitError::RequestTimeout { after: timeout })),
+    };
+    let body = if first_only {
+        tonic::body::Body::new(Prefixed {
+            first: Some(frame.clone()),
+            rest: body,
+        })
+    } else {
+        tonic::body::Body::new(http_body_util::Full::new(frame.clone()))
+    };
+    Ok((http::Request::from_parts(parts, body), frame))
+}
+
+/// A request body whose first bytes were already read: them, then the rest.
+struct Prefixed {
+    first: Option<Bytes>,
+    rest: tonic::body::Body,
+}
+
+impl Body for Prefixed {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_takes_at_most_its_share_and_gets_it_back() {
+        let per_key = PerKey::new("unary calls", "--max-calls-per-key", 2);
+        let a1 = per_key.take("ka").unwrap();
+        let _a2 = per_key.take("ka").unwrap();
+        let refused = per_key.take("ka").unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "API key ka already has 2 unary calls in progress on this server, the most one key may have (--max-calls-per-key); retry with backoff, spread the calls over more keys, or call another snowkeep server"
+        );
+        let _b = per_key.take("kb").expect("another key has its own share");
+        drop(a1);
+        assert_eq!(per_key.of("ka"), 1);
+        let _a3 = per_key.take("ka").unwrap();
+        assert_eq!(per_key.of("ka"), 2);
+    }
+
+    fn streamed(chunks: Vec<&'static [u8]>) -> tonic::body::Body {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        for c in chunks {
+            tx.try_send(Ok::<_, Status>(Frame::data(Bytes::from_static(c))))
+                .unwrap();
+        }
+        // The sender stays open: the body never ends by itself.
+        std::mem::forget(tx);
+        tonic::body::Body::new(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_never_ends_is_deadline_exceeded_after_the_timeout() {
+        let request = http::Request::post("/grpc.health.v1.Health/Check")
+            .body(streamed(vec![&[0, 0, 0, 0, 0]]))
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let refused = receive(request, 16384, Duration::from_secs(3))
+            .await
+            .unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        assert_eq!(refused.code(), tonic::Code::DeadlineExceeded);
+        assert_eq!(
+            refused.message(),
+            "the request did not arrive in full within 3s of the call's headers (--request-timeout); send each request whole, at once"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bidirectional_call_waits_only_for_its_first_message() {
+        let path = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo";
+        let request = http::Request::post(path)
+            .body(streamed(vec![&[0, 0, 0, 0, 2, 7], &[7, 0]]))
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let (request, first) = receive(request, 16384, Duration::from_secs(3))
+            .await
+            .unwrap();
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(&first[..], &[0, 0, 0, 0, 2, 7, 7, 0]);
+        let mut body = request.into_body();
+        let again = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&again[..], &[0, 0, 0, 0, 2, 7, 7, 0]);
+    }
+}
