@@ -21,10 +21,11 @@
 //! delivers it. While etcd is unreachable the last mode read stays in force.
 //!
 //! Until the mode is read ([`Enforcement::Unknown`]) the server does not
-//! check keys, but nothing a key protects can be served yet: the
-//! administration service has no etcd access and no machine id is claimed,
-//! so calls get UNAVAILABLE. With `--auth on` keys are checked from the
-//! start.
+//! check keys, but it has nothing to serve yet: the administration service
+//! has no etcd access and no machine id is claimed, so every call that needs
+//! either gets UNAVAILABLE (health, reflection and InfoService's answers
+//! about the server itself still answer). With `--auth on` keys are checked
+//! from the start.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -135,18 +135,23 @@ async fn a_replica_without_auth_follows_the_cluster_and_makes_no_admin_key() {
 
 /// The migration to API keys on a cluster that runs without them: an admin
 /// key first, then one `snowkeepctl auth enable` that every running server
-/// follows; a server started with `--auth off` then exits 64; turning keys
+/// follows (one started with `--auth off` too); a server started with
+/// `--auth off` then exits 64; turning keys
 /// off needs the admin key; afterwards a server started with `--auth on`
 /// exits 64.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_enable_reaches_running_servers_and_only_an_admin_key_turns_it_off() {
     let etcd = EtcdProcess::start().await;
     let ns = "modeswitch";
-    let a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &[]);
+    // A says off explicitly (as a Deployment before the migration might),
+    // B says nothing: both serve without keys while the mode is unset, and
+    // both follow it once it is on.
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &["--auth", "off"]);
     a.wait_serving(READY).await;
     let b = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
     b.wait_serving(READY).await;
     assert_eq!(keyless_next_id(&a).await.unwrap(), 1);
+    assert_eq!(keyless_next_id(&b).await.unwrap(), 1);
     assert_eq!(stored_mode(&etcd).await, None);
 
     // Enabling with no admin key in etcd would lock everyone out.
