@@ -1,6 +1,7 @@
 //! API keys on the client side: [`ApiKey`] is sent as `authorization:
 //! Bearer <id>.<secret>` metadata on every call of a client configured with
-//! one (servers with `--auth on` require it). Without a key nothing is sent.
+//! one (needed while the cluster requires API keys). Without a key nothing
+//! is sent.
 
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;

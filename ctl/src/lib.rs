@@ -12,6 +12,7 @@
 //! (`server/src/bin/snowkeepctl.rs`, which calls [`main`]), so the server's
 //! integration tests can run it against a live cluster.
 
+mod auth;
 mod conn;
 mod health;
 mod keys;
@@ -43,6 +44,10 @@ enum Command {
     /// The audit trail.
     #[command(subcommand)]
     Audit(keys::AuditCommand),
+    /// The cluster's security mode (API keys required or not), kept in etcd
+    /// and followed by every server.
+    #[command(subcommand)]
+    Auth(auth::AuthCommand),
     /// Checks a server's grpc.health.v1 status (for probes): exits 0 when SERVING.
     Health(health::HealthArgs),
 }
@@ -70,6 +75,7 @@ pub fn main() -> std::process::ExitCode {
             Command::State(c) => c.run(&cli.conn, cli.output).await,
             Command::Key(c) => c.run(&cli.conn, cli.output).await,
             Command::Audit(c) => c.run(&cli.conn, cli.output).await,
+            Command::Auth(c) => c.run(&cli.conn, cli.output).await,
             Command::Health(c) => c.run(&cli.conn).await,
         }
     });

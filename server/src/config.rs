@@ -316,11 +316,14 @@ pub struct Args {
     /// from elsewhere get PERMISSION_DENIED. Empty allows every address.
     #[arg(long, env = "SNOWKEEP_ALLOW_CIDRS", value_delimiter = ',')]
     pub allow_cidrs: Vec<String>,
-    /// API keys: `on` makes every call but health and reflection send
-    /// `authorization: Bearer <id>.<secret>` (keys live in etcd); `off`
-    /// serves everyone.
-    #[arg(long, env = "SNOWKEEP_AUTH", value_enum, default_value_t = AuthMode::Off)]
-    pub auth: AuthMode,
+    /// API keys, whose mode is the cluster's (kept in etcd): not given, the
+    /// server follows the cluster. `on` sets the cluster's mode to on when
+    /// it was never set, and refuses to start (exit 64) when an admin turned
+    /// it off; `off` refuses to start when the cluster's mode is on. While
+    /// on, every call but health and reflection sends `authorization:
+    /// Bearer <id>.<secret>`.
+    #[arg(long, env = "SNOWKEEP_AUTH", value_enum)]
+    pub auth: Option<AuthMode>,
     /// A file holding an API key `<id>.<secret>` (first line): at start the
     /// server writes it to etcd as an admin key unless a key with that id
     /// exists (which is left as it is). The way to the first admin key,
@@ -898,7 +901,7 @@ impl TryFrom<Args> for ServerConfig {
             }
         };
         if matches!(store, StoreConfig::SingleInstance { .. })
-            && (args.auth == AuthMode::On || bootstrap_admin_key.is_some())
+            && (args.auth == Some(AuthMode::On) || bootstrap_admin_key.is_some())
         {
             return Err(ConfigError::AuthNeedsEtcd("--auth on and --bootstrap-admin-key-file need etcd, where API keys are kept: add --etcd-endpoints (the single-instance store serves without authentication; keep its port private)"));
         }

@@ -50,6 +50,7 @@ pub(crate) mod audit;
 pub mod auth;
 pub mod claim;
 pub mod config;
+pub(crate) mod connect;
 pub mod etcd;
 pub(crate) mod lease_api;
 pub(crate) mod limits;

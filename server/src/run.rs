@@ -24,7 +24,8 @@ use tracing::{error, info, warn};
 use crate::admin::{keys::KeyAdmin, state::StateAdmin, AdminHandler};
 use crate::claim::{capacity, ClaimManager, ClaimTiming, Slot, StoreError};
 use crate::config::{Limits, ServerConfig, StoreConfig};
-use crate::etcd::{EtcdSettings, EtcdStore};
+pub(crate) use crate::connect::{connect_etcd, connect_etcd_serving, Serving};
+use crate::etcd::EtcdSettings;
 use crate::lease_api::LeaseHandler;
 use crate::limits::calls::CallLimits;
 use crate::limits::conn::{Listener, ListenerLimits};
@@ -85,6 +86,7 @@ impl ServeError {
                         | StoreError::CorruptNamespace { .. }
                         | StoreError::BadFloor { .. }
                         | StoreError::AccessRefused { .. }
+                        | StoreError::AuthModeMismatch { .. }
                 )
         )
     }
@@ -120,84 +122,6 @@ fn single_instance_machine_ids(config: &ServerConfig) -> Vec<snowkeep_client::Ma
         .filter_map(|id| u16::try_from(id).ok())
         .map(snowkeep_client::MachineId)
         .collect()
-}
-
-/// Connects to etcd, retrying with backoff until it answers; `None` when
-/// shutdown comes first. etcd may come up after us (compose, Kubernetes), so
-/// only what an operator must fix (a namespace not created, a layout
-/// mismatch, a rolled-back namespace, etcd refusing the `--etcd-*` TLS or
-/// credentials, or a user without permission on the namespace's keys:
-/// [`StoreError::AccessRefused`], found by `EtcdStore::check_access` before
-/// any other request) is an error. Opens the namespace as
-/// `settings.namespace_setup` says ([`EtcdStore::open_namespace`]). Each
-/// attempt tries every endpoint in turn and the clients live across attempts,
-/// so a retry starts on the endpoint after the last one that failed, not on
-/// the first one again.
-pub(crate) async fn connect_etcd(
-    settings: EtcdSettings,
-    layout: snowkeep_client::Layout,
-    clock: snowkeep_client::SharedClock,
-    shutdown: &CancellationToken,
-) -> Result<Option<EtcdStore>, StoreError> {
-    connect_etcd_serving(settings, layout, clock, shutdown, None, None, false).await
-}
-
-/// [`connect_etcd`] for a serving server: `access` gets the administration
-/// service's etcd handle and `keys` (the API key cache, with the bootstrap
-/// admin key) connects as soon as the clients exist, before the namespace
-/// opens, so an import can restore the namespace even with `--auth on`;
-/// with `wait_for_namespace` a namespace without a record is waited for
-/// (logged each retry) instead of ending the server.
-pub(crate) async fn connect_etcd_serving(
-    settings: EtcdSettings,
-    layout: snowkeep_client::Layout,
-    clock: snowkeep_client::SharedClock,
-    shutdown: &CancellationToken,
-    access: Option<&StoreAccess>,
-    keys: Option<(&crate::auth::KeyCache, Option<crate::auth::BootstrapKey>)>,
-    wait_for_namespace: bool,
-) -> Result<Option<EtcdStore>, StoreError> {
-    let endpoints = settings.endpoints.clone();
-    let mut store = EtcdStore::new(settings, layout, clock.clone()).await?;
-    if let Some(access) = access {
-        access.clients_ready(&store);
-    }
-    if let Some((cache, bootstrap)) = keys {
-        cache.connect(store.api_keys(), bootstrap, clock, shutdown.clone());
-    }
-    let mut backoff =
-        snowkeep_client::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
-    loop {
-        let checked = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(None),
-            r = async {
-                store.check_access().await?;
-                store.open_namespace().await
-            } => r,
-        };
-        match checked {
-            Ok(()) => return Ok(Some(store)),
-            // Refused credentials or certificates before the first claim
-            // are configuration to fix, not an etcd that is still starting.
-            Err(e) if e.is_retryable() && !matches!(e, StoreError::AccessRefused { .. }) => {
-                let delay = backoff.next_delay();
-                warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(None),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-            }
-            Err(e @ StoreError::NamespaceNotCreated { .. }) if wait_for_namespace => {
-                let delay = backoff.next_delay();
-                warn!(error = %crate::DisplayChain(&e), retry_in = ?delay, "waiting for the namespace (--wait-for-namespace): create it, or import it with snowkeepctl import");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(None),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// The single-instance store's outage budget. It has no outage to ride out
@@ -403,6 +327,10 @@ pub async fn run(
 
     let ns = config.namespace.clone();
     let key_cache = crate::auth::KeyCache::new();
+    let auth_mode = match &etcd_settings {
+        Some(_) => crate::auth::ClusterAuth::on_etcd(config.auth.mode),
+        None => crate::auth::ClusterAuth::off(),
+    };
     let (slots, grant_rxs, demand) = generator_slots(&config, &clock);
     let grant_rx = grant_rxs
         .first()
@@ -438,6 +366,7 @@ pub async fn run(
         let wait_for_namespace = config.wait_for_namespace;
         let (shutdown, release, access) = (shutdown.clone(), release.clone(), access.clone());
         let (key_cache, bootstrap) = (key_cache.clone(), config.auth.bootstrap_admin_key.clone());
+        let auth_mode = auth_mode.clone();
         lease_runtime.spawn(async move {
             // The capacity gauges follow the first slot's grant.
             let grant = grant_rxs[0].clone();
@@ -455,8 +384,11 @@ pub async fn run(
                         layout,
                         clock.clone(),
                         &shutdown,
-                        Some(&access),
-                        Some((&key_cache, bootstrap)),
+                        Some(Serving {
+                            access: &access,
+                            keys: (&key_cache, bootstrap),
+                            mode: &auth_mode,
+                        }),
                         wait_for_namespace,
                     )
                     .await?
@@ -487,7 +419,12 @@ pub async fn run(
     );
     let admin = AdminHandler::new(
         StateAdmin::new(access.clone(), clock.clone()),
-        KeyAdmin::new(access.clone(), key_cache.clone(), clock.clone()),
+        KeyAdmin::new(
+            access.clone(),
+            key_cache.clone(),
+            auth_mode.clone(),
+            clock.clone(),
+        ),
     );
     if let Some(listener) = admin_listener {
         let address = listener
@@ -506,7 +443,7 @@ pub async fn run(
             clock: clock.clone(),
             instance_id: config.instance_id.clone(),
             namespace: ns.clone(),
-            auth: config.auth.mode,
+            auth: auth_mode.clone(),
             keys: key_cache.clone(),
         };
         tracker.spawn(crate::status_page::serve(
@@ -624,7 +561,7 @@ pub async fn run(
             // Inside metrics (which count its refusals by code), before the
             // call limits: a call without a valid key takes no call slot.
             .layer(crate::auth::AuthLayer::new(
-                config.auth.mode,
+                auth_mode,
                 key_cache,
                 clock.clone(),
                 config.namespace.clone(),

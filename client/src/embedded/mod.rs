@@ -101,8 +101,8 @@ pub struct EmbeddedConfig {
     /// never checks. An unreachable server is no answer: issuing goes on
     /// below the fence.
     pub check_interval: Duration,
-    /// The API key sent with every Lease API call (servers with `--auth on`
-    /// need one with the `lease` permission); `None` sends none.
+    /// The API key sent with every Lease API call (a cluster that requires
+    /// API keys needs one with the `lease` permission); `None` sends none.
     pub api_key: Option<crate::ApiKey>,
 }
 

@@ -43,8 +43,8 @@ pub struct RemoteConfig {
     pub max_backoff: Duration,
     /// Timeout of one attempt.
     pub request_timeout: Duration,
-    /// The API key sent with every call (servers with `--auth on` need one
-    /// with the `ids` permission); `None` sends none.
+    /// The API key sent with every call (a cluster that requires API keys
+    /// needs one with the `ids` permission); `None` sends none.
     pub api_key: Option<crate::ApiKey>,
 }
 

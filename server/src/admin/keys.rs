@@ -1,7 +1,8 @@
 //! The API-key half of `AdminService`: create, list, expire and revoke keys,
 //! and tail the audit trail. Keys are read from and written to etcd (every
 //! server answers the same); each change is one audit event (`key.create`,
-//! `key.expire`, `key.revoke`).
+//! `key.expire`, `key.revoke`, and `auth.enable` or `auth.disable` for the
+//! cluster's security mode).
 
 use std::pin::Pin;
 
@@ -13,9 +14,9 @@ use tonic::{Request, Response, Status};
 
 use crate::audit::{self, AuditEvent, Who};
 use crate::auth::key::{is_valid_id, KeyRecord, Permission, PresentedKey};
-use crate::auth::KeyCache;
+use crate::auth::{ClusterAuth, KeyCache, KeyScope};
 use crate::claim::StoreError;
-use crate::etcd::apikeys::ApiKeyStore;
+use crate::etcd::apikeys::{ApiKeyStore, KeyWrite};
 use crate::service::StoreAccess;
 
 /// The stream TailAudit answers with.
@@ -34,6 +35,7 @@ const UPDATE_ATTEMPTS: usize = 8;
 pub struct KeyAdmin {
     access: StoreAccess,
     cache: KeyCache,
+    mode: ClusterAuth,
     clock: SharedClock,
 }
 
@@ -46,13 +48,31 @@ fn unavailable(e: &StoreError) -> Status {
 
 impl KeyAdmin {
     /// Creates it on the server's store, with the server's key cache (to
-    /// reach etcd, and to answer with a change at once) and clock.
-    pub fn new(access: StoreAccess, cache: KeyCache, clock: SharedClock) -> Self {
+    /// reach etcd, and to answer with a change at once), its view of the
+    /// cluster's security mode and its clock.
+    pub fn new(
+        access: StoreAccess,
+        cache: KeyCache,
+        mode: ClusterAuth,
+        clock: SharedClock,
+    ) -> Self {
         Self {
             access,
             cache,
+            mode,
             clock,
         }
+    }
+
+    /// The guard of a key change (see [`super::mode::keyless_guard`]):
+    /// `None` for a call the authentication layer verified an admin key
+    /// for, else the mod revision the security mode key must keep.
+    async fn guard<T>(&self, request: &Request<T>) -> Result<Option<i64>, Status> {
+        self.store()?;
+        if request.extensions().get::<KeyScope>().is_some() {
+            return Ok(None);
+        }
+        super::mode::keyless_guard(&self.mode).await.map(Some)
     }
 
     fn store(&self) -> Result<ApiKeyStore, Status> {
@@ -85,7 +105,10 @@ impl KeyAdmin {
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
         let who = Who::of(request.extensions());
         let key = PresentedKey::generate();
-        let result = self.create(key.clone(), request.into_inner()).await;
+        let result = match self.guard(&request).await {
+            Ok(guard) => self.create(key.clone(), request.into_inner(), guard).await,
+            Err(refused) => Err(refused),
+        };
         self.audit("key.create", who, key.id(), &result);
         result
     }
@@ -94,6 +117,7 @@ impl KeyAdmin {
         &self,
         key: PresentedKey,
         req: pb::CreateKeyRequest,
+        guard: Option<i64>,
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
         if req.description.chars().count() > MAX_DESCRIPTION
             || req.description.chars().any(char::is_control)
@@ -164,13 +188,17 @@ impl KeyAdmin {
             secret_sha256: key.secret_sha256(),
         };
         let store = self.store()?;
-        let Some(revision) = store
-            .create(key.id(), record.to_json().as_bytes())
+        let revision = match store
+            .create(key.id(), record.to_json().as_bytes(), guard)
             .await
             .map_err(|e| unavailable(&e))?
-        else {
+        {
+            KeyWrite::Written(revision) => revision,
             // 48 random bits met an existing id.
-            return Err(Status::aborted("the generated key id exists; retry"));
+            KeyWrite::Conflict => {
+                return Err(Status::aborted("the generated key id exists; retry"))
+            }
+            KeyWrite::ModeChanged => return Err(super::mode::mode_changed()),
         };
         self.cache.note(record.clone(), revision);
         Ok(Response::new(pb::CreateKeyResponse {
@@ -182,8 +210,9 @@ impl KeyAdmin {
     /// See `AdminService.ListKeys`.
     pub async fn list_keys(
         &self,
-        _request: Request<pb::ListKeysRequest>,
+        request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysResponse>, Status> {
+        self.guard(&request).await?;
         let (stored, _) = self.store()?.list().await.map_err(|e| unavailable(&e))?;
         let mut keys: Vec<pb::ApiKey> = stored
             .iter()
@@ -196,7 +225,12 @@ impl KeyAdmin {
 
     /// Reads the record of `id`, applies `change` and writes it back unless
     /// another write came in between (then again, a few times).
-    async fn update(&self, id: &str, change: impl Fn(&mut KeyRecord)) -> Result<KeyRecord, Status> {
+    async fn update(
+        &self,
+        id: &str,
+        guard: Option<i64>,
+        change: impl Fn(&mut KeyRecord),
+    ) -> Result<KeyRecord, Status> {
         if !is_valid_id(id) {
             return Err(Status::invalid_argument(format!(
                 "invalid key id {id:?}: 1 to 64 characters of A-Z a-z 0-9 _ - (the part of the key before the dot)"
@@ -218,13 +252,17 @@ impl KeyAdmin {
                 ))
             })?;
             change(&mut record);
-            if let Some(revision) = store
-                .replace(id, record.to_json().as_bytes(), stored.mod_revision)
+            match store
+                .replace(id, record.to_json().as_bytes(), stored.mod_revision, guard)
                 .await
                 .map_err(|e| unavailable(&e))?
             {
-                self.cache.note(record.clone(), revision);
-                return Ok(record);
+                KeyWrite::Written(revision) => {
+                    self.cache.note(record.clone(), revision);
+                    return Ok(record);
+                }
+                KeyWrite::Conflict => {}
+                KeyWrite::ModeChanged => return Err(super::mode::mode_changed()),
             }
         }
         Err(Status::aborted(format!(
@@ -238,19 +276,24 @@ impl KeyAdmin {
         request: Request<pb::ExpireKeyRequest>,
     ) -> Result<Response<pb::ExpireKeyResponse>, Status> {
         let who = Who::of(request.extensions());
+        let guard = self.guard(&request).await;
         let req = request.into_inner();
         let at = match req.expires_unix_ms {
             0 => self.clock.unix_ms(),
             at => at,
         };
-        let result = self
-            .update(&req.id, |r| r.expires_unix_ms = at)
-            .await
-            .map(|r| {
-                Response::new(pb::ExpireKeyResponse {
-                    key: Some(r.to_pb()),
-                })
-            });
+        let result = match guard {
+            Ok(guard) => {
+                self.update(&req.id, guard, |r| r.expires_unix_ms = at)
+                    .await
+            }
+            Err(refused) => Err(refused),
+        }
+        .map(|r| {
+            Response::new(pb::ExpireKeyResponse {
+                key: Some(r.to_pb()),
+            })
+        });
         self.audit("key.expire", who, &req.id, &result);
         result
     }
@@ -261,13 +304,45 @@ impl KeyAdmin {
         request: Request<pb::RevokeKeyRequest>,
     ) -> Result<Response<pb::RevokeKeyResponse>, Status> {
         let who = Who::of(request.extensions());
+        let guard = self.guard(&request).await;
         let req = request.into_inner();
-        let result = self.update(&req.id, |r| r.revoked = true).await.map(|r| {
+        let result = match guard {
+            Ok(guard) => self.update(&req.id, guard, |r| r.revoked = true).await,
+            Err(refused) => Err(refused),
+        }
+        .map(|r| {
             Response::new(pb::RevokeKeyResponse {
                 key: Some(r.to_pb()),
             })
         });
         self.audit("key.revoke", who, &req.id, &result);
+        result
+    }
+
+    /// See `AdminService.SetAuthMode`: one audit event, `auth.enable` or
+    /// `auth.disable`.
+    pub async fn set_auth_mode(
+        &self,
+        request: Request<pb::SetAuthModeRequest>,
+    ) -> Result<Response<pb::SetAuthModeResponse>, Status> {
+        let who = Who::of(request.extensions());
+        let authenticated = request.extensions().get::<KeyScope>().is_some();
+        let enabled = request.into_inner().enabled;
+        let result = match self.store() {
+            Ok(_) => {
+                let now = self.clock.unix_ms();
+                super::mode::set(&self.mode, &self.cache, now, enabled, authenticated)
+                    .await
+                    .map(Response::new)
+            }
+            Err(refused) => Err(refused),
+        };
+        let action = if enabled {
+            "auth.enable"
+        } else {
+            "auth.disable"
+        };
+        self.audit(action, who, crate::etcd::keys::AUTH_MODE, &result);
         result
     }
 

@@ -1,9 +1,11 @@
 //! `AdminService`: the administration RPCs snowkeepctl and the status page
 //! use. The handler only routes: the cluster's state (namespaces, machine
 //! ids, requesters, eviction, export and import) is [`state::StateAdmin`]'s,
-//! API keys and the audit trail are [`keys::KeyAdmin`]'s.
+//! API keys, the cluster's security mode and the audit trail are
+//! [`keys::KeyAdmin`]'s.
 
 pub mod keys;
+mod mode;
 pub mod state;
 
 use snowkeep_proto::v1 as pb;
@@ -100,6 +102,13 @@ impl pb::admin_service_server::AdminService for AdminHandler {
         request: Request<pb::ImportRequest>,
     ) -> Result<Response<pb::ImportResponse>, Status> {
         self.state.import(request).await
+    }
+
+    async fn set_auth_mode(
+        &self,
+        request: Request<pb::SetAuthModeRequest>,
+    ) -> Result<Response<pb::SetAuthModeResponse>, Status> {
+        self.keys.set_auth_mode(request).await
     }
 
     type TailAuditStream = keys::AuditStream;

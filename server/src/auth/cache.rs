@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::key::{BootstrapKey, KeyRecord, KeyRefusal, KeyScope, PresentedKey};
-use crate::etcd::apikeys::{ApiKeyStore, FollowEnd, KeyChange, StoredKey};
+use crate::etcd::apikeys::{ApiKeyStore, FollowEnd, KeyChange, KeyWrite, StoredKey};
 
 /// Pause between attempts while etcd does not answer.
 const RETRY: Duration = Duration::from_millis(500);
@@ -156,6 +156,20 @@ impl KeyCache {
         Some(record.expires_unix_ms)
     }
 
+    /// Whether some known key passes as an admin key at `now_unix_ms` (the
+    /// admin permission, every namespace, neither revoked nor expired);
+    /// `None` before the first load.
+    pub(crate) fn has_admin_key(&self, now_unix_ms: u64) -> Option<bool> {
+        let keys = self.inner.keys.read().unwrap_or_else(|p| p.into_inner());
+        let known = keys.as_ref()?;
+        Some(known.records.values().any(|(r, _)| {
+            r.permissions.contains(&super::Permission::Admin)
+                && r.namespaces.is_empty()
+                && !r.revoked
+                && (r.expires_unix_ms == 0 || r.expires_unix_ms > now_unix_ms)
+        }))
+    }
+
     /// The etcd side; `None` before the store connected.
     pub(crate) fn store(&self) -> Option<ApiKeyStore> {
         self.inner.store.get().cloned()
@@ -264,12 +278,15 @@ impl KeyCache {
         if let Some(boot) = bootstrap {
             loop {
                 let record = boot.record(clock.unix_ms());
-                match store.create(&boot.id, record.to_json().as_bytes()).await {
-                    Ok(Some(_)) => {
+                match store
+                    .create(&boot.id, record.to_json().as_bytes(), None)
+                    .await
+                {
+                    Ok(KeyWrite::Written(_)) => {
                         info!(key_id = %boot.id, "wrote the bootstrap admin key (--bootstrap-admin-key-file) to etcd");
                         break;
                     }
-                    Ok(None) => {
+                    Ok(KeyWrite::Conflict | KeyWrite::ModeChanged) => {
                         info!(key_id = %boot.id, "the bootstrap admin key is already in etcd; left as it is");
                         break;
                     }

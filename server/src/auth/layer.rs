@@ -13,9 +13,9 @@ use tonic::Status;
 use tower::{Layer, Service};
 
 use super::cache::{KeyCache, Verdict};
+use super::cluster::{ClusterAuth, Enforcement};
 use super::key::{Permission, PresentedKey};
 use super::revoke::{self, Revocable};
-use super::AuthMode;
 use crate::audit::CallerKey;
 use crate::limits::admission::Keyless;
 use crate::limits::calls::CallKind;
@@ -62,10 +62,12 @@ fn count(key_id: &str, result: &'static str) {
     .increment(1);
 }
 
-/// Checks API keys (or lets everything through when off).
+/// Checks API keys while the server enforces the cluster's security mode
+/// (lets everything through while it is off, or not read yet: see
+/// [`super::cluster`]).
 #[derive(Clone)]
 pub struct AuthLayer {
-    mode: AuthMode,
+    mode: ClusterAuth,
     cache: KeyCache,
     clock: SharedClock,
     /// The server's namespace, the one IdService issues in.
@@ -73,9 +75,9 @@ pub struct AuthLayer {
 }
 
 impl AuthLayer {
-    /// A layer checking keys from `cache` at `clock`'s time when `mode` is
-    /// on; IdService calls are in `namespace`.
-    pub fn new(mode: AuthMode, cache: KeyCache, clock: SharedClock, namespace: String) -> Self {
+    /// A layer checking keys from `cache` at `clock`'s time while `mode`
+    /// enforces them; IdService calls are in `namespace`.
+    pub fn new(mode: ClusterAuth, cache: KeyCache, clock: SharedClock, namespace: String) -> Self {
         Self {
             mode,
             cache,
@@ -213,7 +215,7 @@ where
     }
 
     fn call(&mut self, mut request: http::Request<R>) -> Self::Future {
-        if self.layer.mode == AuthMode::Off {
+        if self.layer.mode.enforcement() != Enforcement::On {
             return Box::pin(self.inner.call(request));
         }
         let authorization = request
@@ -317,7 +319,8 @@ mod tests {
             1,
         );
         let clock = ManualClock::new(9_000);
-        let layer = AuthLayer::new(AuthMode::On, cache.clone(), clock.clone(), "orders".into());
+        let on = ClusterAuth::on_etcd(Some(crate::auth::AuthMode::On));
+        let layer = AuthLayer::new(on.clone(), cache.clone(), clock.clone(), "orders".into());
         let header = format!("Bearer {}", key.reveal());
         let auth = Some(header.as_bytes());
         let scope = layer
@@ -337,7 +340,7 @@ mod tests {
             denied.message().contains("lacks the lease permission"),
             "{denied:?}"
         );
-        let elsewhere = AuthLayer::new(AuthMode::On, cache, clock.clone(), "billing".into());
+        let elsewhere = AuthLayer::new(on, cache, clock.clone(), "billing".into());
         let denied = elsewhere
             .judge("/snowkeep.v1.IdService/NextIds", auth)
             .unwrap_err();

@@ -1,6 +1,6 @@
 //! API keys: who may call what.
 //!
-//! With `--auth on`, every call but `grpc.health.v1` and server reflection
+//! While the cluster's security mode is on ([`cluster`]), every call but `grpc.health.v1` and server reflection
 //! carries `authorization: Bearer <id>.<secret>` metadata. The
 //! [`AuthLayer`] checks it before any handler runs:
 //!
@@ -22,27 +22,33 @@
 //! watch ([`KeyCache`]). The single-instance store has no etcd, so `--auth
 //! on` is refused there.
 //!
+//! The mode itself is the cluster's, kept in etcd and followed by every
+//! server ([`ClusterAuth`]); `--auth` only asserts it at start.
+//!
 //! | module | owns |
 //! | --- | --- |
 //! | [`key`] | records, presented keys, verification, scopes, the bootstrap key |
 //! | [`cache`] | the servers' copy of the keys and the watch that keeps it current |
+//! | [`cluster`] | the cluster's security mode: the check at start and the watch |
 //! | [`layer`] | the tower layer |
 //! | `revoke` | ending a key's open streams when it is revoked or expires |
 
 pub mod cache;
+pub mod cluster;
 pub mod key;
 pub mod layer;
 mod revoke;
 
 pub use cache::KeyCache;
+pub use cluster::{ClusterAuth, Enforcement};
 pub use key::{BootstrapKey, KeyRecord, KeyScope, Permission, PresentedKey};
 pub use layer::AuthLayer;
 
-/// `--auth`: whether calls need an API key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+/// `--auth`: what this server expects the cluster's security mode to be
+/// ([`cluster`]); not given, it follows the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AuthMode {
     /// Every call is served without a key (the quickstart).
-    #[default]
     Off,
     /// Every call but health and reflection needs a valid API key.
     On,
@@ -51,8 +57,8 @@ pub enum AuthMode {
 /// Authentication settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AuthConfig {
-    /// `--auth`.
-    pub mode: AuthMode,
+    /// `--auth`, `None` when not given (follow the cluster).
+    pub mode: Option<AuthMode>,
     /// `--bootstrap-admin-key-file`, read and hashed.
     pub bootstrap_admin_key: Option<BootstrapKey>,
 }

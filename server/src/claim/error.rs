@@ -292,6 +292,13 @@ pub enum StoreError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The server's `--auth` disagrees with the cluster's security mode
+    /// stored in etcd: the server does not start (exit 64).
+    #[error("{problem}")]
+    AuthModeMismatch {
+        /// The flag, the stored value and the remedy.
+        problem: String,
+    },
     /// A state file operation failed.
     #[error("state file {path} I/O failed")]
     Io {
@@ -331,7 +338,8 @@ impl StoreError {
             | StoreError::CorruptNamespace { .. }
             | StoreError::NamespaceRolledBack { .. }
             | StoreError::NamespaceFloorAhead { .. }
-            | StoreError::BadFloor { .. } => false,
+            | StoreError::BadFloor { .. }
+            | StoreError::AuthModeMismatch { .. } => false,
         }
     }
 }

@@ -104,54 +104,60 @@ impl ApiKeyStore {
         Ok(resp.kvs().first().and_then(stored))
     }
 
-    /// Writes `value` at `id` when no record has that id: the record's mod
-    /// revision when written (a retry that finds its own earlier write
-    /// counts as written), `None` when another record was there (left as it
-    /// is).
-    pub(crate) async fn create(&self, id: &str, value: &[u8]) -> Result<Option<i64>, StoreError> {
+    /// Writes `value` at `id` when no record has that id and, with a
+    /// `guard`, while the cluster's security mode key is still at that mod
+    /// revision (0: absent): [`KeyWrite::Written`] with the record's mod
+    /// revision (a retry that finds its own earlier write counts as
+    /// written), [`KeyWrite::Conflict`] when another record was there (left
+    /// as it is), [`KeyWrite::ModeChanged`] when the guard failed.
+    pub(crate) async fn create(
+        &self,
+        id: &str,
+        value: &[u8],
+        guard: Option<i64>,
+    ) -> Result<KeyWrite, StoreError> {
         let key = keys::apikey(id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key.clone(), value.to_vec(), None)])
-            .or_else([TxnOp::get(key, None)]);
+        let txn = guarded(
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            TxnOp::put(key.clone(), value.to_vec(), None),
+            &key,
+            guard,
+        );
         let resp = self
             .endpoints
             .txn("create api key", self.timeout, txn)
             .await?;
-        Ok(written(&resp, value))
+        Ok(outcome(&resp, value, guard))
     }
 
     /// Replaces the record at `id` with `value` if it is still at
-    /// `mod_revision`: the new record's mod revision when written (or found
-    /// written by an earlier attempt of this call), `None` when it changed
-    /// in between.
+    /// `mod_revision` (and, with a `guard`, the security mode key still at
+    /// that mod revision): as [`ApiKeyStore::create`], with
+    /// [`KeyWrite::Conflict`] when the record changed in between.
     pub(crate) async fn replace(
         &self,
         id: &str,
         value: &[u8],
         mod_revision: i64,
-    ) -> Result<Option<i64>, StoreError> {
+        guard: Option<i64>,
+    ) -> Result<KeyWrite, StoreError> {
         let key = keys::apikey(id);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                mod_revision,
-            )])
-            .and_then([TxnOp::put(key.clone(), value.to_vec(), None)])
-            .or_else([TxnOp::get(key, None)]);
+        let txn = guarded(
+            Compare::mod_revision(key.clone(), CompareOp::Equal, mod_revision),
+            TxnOp::put(key.clone(), value.to_vec(), None),
+            &key,
+            guard,
+        );
         let resp = self
             .endpoints
             .txn("update api key", self.timeout, txn)
             .await?;
-        Ok(written(&resp, value))
+        Ok(outcome(&resp, value, guard))
     }
 
     /// Follows the records from `from_revision` on, calling `apply` for
     /// each change in order, until the watch fails or etcd compacted past
-    /// `from_revision`. Like the holder watch, a member that goes silent
-    /// (hung) is asked for a progress report after a request timeout and
-    /// counts as failed after a second one.
+    /// `from_revision` ([`follow_key`]).
     pub(crate) async fn follow(
         &self,
         from_revision: i64,
@@ -160,54 +166,129 @@ impl ApiKeyStore {
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(from_revision);
-        let opened = self
-            .endpoints
-            .call_at("watch api keys", self.timeout, |mut c| {
-                let opts = opts.clone();
-                async move { c.watch(keys::apikeys_prefix(), Some(opts)).await }
-            })
-            .await;
-        let (mut stream, position) = match opened {
-            Ok(opened) => opened,
-            Err(e) => {
-                debug!(error = %crate::DisplayChain(&e), "API key watch failed to open on every endpoint");
-                return FollowEnd::Failed;
-            }
+        let watched = Watched {
+            what: "watch api keys",
+            key: keys::apikeys_prefix(),
+            opts,
         };
-        loop {
-            let message = match super::watch::next_message(&mut stream, self.timeout).await {
-                Some(message) => message,
-                None => {
-                    warn!(
-                        endpoint = self.endpoints.url_at(position),
-                        "API key watch got no answer; reopening it on the next endpoint"
-                    );
-                    self.endpoints.failed_at(position);
-                    return FollowEnd::Failed;
-                }
+        follow_key(&self.endpoints, self.timeout, watched, |event| {
+            let Some(key) = event.kv().and_then(stored) else {
+                return;
             };
-            match message {
-                Ok(Some(resp)) if resp.canceled() => return FollowEnd::Compacted,
-                Ok(Some(resp)) => {
-                    for event in resp.events() {
-                        let Some(kv) = event.kv() else { continue };
-                        let Some(key) = stored(kv) else { continue };
-                        match event.event_type() {
-                            EventType::Put => apply(KeyChange::Put(key)),
-                            // A delete event's key carries the revision
-                            // of the delete as its mod revision.
-                            EventType::Delete => apply(KeyChange::Delete(key.id, key.mod_revision)),
-                        }
-                    }
-                }
-                Ok(None) | Err(_) => {
-                    debug!(
-                        endpoint = self.endpoints.url_at(position),
-                        "API key watch stream failed; reopening it"
-                    );
-                    self.endpoints.failed_at(position);
-                    return FollowEnd::Failed;
-                }
+            match event.event_type() {
+                EventType::Put => apply(KeyChange::Put(key)),
+                // A delete event's key carries the revision of the delete
+                // as its mod revision.
+                EventType::Delete => apply(KeyChange::Delete(key.id, key.mod_revision)),
+            }
+        })
+        .await
+    }
+}
+
+/// How a guarded key write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyWrite {
+    /// Written; the record's mod revision.
+    Written(i64),
+    /// The record was not as expected (another one has the id, or it
+    /// changed since it was read); nothing written.
+    Conflict,
+    /// The cluster's security mode changed since the guard's revision;
+    /// nothing written.
+    ModeChanged,
+}
+
+/// One put of an API key record under `condition`, and the guard on the
+/// security mode key when given; the failure branch reads the record (and
+/// the mode key) back.
+fn guarded(condition: Compare, put: TxnOp, key: &str, guard: Option<i64>) -> Txn {
+    let mut when = vec![condition];
+    let mut otherwise = vec![TxnOp::get(key, None)];
+    if let Some(mode_revision) = guard {
+        when.push(super::auth_mode::unchanged_since(mode_revision));
+        otherwise.push(TxnOp::get(keys::AUTH_MODE, None));
+    }
+    Txn::new().when(when).and_then([put]).or_else(otherwise)
+}
+
+/// [`KeyWrite`] of a [`guarded`] transaction that wrote `value`.
+fn outcome(resp: &etcd_client::TxnResponse, value: &[u8], guard: Option<i64>) -> KeyWrite {
+    if let Some(revision) = written(resp, value) {
+        return KeyWrite::Written(revision);
+    }
+    let Some(expected) = guard else {
+        return KeyWrite::Conflict;
+    };
+    let mode_revision = resp
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
+        .nth(1)
+        .map(|get| get.kvs().first().map_or(0, |kv| kv.mod_revision()));
+    match mode_revision {
+        Some(at) if at != expected => KeyWrite::ModeChanged,
+        _ => KeyWrite::Conflict,
+    }
+}
+
+/// What [`follow_key`] watches: the operation's name (for logs and
+/// errors), the key (or prefix)
+/// and the watch options (start revision, prefix).
+pub(super) struct Watched {
+    pub(super) what: &'static str,
+    pub(super) key: &'static str,
+    pub(super) opts: WatchOptions,
+}
+
+/// Follows `watched`, calling `on_event` for each event in order, until the
+/// watch fails or etcd compacted past its start revision. Like the holder
+/// watch, a member that goes silent (hung) is asked for a progress report
+/// after a request timeout and counts as failed after a second one.
+pub(super) async fn follow_key(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    watched: Watched,
+    mut on_event: impl FnMut(&etcd_client::Event),
+) -> FollowEnd {
+    let Watched { what, key, opts } = watched;
+    let opened = endpoints
+        .call_at(what, timeout, |mut c| {
+            let opts = opts.clone();
+            async move { c.watch(key, Some(opts)).await }
+        })
+        .await;
+    let (mut stream, position) = match opened {
+        Ok(opened) => opened,
+        Err(e) => {
+            debug!(watch = what, error = %crate::DisplayChain(&e), "watch failed to open on every endpoint");
+            return FollowEnd::Failed;
+        }
+    };
+    loop {
+        let Some(message) = super::watch::next_message(&mut stream, timeout).await else {
+            warn!(
+                watch = what,
+                endpoint = endpoints.url_at(position),
+                "watch got no answer; reopening it on the next endpoint"
+            );
+            endpoints.failed_at(position);
+            return FollowEnd::Failed;
+        };
+        match message {
+            Ok(Some(resp)) if resp.canceled() => return FollowEnd::Compacted,
+            Ok(Some(resp)) => resp.events().iter().for_each(&mut on_event),
+            Ok(None) | Err(_) => {
+                debug!(
+                    watch = what,
+                    endpoint = endpoints.url_at(position),
+                    "watch stream failed; reopening it"
+                );
+                endpoints.failed_at(position);
+                return FollowEnd::Failed;
             }
         }
     }
@@ -217,7 +298,7 @@ impl ApiKeyStore {
 /// the transaction's revision when it committed; else, when the failure
 /// branch's get found `value` itself (an earlier attempt of the same write
 /// committed and its answer was lost), that key's mod revision; else `None`.
-fn written(resp: &etcd_client::TxnResponse, value: &[u8]) -> Option<i64> {
+pub(super) fn written(resp: &etcd_client::TxnResponse, value: &[u8]) -> Option<i64> {
     if resp.succeeded() {
         return resp.header().map(|h| h.revision());
     }

@@ -14,6 +14,7 @@
 //! | `/snowkeep/v1/ns/{namespace}/about/{requester}` | JSON: what the administration service shows of the requester (host id, pid, start time, skew, API key id; never its nonce or token); informational only, no claim reads it | yes, the requester's |
 //! | `/snowkeep/v1/ns/{namespace}/peer/{instance_id}` | the server's advertised `host:port` (peer clock check) | yes, the server's |
 //! | `/snowkeep/v1/ns/{namespace}/write-check` | never written: the start's write-permission check puts it in a transaction whose guard can never hold (`super::start_check`) | no |
+//! | `/snowkeep/v1/auth-mode` | the cluster's security mode, `on` or `off` (absent: off, and not yet set) ([`super::auth_mode`]) | no |
 //! | `/snowkeep/v1/apikeys/{key_id}` | an API key record, JSON with the SHA-256 of its secret (`crate::auth::KeyRecord`) | no |
 //! | `/snowkeep/v1/keyholds/{key_id}/{namespace}/{requester}` | decimal count of the machine ids a requester acquired with that API key holds (its quota) | yes, the requester's |
 //!
@@ -290,6 +291,10 @@ pub(crate) fn peer(namespace: &str, instance_id: &str) -> String {
 }
 
 const APIKEYS: &str = "/snowkeep/v1/apikeys/";
+
+/// The cluster's security mode: one key for every server on the etcd, of
+/// every namespace (API keys are cluster-wide too).
+pub const AUTH_MODE: &str = "/snowkeep/v1/auth-mode";
 const KEYHOLDS: &str = "/snowkeep/v1/keyholds/";
 
 /// The prefix of every API key record.

@@ -42,6 +42,7 @@
 pub mod access;
 pub(crate) mod admin;
 pub(crate) mod apikeys;
+pub(crate) mod auth_mode;
 mod directory;
 mod endpoints;
 mod fence_count;

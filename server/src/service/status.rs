@@ -204,6 +204,7 @@ fn code_of(err: &ApiError) -> Code {
             // Like the namespace's other refusals: an operator must repair
             // the record (the message names its key and how).
             StoreError::CorruptNamespace { .. } => Code::FailedPrecondition,
+            StoreError::AuthModeMismatch { .. } => Code::FailedPrecondition,
             StoreError::BadFloor { .. } => Code::Internal,
             StoreError::FenceTooFarAhead { .. }
             | StoreError::LeaseLost { .. }

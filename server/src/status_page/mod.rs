@@ -40,7 +40,7 @@ use crate::admin::AdminHandler;
 use crate::audit::{self, AuditEvent};
 use crate::auth::cache::Verdict;
 use crate::auth::key::{KeyRefusal, Permission, PresentedKey};
-use crate::auth::{AuthMode, KeyCache};
+use crate::auth::{ClusterAuth, Enforcement, KeyCache};
 use crate::peers::PeerClocks;
 use crate::service::info::InfoHandler;
 
@@ -120,8 +120,8 @@ pub struct StatusSources {
     pub instance_id: String,
     /// This server's namespace.
     pub namespace: String,
-    /// `--auth`.
-    pub auth: AuthMode,
+    /// The cluster's security mode as this server follows it.
+    pub auth: ClusterAuth,
     /// The API keys, to check the page's key.
     pub keys: KeyCache,
 }
@@ -151,15 +151,23 @@ fn presented(authorization: Option<&HeaderValue>) -> Result<PresentedKey, KeyRef
 
 /// Why a request may not see the page: status and message.
 fn refusal(
-    mode: AuthMode,
+    mode: Enforcement,
     keys: &KeyCache,
     now_unix_ms: u64,
     authorization: Option<&HeaderValue>,
 ) -> Option<(StatusCode, String)> {
-    if mode == AuthMode::Off {
-        return None;
+    match mode {
+        Enforcement::Off => return None,
+        Enforcement::Unknown => {
+            return Some((
+                StatusCode::SERVICE_UNAVAILABLE,
+                "this server has not read the cluster's security mode from etcd yet; retry shortly"
+                    .to_owned(),
+            ))
+        }
+        Enforcement::On => {}
     }
-    let how = "the status page needs an API key with the admin permission (--auth on): sign in with any user name and the key as password, or send `Authorization: Bearer <id>.<secret>`";
+    let how = "the status page needs an API key with the admin permission (the cluster's security mode is on): sign in with any user name and the key as password, or send `Authorization: Bearer <id>.<secret>`";
     let key = match presented(authorization) {
         Ok(k) => k,
         Err(KeyRefusal::Missing) => {
@@ -221,7 +229,7 @@ async fn answer<B>(
     request: http::Request<B>,
 ) -> http::Response<Full<Bytes>> {
     if let Some((status, message)) = refusal(
-        sources.auth,
+        sources.auth.enforcement(),
         &sources.keys,
         sources.clock.unix_ms(),
         request.headers().get(header::AUTHORIZATION),
@@ -312,12 +320,12 @@ mod tests {
 
     #[test]
     fn without_authentication_every_request_sees_the_page() {
-        assert_eq!(refusal(AuthMode::Off, &KeyCache::new(), 0, None), None);
+        assert_eq!(refusal(Enforcement::Off, &KeyCache::new(), 0, None), None);
     }
 
     #[test]
     fn with_authentication_a_request_without_a_key_gets_401() {
-        let (status, message) = refusal(AuthMode::On, &KeyCache::new(), 0, None).unwrap();
+        let (status, message) = refusal(Enforcement::On, &KeyCache::new(), 0, None).unwrap();
         assert_eq!(status, StatusCode::UNAUTHORIZED);
         assert!(
             message.starts_with(

@@ -259,9 +259,10 @@ pub(crate) async fn gather(sources: &StatusSources) -> StatusView {
         namespace: sources.namespace.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         store: info.store,
-        auth: match sources.auth {
-            crate::auth::AuthMode::On => "on: API keys required",
-            crate::auth::AuthMode::Off => "off",
+        auth: match sources.auth.enforcement() {
+            crate::auth::Enforcement::On => "on: API keys required",
+            crate::auth::Enforcement::Off => "off",
+            crate::auth::Enforcement::Unknown => "not read from etcd yet",
         },
         ready: sources.generators.is_ready(),
         held: info

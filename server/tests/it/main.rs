@@ -10,6 +10,7 @@ mod allow_list;
 mod allow_list_faults;
 mod auth;
 mod auth_faults;
+mod auth_mode;
 mod claim_lifecycle;
 mod claims;
 mod client_skew;

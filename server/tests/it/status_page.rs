@@ -169,7 +169,7 @@ async fn the_page_shows_holders_requesters_and_evictions_behind_the_admin_key() 
     // browser asks for it.
     let (status, body, challenge) = get(page_a, None).await;
     assert_eq!(status, 401, "{body}");
-    assert_eq!(body, "no API key: the status page needs an API key with the admin permission (--auth on): sign in with any user name and the key as password, or send `Authorization: Bearer <id>.<secret>`\n");
+    assert_eq!(body, "no API key: the status page needs an API key with the admin permission (the cluster's security mode is on): sign in with any user name and the key as password, or send `Authorization: Bearer <id>.<secret>`\n");
     assert_eq!(
         challenge.as_deref(),
         Some("Basic realm=\"snowkeep status page: any user name, the admin API key as password\", charset=\"UTF-8\"")

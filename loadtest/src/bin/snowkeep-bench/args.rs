@@ -51,7 +51,8 @@ pub(crate) struct Args {
     #[arg(short = 'm', long)]
     pub(crate) metadata: Option<String>,
     /// An API key `<id>.<secret>`, sent as `authorization: Bearer <key>`
-    /// (servers with `--auth on`); overrides an authorization in --metadata.
+    /// (needed while the cluster requires API keys); overrides an
+    /// authorization in --metadata.
     #[arg(long, env = "SNOWKEEP_API_KEY", hide_env_values = true)]
     pub(crate) api_key: Option<String>,
     /// A file whose first line is the API key, instead of --api-key.

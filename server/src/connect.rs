@@ -1,0 +1,133 @@
+//! Connecting a server to etcd: the cluster's security mode first (for a
+//! serving server), then the administration service's handle and the API
+//! key cache, then the namespace, each retried while etcd does not answer.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::claim::StoreError;
+use crate::etcd::{EtcdSettings, EtcdStore};
+use crate::service::StoreAccess;
+
+/// Connects to etcd, retrying with backoff until it answers; `None` when
+/// shutdown comes first. etcd may come up after us (compose, Kubernetes), so
+/// only what an operator must fix (a namespace not created, a layout
+/// mismatch, a rolled-back namespace, etcd refusing the `--etcd-*` TLS or
+/// credentials, or a user without permission on the namespace's keys:
+/// [`StoreError::AccessRefused`], found by `EtcdStore::check_access` before
+/// any other request) is an error. Opens the namespace as
+/// `settings.namespace_setup` says ([`EtcdStore::open_namespace`]). Each
+/// attempt tries every endpoint in turn and the clients live across attempts,
+/// so a retry starts on the endpoint after the last one that failed, not on
+/// the first one again.
+pub(crate) async fn connect_etcd(
+    settings: EtcdSettings,
+    layout: snowkeep_client::Layout,
+    clock: snowkeep_client::SharedClock,
+    shutdown: &CancellationToken,
+) -> Result<Option<EtcdStore>, StoreError> {
+    connect_etcd_serving(settings, layout, clock, shutdown, None, false).await
+}
+
+/// What a serving server connects besides the namespace
+/// ([`connect_etcd_serving`]).
+pub(crate) struct Serving<'a> {
+    /// Gets the administration service's etcd handle.
+    pub(crate) access: &'a StoreAccess,
+    /// The API key cache, with the bootstrap admin key.
+    pub(crate) keys: (&'a crate::auth::KeyCache, Option<crate::auth::BootstrapKey>),
+    /// The server's view of the cluster's security mode.
+    pub(crate) mode: &'a crate::auth::ClusterAuth,
+}
+
+/// [`connect_etcd`] for a serving server: first the cluster's security mode
+/// is read and checked against `--auth` (retried while etcd does not
+/// answer; [`StoreError::AuthModeMismatch`] ends the server), then `access`
+/// gets the administration service's etcd handle and the API key cache
+/// connects, before the namespace opens, so an import can restore the
+/// namespace even while keys are required; with `wait_for_namespace` a
+/// namespace without a record is waited for (logged each retry) instead of
+/// ending the server.
+pub(crate) async fn connect_etcd_serving(
+    settings: EtcdSettings,
+    layout: snowkeep_client::Layout,
+    clock: snowkeep_client::SharedClock,
+    shutdown: &CancellationToken,
+    serving: Option<Serving<'_>>,
+    wait_for_namespace: bool,
+) -> Result<Option<EtcdStore>, StoreError> {
+    let endpoints = settings.endpoints.clone();
+    let mut store = EtcdStore::new(settings, layout, clock.clone()).await?;
+    // etcd's refusals (certificates, credentials, permissions) are found
+    // before any other request, once.
+    let mut access_checked = false;
+    if let Some(serving) = serving {
+        let mut backoff =
+            snowkeep_client::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+        loop {
+            let settled = tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                r = async {
+                    if !access_checked {
+                        store.check_access().await?;
+                        access_checked = true;
+                    }
+                    serving.mode.settle(store.auth_mode(), shutdown.clone()).await
+                } => r,
+            };
+            match settled {
+                Ok(()) => break,
+                Err(e) if e.is_retryable() && !matches!(e, StoreError::AccessRefused { .. }) => {
+                    let delay = backoff.next_delay();
+                    warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        serving.access.clients_ready(&store);
+        let (cache, bootstrap) = serving.keys;
+        cache.connect(store.api_keys(), bootstrap, clock, shutdown.clone());
+    }
+    let mut backoff =
+        snowkeep_client::Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+    loop {
+        let checked = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            r = async {
+                if !access_checked {
+                    store.check_access().await?;
+                    access_checked = true;
+                }
+                store.open_namespace().await
+            } => r,
+        };
+        match checked {
+            Ok(()) => return Ok(Some(store)),
+            // Refused credentials or certificates before the first claim
+            // are configuration to fix, not an etcd that is still starting.
+            Err(e) if e.is_retryable() && !matches!(e, StoreError::AccessRefused { .. }) => {
+                let delay = backoff.next_delay();
+                warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            Err(e @ StoreError::NamespaceNotCreated { .. }) if wait_for_namespace => {
+                let delay = backoff.next_delay();
+                warn!(error = %crate::DisplayChain(&e), retry_in = ?delay, "waiting for the namespace (--wait-for-namespace): create it, or import it with snowkeepctl import");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! The security mode is the cluster's (`/snowkeep/v1/auth-mode` in etcd),
+//! against real etcd and two real servers: a server without `--auth` follows
+//! it (so it hands out no admin key to a caller without one), a server whose
+//! `--auth` disagrees with it exits 64, `snowkeepctl auth enable` reaches
+//! running servers, and only an admin key turns it off.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use snowkeep_proto::v1 as pb;
+use tonic::Code;
+
+use crate::support::auth::{admin, ids, random_key};
+use crate::support::etcd::EtcdProcess;
+use crate::support::server::ServerProcess;
+use crate::support::{eventually, READY};
+
+/// The refusal of a call without a key by a server that checks keys.
+const NO_KEY: &str = "no API key: authentication is on; send `authorization: Bearer <id>.<secret>` metadata with the key an administrator created (snowkeepctl key create)";
+
+/// Runs snowkeepctl against `url` with JSON output, with the key in
+/// `key_file` or none.
+fn ctl(url: &str, key_file: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"));
+    command.args(["--endpoint", url, "--output", "json"]);
+    if let Some(file) = key_file {
+        command.args(["--api-key-file", file]);
+    }
+    command
+        .args(args)
+        .env_remove("SNOWKEEP_API_KEY")
+        .env_remove("SNOWKEEP_API_KEY_FILE")
+        .output()
+        .expect("run snowkeepctl")
+}
+
+/// Asserts snowkeepctl failed (exit 1) with `first_line` on stderr.
+fn assert_refused(out: &Output, first_line: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert_eq!(stderr.lines().next(), Some(first_line), "stderr: {stderr}");
+}
+
+/// The JSON snowkeepctl printed; panics unless it succeeded.
+fn printed(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "snowkeepctl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+/// A NextIds of one id without a key.
+async fn keyless_next_id(server: &ServerProcess) -> Result<usize, tonic::Status> {
+    ids(server, None)
+        .await
+        .next_ids(pb::NextIdsRequest {
+            count: 1,
+            ..Default::default()
+        })
+        .await
+        .map(|r| r.into_inner().ids.len())
+}
+
+/// The value stored at the mode key, `None` when absent.
+async fn stored_mode(etcd: &EtcdProcess) -> Option<String> {
+    let resp = etcd
+        .client()
+        .await
+        .get("/snowkeep/v1/auth-mode", None)
+        .await
+        .unwrap();
+    resp.kvs()
+        .first()
+        .map(|kv| String::from_utf8(kv.value().to_vec()).unwrap())
+}
+
+/// The reproduction of the issue: server A with `--auth on`, server B on
+/// the same etcd and namespace without the flag. B used to serve without
+/// keys, so `snowkeepctl key create --permission admin` through B with no
+/// key made an admin key that A accepted. Now A's `--auth on` set the
+/// cluster's mode, B follows it, and the same command is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_without_auth_follows_the_cluster_and_makes_no_admin_key() {
+    let etcd = EtcdProcess::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let admin_key = random_key("kbootstrap02");
+    let file = dir.path().join("admin.key");
+    std::fs::write(&file, format!("{admin_key}\n")).unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let a = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "modeattack",
+        &["--auth", "on", "--bootstrap-admin-key-file", &file],
+    );
+    a.wait_serving(READY).await;
+    assert_eq!(stored_mode(&etcd).await.as_deref(), Some("on"));
+    let b = ServerProcess::joining(&etcd.endpoint(), "modeattack", &[]);
+    b.wait_serving(READY).await;
+
+    let out = ctl(
+        &b.url(),
+        None,
+        &[
+            "key",
+            "create",
+            "--description",
+            "attacker",
+            "--permission",
+            "admin",
+        ],
+    );
+    assert_refused(&out, &format!("snowkeepctl: UNAUTHENTICATED: {NO_KEY}"));
+    assert!(out.stdout.is_empty(), "a key was printed");
+    let status = keyless_next_id(&b).await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::Unauthenticated, NO_KEY)
+    );
+    // etcd holds the bootstrap key only, through either server.
+    for s in [&a, &b] {
+        let keys = admin(s, Some(&admin_key))
+            .await
+            .list_keys(pb::ListKeysRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .keys;
+        let ids: Vec<&str> = keys.iter().map(|k| k.id.as_str()).collect();
+        assert_eq!(ids, ["kbootstrap02"]);
+    }
+}
+
+/// The migration to API keys on a cluster that runs without them: an admin
+/// key first, then one `snowkeepctl auth enable` that every running server
+/// follows (one started with `--auth off` too); a server started with
+/// `--auth off` then exits 64; turning keys
+/// off needs the admin key; afterwards a server started with `--auth on`
+/// exits 64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_enable_reaches_running_servers_and_only_an_admin_key_turns_it_off() {
+    let etcd = EtcdProcess::start().await;
+    let ns = "modeswitch";
+    // A says off explicitly (as a Deployment before the migration might),
+    // B says nothing: both serve without keys while the mode is unset, and
+    // both follow it once it is on.
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &["--auth", "off"]);
+    a.wait_serving(READY).await;
+    let b = ServerProcess::joining(&etcd.endpoint(), ns, &[]);
+    b.wait_serving(READY).await;
+    assert_eq!(keyless_next_id(&a).await.unwrap(), 1);
+    assert_eq!(keyless_next_id(&b).await.unwrap(), 1);
+    assert_eq!(stored_mode(&etcd).await, None);
+
+    // Enabling with no admin key in etcd would lock everyone out.
+    assert_refused(
+        &ctl(&b.url(), None, &["auth", "enable"]),
+        "snowkeepctl: FAILED_PRECONDITION: etcd holds no usable admin key (admin permission, every namespace, not revoked or expired), so with API keys on nobody could administer the cluster: create one first (snowkeepctl key create --permission admin, or a server's --bootstrap-admin-key-file), then enable",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("admin.key");
+    let key_file = key_file.to_str().unwrap().to_owned();
+    printed(&ctl(
+        &a.url(),
+        None,
+        &[
+            "key",
+            "create",
+            "--description",
+            "first admin",
+            "--permission",
+            "admin",
+            "--secret-file",
+            &key_file,
+        ],
+    ));
+    // B's cache learns the key through its watch.
+    let enabled = eventually("B to see the admin key", Duration::from_secs(10), || {
+        let out = ctl(&b.url(), None, &["auth", "enable"]);
+        async move { out.status.success() }
+    })
+    .await;
+    assert_eq!(stored_mode(&etcd).await.as_deref(), Some("on"));
+    for s in [&a, &b] {
+        let took = eventually(
+            "a keyless NextIds to be refused",
+            Duration::from_secs(5),
+            || async {
+                keyless_next_id(s)
+                    .await
+                    .is_err_and(|e| e.code() == Code::Unauthenticated && e.message() == NO_KEY)
+            },
+        )
+        .await;
+        eprintln!("enforcing {took:?} after the enable (enable itself took {enabled:?})");
+    }
+    // Again: nothing to change.
+    assert_eq!(
+        printed(&ctl(&a.url(), Some(&key_file), &["auth", "enable"])),
+        json!({"enabled": true, "changed": false})
+    );
+
+    let mut off = ServerProcess::joining(&etcd.endpoint(), ns, &["--auth", "off"]);
+    off.assert_exits(
+        Duration::from_secs(15),
+        64,
+        "--auth off, but the cluster's security mode in etcd (/snowkeep/v1/auth-mode) is on: every server requires API keys. Remove --auth off (env SNOWKEEP_AUTH) so this server follows the cluster; only an admin key can turn keys off, with `snowkeepctl --api-key-file ADMIN_KEY auth disable`",
+    )
+    .await;
+
+    assert_refused(
+        &ctl(&b.url(), None, &["auth", "disable"]),
+        &format!("snowkeepctl: UNAUTHENTICATED: {NO_KEY}"),
+    );
+    assert_eq!(stored_mode(&etcd).await.as_deref(), Some("on"));
+    assert_eq!(
+        printed(&ctl(&b.url(), Some(&key_file), &["auth", "disable"])),
+        json!({"enabled": false, "changed": true})
+    );
+    assert_eq!(stored_mode(&etcd).await.as_deref(), Some("off"));
+    for s in [&a, &b] {
+        eventually(
+            "a keyless NextIds to be served",
+            Duration::from_secs(5),
+            || async { keyless_next_id(s).await.is_ok_and(|n| n == 1) },
+        )
+        .await;
+    }
+    let mut on = ServerProcess::joining(&etcd.endpoint(), ns, &["--auth", "on"]);
+    on.assert_exits(
+        Duration::from_secs(15),
+        64,
+        "--auth on, but the cluster's security mode in etcd (/snowkeep/v1/auth-mode) is off: an administrator turned API keys off for every server. Remove --auth (env SNOWKEEP_AUTH) so this server follows the cluster, or turn keys on for every server with `snowkeepctl auth enable`",
+    )
+    .await;
+}
