@@ -43,6 +43,7 @@ pub(crate) mod apikeys;
 mod directory;
 mod endpoints;
 mod fence_count;
+mod import_checks;
 mod instance;
 pub mod keys;
 pub mod namespace;
