@@ -422,11 +422,7 @@ impl StateCommand {
             }
             StateCommand::Export(a) => {
                 let mut admin = conn.admin().await?;
-                let doc = admin
-                    .export(pb::ExportRequest {})
-                    .await?
-                    .into_inner()
-                    .document;
+                let doc = crate::transfer::export(&mut admin).await?;
                 match a.file {
                     Some(path) => std::fs::write(&path, doc.as_bytes())
                         .with_context(|| format!("writing {}", path.display()))?,
@@ -443,16 +439,10 @@ impl StateCommand {
                         .with_context(|| format!("reading {}", a.file.display()))?
                 };
                 let mut admin = conn.admin().await?;
-                let r = admin
-                    .import(pb::ImportRequest {
-                        document,
-                        replace: a.replace,
-                        lead_ms: a
-                            .lead
-                            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                    })
-                    .await?
-                    .into_inner();
+                let lead_ms = a
+                    .lead
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                let r = crate::transfer::import(&mut admin, document, a.replace, lead_ms).await?;
                 print(
                     output,
                     &["NAMESPACES", "FENCES", "KEYS", "LEAD (MS)"],

@@ -481,7 +481,8 @@ pub async fn run(
         access.clone(),
     );
     let admin = AdminHandler::new(
-        StateAdmin::new(access.clone(), clock.clone()),
+        StateAdmin::new(access.clone(), clock.clone())
+            .with_max_send_message_size(config.limits.max_send_message_size),
         KeyAdmin::new(access.clone(), key_cache.clone(), clock.clone()),
     );
     if let Some(listener) = admin_listener {

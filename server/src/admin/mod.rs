@@ -1,13 +1,15 @@
 //! `AdminService`: the administration RPCs snowkeepctl and the status page
 //! use. The handler only routes: the cluster's state (namespaces, machine
 //! ids, requesters, eviction, export and import) is [`state::StateAdmin`]'s,
-//! API keys and the audit trail are [`keys::KeyAdmin`]'s.
+//! their streamed forms are in [`transfer`], API keys and the audit trail
+//! are [`keys::KeyAdmin`]'s.
 
 pub mod keys;
 pub mod state;
+pub mod transfer;
 
 use snowkeep_proto::v1 as pb;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 /// Serves `snowkeep.v1.AdminService`.
 #[derive(Clone)]
@@ -100,6 +102,22 @@ impl pb::admin_service_server::AdminService for AdminHandler {
         request: Request<pb::ImportRequest>,
     ) -> Result<Response<pb::ImportResponse>, Status> {
         self.state.import(request).await
+    }
+
+    type ExportStreamStream = transfer::ExportStream;
+
+    async fn export_stream(
+        &self,
+        request: Request<pb::ExportStreamRequest>,
+    ) -> Result<Response<Self::ExportStreamStream>, Status> {
+        self.state.export_stream(request).await
+    }
+
+    async fn import_stream(
+        &self,
+        request: Request<Streaming<pb::ImportStreamRequest>>,
+    ) -> Result<Response<pb::ImportStreamResponse>, Status> {
+        self.state.import_stream(request).await
     }
 
     type TailAuditStream = keys::AuditStream;

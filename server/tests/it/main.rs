@@ -22,6 +22,7 @@ mod endpoints;
 mod etcd_faults;
 mod etcd_security;
 mod export_import;
+mod export_import_large;
 mod fairness;
 mod fence_counts;
 mod instance_ids;
