@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin_faults;
+mod admin_input;
 mod admin_state;
 mod allow_list;
 mod allow_list_faults;
