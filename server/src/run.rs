@@ -508,6 +508,7 @@ pub async fn run(
         tracker.spawn(crate::status_page::serve(
             listener,
             sources,
+            crate::allow::AllowList::new(config.allow_cidrs.clone()),
             config.limits.idle_timeout,
             shutdown.clone(),
         ));
