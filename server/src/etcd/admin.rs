@@ -14,7 +14,9 @@
 //! above it, so no two holders share a timestamp: the successor waits until
 //! its clock passes the fence.
 //!
-//! **Export** reads everything under `/snowkeep/v1/` at one revision.
+//! **Export** reads everything under `/snowkeep/v1/` at one revision, in
+//! pages as the claims' pool read does, so no etcd answer outgrows the etcd
+//! client's 4 MiB.
 //! **Import** writes each fence as the higher of the exported one and the
 //! importing server's clock plus the lead (the farthest a holder may stamp
 //! ahead of its clock after the export: 1.5 outage budgets for servers, or
@@ -690,9 +692,8 @@ impl StateStore {
     /// last holders) and every API key, read at one revision.
     pub(crate) async fn export(&self) -> Result<StateDocument, StoreError> {
         let root = keys::namespaces_root();
-        let read = self
-            .get_prefixes("export", &[root.to_owned(), keys::API_KEYS_ROOT.to_owned()])
-            .await?;
+        let prefixes = [root.to_owned(), keys::API_KEYS_ROOT.to_owned()];
+        let read = super::pool::read_ranges(&self.endpoints, self.timeout, &prefixes).await?;
         let mut by_ns: BTreeMap<String, Vec<&KeyValue>> = BTreeMap::new();
         for kv in &read[0] {
             if let Some(name) = strip(kv.key(), root).and_then(|r| r.split_once('/')) {

@@ -1,8 +1,10 @@
 //! A backup and restore of a large state with the servers' default message
 //! size limits: 14,000 fences make a document of over 1 MiB, more than one
 //! Export message may carry (`--max-send-message-size` 1 MiB) and far more
-//! than one Import message (`--max-recv-message-size` 16 KiB). snowkeepctl
-//! streams both ways, and every fence comes back exactly.
+//! than one Import message (`--max-recv-message-size` 16 KiB), and their
+//! last holders (long instance ids) more than one etcd answer (4 MiB).
+//! snowkeepctl streams both ways, the export reads etcd in pages, and every
+//! fence and last holder comes back exactly.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -35,21 +37,42 @@ fn ctl(server: &ServerProcess, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Every key and value under `prefix`, read in pages (one answer of the
+/// etcd client carries at most 4 MiB), keyed by the rest of the key.
+async fn under(etcd: &EtcdProcess, prefix: &str) -> BTreeMap<String, String> {
+    let mut client = etcd.client().await;
+    let mut end = prefix.as_bytes().to_vec();
+    *end.last_mut().unwrap() += 1;
+    let mut from = prefix.as_bytes().to_vec();
+    let mut out = BTreeMap::new();
+    loop {
+        let page = client
+            .get(
+                from.clone(),
+                Some(GetOptions::new().with_range(end.clone()).with_limit(2_000)),
+            )
+            .await
+            .unwrap();
+        for kv in page.kvs() {
+            let key = kv.key_str().unwrap()[prefix.len()..].to_owned();
+            out.insert(key, kv.value_str().unwrap().to_owned());
+        }
+        match page.kvs().last() {
+            Some(last) if page.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return out,
+        }
+    }
+}
+
 /// Every fence key of the namespace: machine id to fence.
 async fn fences(etcd: &EtcdProcess) -> BTreeMap<u16, u64> {
-    let prefix = format!("/snowkeep/v1/ns/{NS}/fence/");
-    let got = etcd
-        .client()
+    under(etcd, &format!("/snowkeep/v1/ns/{NS}/fence/"))
         .await
-        .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    got.kvs()
-        .iter()
-        .map(|kv| {
-            let id = kv.key_str().unwrap()[prefix.len()..].parse().unwrap();
-            (id, kv.value_str().unwrap().parse().unwrap())
-        })
+        .into_iter()
+        .map(|(m, f)| (m.parse().unwrap(), f.parse().unwrap()))
         .collect()
 }
 
@@ -78,6 +101,22 @@ async fn fourteen_thousand_fences_round_trip_through_snowkeepctl_with_default_li
                 TxnOp::put(
                     format!("/snowkeep/v1/ns/{NS}/fence/{m:05}"),
                     f.to_string(),
+                    None,
+                )
+            })
+            .collect();
+        client.txn(Txn::new().and_then(puts)).await.unwrap();
+    }
+    // Each with a last holder of a long instance id: the namespace then
+    // holds over 4 MiB, more than one etcd answer carries.
+    let holder = |m: u16| format!("host-{m:05}-{}", "x".repeat(300));
+    for batch in entries.chunks(100) {
+        let puts: Vec<TxnOp> = batch
+            .iter()
+            .map(|(m, _)| {
+                TxnOp::put(
+                    format!("/snowkeep/v1/ns/{NS}/last/{m:05}"),
+                    holder(**m),
                     None,
                 )
             })
@@ -151,6 +190,11 @@ async fn fourteen_thousand_fences_round_trip_through_snowkeepctl_with_default_li
         answer,
         serde_json::json!({"namespaces": 1, "fences": 14_001, "keys": 0, "lead_ms": 3_000})
     );
+    let lasts = under(&etcd, &format!("/snowkeep/v1/ns/{NS}/last/")).await;
+    assert_eq!(lasts.len(), usize::from(FENCES));
+    for (m, value) in &lasts {
+        assert_eq!(*value, holder(m.parse().unwrap()), "machine id {m}");
+    }
     let after = fences(&etcd).await;
     assert_eq!(after.len(), usize::from(FENCES) + 1);
     for (m, f) in &want {
