@@ -390,7 +390,7 @@ impl StateCommand {
                     .join(",");
                 let why = format!(
                     "evicted {} from machine ids {ids}: its etcd lease is revoked, but its fences stay, because it may go on stamping up to them until it sees the loss; a successor on these machine ids waits {} until its clock passes the highest fence, so no timestamp is stamped twice",
-                    r.holder,
+                    crate::output::shown(&r.holder),
                     humantime::format_duration(Duration::from_millis(r.successor_wait_ms))
                 );
                 match output {

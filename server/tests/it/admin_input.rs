@@ -234,6 +234,24 @@ async fn a_holder_with_control_characters_is_escaped_in_the_log_and_in_audit_tai
         "{line}"
     );
     assert_eq!(line.lines().count(), 1, "{line}");
+    // snowkeepctl evict's table and sentence escape the holder too.
+    client.put(holder.clone(), evil, None).await.unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
+        .args(["--endpoint", &server.url(), "evict", "--namespace", ns])
+        .arg(target.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!has_control_byte(&out.stdout), "{:?}", out.stdout);
+    let shown = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        shown.contains("\nevicted evil\\u{1b}[2J\\u{7}\\r\\nforged from machine ids "),
+        "{shown}"
+    );
     let log = server.log();
     assert!(!has_control_byte(log.as_bytes()), "{log:?}");
     assert!(
