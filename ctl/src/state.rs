@@ -421,7 +421,7 @@ impl StateCommand {
                 }
             }
             StateCommand::Export(a) => {
-                let mut admin = conn.admin().await?;
+                let mut admin = conn.admin_for_transfer().await?;
                 let doc = crate::transfer::export(&mut admin).await?;
                 match a.file {
                     Some(path) => std::fs::write(&path, doc.as_bytes())
@@ -438,7 +438,7 @@ impl StateCommand {
                     std::fs::read_to_string(&a.file)
                         .with_context(|| format!("reading {}", a.file.display()))?
                 };
-                let mut admin = conn.admin().await?;
+                let mut admin = conn.admin_for_transfer().await?;
                 let lead_ms = a
                     .lead
                     .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));

@@ -147,7 +147,9 @@ async fn fourteen_thousand_fences_round_trip_through_snowkeepctl_with_default_li
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("state.json");
     let file = file.to_str().unwrap();
-    let (ok, _, err) = ctl(&server, &["export", "--file", file]);
+    // A --timeout far below what the export takes: export and import allow
+    // at least 10 minutes.
+    let (ok, _, err) = ctl(&server, &["--timeout", "200ms", "export", "--file", file]);
     assert!(ok, "snowkeepctl export: {err}");
     let text = std::fs::read_to_string(file).unwrap();
     assert!(text.len() > 1 << 20, "{} bytes", text.len());
