@@ -463,7 +463,7 @@ fn every_yaml_file_under_deploy_is_valid() {
         &args,
         "kubernetes-validate in the virtual environment target/py",
     );
-    assert_eq!(out.matches(" passed for resource ").count(), 11, "{out}");
+    assert_eq!(out.matches(" passed for resource ").count(), 9, "{out}");
 
     // The TLS overlay: its kustomization names exactly the files beside it
     // (resources and the Deployment patch), and the patch is itself a valid
@@ -510,75 +510,6 @@ fn every_yaml_file_under_deploy_is_valid() {
         3,
         "{patch}"
     );
-}
-
-#[test]
-fn the_kubernetes_manifests_share_one_etcd_setting_and_guard_etcd() {
-    let read = |f: &str| std::fs::read_to_string(repo().join("deploy").join(f)).unwrap();
-    // The Deployment and the namespace Job read the endpoints and the
-    // namespace from the one ConfigMap; neither sets them itself.
-    let config = read("kubernetes/config.yaml");
-    assert!(config.contains("\n  name: snowkeep-config\n"), "{config}");
-    assert!(
-        config.contains("\n  SNOWKEEP_ETCD_ENDPOINTS: http://etcd-0.etcd:2379,"),
-        "{config}"
-    );
-    for f in [
-        "kubernetes/snowkeep.yaml",
-        "kubernetes/create-namespace.yaml",
-    ] {
-        let manifest = read(f);
-        assert!(
-            manifest.contains(
-                "envFrom:\n            - configMapRef:\n                name: snowkeep-config\n"
-            ),
-            "{f}"
-        );
-        assert!(!manifest.contains("- name: SNOWKEEP_ETCD_ENDPOINTS"), "{f}");
-        assert!(!manifest.contains("- name: SNOWKEEP_NAMESPACE\n"), "{f}");
-    }
-    // The servers wait for the Job's namespace instead of crash-looping.
-    assert!(read("kubernetes/snowkeep.yaml")
-        .contains("- name: SNOWKEEP_WAIT_FOR_NAMESPACE\n              value: \"true\"\n"));
-    // Only the snowkeep pods reach etcd's client port.
-    let policy = read("kubernetes/networkpolicy.yaml");
-    assert!(
-        policy.contains("values: [\"snowkeep\", \"snowkeep-create-namespace\"]"),
-        "{policy}"
-    );
-    assert!(policy.contains("- port: 2379\n"), "{policy}");
-    // The etcd TLS overlay deploys no plaintext etcd and points both at https.
-    let overlay = read("kubernetes-etcd-tls/kustomization.yaml");
-    assert_eq!(
-        overlay.matches("      $patch: delete\n").count(),
-        4,
-        "{overlay}"
-    );
-    for kind in [
-        "StatefulSet",
-        "Service",
-        "NetworkPolicy",
-        "PodDisruptionBudget",
-    ] {
-        assert!(
-            overlay.contains(&format!(
-                "kind: {kind}\n      metadata:\n        name: etcd\n"
-            )),
-            "{kind}: {overlay}"
-        );
-    }
-    let endpoints = read("kubernetes-etcd-tls/etcd-endpoints.yaml");
-    let line = endpoints
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("SNOWKEEP_ETCD_ENDPOINTS: "))
-        .unwrap();
-    assert!(line.split(',').all(|e| e.starts_with("https://")), "{line}");
-    for f in ["snowkeep-etcd-tls.yaml", "create-namespace-etcd-tls.yaml"] {
-        assert!(
-            !read(&format!("kubernetes-etcd-tls/{f}")).contains("SNOWKEEP_ETCD_ENDPOINTS"),
-            "{f}"
-        );
-    }
 }
 
 /// The GitHub anchor of a Markdown heading's text: lower case, spaces to `-`,
