@@ -8,6 +8,9 @@ use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+/// The least time `export` and `import` may take.
+pub const MIN_TRANSFER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Connection flags, shared by every command.
 #[derive(clap::Args)]
 pub struct ConnArgs {
@@ -213,9 +216,15 @@ impl ConnArgs {
     /// A bad URL or TLS file, or the server cannot be reached (the TLS
     /// handshake failing included).
     pub async fn channel(&self) -> anyhow::Result<Channel> {
+        self.channel_for(self.timeout).await
+    }
+
+    /// Like [`ConnArgs::channel`], with calls allowed `call_timeout` (the
+    /// connection attempt still `--timeout`).
+    async fn channel_for(&self, call_timeout: std::time::Duration) -> anyhow::Result<Channel> {
         let mut endpoint = Endpoint::from_shared(self.endpoint.clone())
             .with_context(|| format!("--endpoint {:?} is not a URL", self.endpoint))?
-            .timeout(self.timeout)
+            .timeout(call_timeout)
             .connect_timeout(self.timeout);
         if let Some(tls) = self.tls()? {
             endpoint = endpoint
@@ -231,6 +240,17 @@ impl ConnArgs {
     /// Connects to the server's AdminService.
     pub async fn admin(&self) -> anyhow::Result<Admin> {
         let channel = self.channel().await?;
+        Ok(AdminServiceClient::with_interceptor(channel, self.key()?))
+    }
+
+    /// Connects to the server's AdminService for `export` and `import`:
+    /// their calls may take `--timeout` or [`MIN_TRANSFER_TIMEOUT`],
+    /// whichever is longer (a large state takes longer than the 10 s
+    /// default, mostly the import's etcd writes).
+    pub async fn admin_for_transfer(&self) -> anyhow::Result<Admin> {
+        let channel = self
+            .channel_for(self.timeout.max(MIN_TRANSFER_TIMEOUT))
+            .await?;
         Ok(AdminServiceClient::with_interceptor(channel, self.key()?))
     }
 }

@@ -5,7 +5,7 @@ use snowkeep_client::Clock;
 use snowkeep_proto::v1 as pb;
 
 use crate::conn::ConnArgs;
-use crate::output::{print, Output};
+use crate::output::{print, shown, Output};
 
 /// A permission as snowkeepctl names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -56,6 +56,11 @@ pub enum KeyCommand {
         /// secret; fails if the file exists.
         #[arg(long)]
         secret_file: Option<std::path::PathBuf>,
+        /// Create the key even when a --namespace does not exist in the
+        /// cluster (yet); warns on stderr. Without it, such a namespace is
+        /// refused: it is most often a typo.
+        #[arg(long)]
+        allow_missing_namespace: bool,
     },
     /// List API keys (never their secrets).
     List,
@@ -172,7 +177,9 @@ impl KeyCommand {
                 permissions,
                 max_lease_machine_ids,
                 secret_file,
+                allow_missing_namespace,
             } => {
+                check_namespaces(&mut admin, &namespaces, allow_missing_namespace).await?;
                 let expires_unix_ms = expires
                     .as_deref()
                     .map(|e| parse_when(e, now))
@@ -272,6 +279,41 @@ impl KeyCommand {
     }
 }
 
+/// Refuses a key for namespaces the cluster does not have (`snowkeepctl
+/// namespaces` lists the ones it has), or with `allow_missing` warns about
+/// each on stderr.
+async fn check_namespaces(
+    admin: &mut crate::conn::Admin,
+    wanted: &[String],
+    allow_missing: bool,
+) -> anyhow::Result<()> {
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let known = admin
+        .list_namespaces(pb::ListNamespacesRequest {})
+        .await?
+        .into_inner()
+        .namespaces;
+    for ns in wanted {
+        if known.iter().any(|k| &k.name == ns) {
+            continue;
+        }
+        if !allow_missing {
+            bail!(
+                "namespace {ns:?} does not exist in this cluster (snowkeepctl namespaces lists them): check the spelling, or pass --allow-missing-namespace for a namespace created later"
+            );
+        }
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!(
+                "snowkeepctl: warning: namespace {ns:?} does not exist in this cluster yet: the key works there once it is created"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Audit trail commands.
 #[derive(clap::Subcommand)]
 pub enum AuditCommand {
@@ -317,16 +359,17 @@ impl AuditCommand {
             match output {
                 // One compact JSON object per line, so scripts can read events as they come.
                 Output::Json => crate::output::line(event_json(&e))?,
+                // Every field escaped: no value can forge a line or reach the terminal raw.
                 Output::Table => crate::output::line(format_args!(
-                    "{} {} key={} peer={} requester={} namespace={} subject={:?} result={}",
+                    "{} {} key={} peer={} requester={} namespace={} subject=\"{}\" result={}",
                     time(e.unix_ms),
-                    e.action,
-                    or_dash(&e.key_id),
-                    or_dash(&e.peer),
-                    or_dash(&e.requester_hash),
-                    or_dash(&e.namespace),
-                    e.subject,
-                    e.result
+                    shown(&e.action),
+                    shown(or_dash(&e.key_id)),
+                    shown(or_dash(&e.peer)),
+                    shown(or_dash(&e.requester_hash)),
+                    shown(or_dash(&e.namespace)),
+                    shown(&e.subject).replace('"', "\\\""),
+                    shown(&e.result)
                 ))?,
             }
         }

@@ -18,6 +18,7 @@ mod health;
 mod keys;
 mod output;
 mod state;
+mod transfer;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 

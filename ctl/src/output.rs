@@ -31,11 +31,32 @@ pub fn print(
                 .load_preset(UTF8_FULL_CONDENSED)
                 .set_header(header.to_vec());
             for row in rows {
-                table.add_row(row);
+                table.add_row(row.iter().map(|cell| shown(cell)).collect::<Vec<_>>());
             }
             line(&table)
         }
     }
+}
+
+/// `text` as a terminal may show it: a value from the cluster (a
+/// namespace, a holder, a key's description, an audit event) can carry any
+/// bytes, so control characters (newline, CR, ESC, BEL and the rest), the
+/// Unicode marks that reorder or hide text, and the backslash itself are
+/// written as escapes (`\n`, `\u{1b}`, `\\`). JSON output needs none:
+/// JSON escapes them itself.
+pub fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control()
+            || c == '\\'
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+        {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Writes `text` and a newline to stdout (locked) and flushes it.

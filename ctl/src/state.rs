@@ -390,7 +390,7 @@ impl StateCommand {
                     .join(",");
                 let why = format!(
                     "evicted {} from machine ids {ids}: its etcd lease is revoked, but its fences stay, because it may go on stamping up to them until it sees the loss; a successor on these machine ids waits {} until its clock passes the highest fence, so no timestamp is stamped twice",
-                    r.holder,
+                    crate::output::shown(&r.holder),
                     humantime::format_duration(Duration::from_millis(r.successor_wait_ms))
                 );
                 match output {
@@ -421,12 +421,8 @@ impl StateCommand {
                 }
             }
             StateCommand::Export(a) => {
-                let mut admin = conn.admin().await?;
-                let doc = admin
-                    .export(pb::ExportRequest {})
-                    .await?
-                    .into_inner()
-                    .document;
+                let mut admin = conn.admin_for_transfer().await?;
+                let doc = crate::transfer::export(&mut admin).await?;
                 match a.file {
                     Some(path) => std::fs::write(&path, doc.as_bytes())
                         .with_context(|| format!("writing {}", path.display()))?,
@@ -442,17 +438,11 @@ impl StateCommand {
                     std::fs::read_to_string(&a.file)
                         .with_context(|| format!("reading {}", a.file.display()))?
                 };
-                let mut admin = conn.admin().await?;
-                let r = admin
-                    .import(pb::ImportRequest {
-                        document,
-                        replace: a.replace,
-                        lead_ms: a
-                            .lead
-                            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                    })
-                    .await?
-                    .into_inner();
+                let mut admin = conn.admin_for_transfer().await?;
+                let lead_ms = a
+                    .lead
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                let r = crate::transfer::import(&mut admin, document, a.replace, lead_ms).await?;
                 print(
                     output,
                     &["NAMESPACES", "FENCES", "KEYS", "LEAD (MS)"],

@@ -1,7 +1,8 @@
 //! The network allow-list (`--allow-cidrs`): a call from a peer address
 //! outside every configured range is answered PERMISSION_DENIED before any
 //! handler (or the call limits) runs, whatever its method: health and
-//! reflection too, so probes must come from an allowed address (an `exec`
+//! reflection too (the status page answers such a peer 403; the metrics
+//! port serves every peer, see `crate::metrics::http`), so probes must come from an allowed address (an `exec`
 //! probe in the pod calls from 127.0.0.1). An IPv4 client reaching an IPv6
 //! socket (an IPv4-mapped address, `::ffff:10.1.2.3`) is matched against the
 //! IPv4 ranges. An empty list allows every peer.
@@ -56,6 +57,12 @@ impl AllowList {
 
     /// The status for a peer the list refuses (`None`: an unknown address).
     fn denied(&self, peer: Option<IpAddr>) -> Status {
+        Status::permission_denied(self.refusal(peer))
+    }
+
+    /// Why the list refuses `peer` (`None`: an unknown address), for the
+    /// gRPC status and the HTTP listeners' 403.
+    pub fn refusal(&self, peer: Option<IpAddr>) -> String {
         let ranges = self
             .nets
             .iter()
@@ -66,9 +73,9 @@ impl AllowList {
             || "a peer with no known address".to_owned(),
             |p| format!("peer {}", p.to_canonical()),
         );
-        Status::permission_denied(format!(
+        format!(
             "{who} is outside this server's --allow-cidrs ({ranges}): call from an allowed network, or have the operator add the client's range to --allow-cidrs"
-        ))
+        )
     }
 }
 

@@ -87,19 +87,47 @@ pub fn result_of<T>(r: &Result<T, tonic::Status>) -> String {
     }
 }
 
-/// Records `event`: logs it under [`TARGET`], counts it, and sends it to
-/// TailAudit followers.
+/// An outsider-supplied string as a log line may show it: control
+/// characters (newline, CR, ESC, BEL and the rest), the Unicode marks that
+/// reorder or hide text, and the backslash itself are written as escapes
+/// (`\n`, `\u{1b}`, `\\`), so no value can end a log line, forge the
+/// next one, or drive the terminal of whoever reads the log.
+pub struct Escaped<'a>(pub &'a str);
+
+/// True for a character [`Escaped`] writes as an escape.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || c == '\\'
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        for c in self.0.chars() {
+            if needs_escape(c) {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Records `event`: logs it under [`TARGET`] (every string [`Escaped`]),
+/// counts it, and sends it to TailAudit followers.
 pub fn record(event: AuditEvent) {
     tracing::info!(
         target: TARGET,
         unix_ms = event.unix_ms,
         action = event.action,
-        key_id = %event.who.key_id,
-        peer = %event.who.peer,
-        requester = %event.requester,
-        namespace = %event.namespace,
-        subject = %event.subject,
-        result = %event.result,
+        key_id = %Escaped(&event.who.key_id),
+        peer = %Escaped(&event.who.peer),
+        requester = %Escaped(&event.requester),
+        namespace = %Escaped(&event.namespace),
+        subject = %Escaped(&event.subject),
+        result = %Escaped(&event.result),
         "audit"
     );
     metrics::counter!(
@@ -121,6 +149,15 @@ pub fn subscribe() -> broadcast::Receiver<AuditEvent> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_nothing_else() {
+        assert_eq!(
+            Escaped("a\nb\r\x1b[2J\x07\\ é\u{202E}").to_string(),
+            "a\\nb\\r\\u{1b}[2J\\u{7}\\\\ é\\u{202e}"
+        );
+        assert_eq!(Escaped("orders-1.eu_west").to_string(), "orders-1.eu_west");
+    }
 
     #[test]
     fn a_follower_receives_each_recorded_event_once() {

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 
+use crate::audit::Escaped;
 use crate::config::{PeerSkewConfig, PeerTls};
 use crate::etcd::PeerDirectory;
 use crate::metrics as m;
@@ -151,7 +152,7 @@ pub async fn run(
                     }
                     Err(problem) => {
                         if !warned {
-                            warn!(peer = %instance, %address, %problem, "cannot reach a peer for the clock check");
+                            warn!(peer = %Escaped(instance), address = %Escaped(address), %problem, "cannot reach a peer for the clock check");
                             warned = true;
                         }
                         continue;
@@ -165,7 +166,7 @@ pub async fn run(
                 offset_ms: measured,
             });
             let Some(offset) = measured else {
-                debug!(peer = %instance, %address, "peer did not answer the clock check");
+                debug!(peer = %Escaped(instance), address = %Escaped(address), "peer did not answer the clock check");
                 continue;
             };
             answered += 1;
@@ -174,7 +175,7 @@ pub async fn run(
                 largest = offset;
             }
             if u128::from(offset.unsigned_abs()) > config.warn.as_millis() {
-                warn!(peer = %instance, %address, offset_ms = offset, threshold = ?config.warn, "clock offset to a peer server is over the threshold; check NTP on both hosts");
+                warn!(peer = %Escaped(instance), address = %Escaped(address), offset_ms = offset, threshold = ?config.warn, "clock offset to a peer server is over the threshold; check NTP on both hosts");
             }
         }
         clocks.set(round);

@@ -418,7 +418,8 @@ pub async fn run(
         access.clone(),
     );
     let admin = AdminHandler::new(
-        StateAdmin::new(access.clone(), clock.clone()),
+        StateAdmin::new(access.clone(), clock.clone())
+            .with_max_send_message_size(config.limits.max_send_message_size),
         KeyAdmin::new(
             access.clone(),
             key_cache.clone(),
@@ -449,6 +450,7 @@ pub async fn run(
         tracker.spawn(crate::status_page::serve(
             listener,
             sources,
+            crate::allow::AllowList::new(config.allow_cidrs.clone()),
             config.limits.idle_timeout,
             shutdown.clone(),
         ));

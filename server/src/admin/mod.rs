@@ -1,15 +1,16 @@
 //! `AdminService`: the administration RPCs snowkeepctl and the status page
 //! use. The handler only routes: the cluster's state (namespaces, machine
 //! ids, requesters, eviction, export and import) is [`state::StateAdmin`]'s,
-//! API keys, the cluster's security mode and the audit trail are
-//! [`keys::KeyAdmin`]'s.
+//! their streamed forms are in [`transfer`], API keys, the cluster's
+//! security mode and the audit trail are [`keys::KeyAdmin`]'s.
 
 pub mod keys;
 mod mode;
 pub mod state;
+pub mod transfer;
 
 use snowkeep_proto::v1 as pb;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 /// Serves `snowkeep.v1.AdminService`.
 #[derive(Clone)]
@@ -109,6 +110,22 @@ impl pb::admin_service_server::AdminService for AdminHandler {
         request: Request<pb::SetAuthModeRequest>,
     ) -> Result<Response<pb::SetAuthModeResponse>, Status> {
         self.keys.set_auth_mode(request).await
+    }
+
+    type ExportStreamStream = transfer::ExportStream;
+
+    async fn export_stream(
+        &self,
+        request: Request<pb::ExportStreamRequest>,
+    ) -> Result<Response<Self::ExportStreamStream>, Status> {
+        self.state.export_stream(request).await
+    }
+
+    async fn import_stream(
+        &self,
+        request: Request<Streaming<pb::ImportStreamRequest>>,
+    ) -> Result<Response<pb::ImportStreamResponse>, Status> {
+        self.state.import_stream(request).await
     }
 
     type TailAuditStream = keys::AuditStream;

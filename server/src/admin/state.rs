@@ -25,6 +25,8 @@ use crate::service::StoreAccess;
 pub struct StateAdmin {
     access: StoreAccess,
     clock: SharedClock,
+    /// The largest piece ExportStream sends, bytes.
+    export_chunk: usize,
 }
 
 fn store_status(e: StoreError) -> Status {
@@ -39,7 +41,23 @@ impl StateAdmin {
     /// Creates it on the server's store; `clock` stamps audit events and
     /// measures fences ahead of now.
     pub fn new(access: StoreAccess, clock: SharedClock) -> Self {
-        Self { access, clock }
+        Self {
+            access,
+            clock,
+            export_chunk: super::transfer::export_chunk(usize::MAX),
+        }
+    }
+
+    /// Sends ExportStream pieces that fit messages of `max_send` bytes
+    /// (the server's `--max-send-message-size`).
+    pub fn with_max_send_message_size(mut self, max_send: usize) -> Self {
+        self.export_chunk = super::transfer::export_chunk(max_send);
+        self
+    }
+
+    /// The largest piece ExportStream sends, bytes.
+    pub(super) fn export_chunk(&self) -> usize {
+        self.export_chunk
     }
 
     fn store(&self) -> Result<StateStore, Status> {
@@ -202,10 +220,15 @@ impl StateAdmin {
         &self,
         _request: Request<pb::ExportRequest>,
     ) -> Result<Response<pb::ExportResponse>, Status> {
-        let doc = self.store()?.export().await.map_err(store_status)?;
-        let document = serde_json::to_string_pretty(&doc)
-            .map_err(|e| Status::internal(format!("cannot encode the export: {e}")))?;
+        let document = self.export_document().await?;
         Ok(Response::new(pb::ExportResponse { document }))
+    }
+
+    /// The state document, as Export and ExportStream send it.
+    pub(super) async fn export_document(&self) -> Result<String, Status> {
+        let doc = self.store()?.export().await.map_err(store_status)?;
+        serde_json::to_string_pretty(&doc)
+            .map_err(|e| Status::internal(format!("cannot encode the export: {e}")))
     }
 
     /// See `AdminService.Import`.
@@ -215,7 +238,17 @@ impl StateAdmin {
     ) -> Result<Response<pb::ImportResponse>, Status> {
         let who = Who::of(request.extensions());
         let req = request.into_inner();
-        let result = self.import_checked(&req).await;
+        self.import_audited(who, &req).await.map(Response::new)
+    }
+
+    /// Imports `req` and records it in the audit trail, as Import and
+    /// ImportStream do.
+    pub(super) async fn import_audited(
+        &self,
+        who: Who,
+        req: &pb::ImportRequest,
+    ) -> Result<pb::ImportResponse, Status> {
+        let result = self.import_checked(req).await;
         audit::record(AuditEvent {
             unix_ms: self.clock.unix_ms(),
             action: "state.import",
@@ -231,7 +264,7 @@ impl StateAdmin {
             },
             result: audit::result_of(&result),
         });
-        result.map(Response::new)
+        result
     }
 
     async fn import_checked(&self, req: &pb::ImportRequest) -> Result<pb::ImportResponse, Status> {

@@ -287,6 +287,18 @@ impl KeyScope {
     pub fn has(&self, permission: Permission) -> bool {
         self.permissions.contains(&permission)
     }
+
+    /// Why an admin key limited to namespaces may not administer: the
+    /// administration service and the status page act on the whole cluster.
+    /// `None` for a key without namespaces.
+    pub fn cluster_wide_refusal(&self) -> Option<String> {
+        (!self.namespaces.is_empty()).then(|| {
+            format!(
+                "API key {} is limited to namespaces {:?}, but administration acts on the whole cluster: use an admin key without namespaces",
+                self.key_id, self.namespaces
+            )
+        })
+    }
 }
 
 impl KeyRecord {

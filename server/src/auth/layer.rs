@@ -127,14 +127,14 @@ impl AuthLayer {
                     permission.as_str()
                 )));
             }
-            if permission == Permission::Admin && !scope.namespaces.is_empty() {
+            if let Some(refusal) = scope
+                .cluster_wide_refusal()
+                .filter(|_| permission == Permission::Admin)
+            {
                 // CreateKey refuses such keys; one written by other means
                 // (an edited import, a hand-written record) gets nothing.
                 count(&scope.key_id, "permission_denied");
-                return Err(Status::permission_denied(format!(
-                    "API key {} is limited to namespaces {:?}, but administration acts on the whole cluster: use an admin key without namespaces",
-                    scope.key_id, scope.namespaces
-                )));
+                return Err(Status::permission_denied(refusal));
             }
             if permission == Permission::Ids {
                 if let Err(denied) = scope.check_namespace(&self.namespace) {

@@ -14,7 +14,9 @@
 //! above it, so no two holders share a timestamp: the successor waits until
 //! its clock passes the fence.
 //!
-//! **Export** reads everything under `/snowkeep/v1/` at one revision.
+//! **Export** reads everything under `/snowkeep/v1/` at one revision, in
+//! pages as the claims' pool read does, so no etcd answer outgrows the etcd
+//! client's 4 MiB.
 //! **Import** writes each fence as the higher of the exported one and the
 //! importing server's clock plus the lead (the farthest a holder may stamp
 //! ahead of its clock after the export: 1.5 outage budgets for servers, or
@@ -619,7 +621,9 @@ fn repeated<T: Ord + std::fmt::Debug>(
 impl StateDocument {
     /// Parses and checks a document: INVALID ([`ImportError::Invalid`]) with
     /// the parse error's line and column, an unknown format or version, a bad
-    /// namespace name, record, fence or key, or anything named twice.
+    /// namespace name, record, fence (outside the layout, or above its last
+    /// timestamp) or key (see [`super::import_checks`]), or anything named
+    /// twice.
     pub(crate) fn parse(text: &str) -> Result<Self, ImportError> {
         let doc: StateDocument = serde_json::from_str(text).map_err(|e| {
             ImportError::Invalid(format!(
@@ -674,33 +678,10 @@ impl StateDocument {
                     ns.name, f.machine_id, record.layout
                 )));
             }
-        }
-        if let Some(k) = doc.api_keys.iter().find(|k| {
-            !k.key.starts_with(keys::API_KEYS_ROOT) || k.key.len() == keys::API_KEYS_ROOT.len()
-        }) {
-            return Err(ImportError::Invalid(format!(
-                "api key {:?} is not under {}",
-                k.key,
-                keys::API_KEYS_ROOT
-            )));
+            super::import_checks::check_fences(ns, &record.layout)?;
         }
         for k in &doc.api_keys {
-            let id = &k.key[keys::API_KEYS_ROOT.len()..];
-            match serde_json::from_str::<KeyRecord>(&k.value) {
-                Ok(record) if record.id == id => {}
-                Ok(record) => {
-                    return Err(ImportError::Invalid(format!(
-                        "api key {:?} holds the record of key id {:?}",
-                        k.key, record.id
-                    )))
-                }
-                Err(e) => {
-                    return Err(ImportError::Invalid(format!(
-                        "api key {:?} is not a key record: {e}",
-                        k.key
-                    )))
-                }
-            }
+            super::import_checks::check_api_key(k)?;
         }
         Ok(doc)
     }
@@ -711,9 +692,8 @@ impl StateStore {
     /// last holders) and every API key, read at one revision.
     pub(crate) async fn export(&self) -> Result<StateDocument, StoreError> {
         let root = keys::namespaces_root();
-        let read = self
-            .get_prefixes("export", &[root.to_owned(), keys::API_KEYS_ROOT.to_owned()])
-            .await?;
+        let prefixes = [root.to_owned(), keys::API_KEYS_ROOT.to_owned()];
+        let read = super::pool::read_ranges(&self.endpoints, self.timeout, &prefixes).await?;
         let mut by_ns: BTreeMap<String, Vec<&KeyValue>> = BTreeMap::new();
         for kv in &read[0] {
             if let Some(name) = strip(kv.key(), root).and_then(|r| r.split_once('/')) {
@@ -852,10 +832,13 @@ impl StateStore {
                 }
             }
         }
-        // Every layout must agree before anything is written.
+        let lead_ms = u64::try_from(lead.as_millis()).unwrap_or(u64::MAX);
+        // Every layout must agree, and hold the lead, before anything is written.
         for ns in &doc.namespaces {
             let record = NamespaceRecord::parse(&keys::layout(&ns.name), ns.record.as_bytes())
                 .map_err(|e| ImportError::Invalid(e.to_string()))?;
+            let now = self.now(&record.layout);
+            super::import_checks::check_lead(&ns.name, &record.layout, now, lead_ms)?;
             if let Some((stored, _)) =
                 namespace::read(&self.endpoints, self.timeout, &ns.name).await?
             {
@@ -868,7 +851,7 @@ impl StateStore {
             }
         }
         let mut done = Imported {
-            lead_ms: u64::try_from(lead.as_millis()).unwrap_or(u64::MAX),
+            lead_ms,
             ..Imported::default()
         };
         for ns in &doc.namespaces {

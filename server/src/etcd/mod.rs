@@ -46,6 +46,7 @@ pub(crate) mod auth_mode;
 mod directory;
 mod endpoints;
 mod fence_count;
+mod import_checks;
 mod instance;
 pub mod keys;
 pub mod namespace;

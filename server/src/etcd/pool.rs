@@ -116,7 +116,7 @@ async fn read_range(
 /// the first [`FIRST_PAGE_KEYS`] of each in one read-only transaction (one
 /// round trip, which fixes the revision), the rest of a longer range in
 /// pages at that revision.
-async fn read_ranges(
+pub(super) async fn read_ranges(
     endpoints: &Endpoints,
     timeout: Duration,
     prefixes: &[String],

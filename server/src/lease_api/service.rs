@@ -238,9 +238,12 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
+        // Checked before anything reaches the audit trail: a malformed
+        // request acts on nothing, and its strings are no one's to log.
+        let r = request.get_ref();
+        let requester = checked_fields(&r.namespace, r.requester.as_ref(), &r.lease_token)?;
         let who = audit::Who::of(request.extensions());
         let namespace = request.get_ref().namespace.clone();
-        let requester = request_tag(request.get_ref().requester.as_ref());
         let result = self.acquire_call(request).await;
         audit::record(audit::AuditEvent {
             unix_ms: self.clock.unix_ms(),
@@ -269,9 +272,10 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let r = request.get_ref();
+        let requester = checked_fields(&r.namespace, r.requester.as_ref(), &r.lease_token)?;
         let who = audit::Who::of(request.extensions());
         let namespace = request.get_ref().namespace.clone();
-        let requester = request_tag(request.get_ref().requester.as_ref());
         let result = self.release_call(request).await;
         audit::record(audit::AuditEvent {
             unix_ms: self.clock.unix_ms(),
@@ -317,12 +321,19 @@ fn scope_of<T>(request: &Request<T>) -> Option<&KeyScope> {
     request.extensions().get::<KeyScope>()
 }
 
-/// The requester's tag for the audit trail (never its identity or nonce);
-/// empty when the request names no valid requester.
-fn request_tag(requester: Option<&pb::Requester>) -> String {
-    convert::requester_id(requester)
-        .map(|r| r.tag())
-        .unwrap_or_default()
+/// Checks the fields Acquire and Release share (namespace, requester,
+/// lease token) before the call is audited: INVALID_ARGUMENT for any of
+/// them malformed. Returns the requester's tag for the audit trail (never
+/// its identity or nonce).
+fn checked_fields(
+    namespace: &str,
+    requester: Option<&pb::Requester>,
+    lease_token: &str,
+) -> Result<String, Status> {
+    convert::check_namespace(namespace)?;
+    let requester = convert::requester_id(requester)?;
+    convert::lease_token(lease_token)?;
+    Ok(requester.tag())
 }
 
 /// The machine ids of a grant.

@@ -56,10 +56,13 @@ const CALL_OVERHEAD: usize = 8 * 1024;
 /// is a `u32`).
 const UNIT: usize = 1024;
 
-/// Every method whose response is a stream: they take from the streams pool.
+/// Every method whose request or response is a stream: they take from the
+/// streams pool.
 pub const STREAMING_METHODS: &[&str] = &[
     STREAM_IDS,
     "/snowkeep.v1.AdminService/TailAudit",
+    "/snowkeep.v1.AdminService/ExportStream",
+    "/snowkeep.v1.AdminService/ImportStream",
     "/grpc.health.v1.Health/Watch",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
@@ -70,7 +73,7 @@ pub const STREAMING_METHODS: &[&str] = &[
 pub enum CallKind {
     /// A call with one response message.
     Unary,
-    /// A call whose response is a stream.
+    /// A call whose request or response is a stream.
     Stream,
 }
 
@@ -585,7 +588,7 @@ mod tests {
                         methods += 1;
                         let path = format!("/{}.{}/{}", file.package(), service.name(), m.name());
                         let kind = CallKind::of(&path);
-                        if m.server_streaming() {
+                        if m.server_streaming() || m.client_streaming() {
                             assert_eq!(kind, CallKind::Stream, "{path}");
                             streaming.push(path);
                         } else {

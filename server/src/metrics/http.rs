@@ -21,6 +21,9 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use tonic::transport::server::Connected;
+
+use crate::allow::AllowList;
 use crate::limits::conn::{Listener, ListenerLimits};
 
 /// Most open connections to the metrics port (Prometheus keeps one per
@@ -33,6 +36,11 @@ const UPKEEP_PERIOD: Duration = Duration::from_secs(5);
 
 /// Serves the scrape from `handle` on `listener` until `shutdown`. Idle
 /// connections close after `idle_timeout`.
+///
+/// `--allow-cidrs` does not apply here: it lists the client networks of
+/// the gRPC port, while scrapers come from the monitoring network; the
+/// metrics port is its own listener (`--metrics-listen`), to bind to an
+/// internal address or fence off with a NetworkPolicy.
 pub async fn serve(
     listener: TcpListener,
     handle: PrometheusHandle,
@@ -54,6 +62,7 @@ pub async fn serve(
     serve_http1(
         listener,
         ("metrics", "the metrics port's 16"),
+        AllowList::default(),
         idle_timeout,
         shutdown,
         move |_request| scrape(handle.clone()),
@@ -66,10 +75,14 @@ pub async fn serve(
 /// [`MAX_CONNECTIONS`] open, each closed after `idle_timeout` idle or
 /// [`HEADER_READ_TIMEOUT`] without its headers; `limit` names that limit in
 /// the log) with `answer` for every request, until `shutdown`. The metrics
-/// port and the status page use it.
+/// port (with an empty `allow`: every peer) and the status page (with
+/// `--allow-cidrs`) use it. A peer outside `allow` gets 403 saying why for
+/// every request, and its connection counts against the small budget of
+/// such connections, as on the gRPC port.
 pub(crate) async fn serve_http1<F, Fut>(
     listener: TcpListener,
     (name, limit): (&'static str, &'static str),
+    allow: AllowList,
     idle_timeout: Duration,
     shutdown: CancellationToken,
     answer: F,
@@ -87,7 +100,9 @@ pub(crate) async fn serve_http1<F, Fut>(
         handshake_timeout: crate::limits::conn::HANDSHAKE_TIMEOUT,
         tcp_keepalive: None,
     };
-    let incoming = Listener::new(listener, limits, shutdown.clone()).incoming();
+    let incoming = Listener::new(listener, limits, shutdown.clone())
+        .with_allow_list(allow.clone())
+        .incoming();
     tokio::pin!(incoming);
     loop {
         let io = tokio::select! {
@@ -98,10 +113,26 @@ pub(crate) async fn serve_http1<F, Fut>(
             },
         };
         let answer = answer.clone();
+        let conn = io.connect_info();
+        let peer = conn.tcp.remote_addr().map(|a| a.ip());
+        let refusal = (!allow.admits(peer)).then(|| allow.refusal(peer));
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
-                let answered = answer(request);
-                async move { Ok::<_, Infallible>(answered.await) }
+                let answered = match &refusal {
+                    None => Some(answer(request)),
+                    Some(_) => {
+                        // The connection closes shortly, once this answer is out.
+                        conn.state.denied();
+                        None
+                    }
+                };
+                let refusal = refusal.clone();
+                async move {
+                    Ok::<_, Infallible>(match answered {
+                        Some(answered) => answered.await,
+                        None => forbidden(refusal.unwrap_or_default()),
+                    })
+                }
             });
             let served = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -113,6 +144,17 @@ pub(crate) async fn serve_http1<F, Fut>(
             }
         });
     }
+}
+
+/// 403 with `message`, for a peer outside `--allow-cidrs`.
+fn forbidden(message: String) -> http::Response<Full<Bytes>> {
+    let mut response = http::Response::new(Full::new(Bytes::from(format!("{message}\n"))));
+    *response.status_mut() = http::StatusCode::FORBIDDEN;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
 }
 
 async fn scrape(handle: PrometheusHandle) -> http::Response<Full<Bytes>> {

@@ -13,7 +13,9 @@
 //! permission, as `Authorization: Bearer <id>.<secret>` or as HTTP Basic
 //! credentials whose password is the key (any user name): a browser asks for
 //! them and sends them again on each refresh. Without a valid key the answer
-//! is 401 and says why. Keys are never logged and never part of a URL the
+//! is 401 and says why; a key without the admin permission, or an admin key
+//! limited to namespaces (refused by `AdminService` too: the page shows the
+//! whole cluster), gets 403. Keys are never logged and never part of a URL the
 //! page links to.
 //!
 //! Served like the metrics port: the same accept loop with a connection cap
@@ -176,7 +178,10 @@ fn refusal(
         Err(e) => return Some((StatusCode::UNAUTHORIZED, format!("{e}; {how}"))),
     };
     match keys.verify(&key, now_unix_ms) {
-        Verdict::Accepted(scope) if scope.has(Permission::Admin) => None,
+        // As AdminService: the page shows the whole cluster.
+        Verdict::Accepted(scope) if scope.has(Permission::Admin) => scope
+            .cluster_wide_refusal()
+            .map(|refusal| (StatusCode::FORBIDDEN, refusal)),
         Verdict::Accepted(scope) => Some((
             StatusCode::FORBIDDEN,
             format!(
@@ -265,17 +270,20 @@ async fn answer<B>(
     }
 }
 
-/// Serves the page from `sources` on `listener` until `shutdown`. Idle
-/// connections close after `idle_timeout`.
+/// Serves the page from `sources` on `listener` until `shutdown`, to the
+/// peers `allow` admits (others get 403). Idle connections close after
+/// `idle_timeout`.
 pub async fn serve(
     listener: TcpListener,
     sources: StatusSources,
+    allow: crate::allow::AllowList,
     idle_timeout: Duration,
     shutdown: CancellationToken,
 ) {
     crate::metrics::http::serve_http1(
         listener,
         ("status page", "the status page's 16"),
+        allow,
         idle_timeout,
         shutdown,
         move |request| answer(sources.clone(), request),

@@ -112,3 +112,62 @@ async fn a_peer_outside_the_allow_list_still_gets_the_denial_on_each_new_connect
         assert_eq!(server.metric(&series).await, 0.0, "{series}");
     }
 }
+
+/// A raw HTTP/1.1 GET of `/` (or `path`) from local address `from` to
+/// `127.0.0.1:port`: the status line's code and the body.
+async fn http_get_from(from: &str, port: u16, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let mut stream = socket
+        .connect(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: snowkeep\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let code = answer[9..12].parse().unwrap();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// The status page shows the whole cluster: `--allow-cidrs` guards it as it
+/// guards the gRPC port. The metrics port is for the monitoring network and
+/// is not guarded by it (bind it with `--metrics-listen`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_obeys_the_allow_list_and_the_metrics_port_serves_scrapers() {
+    let etcd = crate::support::etcd::EtcdProcess::start().await;
+    let page = crate::support::free_port();
+    let server = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "allow-page",
+        &[
+            "--allow-cidrs",
+            "127.0.0.1/32",
+            "--admin-listen",
+            &page.to_string(),
+        ],
+    );
+    server.wait_serving(READY).await;
+    let (code, body) = http_get_from("127.0.0.2", page, "/").await;
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(
+        body,
+        "peer 127.0.0.2 is outside this server's --allow-cidrs (127.0.0.1/32): call from an allowed network, or have the operator add the client's range to --allow-cidrs\n"
+    );
+    let (code, body) = http_get_from("127.0.0.1", page, "/").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("<h1>snowkeep status</h1>"), "{body}");
+    let (code, body) = http_get_from("127.0.0.2", server.metrics_port, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("snowkeep_"), "{body}");
+}

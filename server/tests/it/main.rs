@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod admin_faults;
+mod admin_input;
 mod admin_state;
 mod allow_list;
 mod allow_list_faults;
@@ -24,6 +25,7 @@ mod endpoints;
 mod etcd_faults;
 mod etcd_security;
 mod export_import;
+mod export_import_large;
 mod fairness;
 mod fence_counts;
 mod instance_ids;

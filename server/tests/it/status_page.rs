@@ -208,6 +208,37 @@ async fn the_page_shows_holders_requesters_and_evictions_behind_the_admin_key() 
         )),
         "{body}"
     );
+    // An admin key limited to namespaces (written straight into etcd: CreateKey
+    // refuses it) is refused as AdminService refuses it.
+    let scoped_secret = "s".repeat(64);
+    let hash: String = {
+        use sha2::{Digest, Sha256};
+        Sha256::digest(scoped_secret.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let record = serde_json::json!({
+        "id": "kscopedpage",
+        "namespaces": ["page"],
+        "permissions": ["admin"],
+        "secret_sha256": hash,
+    });
+    etcd.client()
+        .await
+        .put("/snowkeep/v1/apikeys/kscopedpage", record.to_string(), None)
+        .await
+        .unwrap();
+    let scoped = format!("Bearer kscopedpage.{scoped_secret}");
+    eventually("the scoped admin key to reach server a", READY, || async {
+        get(page_a, Some(scoped.clone())).await.0 == 403
+    })
+    .await;
+    let (_, body, _) = get(page_a, Some(scoped.clone())).await;
+    assert_eq!(
+        body,
+        "API key kscopedpage is limited to namespaces [\"page\"], but administration acts on the whole cluster: use an admin key without namespaces\n"
+    );
     let (status, body, _) = get(page_a, Some(format!("Bearer {admin_key}"))).await;
     assert_eq!(status, 200);
     assert!(body.contains("<h1>snowkeep status</h1>"), "{body}");
