@@ -166,6 +166,8 @@ impl SingleInstanceStore {
                 .collect(),
             deadline: None,
             lease: (),
+            // Its machine ids are always its own.
+            own_fences: true,
         }
     }
 

@@ -1,11 +1,12 @@
 //! [`FenceDemand`]: how a caller that found its fence reached asks the lease
 //! source for a higher one, and waits for it, instead of being refused.
 //!
-//! A server raises its fences only while it issues (etcd load proportional to
-//! work), so an idle server's fence falls behind its clock. The first call
-//! after the idle spell finds it reached; with a demand attached, the
-//! generator asks the lease source for a raise and waits (at most
-//! [`FENCE_DEMAND_WAIT`]) for the grant carrying the new fence. The lease
+//! A server keeps its fences ahead of its clock, but a call can still find
+//! one reached: after the clock jumped forward, or when the store answers
+//! again after an outage that ran up to the fence. With a demand attached,
+//! the generator then asks the lease source for a raise and waits (at most
+//! [`FENCE_DEMAND_WAIT`]) for the grant carrying the new fence, instead of
+//! waiting for the lease source's own next raise. The lease
 //! source says whether a raise can happen now ([`FenceDemand::set_raisable`]:
 //! it holds the machine ids and its store answers); when it cannot, the
 //! caller is refused at once, as without a demand.

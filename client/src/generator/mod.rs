@@ -317,7 +317,8 @@ impl Generator {
         };
         match admitted {
             Ok(_) => true,
-            // An idle holder's fence fell behind: a call gets it raised.
+            // The fence was reached (a clock jump, the end of an outage):
+            // a call gets it raised.
             Err(GenerateError::FenceReached { .. }) => self.raisable(),
             Err(_) => false,
         }
@@ -329,9 +330,7 @@ impl Generator {
     }
 
     /// The last timestamp stamped under the current machine id (its floor
-    /// before any stamp), or `None` before any grant was seen. The lease
-    /// source compares it across fence raises to tell a busy holder from an
-    /// idle one.
+    /// before any stamp), or `None` before any grant was seen.
     pub fn last_stamped(&self) -> Option<Millis> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.sequence.last().map(|(_, last)| last)

@@ -4,8 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use snowkeep_client::Millis;
-
 use super::{Claim, LossReason, StoreError};
 
 /// Gauges are refreshed at least this often.
@@ -99,11 +97,6 @@ pub(super) struct Hold<L> {
     pub(crate) namespace_trouble: bool,
     /// The interval between renewals and between namespace checks.
     pub(crate) renew_every: Duration,
-    /// Each generator's last stamped timestamp when the fences were last
-    /// raised: a change since means the holder is busy (slot order).
-    pub(crate) stamps_at_raise: Vec<Option<Millis>>,
-    /// A caller found a fence reached and asked for a raise.
-    pub(crate) demanded: bool,
     /// Since when store requests have failed with none succeeding (an
     /// outage); `None` while the store answers.
     pub(crate) outage_since: Option<Instant>,
@@ -123,8 +116,6 @@ impl<L> Hold<L> {
             floor_wait_since: None,
             namespace_trouble: false,
             renew_every,
-            stamps_at_raise: Vec::new(),
-            demanded: false,
             outage_since: None,
             past_deadline: false,
         }
@@ -181,6 +172,7 @@ mod tests {
             }],
             deadline,
             lease: (),
+            own_fences: false,
         }
     }
 

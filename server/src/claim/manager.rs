@@ -22,7 +22,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::hold::{Due, Held, Hold, Phase, GAUGE_REFRESH};
+use super::claiming::Claiming;
+use super::hold::{Due, Held, Hold, Phase};
 use super::{Claim, ClaimStore, LossReason, StoreError};
 use crate::metrics as m;
 
@@ -40,10 +41,10 @@ pub enum OnLeaseLost {
 pub(crate) struct ClaimTiming {
     /// The etcd lease TTL; renewals are sent every TTL/3.
     pub(crate) lease_ttl: Duration,
-    /// How long issuance goes on with the store unreachable: a busy holder
-    /// keeps its fences at least this far ahead of its clock, raising them
-    /// to 1.5 budgets ahead (`crate::config::fence_lead`) once they are
-    /// less; an idle one lets them fall behind and raises on demand.
+    /// How long issuance goes on with the store unreachable: every issuing
+    /// holder, busy or idle, keeps its fences at least this far ahead of its
+    /// clock, raising them to 1.5 budgets ahead (`crate::config::fence_lead`)
+    /// once they are less.
     pub(crate) outage_budget: Duration,
     /// The longest wait for the clock to pass a claimed id's previous fence.
     pub(crate) max_fence_wait: Duration,
@@ -82,14 +83,6 @@ pub(crate) struct ClaimManager<S> {
     demand: Arc<FenceDemand>,
 }
 
-/// The claiming state: the backoff of the next retry, and whether a claim
-/// ever succeeded (after one, a full pool or a namespace waiting for an
-/// operator is retried instead of ending the loop: others may release).
-struct Claiming {
-    backoff: Backoff,
-    held_before: bool,
-}
-
 impl<S: ClaimStore> ClaimManager<S> {
     /// Creates a manager; nothing happens until [`ClaimManager::run`]. The
     /// store claims exactly `slots.len()` machine ids.
@@ -123,10 +116,7 @@ impl<S: ClaimStore> ClaimManager<S> {
     /// releases. Returns an error for conditions that need an operator (no free
     /// machine id, fence too far ahead, lease lost with `--on-lease-lost exit`).
     pub(crate) async fn run(mut self, release: CancellationToken) -> Result<(), StoreError> {
-        let mut claiming = Claiming {
-            backoff: Backoff::new(CLAIM_BACKOFF.0, CLAIM_BACKOFF.1),
-            held_before: false,
-        };
+        let mut claiming = Claiming::new(Backoff::new(CLAIM_BACKOFF.0, CLAIM_BACKOFF.1));
         loop {
             let Some(claim) = self.claim(&mut claiming, &release).await? else {
                 return Ok(());
@@ -166,7 +156,8 @@ impl<S: ClaimStore> ClaimManager<S> {
                 Err(e)
                     if e.is_retryable()
                         || (state.held_before && retried_after_a_hold(&e))
-                        || self.a_holders_fence(&e) =>
+                        || self.a_holders_fence(&e)
+                        || state.waits_for_lease_end(&e, self.clock.now()) =>
                 {
                     let wait = state.backoff.next_delay();
                     warn!(namespace = %self.namespace, error = %crate::DisplayChain(&e), retry_in = ?wait, "claim failed");
@@ -181,15 +172,25 @@ impl<S: ClaimStore> ClaimManager<S> {
             debug_assert_eq!(claim.held.len(), self.slots.len());
             state.backoff.reset();
             state.held_before = true;
+            state.lease_end_deadline = None;
             let now = self.now_ms();
+            // One's own fences (a stable instance back from a crash) are
+            // waited for up to one fence lead.
+            let max_wait = if claim.own_fences {
+                self.timing
+                    .max_fence_wait
+                    .max(crate::config::fence_lead(self.timing.outage_budget))
+            } else {
+                self.timing.max_fence_wait
+            };
             if let Some(h) = claim.held.iter().max_by_key(|h| h.floor) {
                 let ahead = Duration::from_millis(h.floor.get().saturating_sub(now.get()));
-                if ahead > self.timing.max_fence_wait {
+                if ahead > max_wait {
                     let err = StoreError::FenceTooFarAhead {
                         machine_id: h.machine_id,
                         fence: h.floor,
                         ahead,
-                        max: self.timing.max_fence_wait,
+                        max: max_wait,
                     };
                     if !self.store.may_claim_others() {
                         // The store has only these ids: nothing else to try.
@@ -269,7 +270,6 @@ impl<S: ClaimStore> ClaimManager<S> {
                         // Only while issuing: before, the first raise is
                         // already on its way.
                         _ = self.demand.requested(), if hold.phase == Phase::Issuing => {
-                            hold.demanded = true;
                             hold.timers.fence = now;
                             None
                         }
@@ -327,11 +327,10 @@ impl<S: ClaimStore> ClaimManager<S> {
 
     /// Due action: waits on while the clock is not past the floors; else
     /// raises the fences when they need it, and otherwise says when to look
-    /// again. They need it for the first grant, when a caller found one
-    /// reached, and when the holder is busy (a generator stamped since the
-    /// last raise) and a fence is one outage budget or less ahead. An idle
-    /// holder writes nothing: its fences fall behind its clock and the next
-    /// call asks for a raise.
+    /// again. They need it for the first grant and whenever the lowest fence
+    /// is one outage budget or less ahead, busy or idle (design.md, *Outage
+    /// budget*): every issuing holder keeps at least one budget of issuance
+    /// in hand, at one write per half budget for all its machine ids.
     async fn fence(&mut self, hold: &mut Hold<S::Lease>, now: Instant) -> Option<Held> {
         let now_ms = self.now_ms();
         let floor = hold.claim.max_floor();
@@ -339,33 +338,13 @@ impl<S: ClaimStore> ClaimManager<S> {
             self.wait_for_floor(hold, now, now_ms, floor);
             return None;
         }
-        let stamps = self.last_stamps();
-        let demanded = std::mem::take(&mut hold.demanded);
         let budget_ms = millis(self.timing.outage_budget);
         let ahead = min_fence(&hold.claim).get().saturating_sub(now_ms.get());
-        let busy = stamps != hold.stamps_at_raise;
-        // A demand counts while a fence is reached: one that a raise already
-        // answered (a request can be seen twice, once stored as a permit)
-        // writes nothing more.
-        let demanded = demanded && ahead == 0;
-        if hold.phase == Phase::WaitingForFloor || demanded || (ahead <= budget_ms && busy) {
-            return self.raise_fences(hold, now_ms, stamps).await;
+        if hold.phase == Phase::WaitingForFloor || ahead <= budget_ms {
+            return self.raise_fences(hold, now_ms).await;
         }
-        hold.timers.fence = if ahead <= budget_ms {
-            // Idle: look for use again soon (no store request).
-            now + GAUGE_REFRESH
-        } else {
-            now + Duration::from_millis(ahead - budget_ms)
-        };
+        hold.timers.fence = now + Duration::from_millis(ahead - budget_ms);
         None
-    }
-
-    /// Each generator's last stamped timestamp, in slot order.
-    fn last_stamps(&self) -> Vec<Option<Millis>> {
-        self.slots
-            .iter()
-            .map(|s| s.generator.last_stamped())
-            .collect()
     }
 
     /// Seconds from the clock to the lowest fence of `claim` (0 once reached).
@@ -394,14 +373,8 @@ impl<S: ClaimStore> ClaimManager<S> {
 
     /// Persists every fence 1.5 outage budgets ahead of the clock (never
     /// lower than it is) in one store request, and only then publishes the
-    /// grants carrying them; `stamps` are the generators' last stamps read
-    /// before the write.
-    async fn raise_fences(
-        &mut self,
-        hold: &mut Hold<S::Lease>,
-        now_ms: Millis,
-        stamps: Vec<Option<Millis>>,
-    ) -> Option<Held> {
+    /// grants carrying them.
+    async fn raise_fences(&mut self, hold: &mut Hold<S::Lease>, now_ms: Millis) -> Option<Held> {
         let lead_ms = millis(crate::config::fence_lead(self.timing.outage_budget));
         let target = Millis(now_ms.get().saturating_add(lead_ms));
         // Never lower a fence while holding it (a clock stepped back).
@@ -429,7 +402,6 @@ impl<S: ClaimStore> ClaimManager<S> {
                     info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), fence_ms = target.get(), "issuing");
                     hold.phase = Phase::Issuing;
                 }
-                hold.stamps_at_raise = stamps;
                 hold.store_answered();
                 self.publish(&hold.claim);
                 // Looked at again once the fences are one budget ahead.
@@ -538,27 +510,21 @@ impl<S: ClaimStore> ClaimManager<S> {
     fn publish_gauges(&self, hold: Option<&Hold<S::Lease>>) {
         let ns = self.namespace.clone();
         let budget = self.timing.outage_budget.as_secs_f64();
-        let (held, remaining, headroom, budget_left) =
-            match hold.and_then(|h| Some((h, h.issuing()?))) {
-                Some((hold, c)) => {
-                    let remaining = c
-                        .deadline
-                        .map(|d| d.saturating_duration_since(self.clock.now()).as_secs_f64())
-                        .unwrap_or(0.0);
-                    let min_fence = min_fence(c);
-                    let headroom = (min_fence.get() as f64 - self.now_ms().get() as f64) / 1000.0;
-                    // While the store answers, a fence can be raised whenever
-                    // needed: the whole budget is left. During an outage, what is
-                    // left is the way to the lowest fence.
-                    let budget_left = if hold.outage_since.is_none() {
-                        budget
-                    } else {
-                        self.fence_headroom(c)
-                    };
-                    (c.held.len() as f64, remaining, headroom, budget_left)
-                }
-                None => (0.0, 0.0, 0.0, 0.0),
-            };
+        let (held, remaining, headroom, budget_left) = match hold.and_then(|h| h.issuing()) {
+            Some(c) => {
+                let remaining = c
+                    .deadline
+                    .map(|d| d.saturating_duration_since(self.clock.now()).as_secs_f64())
+                    .unwrap_or(0.0);
+                let min_fence = min_fence(c);
+                let headroom = (min_fence.get() as f64 - self.now_ms().get() as f64) / 1000.0;
+                // What an outage starting now would leave: the way to
+                // the lowest fence, whether or not the store answers.
+                let budget_left = self.fence_headroom(c);
+                (c.held.len() as f64, remaining, headroom, budget_left)
+            }
+            None => (0.0, 0.0, 0.0, 0.0),
+        };
         metrics::gauge!(m::MACHINE_IDS_HELD, "namespace" => ns.clone()).set(held);
         metrics::gauge!(m::LEASE_REMAINING_SECONDS).set(remaining);
         metrics::gauge!(m::FENCE_HEADROOM_SECONDS, "namespace" => ns.clone()).set(headroom);

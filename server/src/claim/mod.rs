@@ -24,6 +24,7 @@
 
 pub(crate) mod candidates;
 pub(crate) mod capacity;
+mod claiming;
 mod error;
 mod hold;
 mod loss;

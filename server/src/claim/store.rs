@@ -40,6 +40,11 @@ pub struct Claim<L = ()> {
     pub deadline: Option<Instant>,
     /// The store's own handle on this claim.
     pub lease: L,
+    /// True when the claim took back machine ids this instance id held
+    /// before (a stable instance restarting after a crash): their floors
+    /// are its own fences, waited for up to one fence lead (1.5 outage
+    /// budgets) instead of `--max-fence-wait` (design.md, *Claim lifecycle*).
+    pub own_fences: bool,
 }
 
 impl<L> Claim<L> {

@@ -27,7 +27,7 @@ const TTL: Duration = Duration::from_secs(3);
 /// The outage budget: 2 s.
 const BUDGET_MS: u64 = 2_000;
 /// Fences are raised 1.5 budgets ahead (3 s), once they are one budget or
-/// less ahead and the holder is busy: at most once per half budget (1 s).
+/// less ahead, busy or idle: once per half budget (1 s).
 const LEAD_MS: u64 = 3_000;
 
 /// A store call as the double saw it.
@@ -58,6 +58,8 @@ struct FakeStore {
     log: Log,
     /// Claims handed out in order; once empty, a claim never answers.
     claims: VecDeque<Vec<HeldId>>,
+    /// Errors answered to claims before any of `claims` (in order).
+    refusals: VecDeque<StoreError>,
     /// Whether the store answers: renewals (with a new deadline now + TTL)
     /// and fence writes succeed, or time out.
     up: Arc<AtomicBool>,
@@ -83,6 +85,9 @@ impl ClaimStore for FakeStore {
 
     async fn claim(&mut self) -> Result<Claim, StoreError> {
         self.record(Call::Claim);
+        if let Some(e) = self.refusals.pop_front() {
+            return Err(e);
+        }
         let Some(held) = self.claims.pop_front() else {
             return std::future::pending().await;
         };
@@ -90,6 +95,7 @@ impl ClaimStore for FakeStore {
             held,
             deadline: Some(now() + TTL),
             lease: (),
+            own_fences: false,
         })
     }
 
@@ -195,6 +201,18 @@ impl Harness {
         on_lease_lost: OnLeaseLost,
         holder_watch: Option<oneshot::Receiver<LossReason>>,
     ) -> Self {
+        Self::start_refused(Vec::new(), claims, up, on_lease_lost, holder_watch)
+    }
+
+    /// Like [`Harness::start`], with the store answering `refusals` to the
+    /// first claims.
+    fn start_refused(
+        refusals: Vec<StoreError>,
+        claims: Vec<Vec<HeldId>>,
+        up: bool,
+        on_lease_lost: OnLeaseLost,
+        holder_watch: Option<oneshot::Receiver<LossReason>>,
+    ) -> Self {
         let layout = Layout::default();
         let clock = TokioClock::new(layout.to_unix_ms(Millis(START_MS)));
         let start = tokio::time::Instant::now();
@@ -222,6 +240,7 @@ impl Harness {
             start,
             log: log.clone(),
             claims: claims.into(),
+            refusals: refusals.into(),
             up: Arc::new(AtomicBool::new(up)),
             holder_watch: Mutex::new(holder_watch),
             grants: grants.clone(),
@@ -385,49 +404,54 @@ async fn an_outage_issues_on_past_the_lease_deadline_stops_exactly_at_the_fence_
     assert!(h.ended().await.is_ok());
 }
 
+/// An idle holder (nothing stamped for ten budgets) keeps its lowest fence
+/// at least one budget ahead of its clock at every moment, at exactly one
+/// write per half budget, so an outage starting at any time leaves it a
+/// whole budget of issuance.
 #[tokio::test(start_paused = true)]
-async fn an_idle_holder_writes_only_its_first_fence_and_a_call_gets_it_raised() {
+async fn an_idle_holder_keeps_its_fences_one_budget_ahead_at_one_write_per_half_budget() {
     let floor = START_MS - 1_000;
-    let mut h = Harness::start(vec![vec![held(4, floor)]], true, OnLeaseLost::Exit, None);
+    let mut h = Harness::start(
+        vec![vec![held(4, floor), held(6, floor)]],
+        true,
+        OnLeaseLost::Exit,
+        None,
+    );
     let (at, _) = h.next_grant(0).await;
     assert_eq!(at, 0);
-    // Idle for 10 s: the fence (3 s) falls behind the clock, but a call
-    // would get it raised, so the generator stays ready.
-    tokio::time::sleep_until(h.start + Duration::from_millis(10_000)).await;
-    assert!(h.generators[0].is_ready());
-    assert_eq!(
-        h.log()
-            .iter()
-            .filter(|(_, c)| matches!(c, Call::Advance { .. }))
-            .count(),
-        1
-    );
-    let id = h.generators[0].next_id().await.unwrap();
-    assert_eq!(ts(id), START_MS + 10_000);
+    let end = 10 * BUDGET_MS;
+    for at in (0..=end).step_by(50) {
+        tokio::time::sleep_until(h.start + Duration::from_millis(at)).await;
+        for grant in &h.grants {
+            let fence = grant.borrow().expect("published").fence.get();
+            let ahead = fence - (START_MS + at);
+            assert!(
+                (BUDGET_MS..=LEAD_MS).contains(&ahead),
+                "at {at} ms the fence is {ahead} ms ahead"
+            );
+        }
+    }
+    // Let the write due at the last instant run.
+    tokio::time::sleep(Duration::from_millis(1)).await;
     let advances: Vec<(u64, Call)> = h
         .log()
         .into_iter()
         .filter(|(_, c)| matches!(c, Call::Advance { .. }))
         .collect();
-    assert_eq!(
-        advances,
-        vec![
+    let expected: Vec<(u64, Call)> = (0..=end)
+        .step_by(usize::try_from(BUDGET_MS / 2).unwrap())
+        .map(|at| {
             (
-                0,
+                at,
                 Call::Advance {
-                    fences: vec![START_MS + LEAD_MS],
-                    published: false
-                }
-            ),
-            (
-                10_000,
-                Call::Advance {
-                    fences: vec![START_MS + 10_000 + LEAD_MS],
-                    published: true
-                }
-            ),
-        ]
-    );
+                    fences: vec![START_MS + at + LEAD_MS; 2],
+                    published: at > 0,
+                },
+            )
+        })
+        .collect();
+    assert_eq!(expected.len(), 21);
+    assert_eq!(advances, expected);
     h.release.cancel();
     assert!(h.ended().await.is_ok());
 }
@@ -581,4 +605,157 @@ async fn a_namespace_fenced_ahead_everywhere_is_waited_for_not_claimed_through()
     );
     h.release.cancel();
     assert!(h.ended().await.is_ok());
+}
+
+/// The log lines of one test, as the server's formatter writes them.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+impl Logs {
+    /// The lines that contain `text`.
+    fn lines_with(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// A loss the loop claims again at once (`--on-lease-lost reclaim`) is a
+/// warning, not an error: the server comes back by itself.
+#[tokio::test(start_paused = true)]
+async fn a_lease_loss_claimed_again_is_logged_as_a_warning() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .finish();
+    // The test's runtime is one thread: the manager's task logs here too.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let floor = START_MS - 1_000;
+    let (lose, watch) = oneshot::channel();
+    let mut h = Harness::start(
+        vec![vec![held(5, floor)], vec![held(6, floor)]],
+        true,
+        OnLeaseLost::Reclaim,
+        Some(watch),
+    );
+    let (at, _) = h.next_grant(0).await;
+    assert_eq!(at, 0);
+    lose.send(LossReason::Expired).unwrap();
+    // Withdrawn, then granted again on the next claim (the channel may
+    // show only the last of the two).
+    let (mut at, mut grant) = h.next_grant(0).await;
+    if grant.is_none() {
+        (at, grant) = h.next_grant(0).await;
+    }
+    assert_eq!((at, grant.map(|g| g.machine_id)), (0, Some(MachineId(6))));
+    let lost = logs.lines_with("machine-id lease lost");
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    assert!(
+        lost[0].contains(" WARN ") && lost[0].contains("claiming again"),
+        "{}",
+        lost[0]
+    );
+    assert_eq!(logs.lines_with(" ERROR "), Vec::<String>::new());
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
+
+/// A full range (machine ids 3..4) whose holder's etcd lease ends in
+/// `ending_within`.
+fn full_range(ending_within: Option<Duration>) -> StoreError {
+    StoreError::NoFreeMachineId {
+        namespace: "ns".into(),
+        capacity: 1,
+        start: 3,
+        end: 4,
+        ending_within,
+    }
+}
+
+/// A first claim that finds the range full of a lease ending in 3 s is
+/// retried with backoff (NOT_SERVING meanwhile) instead of ending the loop,
+/// and holds the machine id once it is free.
+#[tokio::test(start_paused = true)]
+async fn a_range_full_of_an_ending_lease_is_waited_for() {
+    let refusals = (0..4)
+        .map(|_| full_range(Some(Duration::from_secs(3))))
+        .collect();
+    let mut h = Harness::start_refused(
+        refusals,
+        vec![vec![held(3, START_MS - 1_000)]],
+        true,
+        OnLeaseLost::Exit,
+        None,
+    );
+    let (at, grant) = h.next_grant(0).await;
+    // Backoff 100, 200, 400 and 800 ms between the five claims.
+    assert_eq!(
+        (at, grant.map(|g| g.machine_id)),
+        (1_500, Some(MachineId(3)))
+    );
+    let claims: Vec<u64> = h
+        .log()
+        .into_iter()
+        .filter(|(_, c)| *c == Call::Claim)
+        .map(|(at, _)| at)
+        .collect();
+    assert_eq!(claims, vec![0, 100, 300, 700, 1_500]);
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
+
+/// The wait is bounded: past the ending lease's end plus 2 s the full range
+/// ends the loop as before; a full range without an ending lease ends it at
+/// once.
+#[tokio::test(start_paused = true)]
+async fn a_range_full_past_the_ending_lease_ends_the_loop() {
+    let refusals = (0..20)
+        .map(|_| full_range(Some(Duration::from_secs(1))))
+        .collect();
+    let mut h = Harness::start_refused(
+        refusals,
+        vec![vec![held(3, START_MS - 1_000)]],
+        true,
+        OnLeaseLost::Exit,
+        None,
+    );
+    let err = h.ended().await.unwrap_err();
+    assert!(matches!(err, StoreError::NoFreeMachineId { .. }), "{err}");
+    // Claims at 0, 100, 300, 700, 1500 and 3100 ms: the last is past 3 s.
+    assert_eq!(h.elapsed_ms(), 3_100);
+
+    let mut h = Harness::start_refused(
+        vec![full_range(None)],
+        vec![vec![held(3, START_MS - 1_000)]],
+        true,
+        OnLeaseLost::Exit,
+        None,
+    );
+    assert!(matches!(
+        h.ended().await,
+        Err(StoreError::NoFreeMachineId { .. })
+    ));
+    assert_eq!(h.elapsed_ms(), 0);
 }

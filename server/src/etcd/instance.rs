@@ -38,6 +38,9 @@ use crate::claim::StoreError;
 /// 500 ms tick.
 pub(crate) const EXPIRY_SLACK: Duration = Duration::from_secs(2);
 
+/// Holder leases asked about when the range is full.
+const LEASES_ASKED: usize = 8;
+
 /// Leases of this process remembered, so that a re-claim after a lost lease
 /// takes its own holder keys back at once.
 pub(super) const OWN_LEASES_KEPT: usize = 16;
@@ -111,7 +114,7 @@ impl EtcdStore {
             if self.predecessor_lives(&key, revision).await? {
                 return Err(self.duplicate(key.machine_id));
             }
-            info!(namespace = %self.ns(), machine_id = key.machine_id.get(), "the previous holder under this instance id is gone; claiming its machine id first");
+            info!(namespace = %self.ns(), machine_id = key.machine_id.get(), wait_up_to = ?self.settings.fence_horizon.max(self.settings.max_fence_wait), "the previous holder under this instance id is gone; claiming its machine id first, and waiting for its fence (a crashed holder's stands up to 1.5 outage budgets ahead) rather than taking another");
             gone.push(key.machine_id);
         }
         Ok(gone)
@@ -157,6 +160,47 @@ impl EtcdStore {
         // an unrenewed lease has expired.
         tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)).await;
         Ok(self.lease_remaining(key.lease).await?.is_some())
+    }
+
+    /// With every machine id of the range held: how soon the first of the
+    /// etcd leases holding them ends, if one ends within a fence lead (a
+    /// frozen or crashed holder's lease counts down; a live one is renewed
+    /// every TTL/3). Asks about [`LEASES_ASKED`] leases at most; `None` when
+    /// none ends that soon or etcd could not tell.
+    pub(super) async fn soonest_holder_lease_end(&mut self) -> Option<Duration> {
+        let prefix = keys::holder_prefix(self.ns());
+        let range = self.settings.machine_id_range.clone();
+        let resp = self
+            .endpoints
+            .call(
+                "read holder keys",
+                self.settings.request_timeout,
+                |mut c| {
+                    let key = prefix.clone();
+                    async move { c.get(key, Some(GetOptions::new().with_prefix())).await }
+                },
+            )
+            .await
+            .ok()?;
+        let mut leases: Vec<i64> = resp
+            .kvs()
+            .iter()
+            .filter(|kv| {
+                keys::machine_id_of(kv.key(), &prefix)
+                    .is_some_and(|id| range.contains(&u32::from(id.get())))
+            })
+            .map(|kv| kv.lease())
+            .filter(|&lease| lease != 0)
+            .collect();
+        leases.sort_unstable();
+        leases.dedup();
+        let mut soonest: Option<Duration> = None;
+        for lease in leases.into_iter().take(LEASES_ASKED) {
+            if let Ok(Some(left)) = self.lease_remaining(lease).await {
+                soonest = Some(soonest.map_or(left, |s| s.min(left)));
+            }
+        }
+        soonest.filter(|&s| s <= self.settings.fence_horizon)
     }
 
     /// The remaining TTL of `lease` (whole seconds), `None` once it expired.

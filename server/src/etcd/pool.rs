@@ -298,6 +298,10 @@ pub(super) struct ClaimRequest<'a> {
     pub(super) absent_floor: Millis,
     /// Machine ids whose fence is above this are skipped (`now + max_fence_wait`).
     pub(super) max_floor: Millis,
+    /// The same bound for the machine ids this holder held before (`Own`
+    /// candidates and `prefer`): a stable instance restarting after a crash
+    /// waits for its own fences, up to one fence lead ahead.
+    pub(super) max_own_floor: Millis,
     /// Free machine ids to try first, after the ones the holder still holds
     /// (a crashed predecessor's, under the same instance id).
     pub(super) prefer: &'a [MachineId],
@@ -380,16 +384,23 @@ pub(super) async fn claim_ids(
         .into_iter()
         .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
         .filter(|c| want.take_own || c.kind != CandidateKind::Own)
-        .filter(|c| match view.fences.get(&c.machine_id) {
-            Some(&f) if f.max(record.floor) > want.max_floor => {
-                too_far.get_or_insert((c.machine_id, f.max(record.floor)));
-                false
+        .filter(|c| {
+            let max_floor = if c.kind == CandidateKind::Own || want.prefer.contains(&c.machine_id) {
+                want.max_own_floor.max(want.max_floor)
+            } else {
+                want.max_floor
+            };
+            match view.fences.get(&c.machine_id) {
+                Some(&f) if f.max(record.floor) > max_floor => {
+                    too_far.get_or_insert((c.machine_id, f.max(record.floor)));
+                    false
+                }
+                None if record.floor > max_floor => {
+                    too_far.get_or_insert((c.machine_id, record.floor));
+                    false
+                }
+                _ => true,
             }
-            None if record.floor > want.max_floor => {
-                too_far.get_or_insert((c.machine_id, record.floor));
-                false
-            }
-            _ => true,
         })
         .collect();
         // Stable: the ranking order stays within each group.
@@ -411,6 +422,7 @@ pub(super) async fn claim_ids(
                 capacity: want.range.end - want.range.start,
                 start: want.range.start,
                 end: want.range.end,
+                ending_within: None,
             });
         }
         // Blocks this claim changed since the read: no second re-base of one.

@@ -601,6 +601,7 @@ impl RequesterLeases {
             now,
             absent_floor,
             max_floor,
+            max_own_floor: max_floor,
             prefer: &[],
             take_own: false,
         };

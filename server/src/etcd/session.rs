@@ -50,6 +50,19 @@ impl EtcdStore {
         self.remember_lease(lease_id);
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
         let claimed = match self.claim_with_lease(lease_id, &prefer).await {
+            Err(StoreError::NoFreeMachineId {
+                namespace,
+                capacity,
+                start,
+                end,
+                ending_within: None,
+            }) => Err(StoreError::NoFreeMachineId {
+                namespace,
+                capacity,
+                start,
+                end,
+                ending_within: self.soonest_holder_lease_end().await,
+            }),
             Err(StoreError::UnknownNamespace { namespace }) => {
                 Err(StoreError::NamespaceNotCreated {
                     namespace,
@@ -67,6 +80,13 @@ impl EtcdStore {
                     .zip(claimed.fence_revisions)
                     .collect();
                 self.fence_attempts.clear();
+                let own_fences = claimed.held.iter().any(|h| prefer.contains(&h.machine_id));
+                for machine_id in prefer
+                    .iter()
+                    .filter(|m| claimed.held.iter().all(|h| h.machine_id != **m))
+                {
+                    warn!(namespace = %self.ns(), machine_id = machine_id.get(), max_wait = ?self.settings.fence_horizon.max(self.settings.max_fence_wait), "did not get back the machine id this instance id held before (fenced further ahead than the wait for one's own fence, 1.5 outage budgets, or claimed by another server meanwhile); claimed other machine ids");
+                }
                 let claim = Claim {
                     held: claimed.held,
                     deadline: Some(deadline),
@@ -74,6 +94,7 @@ impl EtcdStore {
                         id: lease_id,
                         revision: claimed.revision,
                     },
+                    own_fences,
                 };
                 info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), "claimed machine ids");
                 self.register_peer(lease_id).await;
@@ -111,6 +132,13 @@ impl EtcdStore {
             now,
             absent_floor,
             max_floor,
+            // A crashed predecessor's fences stand up to one fence lead ahead.
+            max_own_floor: ClaimRequest::floors(
+                now,
+                self.settings.fence_horizon,
+                self.settings.fence_horizon,
+            )
+            .1,
             prefer,
             take_own: true,
         };

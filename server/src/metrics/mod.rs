@@ -37,9 +37,10 @@ pub(crate) const NAMESPACE_MACHINE_IDS: &str = "snowkeep_namespace_machine_ids";
 pub(crate) const FENCE_HEADROOM_SECONDS: &str = "snowkeep_fence_headroom_seconds";
 /// The configured outage budget; label `namespace`.
 pub(crate) const OUTAGE_BUDGET_SECONDS: &str = "snowkeep_outage_budget_seconds";
-/// How much longer issuance lasts if the store stays unreachable: the whole
-/// budget while it answers, the way to the lowest fence during an outage, 0
-/// when not issuing; label `namespace`.
+/// How much longer issuance lasts if the store stops answering now: the time
+/// from the clock to the lowest persisted fence (at least the budget while
+/// the store answers, counting down during an outage), 0 when not issuing;
+/// label `namespace`.
 pub(crate) const OUTAGE_BUDGET_REMAINING_SECONDS: &str = "snowkeep_outage_budget_remaining_seconds";
 /// Fence advances; label `result` = `ok`|`error`.
 pub(crate) const FENCE_ADVANCES_TOTAL: &str = "snowkeep_fence_advances_total";
@@ -342,7 +343,7 @@ pub(crate) fn describe_all() {
     describe_gauge!(
         OUTAGE_BUDGET_REMAINING_SECONDS,
         Unit::Seconds,
-        "Outage budget left: the whole budget while the store answers, the time to the lowest persisted fence during an outage, 0 when not issuing."
+        "Outage budget left: the time from the clock to the lowest persisted fence (at least the budget while the store answers, counting down during an outage), 0 when not issuing."
     );
     describe_counter!(
         FENCE_ADVANCES_TOTAL,

@@ -358,3 +358,35 @@ async fn a_lease_revoked_by_an_operator_stops_issuance_at_once_and_it_claims_aga
     );
     assert!(!log.contains(" ERROR "), "{log}");
 }
+
+/// A server whose whole range is held by a frozen holder (SIGSTOPped, its
+/// etcd lease counting down) waits for that lease to end, NOT_SERVING,
+/// instead of exiting 1 at once (a crash loop under Kubernetes), then claims
+/// the machine id and serves above the frozen holder's fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_held_by_an_ending_lease_is_waited_for_not_exited_on() {
+    let etcd = EtcdProcess::start().await;
+    let range = ["--machine-id-range", "3..4"];
+    let frozen = ServerProcess::on_etcd(&etcd.endpoint(), "ending", &range);
+    frozen.wait_serving(READY).await;
+    let before = frozen.next_ids(10).await.unwrap();
+    frozen.signal("STOP");
+
+    let mut newcomer = ServerProcess::joining(&etcd.endpoint(), "ending", &range);
+    eventually("the newcomer to find the range full", READY, || {
+        let log = newcomer.log();
+        async move { log.contains("no free machine id") }
+    })
+    .await;
+    assert!(newcomer.is_running(), "log:\n{}", newcomer.log());
+    assert_eq!(newcomer.health().await, Some(ServingStatus::NotServing));
+    // The frozen holder's 2 s lease ends; its fence stands at most 3 s ahead.
+    newcomer.wait_serving(READY).await;
+    assert_eq!(newcomer.machine_id().await, 3);
+    let after = newcomer.next_ids(10).await.unwrap();
+    assert!(
+        decode(after[0]).timestamp > decode(*before.last().unwrap()).timestamp,
+        "{after:?} after {before:?}"
+    );
+    frozen.signal("CONT");
+}
