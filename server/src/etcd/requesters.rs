@@ -603,6 +603,8 @@ impl RequesterLeases {
             max_floor,
             prefer: &[],
             take_own: false,
+            known: &[],
+            index: false,
         };
         let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
         let held = match claimed {
