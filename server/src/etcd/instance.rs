@@ -118,30 +118,7 @@ impl EtcdStore {
                 ..OwnKeys::default()
             });
         }
-        // etcd takes 128 operations per transaction by default.
-        let mut found: Vec<Option<KeyValue>> = Vec::with_capacity(2 * ids.len());
-        let mut revision = i64::MAX;
-        for chunk in ids.chunks(64) {
-            let gets: Vec<TxnOp> = chunk
-                .iter()
-                .flat_map(|&id| {
-                    [
-                        TxnOp::get(keys::holder(&ns, id), None),
-                        TxnOp::get(keys::last_holder(&ns, id), None),
-                    ]
-                })
-                .collect();
-            let resp = self
-                .endpoints
-                .txn("read own holder keys", timeout, Txn::new().and_then(gets))
-                .await?;
-            // The earliest: a watch from it misses no change of any key.
-            revision = revision.min(resp.header().map(|h| h.revision()).unwrap_or(0));
-            found.extend(resp.op_responses().into_iter().map(|r| match r {
-                TxnOpResponse::Get(get) => get.kvs().first().cloned(),
-                _ => None,
-            }));
-        }
+        let (found, revision) = self.holder_and_last_keys(&ids).await?;
         self.keys_read += found.iter().flatten().count() as u64;
         let mut own = OwnKeys {
             revision,
@@ -176,6 +153,42 @@ impl EtcdStore {
             self.prune_claims(&stale).await;
         }
         Ok(own)
+    }
+
+    /// The holder and last-holder keys of `ids` (two entries per id, in
+    /// order; `None` for a missing key), and the earliest revision they were
+    /// read at.
+    async fn holder_and_last_keys(
+        &mut self,
+        ids: &[MachineId],
+    ) -> Result<(Vec<Option<KeyValue>>, i64), StoreError> {
+        let ns = self.ns().to_owned();
+        let timeout = self.settings.request_timeout;
+        // etcd takes 128 operations per transaction by default.
+        let mut found: Vec<Option<KeyValue>> = Vec::with_capacity(2 * ids.len());
+        let mut revision = i64::MAX;
+        for chunk in ids.chunks(64) {
+            let gets: Vec<TxnOp> = chunk
+                .iter()
+                .flat_map(|&id| {
+                    [
+                        TxnOp::get(keys::holder(&ns, id), None),
+                        TxnOp::get(keys::last_holder(&ns, id), None),
+                    ]
+                })
+                .collect();
+            let resp = self
+                .endpoints
+                .txn("read own holder keys", timeout, Txn::new().and_then(gets))
+                .await?;
+            // The earliest: a watch from it misses no change of any key.
+            revision = revision.min(resp.header().map(|h| h.revision()).unwrap_or(0));
+            found.extend(resp.op_responses().into_iter().map(|r| match r {
+                TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+                _ => None,
+            }));
+        }
+        Ok((found, revision))
     }
 
     /// Deletes the `instance/{instance_id}/` records of `stale` machine ids
