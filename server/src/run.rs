@@ -149,6 +149,7 @@ pub(crate) fn etcd_settings(config: &ServerConfig, endpoints: &[String]) -> Etcd
         lease_ttl: config.lease_ttl,
         machine_id_range: config.machine_id_range.clone(),
         machine_ids: config.machine_ids,
+        stable_instance: config.stable_instance,
         fence_horizon: config.fence_lead(),
         max_fence_wait: config.max_fence_wait,
         request_timeout: request_timeout(config.lease_ttl),

@@ -12,7 +12,9 @@
 //!
 //! Classes 2 and 3 are shuffled so concurrent claimers spread over the pool
 //! instead of all fighting over id 0. Pure: the caller passes the pool view,
-//! the clock reading and the random source.
+//! the clock reading and the random source. The etcd store ranks a window
+//! of the pool this way, and the whole pool only when the window has no
+//! candidate that needs no wait (docs/design.md, *What a claim reads*).
 
 use std::collections::BTreeMap;
 use std::ops::Range;

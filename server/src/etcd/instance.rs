@@ -26,9 +26,11 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, GetOptions, WatchOptions};
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
 use snowkeep_client::MachineId;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{keys, EtcdStore};
 use crate::claim::StoreError;
@@ -52,6 +54,17 @@ struct OwnKey {
     create_revision: i64,
 }
 
+/// What [`EtcdStore::own_holder_keys`] found.
+#[derive(Default)]
+struct OwnKeys {
+    /// Holder keys that name this instance id.
+    held: Vec<OwnKey>,
+    /// Machine ids this instance id released last.
+    released: Vec<MachineId>,
+    /// The revision they were read at.
+    revision: i64,
+}
+
 impl EtcdStore {
     /// Remembers `lease_id` as one of this process's leases.
     pub(super) fn remember_lease(&mut self, lease_id: i64) {
@@ -68,56 +81,174 @@ impl EtcdStore {
         }
     }
 
-    /// The namespace's holder keys that name this instance id, and the
-    /// revision they were read at.
-    async fn own_holder_keys(&mut self) -> Result<(Vec<OwnKey>, i64), StoreError> {
-        let prefix = keys::holder_prefix(self.ns());
-        let resp = self
+    /// The holder keys that name this instance id, the revision they were
+    /// read at, and the machine ids this instance id released last (their
+    /// holder key gone, their last-holder key naming it). Found by key: the
+    /// machine ids recorded under its `instance/{instance_id}/` keys (see
+    /// [`keys::instance_claim`]), whose holder and last-holder keys are then
+    /// read in one transaction, so the cost follows what this instance id
+    /// holds, not the pool. A random instance id (no `--instance-id`) names
+    /// no key of another process, and this process knows its own: it reads
+    /// nothing. With `prune`, records of machine ids neither held nor
+    /// released last by this instance id are deleted, each guarded by both
+    /// keys as read, so a claim that takes one back meanwhile keeps its
+    /// record.
+    async fn own_holder_keys(&mut self, prune: bool) -> Result<OwnKeys, StoreError> {
+        if !self.settings.stable_instance {
+            return Ok(OwnKeys::default());
+        }
+        let ns = self.ns().to_owned();
+        let instance_id = self.settings.instance_id.clone();
+        let prefix = keys::instance_claims_prefix(&ns, &instance_id);
+        let timeout = self.settings.request_timeout;
+        let records = self
             .endpoints
-            .call(
-                "read own holder keys",
-                self.settings.request_timeout,
-                |mut c| {
-                    let key = prefix.clone();
-                    async move { c.get(key, Some(GetOptions::new().with_prefix())).await }
-                },
-            )
+            .call("read own claims", timeout, |mut c| {
+                let key = prefix.clone();
+                async move { c.get(key, Some(GetOptions::new().with_prefix())).await }
+            })
             .await?;
-        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        let own = resp
+        self.keys_read += records.kvs().len() as u64;
+        let ids: Vec<MachineId> = records
             .kvs()
             .iter()
-            .filter(|kv| kv.value() == self.settings.instance_id.as_bytes())
-            .filter_map(|kv| {
-                Some(OwnKey {
-                    machine_id: keys::machine_id_of(kv.key(), &prefix)?,
+            .filter_map(|kv| keys::machine_id_of(kv.key(), &prefix))
+            .collect();
+        if ids.is_empty() {
+            let revision = records.header().map(|h| h.revision()).unwrap_or(0);
+            return Ok(OwnKeys {
+                revision,
+                ..OwnKeys::default()
+            });
+        }
+        let (found, revision) = self.holder_and_last_keys(&ids).await?;
+        self.keys_read += found.iter().flatten().count() as u64;
+        let mut own = OwnKeys {
+            revision,
+            ..OwnKeys::default()
+        };
+        let mut stale = Vec::new();
+        for (i, &machine_id) in ids.iter().enumerate() {
+            let (holder, last) = (
+                found.get(2 * i).cloned().flatten(),
+                found.get(2 * i + 1).cloned().flatten(),
+            );
+            let ours = |kv: &Option<KeyValue>| {
+                kv.as_ref()
+                    .is_some_and(|kv| kv.value() == instance_id.as_bytes())
+            };
+            if ours(&holder) {
+                let kv = holder.as_ref().expect("ours");
+                own.held.push(OwnKey {
+                    machine_id,
                     lease: kv.lease(),
                     create_revision: kv.create_revision(),
+                });
+            } else if ours(&last) && holder.is_none() {
+                own.released.push(machine_id);
+            } else {
+                let revision =
+                    |kv: &Option<KeyValue>| kv.as_ref().map_or(0, |kv| kv.mod_revision());
+                stale.push((machine_id, revision(&holder), revision(&last)));
+            }
+        }
+        if prune {
+            self.prune_claims(&stale).await;
+        }
+        Ok(own)
+    }
+
+    /// The holder and last-holder keys of `ids` (two entries per id, in
+    /// order; `None` for a missing key), and the earliest revision they were
+    /// read at.
+    async fn holder_and_last_keys(
+        &mut self,
+        ids: &[MachineId],
+    ) -> Result<(Vec<Option<KeyValue>>, i64), StoreError> {
+        let ns = self.ns().to_owned();
+        let timeout = self.settings.request_timeout;
+        // etcd takes 128 operations per transaction by default.
+        let mut found: Vec<Option<KeyValue>> = Vec::with_capacity(2 * ids.len());
+        let mut revision = i64::MAX;
+        for chunk in ids.chunks(64) {
+            let gets: Vec<TxnOp> = chunk
+                .iter()
+                .flat_map(|&id| {
+                    [
+                        TxnOp::get(keys::holder(&ns, id), None),
+                        TxnOp::get(keys::last_holder(&ns, id), None),
+                    ]
                 })
-            })
-            .collect();
-        Ok((own, revision))
+                .collect();
+            let resp = self
+                .endpoints
+                .txn("read own holder keys", timeout, Txn::new().and_then(gets))
+                .await?;
+            // The earliest: a watch from it misses no change of any key.
+            revision = revision.min(resp.header().map(|h| h.revision()).unwrap_or(0));
+            found.extend(resp.op_responses().into_iter().map(|r| match r {
+                TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+                _ => None,
+            }));
+        }
+        Ok((found, revision))
+    }
+
+    /// Deletes the `instance/{instance_id}/` records of `stale` machine ids
+    /// (each with the mod revisions of its holder and last-holder keys as
+    /// read, 0 for none), each only while both keys are unchanged. Best
+    /// effort: a record left behind costs two key reads per claim.
+    async fn prune_claims(&mut self, stale: &[(MachineId, i64, i64)]) {
+        let ns = self.ns().to_owned();
+        for &(machine_id, holder, last) in stale {
+            let txn = Txn::new()
+                .when([
+                    Compare::mod_revision(keys::holder(&ns, machine_id), CompareOp::Equal, holder),
+                    Compare::mod_revision(
+                        keys::last_holder(&ns, machine_id),
+                        CompareOp::Equal,
+                        last,
+                    ),
+                ])
+                .and_then([TxnOp::delete(
+                    keys::instance_claim(&ns, &self.settings.instance_id, machine_id),
+                    None,
+                )]);
+            if let Err(e) = self
+                .endpoints
+                .txn("prune own claims", self.settings.request_timeout, txn)
+                .await
+            {
+                debug!(machine_id = machine_id.get(), error = %e, "could not prune a claim record of this instance id; trying again at the next claim");
+            }
+        }
     }
 
     /// Before a claim: settles every holder key that names this instance id
     /// under a lease this process never had. Returns the machine ids whose
-    /// holder turned out gone (a crashed predecessor: claim them first);
-    /// [`StoreError::DuplicateInstance`] when one turns out alive. Takes at
-    /// most the remaining TTL of each such lease plus [`EXPIRY_SLACK`].
-    pub(super) async fn settle_own_holders(&mut self) -> Result<Vec<MachineId>, StoreError> {
-        let (own, revision) = self.own_holder_keys().await?;
+    /// holder turned out gone (a crashed predecessor: claim them first), and
+    /// every machine id found by key that this instance id holds or released
+    /// last (the claim reads their blocks); [`StoreError::DuplicateInstance`]
+    /// when one turns out alive. Takes at most the remaining TTL of each
+    /// such lease plus [`EXPIRY_SLACK`].
+    pub(super) async fn settle_own_holders(
+        &mut self,
+    ) -> Result<(Vec<MachineId>, Vec<MachineId>), StoreError> {
+        let own = self.own_holder_keys(true).await?;
+        let mut known: Vec<MachineId> = own.released.clone();
+        known.extend(own.held.iter().map(|k| k.machine_id));
         let mut gone = Vec::new();
-        for key in own {
+        for key in own.held {
             if self.own_leases.contains(&key.lease) {
                 continue;
             }
-            if self.predecessor_lives(&key, revision).await? {
+            if self.predecessor_lives(&key, own.revision).await? {
                 return Err(self.duplicate(key.machine_id));
             }
             info!(namespace = %self.ns(), machine_id = key.machine_id.get(), wait_up_to = ?self.settings.fence_horizon.max(self.settings.max_fence_wait), "the previous holder under this instance id is gone; claiming its machine id first, and waiting for its fence (a crashed holder's stands up to 1.5 outage budgets ahead) rather than taking another");
             gone.push(key.machine_id);
         }
-        Ok(gone)
+        Ok((gone, known))
     }
 
     /// After a claim under `lease_id`: [`StoreError::DuplicateInstance`] when
@@ -125,7 +256,7 @@ impl EtcdStore {
     /// before this claim's first key (two processes started together: the
     /// later claim stops, the earlier one keeps running).
     pub(super) async fn check_no_older_twin(&mut self, lease_id: i64) -> Result<(), StoreError> {
-        let (own, _) = self.own_holder_keys().await?;
+        let own = self.own_holder_keys(false).await?.held;
         let Some(first_ours) = own
             .iter()
             .filter(|k| k.lease == lease_id)

@@ -6,6 +6,7 @@
 //! | `/snowkeep/v1/ns/{namespace}/holder/{machine_id:05}` | holder's instance id | yes, the holder's |
 //! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
 //! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
+//! | `/snowkeep/v1/ns/{namespace}/instance/{instance_id}/{machine_id:05}` | empty: a stable instance id claimed this machine id (its claims find by key what it holds or released last; entries of neither are pruned) | no |
 //! | `/snowkeep/v1/ns/{namespace}/fence-count` | `base 0` and `absent_floor_ms 0`: fence keys are counted since the namespace was created ([`super::fence_count`]) | no |
 //! | `/snowkeep/v1/ns/{namespace}/fence-count/{block:04}` | the block's own `base` and `absent_floor_ms`, once re-based | no |
 //! | `/snowkeep/v1/ns/{namespace}/fence-count/{block:04}/{nonce}` | empty: one per fence key created in the block (machine ids `64 × block` to `64 × block + 63`) | no |
@@ -222,6 +223,23 @@ pub(crate) fn last_holder_prefix(namespace: &str) -> String {
 /// instance gets its own machine id back after a clean restart.
 pub fn last_holder(namespace: &str, machine_id: MachineId) -> String {
     format!("{ROOT}{namespace}/last/{:05}", machine_id.get())
+}
+
+/// The prefix of the machine ids a stable instance id claimed
+/// ([`instance_claim`]).
+pub(crate) fn instance_claims_prefix(namespace: &str, instance_id: &str) -> String {
+    format!("{ROOT}{namespace}/instance/{instance_id}/")
+}
+
+/// The key that records that the stable instance `instance_id` claimed
+/// `machine_id`: its next claims read its holder and last-holder keys by
+/// key, instead of scanning every holder key of the pool.
+pub(crate) fn instance_claim(namespace: &str, instance_id: &str, machine_id: MachineId) -> String {
+    format!(
+        "{}{:05}",
+        instance_claims_prefix(namespace, instance_id),
+        machine_id.get()
+    )
 }
 
 /// The prefix of every stored API key (`{prefix}{id}`, JSON kept by the

@@ -52,6 +52,7 @@ pub mod keys;
 pub mod namespace;
 pub(crate) mod overlap;
 mod pool;
+mod pool_read;
 pub(crate) mod requesters;
 mod session;
 mod start_check;
@@ -89,6 +90,10 @@ pub struct EtcdSettings {
     pub machine_id_range: Range<u32>,
     /// How many machine ids to hold under the one lease.
     pub machine_ids: u32,
+    /// Whether the instance id is stable (`--instance-id` given): its
+    /// claims are then recorded under `instance/{instance_id}/`, where a
+    /// restart finds by key the machine ids it held or released last.
+    pub stable_instance: bool,
     /// How far ahead of its clock a server raises its fences (1.5 outage
     /// budgets, `crate::config::fence_lead`): the farthest any live holder
     /// of ours can be stamping, so the floor assumed for a machine id whose
@@ -137,6 +142,11 @@ pub struct EtcdStore {
     /// confirmed fence write (answers lost: each may yet commit). Found in
     /// the fence key, such a value is this holder's own write.
     fence_attempts: HashMap<MachineId, Vec<Millis>>,
+    /// The machine ids of this process's last claim: the next claim (after
+    /// a lost lease, say) reads their blocks, to take back any still held.
+    claimed_last: Vec<MachineId>,
+    /// Keys the last claim read from etcd (see [`EtcdStore::claim_keys_read`]).
+    keys_read: u64,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -173,6 +183,8 @@ impl EtcdStore {
             own_leases: Vec::new(),
             fence_revisions: HashMap::new(),
             fence_attempts: HashMap::new(),
+            claimed_last: Vec::new(),
+            keys_read: 0,
         })
     }
 

@@ -1,9 +1,7 @@
-//! Reading a namespace's pool (holder, fence, last-holder, requester record
-//! and fence-count keys, in pages, at one revision) and claiming machine ids
-//! from it, one guarded transaction per candidate. Shared by the server's own
-//! claims and the Lease API's.
+//! Claiming machine ids from a namespace's pool as `pool_read` reads it (a
+//! window of it, or all of it), one guarded transaction per candidate.
+//! Shared by the server's own claims and the Lease API's.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Duration;
 
@@ -11,273 +9,17 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 use snowkeep_client::{MachineId, Millis};
 use tracing::{debug, error, warn};
 
-use super::endpoints::{etcd_error, Endpoints};
-use super::fence_count::{self, Block, Counter, MissingFence};
-use super::keys::FenceCountKey;
+use super::endpoints::Endpoints;
+use super::fence_count::{self, Counter, MissingFence};
+use super::pool_read::{read_pool, window_blocks, Pool};
 use super::{keys, namespace};
-use crate::claim::candidates::{rank_candidates, CandidateKind, PoolView};
+use crate::claim::candidates::{rank_candidates, Candidate, CandidateKind};
 use crate::claim::{HeldId, StoreError};
-use crate::metrics as m;
 
 /// Candidates tried per read of the pool before reading it again.
 const CANDIDATES_PER_ROUND: usize = 8;
 /// Pool reads per claim before giving up on this attempt (the caller retries).
 const CLAIM_ROUNDS: usize = 16;
-
-/// Keys per page of a pool read. A page of holder keys with long instance ids
-/// stays far below etcd-client's 4 MiB response limit.
-const POOL_PAGE_KEYS: i64 = 1024;
-/// Keys of each range in the first, combined read of a pool: five ranges
-/// of 512 keys (instance ids of up to 256 bytes, requester records of up to
-/// 63 machine ids) stay far below the 4 MiB limit too.
-const FIRST_PAGE_KEYS: i64 = 512;
-/// Pool reads started over after etcd compacted the revision they read at.
-const POOL_READ_ATTEMPTS: usize = 3;
-
-/// A namespace's pool as one read found it.
-pub(super) struct Pool {
-    /// The machine ids' keys.
-    pub(super) view: PoolView,
-    /// The namespace's fence-count root.
-    pub(super) root: Counter,
-    /// The fence-count blocks that have any key, marker, fence or holder,
-    /// each with what the fence and holder keys of its machine ids showed.
-    pub(super) blocks: BTreeMap<u16, Block>,
-}
-
-/// Reads a namespace's pool: its holder, fence, last-holder, requester
-/// record and fence-count keys, at one revision. Never the whole namespace
-/// prefix: other keys (peers, tokens, keys of older versions) grow with what
-/// anyone sends, and one response past etcd-client's 4 MiB limit would stop
-/// every claim. The first page of every range comes in one read-only
-/// transaction (one round trip, where five sequential reads cost a claim
-/// storm a fifth of a second each), the rest in pages of [`POOL_PAGE_KEYS`];
-/// the requester records are bounded too, since only requesters that hold
-/// machine ids have one.
-pub(super) async fn read_pool(
-    endpoints: &Endpoints,
-    timeout: Duration,
-    namespace: &str,
-) -> Result<Pool, StoreError> {
-    let mut attempt = 1;
-    loop {
-        match read_pool_at_one_revision(endpoints, timeout, namespace).await {
-            Err(e)
-                if matches!(etcd_error(&e), Some(etcd_client::Error::GRpcStatus(status)) if status.message().contains("compacted"))
-                    && attempt < POOL_READ_ATTEMPTS =>
-            {
-                debug!(
-                    namespace,
-                    "pool read outlived its revision (compacted); reading again"
-                );
-                attempt += 1;
-            }
-            other => return other,
-        }
-    }
-}
-
-/// The key-values under `prefix` from `from` on, read in pages of
-/// [`POOL_PAGE_KEYS`] at `revision`.
-async fn read_range(
-    endpoints: &Endpoints,
-    timeout: Duration,
-    prefix: &str,
-    mut from: Vec<u8>,
-    revision: i64,
-) -> Result<Vec<etcd_client::KeyValue>, StoreError> {
-    let end = keys::prefix_end(prefix);
-    let mut kvs = Vec::new();
-    loop {
-        let options = GetOptions::new()
-            .with_range(end.clone())
-            .with_limit(POOL_PAGE_KEYS)
-            .with_revision(revision);
-        let mut resp = endpoints
-            .call("read pool", timeout, |mut c| {
-                let (key, options) = (from.clone(), options.clone());
-                async move { c.get(key, Some(options)).await }
-            })
-            .await?;
-        let more = resp.more();
-        kvs.extend(resp.take_kvs());
-        match kvs.last() {
-            // The next page starts just after the last key read.
-            Some(last) if more => {
-                from = last.key().to_vec();
-                from.push(0);
-            }
-            _ => return Ok(kvs),
-        }
-    }
-}
-
-/// The key-values under each of `prefixes`, in order, all at one revision:
-/// the first [`FIRST_PAGE_KEYS`] of each in one read-only transaction (one
-/// round trip, which fixes the revision), the rest of a longer range in
-/// pages at that revision.
-pub(super) async fn read_ranges(
-    endpoints: &Endpoints,
-    timeout: Duration,
-    prefixes: &[String],
-) -> Result<Vec<Vec<etcd_client::KeyValue>>, StoreError> {
-    let gets: Vec<TxnOp> = prefixes
-        .iter()
-        .map(|p| {
-            let page = GetOptions::new()
-                .with_range(keys::prefix_end(p))
-                .with_limit(FIRST_PAGE_KEYS);
-            TxnOp::get(p.clone(), Some(page))
-        })
-        .collect();
-    let resp = endpoints
-        .txn("read pool", timeout, Txn::new().and_then(gets))
-        .await?;
-    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-    let mut ranges = Vec::with_capacity(prefixes.len());
-    for (prefix, op) in prefixes.iter().zip(resp.op_responses()) {
-        let TxnOpResponse::Get(mut get) = op else {
-            ranges.push(Vec::new());
-            continue;
-        };
-        let more = get.more();
-        let mut kvs = get.take_kvs();
-        if let Some(last) = kvs.last().filter(|_| more) {
-            let mut from = last.key().to_vec();
-            from.push(0);
-            kvs.extend(read_range(endpoints, timeout, prefix, from, revision).await?);
-        }
-        ranges.push(kvs);
-    }
-    Ok(ranges)
-}
-
-/// One attempt of [`read_pool`].
-async fn read_pool_at_one_revision(
-    endpoints: &Endpoints,
-    timeout: Duration,
-    namespace: &str,
-) -> Result<Pool, StoreError> {
-    let holder_prefix = keys::holder_prefix(namespace);
-    let fence_prefix = keys::fence_prefix(namespace);
-    let last_prefix = keys::last_holder_prefix(namespace);
-    let requester_prefix = keys::requester_prefix(namespace);
-    let count_root = keys::fence_count_root(namespace);
-    let [holders, fences, lasts, requesters, counts]: [Vec<etcd_client::KeyValue>; 5] =
-        read_ranges(
-            endpoints,
-            timeout,
-            &[
-                holder_prefix.clone(),
-                fence_prefix.clone(),
-                last_prefix.clone(),
-                requester_prefix.clone(),
-                count_root,
-            ],
-        )
-        .await?
-        .try_into()
-        .unwrap_or_default();
-    let mut view = PoolView::default();
-    for kv in holders {
-        if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
-            view.holders
-                .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
-        }
-    }
-    let mut corrupt = 0;
-    // Fence keys per fence-count block, by key order, as the claim
-    // transaction's range count finds them.
-    let mut present: BTreeMap<u16, u64> = BTreeMap::new();
-    for kv in fences {
-        if let Some(block) = keys::fence_block_of_key(kv.key(), namespace) {
-            *present.entry(block).or_default() += 1;
-        }
-        let Some(id) = keys::machine_id_of(kv.key(), &fence_prefix) else {
-            continue;
-        };
-        let key = String::from_utf8_lossy(kv.key());
-        match keys::decode_fence(&key, kv.value()) {
-            Ok(fence) => {
-                view.fences.insert(id, fence);
-            }
-            Err(e) => {
-                corrupt += 1;
-                error!(namespace, machine_id = id.get(), key = %key, error = %e, "quarantining a machine id whose fence is unreadable; repair or delete the key only once no holder uses it");
-                view.quarantined.insert(id);
-            }
-        }
-    }
-    m::count_corrupt(namespace, m::KeyKind::Fence, corrupt);
-    for kv in lasts {
-        if let Some(id) = keys::machine_id_of(kv.key(), &last_prefix) {
-            view.last_holders
-                .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
-        }
-    }
-    let mut corrupt = 0;
-    for kv in requesters {
-        let Some(requester) = kv.key().strip_prefix(requester_prefix.as_bytes()) else {
-            continue;
-        };
-        // An embedded requester's machine ids are held while its record
-        // lives, even if someone deleted their holder (and fence) keys: its
-        // fences run a whole lease ahead, far beyond the floor assumed for a
-        // missing fence, and it renews too rarely to notice.
-        let holder = keys::requester_holder(&String::from_utf8_lossy(requester));
-        let key = String::from_utf8_lossy(kv.key());
-        match keys::decode_record(&key, kv.value()) {
-            Ok(ids) => {
-                for (id, _) in ids {
-                    view.holders.entry(id).or_insert_with(|| holder.clone());
-                }
-            }
-            Err(e) => {
-                corrupt += 1;
-                error!(namespace, key = %key, error = %e, "unreadable requester record; the machine ids it names stay held only while their holder keys live");
-            }
-        }
-    }
-    m::count_corrupt(namespace, m::KeyKind::Requester, corrupt);
-    let mut root = Counter::Absent;
-    let mut blocks: BTreeMap<u16, Block> = BTreeMap::new();
-    let mut corrupt = 0;
-    for kv in counts {
-        let mut counter = || {
-            let counter = Counter::decode(Some(kv.value()));
-            if let Counter::Unreadable(value) = &counter {
-                corrupt += 1;
-                let key = String::from_utf8_lossy(kv.key());
-                error!(namespace, key = %key, value, "unreadable fence count: a claim of a machine id without a fence key in its block starts one fence lead ahead, and re-bases the block");
-            }
-            counter
-        };
-        match keys::fence_count_key(kv.key(), namespace) {
-            Some(FenceCountKey::Root) => root = counter(),
-            Some(FenceCountKey::Block(b)) => {
-                let counter = counter();
-                let block = blocks.entry(b).or_default();
-                block.own = counter;
-                block.own_revision = kv.mod_revision();
-            }
-            Some(FenceCountKey::Marker(b)) => blocks.entry(b).or_default().markers += 1,
-            None => {}
-        }
-    }
-    m::count_corrupt(namespace, m::KeyKind::FenceCount, corrupt);
-    for (block, n) in present {
-        blocks.entry(block).or_default().present = n;
-    }
-    for id in view.holders.keys() {
-        if !view.fences.contains_key(id) && !view.quarantined.contains(id) {
-            blocks
-                .entry(keys::fence_count_block_of(*id))
-                .or_default()
-                .held_without_fence += 1;
-        }
-    }
-    Ok(Pool { view, root, blocks })
-}
 
 /// What to claim: `count` machine ids of `range` in `namespace` for the holder
 /// value `holder`, bound to `lease_id`, ranked at layout time `now`.
@@ -312,6 +54,15 @@ pub(super) struct ClaimRequest<'a> {
     /// committed, and moving it onto this claim's lease would take it from
     /// that grant (and lose it when this claim gives up).
     pub(super) take_own: bool,
+    /// Machine ids found by key that this holder holds or released last:
+    /// their blocks are part of every window, so the claim order sees them
+    /// (see [`read_round`]).
+    pub(super) known: &'a [MachineId],
+    /// Whether each claim transaction also records the machine id under
+    /// the holder's instance key (`instance/{holder}/{machine_id}`), where
+    /// the holder's next claims find it by key: a server with a stable
+    /// instance id.
+    pub(super) index: bool,
 }
 
 impl ClaimRequest<'_> {
@@ -342,6 +93,8 @@ pub(super) struct Claimed {
     /// created the key; 0: no key), in `held` order: the guard of the
     /// holder's first fence write.
     pub(super) fence_revisions: Vec<i64>,
+    /// Keys the claim's pool reads returned, over every round.
+    pub(super) keys_read: u64,
 }
 
 /// Claims machine ids one atomic transaction per candidate; each floor is the
@@ -366,46 +119,22 @@ pub(super) async fn claim_ids(
     let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
     let mut fence_revisions = Vec::with_capacity(want.count);
     let mut revision = 0;
+    let mut keys_read = 0;
+    // Set once a window had no candidate: the rest of the claim reads the
+    // whole pool.
+    let mut whole = false;
     'rounds: for round in 0..CLAIM_ROUNDS {
         // The namespace record, read each round: a claim commits only while
         // it is unchanged (not marked rolled back since), and every floor is
         // at least the namespace floor an operator confirmed.
         let record = namespace::ClaimGuard::read(endpoints, timeout, ns).await?;
         let absent_floor = want.absent_floor.max(record.floor);
-        let Pool { view, root, blocks } = read_pool(endpoints, timeout, ns).await?;
-        let mut too_far = None;
-        let mut candidates: Vec<_> = rank_candidates(
-            &view,
-            want.range.clone(),
-            want.holder,
-            want.now,
-            &mut rand::rng(),
-        )
-        .into_iter()
-        .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
-        .filter(|c| want.take_own || c.kind != CandidateKind::Own)
-        .filter(|c| {
-            let max_floor = if c.kind == CandidateKind::Own || want.prefer.contains(&c.machine_id) {
-                want.max_own_floor.max(want.max_floor)
-            } else {
-                want.max_floor
-            };
-            match view.fences.get(&c.machine_id) {
-                Some(&f) if f.max(record.floor) > max_floor => {
-                    too_far.get_or_insert((c.machine_id, f.max(record.floor)));
-                    false
-                }
-                None if record.floor > max_floor => {
-                    too_far.get_or_insert((c.machine_id, record.floor));
-                    false
-                }
-                _ => true,
-            }
-        })
-        .collect();
-        // Stable: the ranking order stays within each group.
-        candidates
-            .sort_by_key(|c| c.kind != CandidateKind::Own && !want.prefer.contains(&c.machine_id));
+        let (pool, candidates, too_far) =
+            read_round(endpoints, timeout, &want, record.floor, &held, &mut whole).await?;
+        keys_read += pool.keys_read;
+        let Pool {
+            view, root, blocks, ..
+        } = pool;
         if let (true, Some((machine_id, fence))) = (candidates.is_empty(), too_far) {
             let ahead = Duration::from_millis(fence.get().saturating_sub(want.now.get()));
             let max = Duration::from_millis(want.max_floor.get().saturating_sub(want.now.get()));
@@ -476,6 +205,16 @@ pub(super) async fn claim_ids(
                         then.extend(confirm_reads(ns, block_no));
                     }
                 }
+            }
+            if want.index {
+                // Not bound to the lease: it outlives the claim, so a restart
+                // finds the machine id it released last (see `instance`).
+                // Last, after the reads the code below finds by position.
+                then.push(TxnOp::put(
+                    keys::instance_claim(ns, want.holder, machine_id),
+                    "",
+                    None,
+                ));
             }
             // The failure branch reads the holder key first: a transaction
             // retried on another endpoint after its first attempt committed
@@ -611,6 +350,7 @@ pub(super) async fn claim_ids(
                     held,
                     revision,
                     fence_revisions,
+                    keys_read,
                 });
             }
         }
@@ -619,6 +359,110 @@ pub(super) async fn claim_ids(
         op: "claim (every candidate was taken concurrently)",
         after: timeout,
     })
+}
+
+/// One round's read of the pool and its candidates, best first, with the
+/// first machine id skipped for a fence too far ahead (from a whole read).
+///
+/// Unless `whole` is set, it reads a window first ([`window_blocks`]: a few
+/// blocks from a random one on, and the blocks of the `known` and `prefer`
+/// machine ids) and ranks only the window's machine ids. A window whose
+/// candidates all need a wait (a fence ahead) does not count: the claim
+/// order takes a machine id that needs a wait only when the whole pool has
+/// none without. The round then reads the whole pool, and so does every later
+/// round of the claim (`whole` is set).
+async fn read_round(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    want: &ClaimRequest<'_>,
+    namespace_floor: Millis,
+    held: &[HeldId],
+    whole: &mut bool,
+) -> Result<(Pool, Vec<Candidate>, Option<(MachineId, Millis)>), StoreError> {
+    let mut keys_read = 0;
+    if !*whole {
+        let known: Vec<MachineId> = want.prefer.iter().chain(want.known).copied().collect();
+        let left = want.count.saturating_sub(held.len());
+        let window = window_blocks(&want.range, left, &known, &mut rand::rng());
+        if let Some(window) = window {
+            // Boxed, as the whole read below: the claim runs on a thread
+            // with a small stack, and both reads' futures are large.
+            let pool =
+                Box::pin(read_pool(endpoints, timeout, want.namespace, Some(window))).await?;
+            let (mut candidates, _) = candidates_of(&pool, want, namespace_floor, held);
+            candidates.retain(|c| {
+                c.kind == CandidateKind::Own
+                    || want.prefer.contains(&c.machine_id)
+                    || pool
+                        .view
+                        .fences
+                        .get(&c.machine_id)
+                        .is_none_or(|&f| f < want.now)
+            });
+            if !candidates.is_empty() {
+                return Ok((pool, candidates, None));
+            }
+            keys_read = pool.keys_read;
+            debug!(
+                namespace = want.namespace,
+                "no machine id of the window can be claimed without a wait; reading the whole pool"
+            );
+        }
+        *whole = true;
+    }
+    let mut pool = Box::pin(read_pool(endpoints, timeout, want.namespace, None)).await?;
+    pool.keys_read += keys_read;
+    let (candidates, too_far) = candidates_of(&pool, want, namespace_floor, held);
+    Ok((pool, candidates, too_far))
+}
+
+/// The candidates of `pool` for `want` in the claim order (the holder's own
+/// machine ids, then `prefer`, then the ranking), leaving out those held
+/// already, outside the read's window, or fenced beyond `max_floor` (the
+/// first of those is returned too).
+fn candidates_of(
+    pool: &Pool,
+    want: &ClaimRequest<'_>,
+    namespace_floor: Millis,
+    held: &[HeldId],
+) -> (Vec<Candidate>, Option<(MachineId, Millis)>) {
+    let mut too_far = None;
+    let mut candidates: Vec<_> = rank_candidates(
+        &pool.view,
+        want.range.clone(),
+        want.holder,
+        want.now,
+        &mut rand::rng(),
+    )
+    .into_iter()
+    .filter(|c| pool.covers(c.machine_id))
+    .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
+    .filter(|c| want.take_own || c.kind != CandidateKind::Own)
+    .filter(|c| {
+        // A stable instance restarting after a crash waits for its own
+        // fences, up to one fence lead ahead.
+        let max_floor = if c.kind == CandidateKind::Own || want.prefer.contains(&c.machine_id) {
+            want.max_own_floor.max(want.max_floor)
+        } else {
+            want.max_floor
+        };
+        match pool.view.fences.get(&c.machine_id) {
+            Some(&f) if f.max(namespace_floor) > max_floor => {
+                too_far.get_or_insert((c.machine_id, f.max(namespace_floor)));
+                false
+            }
+            None if namespace_floor > max_floor => {
+                too_far.get_or_insert((c.machine_id, namespace_floor));
+                false
+            }
+            _ => true,
+        }
+    })
+    .collect();
+    // Stable: the ranking order stays within each group.
+    candidates
+        .sort_by_key(|c| c.kind != CandidateKind::Own && !want.prefer.contains(&c.machine_id));
+    (candidates, too_far)
 }
 
 /// The reads that count a block again inside the claim transaction that

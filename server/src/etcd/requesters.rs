@@ -604,6 +604,8 @@ impl RequesterLeases {
             max_own_floor: max_floor,
             prefer: &[],
             take_own: false,
+            known: &[],
+            index: false,
         };
         let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
         let held = match claimed {

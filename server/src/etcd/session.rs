@@ -35,7 +35,9 @@ impl EtcdStore {
     pub async fn claim(&mut self) -> Result<Claim, StoreError> {
         // Before granting anything: the namespace may be claimed in.
         self.guard_namespace().await?;
-        let prefer = self.settle_own_holders().await?;
+        self.keys_read = 0;
+        let (prefer, mut known) = self.settle_own_holders().await?;
+        known.extend(self.claimed_last.iter().copied());
         let timeout = self.settings.request_timeout;
         let ttl_secs = i64::try_from(self.settings.lease_ttl.as_secs()).unwrap_or(i64::MAX);
         self.keeper = None;
@@ -49,7 +51,7 @@ impl EtcdStore {
         let lease_id = lease.id();
         self.remember_lease(lease_id);
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
-        let claimed = match self.claim_with_lease(lease_id, &prefer).await {
+        let claimed = match self.claim_with_lease(lease_id, &prefer, &known).await {
             Err(StoreError::NoFreeMachineId {
                 namespace,
                 capacity,
@@ -80,6 +82,7 @@ impl EtcdStore {
                     .zip(claimed.fence_revisions)
                     .collect();
                 self.fence_attempts.clear();
+                self.claimed_last = claimed.held.iter().map(|h| h.machine_id).collect();
                 let own_fences = claimed.held.iter().any(|h| prefer.contains(&h.machine_id));
                 for machine_id in prefer
                     .iter()
@@ -96,7 +99,7 @@ impl EtcdStore {
                     },
                     own_fences,
                 };
-                info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), "claimed machine ids");
+                info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), keys_read = self.keys_read, "claimed machine ids");
                 self.register_peer(lease_id).await;
                 Ok(claim)
             }
@@ -109,10 +112,21 @@ impl EtcdStore {
         }
     }
 
+    /// The keys the last claim (successful or not) read from etcd: pool
+    /// windows or whole-pool reads, and this instance id's claim records
+    /// with their holder and last-holder keys. The namespace record and
+    /// the keys a claim transaction reads are not counted. Read accounting
+    /// for tests and benchmarks: a claim's cost follows the window, not the
+    /// pool.
+    pub fn claim_keys_read(&self) -> u64 {
+        self.keys_read
+    }
+
     async fn claim_with_lease(
         &mut self,
         lease_id: i64,
         prefer: &[MachineId],
+        known: &[MachineId],
     ) -> Result<Claimed, StoreError> {
         let now = self
             .layout
@@ -141,8 +155,11 @@ impl EtcdStore {
             .1,
             prefer,
             take_own: true,
+            known,
+            index: self.settings.stable_instance,
         };
         let claimed = claim_ids(&self.endpoints, self.settings.request_timeout, want).await?;
+        self.keys_read += claimed.keys_read;
         self.check_no_older_twin(lease_id).await?;
         Ok(claimed)
     }

@@ -25,6 +25,7 @@ fn settings(
         lease_ttl: Duration::from_secs(2),
         machine_id_range: range,
         machine_ids: 1,
+        stable_instance: false,
         fence_horizon: Duration::from_secs(3),
         max_fence_wait: Duration::from_secs(10),
         request_timeout: Duration::from_secs(5),

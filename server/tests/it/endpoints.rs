@@ -648,6 +648,7 @@ async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
         lease_ttl: Duration::from_secs(2),
         machine_id_range: 0..4096,
         machine_ids: 1,
+        stable_instance: false,
         fence_horizon: Duration::from_secs(3),
         max_fence_wait: Duration::from_secs(10),
         request_timeout: Duration::from_millis(500),

@@ -28,6 +28,7 @@ fn settings(etcd: &EtcdProcess, namespace: &str, range: std::ops::Range<u32>) ->
         lease_ttl: Duration::from_secs(10),
         machine_id_range: range,
         machine_ids: 1,
+        stable_instance: false,
         fence_horizon: Duration::from_millis(HORIZON_MS),
         max_fence_wait: Duration::from_secs(10),
         request_timeout: Duration::from_secs(5),

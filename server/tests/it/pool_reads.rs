@@ -1,9 +1,14 @@
 //! Claims read the pool (holder, fence, last-holder and requester keys) in
-//! bounded pages at one revision, whatever else the namespace holds.
+//! bounded pages at one revision, whatever else the namespace holds; a
+//! claim reads a window of a few blocks, and the whole pool only when the
+//! window has no machine id to take without a wait.
 
 use std::time::Duration;
 
+use snowkeep_client::{Clock, Layout, Millis, SystemClock};
 use snowkeep_proto::v1 as pb;
+use snowkeep_server::etcd::namespace::NamespaceSetup;
+use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
 
 use crate::support::etcd::EtcdProcess;
 use crate::support::lease::{acquire, lease_client, release, renew, requester};
@@ -129,4 +134,104 @@ async fn a_pool_of_more_keys_than_one_page_is_read_whole() {
         "{}",
         server.log()
     );
+}
+
+/// A store of instance id `claimer` in `namespace` (created on connect)
+/// claiming one machine id of the default layout's 4,096.
+async fn store_in(etcd: &EtcdProcess, namespace: &str) -> EtcdStore {
+    let settings = EtcdSettings {
+        endpoints: vec![etcd.endpoint()],
+        access: Default::default(),
+        namespace: namespace.into(),
+        instance_id: "claimer".into(),
+        lease_ttl: Duration::from_secs(10),
+        machine_id_range: 0..4096,
+        machine_ids: 1,
+        stable_instance: true,
+        fence_horizon: Duration::from_secs(3),
+        max_fence_wait: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(5),
+        advertise_address: None,
+        namespace_setup: NamespaceSetup {
+            create: true,
+            confirm_floor: None,
+        },
+    };
+    EtcdStore::connect(settings, Layout::default(), SystemClock::shared())
+        .await
+        .unwrap()
+}
+
+/// Fills `namespace` straight in etcd: every machine id of 0..4096 has a
+/// fence key (`fence(id)`), and all but `free(id)` a holder key of another
+/// instance, on no lease.
+async fn fill_pool(
+    etcd: &EtcdProcess,
+    namespace: &str,
+    free: impl Fn(u32) -> bool,
+    fence: impl Fn(u32) -> u64,
+) {
+    let mut client = etcd.client().await;
+    for chunk in (0..4096u32).collect::<Vec<_>>().chunks(64) {
+        let mut ops = Vec::new();
+        for &id in chunk {
+            ops.push(etcd_client::TxnOp::put(
+                format!("/snowkeep/v1/ns/{namespace}/fence/{id:05}"),
+                fence(id).to_string(),
+                None,
+            ));
+            if !free(id) {
+                ops.push(etcd_client::TxnOp::put(
+                    format!("/snowkeep/v1/ns/{namespace}/holder/{id:05}"),
+                    format!("other:{id}"),
+                    None,
+                ));
+            }
+        }
+        client
+            .txn(etcd_client::Txn::new().and_then(ops))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_in_a_nearly_full_pool_reads_two_blocks_not_the_pool() {
+    let etcd = EtcdProcess::start().await;
+    let mut store = store_in(&etcd, "full").await;
+    // 4,032 of 4,096 machine ids held; one free per block of 64 (id 5 of
+    // it), released long ago (fence 1 ms).
+    fill_pool(&etcd, "full", |id| id % 64 == 5, |_| 1).await;
+    let claim = store.claim().await.unwrap();
+    assert_eq!(claim.held[0].machine_id.get() % 64, 5);
+    assert_eq!(claim.held[0].floor, Millis(1));
+    // The window: two blocks of 63 holder and 64 fence keys each, and the
+    // fence-count root. After the claim, the check for an older twin reads
+    // this instance id's one claim record and its holder key. Reading the
+    // pool whole would take 8,129 keys.
+    assert_eq!(store.claim_keys_read(), 2 * (63 + 64) + 1 + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_takes_a_machine_id_without_a_wait_from_beyond_its_window() {
+    let etcd = EtcdProcess::start().await;
+    let mut store = store_in(&etcd, "waits").await;
+    let now = Layout::default()
+        .to_layout_ms(SystemClock.unix_ms())
+        .unwrap();
+    // One free machine id per block (id 5 of it): fenced 5 s ahead (within
+    // the 10 s fence wait) in blocks 0 to 62, long past (1 ms) only in
+    // block 63. A window that misses block 63 holds only ids that need a
+    // wait, so the claim reads the whole pool and takes 4,037 all the same.
+    let free_id = 63 * 64 + 5;
+    fill_pool(
+        &etcd,
+        "waits",
+        |id| id % 64 == 5,
+        |id| if id == free_id { 1 } else { now.get() + 5_000 },
+    )
+    .await;
+    let claim = store.claim().await.unwrap();
+    assert_eq!(claim.held[0].machine_id.get(), 4037);
+    assert_eq!(claim.held[0].floor, Millis(1));
 }

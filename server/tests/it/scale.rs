@@ -151,9 +151,10 @@ async fn snowkeep_scale_prints_one_row_for_its_claimers() {
     assert_eq!(cells.len(), 11, "{stdout}");
     assert_eq!(cells[0], "3", "claimers: {stdout}");
     assert_eq!(cells[1], "1", "machine ids each: {stdout}");
-    // Holder, fence, fence-count marker and peer key of each claimer, the
-    // namespace record and the namespace's fence count.
-    assert_eq!(cells[7], "14", "keys: {stdout}");
+    // Holder, fence, fence-count marker, claim record (a stable instance
+    // id's) and peer key of each claimer, the namespace record and the
+    // namespace's fence count.
+    assert_eq!(cells[7], "17", "keys: {stdout}");
     assert_eq!(cells[10], "0", "failed claims: {stdout}");
 }
 
