@@ -248,17 +248,23 @@ async fn a_live_server_and_its_client_notice_a_raw_restore_of_an_early_snapshot(
     first_renewal(&a).await;
     ids_from(&a, 2000).await;
 
+    // Paused over the restore, so that the record can be seen unmarked
+    // first (A marks it within a second of etcd's return).
+    a.signal("STOP");
     etcd.restore_raw(&snapshot).await;
     let (restored_revision, applied) = etcd.progress().await;
     eprintln!("snapshot at revision {revision}; restored: revision {restored_revision}, applied index {applied}");
     assert_eq!(field(&record(&etcd, ns).await, "state"), "ok", "not marked");
+    a.signal("CONT");
 
     eventually(
         "A to mark the namespace",
         Duration::from_secs(15),
         || async {
+            // The log line comes just before the marking transaction.
             a.log()
                 .contains("etcd lost writes: marking the namespace rolled back")
+                && field(&record(&etcd, ns).await, "state") == "rolled-back"
         },
     )
     .await;
@@ -321,4 +327,70 @@ async fn a_new_server_sees_a_raw_restore_of_a_late_snapshot_by_the_index_rule() 
             && reason.ends_with("+ slack 16: etcd was restored from an older snapshot"),
         "{reason}"
     );
+}
+
+/// A raw restore of an early snapshot that a live server sleeps through
+/// (SIGSTOP) while other writers push etcd's revision back above every
+/// revision it saw: comparing revisions cannot tell any more, and the index
+/// rule cannot see an early snapshot. But the server's fence key is now at a
+/// mod revision below the one the server wrote it at, which only a restore
+/// does: its next fence write marks the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_server_sees_its_fence_gone_back_after_the_revision_climbed_past_it() {
+    let ns = "raw-overtaken";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("early.db");
+    let mut etcd = EtcdProcess::start().await;
+    let a = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        ns,
+        &["--outage-budget", "2s", "--lease-ttl", "30s"],
+    );
+    a.wait_serving(READY).await;
+    let revision = early_snapshot(&etcd, &snapshot).await;
+    // Busy for a while: A raises its fence (every second) above the snapshot.
+    for _ in 0..200 {
+        a.next_ids(100).await.expect("NextIds");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.signal("STOP");
+    let (seen, _) = etcd.progress().await;
+    assert!(seen > revision + 1, "A wrote nothing since the snapshot");
+
+    etcd.restore_raw(&snapshot).await;
+    let mut other = etcd.client().await;
+    for i in 0..(seen - revision + 20) {
+        other
+            .put(format!("/other-app/{i}"), "x", None)
+            .await
+            .unwrap();
+    }
+    let (climbed, applied) = etcd.progress().await;
+    eprintln!("snapshot at {revision}, A saw up to {seen}; restored and climbed to {climbed} at applied index {applied}");
+    assert!(climbed > seen);
+    assert_eq!(field(&record(&etcd, ns).await, "state"), "ok", "not marked");
+    a.signal("CONT");
+
+    eventually(
+        "A to mark the namespace",
+        Duration::from_secs(20),
+        || async {
+            let _ = a.next_ids(10).await;
+            a.log()
+                .contains("etcd lost writes: marking the namespace rolled back")
+                && field(&record(&etcd, ns).await, "state") == "rolled-back"
+        },
+    )
+    .await;
+    let marked = record(&etcd, ns).await;
+    assert_eq!(field(&marked, "state"), "rolled-back");
+    let reason = field(&marked, "rolled_back_reason");
+    assert!(
+        reason.contains("this server wrote it at: etcd was restored from an older snapshot"),
+        "{reason}"
+    );
+    eventually("A to stop serving", Duration::from_secs(15), || async {
+        a.health().await == Some(ServingStatus::NotServing)
+    })
+    .await;
 }
