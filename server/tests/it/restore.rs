@@ -394,3 +394,51 @@ async fn a_live_server_sees_its_fence_gone_back_after_the_revision_climbed_past_
     })
     .await;
 }
+
+/// A snapshot copied with its time kept (`cp -p`, `rsync -t`, `tar`) over an
+/// older one of the same name is older than that one's marked copy: the
+/// runbook's restore tells them apart by content and restores the snapshot
+/// it was given, not the other one's marked data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runbooks_restore_never_reuses_the_marked_copy_of_another_snapshot() {
+    let ns = "remarked";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("nightly.db");
+    let mut etcd = EtcdProcess::start().await;
+    let mut a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &[]);
+    a.wait_serving(READY).await;
+    etcd.snapshot_save(&snapshot);
+    etcd.snapshot_mark(&snapshot);
+    let marked_at = std::fs::metadata(dir.path().join("nightly.db.marked"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    // A later snapshot, with a time from before the marking, takes the name.
+    let mut other = etcd.client().await;
+    other.put("/other-app/later", "x", None).await.unwrap();
+    let later = dir.path().join("later.db");
+    etcd.snapshot_save(&later);
+    std::fs::File::options()
+        .write(true)
+        .open(&later)
+        .unwrap()
+        .set_modified(marked_at - Duration::from_secs(3600))
+        .unwrap();
+    std::fs::rename(&later, &snapshot).unwrap();
+    a.signal("KILL");
+    a.wait_exit(Duration::from_secs(10)).await;
+
+    etcd.restore(&snapshot).await;
+    assert_eq!(
+        get(&etcd, "/other-app/later").await.as_deref(),
+        Some("x"),
+        "restored the data of the snapshot marked before"
+    );
+    let marked = record(&etcd, ns).await;
+    assert_eq!(field(&marked, "state"), "rolled-back");
+    assert_eq!(
+        field(&marked, "rolled_back_reason"),
+        marked_reason(&snapshot)
+    );
+}
