@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use snowkeep_client::{MachineId, Millis};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::endpoints::lease_not_found;
 use super::pool::{claim_ids, ClaimRequest, Claimed};
@@ -291,6 +291,22 @@ impl EtcdStore {
                     done = false;
                 }
                 _ => {
+                    // A fence key below the revision this holder wrote it at
+                    // can only be etcd gone back in time (a restore): mark it
+                    // at the next check, which comes before the claim again.
+                    let written = self.fence_revisions.get(&h.machine_id).copied();
+                    if let (Some(kv), Some(written)) = (fence, written) {
+                        if kv.mod_revision() < written {
+                            let key = keys::fence(&ns, h.machine_id);
+                            error!(namespace = %ns, machine_id = h.machine_id.get(), key = %key, mod_revision = kv.mod_revision(), written_at = written, "a fence key is at a revision below the one this holder wrote it at: etcd was restored from an older snapshot");
+                            self.endpoints.witness().key_went_back(
+                                &ns,
+                                &key,
+                                kv.mod_revision(),
+                                written,
+                            );
+                        }
+                    }
                     let now = fence.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
                     warn!(namespace = %ns, machine_id = h.machine_id.get(), fence_now = ?now, fence_written_ms = h.fence.get(), "a fence key changed under its holder, not by it; stopping issuance and claiming again");
                     return Err(StoreError::LeaseLost {

@@ -29,6 +29,9 @@ struct Seen {
     highest: i64,
     /// The namespace record's `confirmed_at` when this started.
     confirmed_at: Option<String>,
+    /// A restore seen on a key ([`RevisionWitness::key_went_back`]), for the
+    /// next check to mark.
+    pending: Option<String>,
 }
 
 /// The highest etcd revision this process saw (see the module docs). Shared
@@ -72,6 +75,7 @@ impl RevisionWitness {
         let seen = Seen {
             highest: revision,
             confirmed_at: confirmed_at.map(str::to_owned),
+            pending: None,
         };
         self.lock().1.insert(namespace.to_owned(), seen);
     }
@@ -93,7 +97,7 @@ impl RevisionWitness {
             .entry(namespace.to_owned())
             .or_insert_with(|| Seen {
                 highest: *highest,
-                confirmed_at: None,
+                ..Seen::default()
             });
         // RFC 3339 times in UTC with whole seconds sort as text.
         let confirmed_since = match (confirmed_at, seen.confirmed_at.as_deref()) {
@@ -104,7 +108,11 @@ impl RevisionWitness {
         if confirmed_since {
             seen.highest = revision;
             seen.confirmed_at = confirmed_at.map(str::to_owned);
+            seen.pending = None;
             return None;
+        }
+        if let Some(reason) = &seen.pending {
+            return Some(reason.clone());
         }
         if revision < before {
             return Some(went_back(revision, before, "this server"));
@@ -112,6 +120,32 @@ impl RevisionWitness {
         seen.highest = seen.highest.max(revision);
         *highest = (*highest).max(revision);
         None
+    }
+}
+
+impl RevisionWitness {
+    /// Notes that a key of `namespace` this process wrote at revision
+    /// `written` now shows an older mod revision `found`: etcd went back in
+    /// time, even if its revision has climbed back above every revision this
+    /// process saw (other writers since the restore). A key's mod revision
+    /// never decreases in a cluster that keeps its data (a deleted key comes
+    /// back at a new, higher revision). The next [`RevisionWitness::check`]
+    /// of the namespace reports it, until the namespace starts over (found
+    /// rolled back, or confirmed since).
+    pub(crate) fn key_went_back(&self, namespace: &str, key: &str, found: i64, written: i64) {
+        let mut guard = self.lock();
+        let (highest, namespaces) = &mut *guard;
+        let seen = namespaces
+            .entry(namespace.to_owned())
+            .or_insert_with(|| Seen {
+                highest: *highest,
+                ..Seen::default()
+            });
+        seen.pending.get_or_insert_with(|| {
+            format!(
+                "the key {key} is at mod revision {found}, below revision {written} this server wrote it at: etcd was restored from an older snapshot"
+            )
+        });
     }
 }
 
@@ -188,5 +222,25 @@ mod tests {
         assert!(chk(&w, NS, 20, Some("2026-11-30T10:00:00Z")).is_some());
         assert!(chk(&w, NS, 20, None).is_some());
         assert_eq!(chk(&w, NS, 50, Some("2026-12-01T10:00:00Z")), None);
+    }
+
+    #[test]
+    fn a_key_gone_back_is_a_restore_even_above_the_highest_revision() {
+        let w = RevisionWitness::default();
+        w.saw(41);
+        assert_eq!(chk(&w, NS, 41, None), None);
+        w.key_went_back(NS, "/k", 30, 40);
+        let reason = chk(&w, NS, 90, None).expect("a restore");
+        assert!(
+            reason.contains("mod revision 30, below revision 40"),
+            "{reason}"
+        );
+        assert!(chk(&w, NS, 91, None).is_some(), "until it starts over");
+        assert_eq!(chk(&w, "billing", 91, None), None);
+        w.start_over(NS, 92, None);
+        assert_eq!(chk(&w, NS, 93, None), None);
+        w.key_went_back(NS, "/k", 30, 40);
+        assert_eq!(chk(&w, NS, 94, Some("2026-12-01T10:00:00Z")), None);
+        assert_eq!(chk(&w, NS, 95, Some("2026-12-01T10:00:00Z")), None);
     }
 }

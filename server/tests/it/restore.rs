@@ -248,17 +248,23 @@ async fn a_live_server_and_its_client_notice_a_raw_restore_of_an_early_snapshot(
     first_renewal(&a).await;
     ids_from(&a, 2000).await;
 
+    // Paused over the restore, so that the record can be seen unmarked
+    // first (A marks it within a second of etcd's return).
+    a.signal("STOP");
     etcd.restore_raw(&snapshot).await;
     let (restored_revision, applied) = etcd.progress().await;
     eprintln!("snapshot at revision {revision}; restored: revision {restored_revision}, applied index {applied}");
     assert_eq!(field(&record(&etcd, ns).await, "state"), "ok", "not marked");
+    a.signal("CONT");
 
     eventually(
         "A to mark the namespace",
         Duration::from_secs(15),
         || async {
+            // The log line comes just before the marking transaction.
             a.log()
                 .contains("etcd lost writes: marking the namespace rolled back")
+                && field(&record(&etcd, ns).await, "state") == "rolled-back"
         },
     )
     .await;
@@ -320,5 +326,119 @@ async fn a_new_server_sees_a_raw_restore_of_a_late_snapshot_by_the_index_rule() 
         reason.starts_with("etcd revision ")
             && reason.ends_with("+ slack 16: etcd was restored from an older snapshot"),
         "{reason}"
+    );
+}
+
+/// A raw restore of an early snapshot that a live server sleeps through
+/// (SIGSTOP) while other writers push etcd's revision back above every
+/// revision it saw: comparing revisions cannot tell any more, and the index
+/// rule cannot see an early snapshot. But the server's fence key is now at a
+/// mod revision below the one the server wrote it at, which only a restore
+/// does: its next fence write marks the namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_server_sees_its_fence_gone_back_after_the_revision_climbed_past_it() {
+    let ns = "raw-overtaken";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("early.db");
+    let mut etcd = EtcdProcess::start().await;
+    let a = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        ns,
+        &["--outage-budget", "2s", "--lease-ttl", "30s"],
+    );
+    a.wait_serving(READY).await;
+    let revision = early_snapshot(&etcd, &snapshot).await;
+    // Busy for a while: A raises its fence (every second) above the snapshot.
+    for _ in 0..200 {
+        a.next_ids(100).await.expect("NextIds");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.signal("STOP");
+    let (seen, _) = etcd.progress().await;
+    assert!(seen > revision + 1, "A wrote nothing since the snapshot");
+
+    etcd.restore_raw(&snapshot).await;
+    let mut other = etcd.client().await;
+    for i in 0..(seen - revision + 20) {
+        other
+            .put(format!("/other-app/{i}"), "x", None)
+            .await
+            .unwrap();
+    }
+    let (climbed, applied) = etcd.progress().await;
+    eprintln!("snapshot at {revision}, A saw up to {seen}; restored and climbed to {climbed} at applied index {applied}");
+    assert!(climbed > seen);
+    assert_eq!(field(&record(&etcd, ns).await, "state"), "ok", "not marked");
+    a.signal("CONT");
+
+    eventually(
+        "A to mark the namespace",
+        Duration::from_secs(20),
+        || async {
+            let _ = a.next_ids(10).await;
+            a.log()
+                .contains("etcd lost writes: marking the namespace rolled back")
+                && field(&record(&etcd, ns).await, "state") == "rolled-back"
+        },
+    )
+    .await;
+    let marked = record(&etcd, ns).await;
+    assert_eq!(field(&marked, "state"), "rolled-back");
+    let reason = field(&marked, "rolled_back_reason");
+    assert!(
+        reason.contains("this server wrote it at: etcd was restored from an older snapshot"),
+        "{reason}"
+    );
+    eventually("A to stop serving", Duration::from_secs(15), || async {
+        a.health().await == Some(ServingStatus::NotServing)
+    })
+    .await;
+}
+
+/// A snapshot copied with its time kept (`cp -p`, `rsync -t`, `tar`) over an
+/// older one of the same name is older than that one's marked copy: the
+/// runbook's restore tells them apart by content and restores the snapshot
+/// it was given, not the other one's marked data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runbooks_restore_never_reuses_the_marked_copy_of_another_snapshot() {
+    let ns = "remarked";
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("nightly.db");
+    let mut etcd = EtcdProcess::start().await;
+    let mut a = ServerProcess::on_etcd(&etcd.endpoint(), ns, &[]);
+    a.wait_serving(READY).await;
+    etcd.snapshot_save(&snapshot);
+    etcd.snapshot_mark(&snapshot);
+    let marked_at = std::fs::metadata(dir.path().join("nightly.db.marked"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    // A later snapshot, with a time from before the marking, takes the name.
+    let mut other = etcd.client().await;
+    other.put("/other-app/later", "x", None).await.unwrap();
+    let later = dir.path().join("later.db");
+    etcd.snapshot_save(&later);
+    std::fs::File::options()
+        .write(true)
+        .open(&later)
+        .unwrap()
+        .set_modified(marked_at - Duration::from_secs(3600))
+        .unwrap();
+    std::fs::rename(&later, &snapshot).unwrap();
+    a.signal("KILL");
+    a.wait_exit(Duration::from_secs(10)).await;
+
+    etcd.restore(&snapshot).await;
+    assert_eq!(
+        get(&etcd, "/other-app/later").await.as_deref(),
+        Some("x"),
+        "restored the data of the snapshot marked before"
+    );
+    let marked = record(&etcd, ns).await;
+    assert_eq!(field(&marked, "state"), "rolled-back");
+    assert_eq!(
+        field(&marked, "rolled_back_reason"),
+        marked_reason(&snapshot)
     );
 }

@@ -565,6 +565,13 @@ impl EtcdProcess {
         ]);
     }
 
+    /// Runs `scripts/etcd-snapshot mark` of `file` (the marking step of the
+    /// runbook's restore, done once for all members).
+    #[allow(dead_code)] // used by the rollback tests
+    pub fn snapshot_mark(&self, file: &std::path::Path) {
+        run_script(&["mark".as_ref(), file.as_os_str()]);
+    }
+
     /// The runbook's restore: kills every member, runs `scripts/etcd-snapshot
     /// restore` of `file` into a new data dir for each, and starts them.
     #[allow(dead_code)] // used by the rollback tests

@@ -90,14 +90,10 @@ impl ServerProcess {
     /// Like [`ServerProcess::on_etcd`], but the namespace must exist already:
     /// no `--create-namespace`, as every server but a namespace's first.
     pub fn joining(endpoint: &str, namespace: &str, extra: &[&str]) -> Self {
-        let mut args = vec![
-            "--etcd-endpoints",
-            endpoint,
-            "--namespace",
-            namespace,
-            "--lease-ttl",
-            "2s",
-        ];
+        let mut args = vec!["--etcd-endpoints", endpoint, "--namespace", namespace];
+        if !extra.contains(&"--lease-ttl") {
+            args.extend(["--lease-ttl", "2s"]);
+        }
         if !extra.contains(&"--outage-budget") {
             args.extend(["--outage-budget", TEST_OUTAGE_BUDGET]);
         }
