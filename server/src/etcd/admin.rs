@@ -693,7 +693,8 @@ impl StateStore {
     pub(crate) async fn export(&self) -> Result<StateDocument, StoreError> {
         let root = keys::namespaces_root();
         let prefixes = [root.to_owned(), keys::API_KEYS_ROOT.to_owned()];
-        let read = super::pool::read_ranges(&self.endpoints, self.timeout, &prefixes).await?;
+        let read =
+            super::pool_read::read_prefixes(&self.endpoints, self.timeout, &prefixes).await?;
         let mut by_ns: BTreeMap<String, Vec<&KeyValue>> = BTreeMap::new();
         for kv in &read[0] {
             if let Some(name) = strip(kv.key(), root).and_then(|r| r.split_once('/')) {

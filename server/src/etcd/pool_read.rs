@@ -258,21 +258,48 @@ async fn read_ranges(
     timeout: Duration,
     ranges: &[KeyRange],
 ) -> Result<Vec<Vec<KeyValue>>, StoreError> {
-    let gets: Vec<TxnOp> = ranges
+    let spans: Vec<(Vec<u8>, Vec<u8>)> = ranges
         .iter()
-        .map(|r| {
+        .map(|r| (r.start.clone(), r.end.clone()))
+        .collect();
+    read_spans(endpoints, timeout, &spans).await
+}
+
+/// The key-values under each of `prefixes`, in order, all at one revision,
+/// as [`read_ranges`] reads them: the state export's read.
+pub(super) async fn read_prefixes(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    prefixes: &[String],
+) -> Result<Vec<Vec<KeyValue>>, StoreError> {
+    let spans: Vec<(Vec<u8>, Vec<u8>)> = prefixes
+        .iter()
+        .map(|p| (p.clone().into_bytes(), keys::prefix_end(p)))
+        .collect();
+    read_spans(endpoints, timeout, &spans).await
+}
+
+/// [`read_ranges`] of `[start, end)` spans.
+async fn read_spans(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    spans: &[(Vec<u8>, Vec<u8>)],
+) -> Result<Vec<Vec<KeyValue>>, StoreError> {
+    let gets: Vec<TxnOp> = spans
+        .iter()
+        .map(|(start, end)| {
             let page = GetOptions::new()
-                .with_range(r.end.clone())
+                .with_range(end.clone())
                 .with_limit(FIRST_PAGE_KEYS);
-            TxnOp::get(r.start.clone(), Some(page))
+            TxnOp::get(start.clone(), Some(page))
         })
         .collect();
     let resp = endpoints
         .txn("read pool", timeout, Txn::new().and_then(gets))
         .await?;
     let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-    let mut read = Vec::with_capacity(ranges.len());
-    for (range, op) in ranges.iter().zip(resp.op_responses()) {
+    let mut read = Vec::with_capacity(spans.len());
+    for ((_, end), op) in spans.iter().zip(resp.op_responses()) {
         let TxnOpResponse::Get(mut get) = op else {
             read.push(Vec::new());
             continue;
@@ -282,7 +309,7 @@ async fn read_ranges(
         if let Some(last) = kvs.last().filter(|_| more) {
             let mut from = last.key().to_vec();
             from.push(0);
-            kvs.extend(read_range(endpoints, timeout, from, &range.end, revision).await?);
+            kvs.extend(read_range(endpoints, timeout, from, end, revision).await?);
         }
         read.push(kvs);
     }

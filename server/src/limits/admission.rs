@@ -12,9 +12,9 @@
 //!   ([`PerKey`]), so one key cannot take every slot of its pool.
 //! * **Request deadline**: a call whose request message has not fully
 //!   arrived `--request-timeout` after its headers is answered
-//!   DEADLINE_EXCEEDED and frees its slot ([`receive`]). For the one
-//!   bidirectional method (reflection) the deadline holds for its first
-//!   message.
+//!   DEADLINE_EXCEEDED and frees its slot ([`receive`]). For the methods
+//!   whose request is a stream (reflection, the streamed import) the
+//!   deadline holds for its first message.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -105,10 +105,13 @@ impl Drop for KeySlot {
     }
 }
 
-/// The bidirectional method: its request is a stream, so only its first
-/// message is awaited.
-fn is_bidirectional(path: &str) -> bool {
+/// The methods whose request is a stream (reflection, bidirectional, and
+/// the administration service's streamed import, client-streaming): only
+/// their first message is awaited and weighed here; tonic limits each later
+/// message to `--max-recv-message-size`.
+fn request_is_stream(path: &str) -> bool {
     path.ends_with(".ServerReflection/ServerReflectionInfo")
+        || path == "/snowkeep.v1.AdminService/ImportStream"
 }
 
 /// Reads `body` up to its end (or, with `first_only`, up to the end of its
@@ -156,7 +159,7 @@ pub(super) async fn receive(
     max_recv: usize,
     timeout: Duration,
 ) -> Result<(http::Request<tonic::body::Body>, Bytes), Status> {
-    let first_only = is_bidirectional(request.uri().path());
+    let first_only = request_is_stream(request.uri().path());
     let (parts, mut body) = request.into_parts();
     let read = tokio::time::timeout(timeout, read_request(&mut body, max_recv, first_only));
     let frame = match read.await {
@@ -265,5 +268,27 @@ mod tests {
         let mut body = request.into_body();
         let again = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&again[..], &[0, 0, 0, 0, 2, 7, 7, 0]);
+    }
+
+    /// A client-streaming import may send far more than one message's limit
+    /// in all: only its first message is read here.
+    #[tokio::test(start_paused = true)]
+    async fn a_streamed_import_is_not_weighed_as_one_message() {
+        let path = "/snowkeep.v1.AdminService/ImportStream";
+        const MESSAGE: &[u8] = &[0, 0, 0, 0, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        let message = MESSAGE;
+        let request = http::Request::post(path)
+            .body(streamed(vec![message, message, message]))
+            .unwrap();
+        let (request, first) = receive(request, 16, Duration::from_secs(3)).await.unwrap();
+        assert_eq!(&first[..], message);
+        let mut body = request.into_body();
+        let mut all = Vec::new();
+        // The test body never ends by itself: its three frames.
+        for _ in 0..3 {
+            let frame = body.frame().await.unwrap().unwrap();
+            all.extend_from_slice(&frame.into_data().unwrap());
+        }
+        assert_eq!(all, [message, message, message].concat());
     }
 }

@@ -275,6 +275,23 @@ async fn a_key_at_its_per_key_limit_is_refused_while_another_key_is_served() {
         },
     );
     refused.await;
+    // The held stream takes its slot on its own schedule: wait for it too.
+    eventually(
+        "the greedy key's stream to be in progress",
+        Duration::from_secs(10),
+        || {
+            let mut client = greedy_ids.clone();
+            async move {
+                let request = pb::StreamIdsRequest {
+                    total: 1,
+                    batch_size: 1,
+                };
+                client.stream_ids(request).await.err().map(|s| s.code())
+                    == Some(Code::ResourceExhausted)
+            }
+        },
+    )
+    .await;
     let id = &greedy_record.id;
     let status = greedy_ids.next_ids(next(1)).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
