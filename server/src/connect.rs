@@ -60,8 +60,6 @@ pub(crate) async fn connect_etcd_serving(
 ) -> Result<Option<EtcdStore>, StoreError> {
     let endpoints = settings.endpoints.clone();
     let mut store = EtcdStore::new(settings, layout, clock.clone()).await?;
-    // etcd's refusals (certificates, credentials, permissions) are found
-    // before any other request, once.
     let mut access_checked = false;
     if let Some(serving) = serving {
         let mut backoff =
@@ -70,21 +68,16 @@ pub(crate) async fn connect_etcd_serving(
             let settled = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(None),
                 r = async {
-                    if !access_checked {
-                        store.check_access().await?;
-                        access_checked = true;
-                    }
+                    check_access_once(&store, &mut access_checked).await?;
                     serving.mode.settle(store.auth_mode(), shutdown.clone()).await
                 } => r,
             };
             match settled {
                 Ok(()) => break,
-                Err(e) if e.is_retryable() && !matches!(e, StoreError::AccessRefused { .. }) => {
-                    let delay = backoff.next_delay();
-                    warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => return Ok(None),
-                        _ = tokio::time::sleep(delay) => {}
+                Err(e) if not_reachable_yet(&e) => {
+                    let log = |delay| warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                    if !retry_after(&mut backoff, shutdown, log).await {
+                        return Ok(None);
                     }
                 }
                 Err(e) => return Err(e),
@@ -100,34 +93,57 @@ pub(crate) async fn connect_etcd_serving(
         let checked = tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
             r = async {
-                if !access_checked {
-                    store.check_access().await?;
-                    access_checked = true;
-                }
+                check_access_once(&store, &mut access_checked).await?;
                 store.open_namespace().await
             } => r,
         };
         match checked {
             Ok(()) => return Ok(Some(store)),
-            // Refused credentials or certificates before the first claim
-            // are configuration to fix, not an etcd that is still starting.
-            Err(e) if e.is_retryable() && !matches!(e, StoreError::AccessRefused { .. }) => {
-                let delay = backoff.next_delay();
-                warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(None),
-                    _ = tokio::time::sleep(delay) => {}
+            Err(e) if not_reachable_yet(&e) => {
+                let log = |delay| warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                if !retry_after(&mut backoff, shutdown, log).await {
+                    return Ok(None);
                 }
             }
             Err(e @ StoreError::NamespaceNotCreated { .. }) if wait_for_namespace => {
-                let delay = backoff.next_delay();
-                warn!(error = %crate::DisplayChain(&e), retry_in = ?delay, "waiting for the namespace (--wait-for-namespace): create it, or import it with snowkeepctl import");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(None),
-                    _ = tokio::time::sleep(delay) => {}
+                let log = |delay| warn!(error = %crate::DisplayChain(&e), retry_in = ?delay, "waiting for the namespace (--wait-for-namespace): create it, or import it with snowkeepctl import");
+                if !retry_after(&mut backoff, shutdown, log).await {
+                    return Ok(None);
                 }
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Whether `e` is an etcd that does not answer yet, retried. Refused
+/// credentials or certificates before the first claim are configuration to
+/// fix, not an etcd that is still starting.
+fn not_reachable_yet(e: &StoreError) -> bool {
+    e.is_retryable() && !matches!(e, StoreError::AccessRefused { .. })
+}
+
+/// etcd's refusals (certificates, credentials, permissions), checked before
+/// any other request and once: `checked` says whether that happened.
+async fn check_access_once(store: &EtcdStore, checked: &mut bool) -> Result<(), StoreError> {
+    if !*checked {
+        store.check_access().await?;
+        *checked = true;
+    }
+    Ok(())
+}
+
+/// Waits `backoff`'s next delay, after `log` said why with it; `false` when
+/// shutdown came first.
+async fn retry_after(
+    backoff: &mut snowkeep_client::Backoff,
+    shutdown: &CancellationToken,
+    log: impl FnOnce(Duration),
+) -> bool {
+    let delay = backoff.next_delay();
+    log(delay);
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
     }
 }
