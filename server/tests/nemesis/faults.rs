@@ -257,6 +257,14 @@ impl Nemesis {
                 sleep(Duration::from_secs(1)).await;
                 self.topo
                     .spawn(slot, fault == Fault::KillServerNewId, &WallClock::Real);
+                if fault == Fault::KillServerSameId {
+                    // A stable instance takes its own machine id back, after
+                    // its crashed predecessor's etcd lease and fence (up to
+                    // one fence lead ahead): healed once it serves again.
+                    self.topo
+                        .wait_serving_within(slot, lead() + TTL + Duration::from_secs(30))
+                        .await;
+                }
                 self.rec.now_ms()
             }
             Fault::PauseServer => {

@@ -164,10 +164,12 @@ impl Topology {
 
     /// Waits until slot `i` serves (health SERVING), up to 30 s.
     pub async fn wait_serving(&self, i: usize) {
-        self.slots[i]
-            .server()
-            .wait_serving(Duration::from_secs(30))
-            .await;
+        self.wait_serving_within(i, Duration::from_secs(30)).await;
+    }
+
+    /// [`Self::wait_serving`] with a bound of its own.
+    pub async fn wait_serving_within(&self, i: usize, within: Duration) {
+        self.slots[i].server().wait_serving(within).await;
     }
 
     /// Kills slot `i`'s process with SIGKILL and waits for it to die.
