@@ -43,6 +43,21 @@ pub(crate) struct RevisionWitness {
     highest: Mutex<(i64, HashMap<String, Seen>)>,
 }
 
+/// What this process saw of `namespace`, starting at the highest revision
+/// it saw of any namespace (`highest`) the first time.
+fn seen_of<'a>(
+    namespaces: &'a mut HashMap<String, Seen>,
+    namespace: &str,
+    highest: i64,
+) -> &'a mut Seen {
+    namespaces
+        .entry(namespace.to_owned())
+        .or_insert_with(|| Seen {
+            highest,
+            ..Seen::default()
+        })
+}
+
 impl RevisionWitness {
     fn lock(&self) -> std::sync::MutexGuard<'_, (i64, HashMap<String, Seen>)> {
         // A poisoned lock only means a panic elsewhere; the values stay valid.
@@ -93,12 +108,7 @@ impl RevisionWitness {
     ) -> Option<String> {
         let mut guard = self.lock();
         let (highest, namespaces) = &mut *guard;
-        let seen = namespaces
-            .entry(namespace.to_owned())
-            .or_insert_with(|| Seen {
-                highest: *highest,
-                ..Seen::default()
-            });
+        let seen = seen_of(namespaces, namespace, *highest);
         // RFC 3339 times in UTC with whole seconds sort as text.
         let confirmed_since = match (confirmed_at, seen.confirmed_at.as_deref()) {
             (Some(now), Some(before)) => now > before,
@@ -135,12 +145,7 @@ impl RevisionWitness {
     pub(crate) fn key_went_back(&self, namespace: &str, key: &str, found: i64, written: i64) {
         let mut guard = self.lock();
         let (highest, namespaces) = &mut *guard;
-        let seen = namespaces
-            .entry(namespace.to_owned())
-            .or_insert_with(|| Seen {
-                highest: *highest,
-                ..Seen::default()
-            });
+        let seen = seen_of(namespaces, namespace, *highest);
         seen.pending.get_or_insert_with(|| {
             format!(
                 "the key {key} is at mod revision {found}, below revision {written} this server wrote it at: etcd was restored from an older snapshot"
