@@ -13,12 +13,11 @@
 //! budget of its own, and is closed soon after its first call is denied
 //! here (see [`crate::limits::conn`]).
 
-use std::future::Future;
 use std::net::IpAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures_util::future::{ready, Either, Ready};
 use ipnet::IpNet;
 use tonic::Status;
 use tower::{Layer, Service};
@@ -100,11 +99,11 @@ pub struct Allow<S> {
 impl<S, R> Service<http::Request<R>> for Allow<S>
 where
     S: Service<http::Request<R>, Response = http::Response<tonic::body::Body>>,
-    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    /// The refusal at once, or the inner call (no box per call).
+    type Future = Either<Ready<Result<Self::Response, S::Error>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -120,10 +119,10 @@ where
                     conn.state.denied();
                 }
                 let response = self.list.denied(peer).into_http();
-                return Box::pin(async move { Ok(response) });
+                return Either::Left(ready(Ok(response)));
             }
         }
-        Box::pin(self.inner.call(request))
+        Either::Right(self.inner.call(request))
     }
 }
 

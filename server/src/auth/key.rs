@@ -310,12 +310,12 @@ impl KeyRecord {
         presented: &PresentedKey,
         now_unix_ms: u64,
     ) -> Result<KeyScope, KeyRefusal> {
-        let stored = unhex32(&self.secret_sha256).unwrap_or_default();
+        let stored = unhex32(&self.secret_sha256);
         let given: [u8; 32] = Sha256::digest(presented.secret.as_bytes()).into();
         // A stored hash that does not parse matches nothing (all zeros is no
         // SHA-256 anyone can invert to).
-        let hash_ok = unhex32(&self.secret_sha256).is_some();
-        if !(bool::from(stored.ct_eq(&given)) && hash_ok) {
+        let hash_ok = stored.is_some();
+        if !(bool::from(stored.unwrap_or_default().ct_eq(&given)) && hash_ok) {
             return Err(KeyRefusal::WrongSecret(self.id.clone()));
         }
         if self.revoked {

@@ -17,6 +17,7 @@
 //!   deadline holds for its first message.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -58,7 +59,11 @@ impl PerKey {
     /// One more call of `key_id`, held until the [`KeySlot`] is dropped.
     pub(super) fn take(self: &Arc<Self>, key_id: &str) -> Result<KeySlot, LimitError> {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let count = counts.entry(key_id.to_owned()).or_insert(0);
+        // Looked up first: a key with calls in progress needs no new entry.
+        let count = match counts.get_mut(key_id) {
+            Some(count) => count,
+            None => counts.entry(key_id.to_owned()).or_insert(0),
+        };
         if *count >= self.max {
             return Err(LimitError::KeyBusy {
                 key_id: key_id.to_owned(),
@@ -122,12 +127,24 @@ pub(super) async fn read_request(
     max_recv: usize,
     first_only: bool,
 ) -> Result<Bytes, Status> {
+    // Most requests arrive in one frame, kept as it came (no copy); a
+    // second frame starts a buffer.
+    let mut only: Option<Bytes> = None;
     let mut buf = BytesMut::new();
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
             continue;
         };
-        buf.extend_from_slice(&data);
+        match only.take() {
+            None if buf.is_empty() => only = Some(data),
+            first => {
+                if let Some(first) = first {
+                    buf.extend_from_slice(&first);
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        let buf: &[u8] = only.as_deref().unwrap_or(&buf);
         if let Some(&[_, a, b, c, d]) = buf.get(..GRPC_HEADER) {
             let len = u32::from_be_bytes([a, b, c, d]) as usize;
             if len > max_recv {
@@ -144,7 +161,7 @@ pub(super) async fn read_request(
             }));
         }
     }
-    Ok(buf.freeze())
+    Ok(only.unwrap_or_else(|| buf.freeze()))
 }
 
 /// Waits at most `timeout` for `request`'s message (see the module docs)
@@ -161,10 +178,17 @@ pub(super) async fn receive(
 ) -> Result<(http::Request<tonic::body::Body>, Bytes), Status> {
     let first_only = request_is_stream(request.uri().path());
     let (parts, mut body) = request.into_parts();
-    let read = tokio::time::timeout(timeout, read_request(&mut body, max_recv, first_only));
-    let frame = match read.await {
-        Ok(frame) => frame?,
-        Err(_) => return Err(status(LimitError::RequestTimeout { after: timeout })),
+    let frame = {
+        let mut read = std::pin::pin!(read_request(&mut body, max_recv, first_only));
+        // A request whose message came with its headers (nearly all) is read
+        // without setting a timer.
+        match std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+            Poll::Ready(frame) => frame?,
+            Poll::Pending => match tokio::time::timeout(timeout, read).await {
+                Ok(frame) => frame?,
+                Err(_) => return Err(status(LimitError::RequestTimeout { after: timeout })),
+            },
+        }
     };
     let body = if first_only {
         tonic::body::Body::new(Prefixed {

@@ -365,22 +365,30 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limits = self.limits.clone();
         // Marked now, on the connection's own task, so the connection never
-        // looks idle between accepting this call and running it.
-        let conn_call: Option<ConnCall> = match request.extensions().get::<ConnInfo>().cloned() {
-            Some(c) => {
-                // What tonic's `Request::remote_addr` reads.
-                request.extensions_mut().insert(c.tcp.clone());
-                Some(c.state.call())
-            }
-            None => None,
-        };
-        let unsent = conn_call
-            .as_ref()
-            .map_or_else(Unsent::unwatched, ConnCall::sender);
+        // looks idle between accepting this call and running it. The rest
+        // runs in the call's own task: hyper calls this on the connection's
+        // task, which every call of the connection shares.
+        let conn_call: Option<ConnCall> = request
+            .extensions()
+            .get::<ConnInfo>()
+            .map(|c| c.state.call());
         Box::pin(async move {
-            let path = request.uri().path().to_owned();
+            if let Some(tcp) = request
+                .extensions()
+                .get::<ConnInfo>()
+                .map(|c| c.tcp.clone())
+            {
+                // What tonic's `Request::remote_addr` reads.
+                request.extensions_mut().insert(tcp);
+            }
+            let unsent = conn_call
+                .as_ref()
+                .map_or_else(Unsent::unwatched, ConnCall::sender);
+            // A clone of the URI shares its bytes (no copy of the path).
+            let uri = request.uri().clone();
+            let path = uri.path();
             let keyless = request.extensions().get::<Keyless>().is_some();
-            let pool = limits.pool(CallKind::of(&path), keyless);
+            let pool = limits.pool(CallKind::of(path), keyless);
             let key_id = request.extensions().get::<CallerKey>().map(|k| &k.0);
             let admitted = limits.admit(pool, key_id.map(String::as_str), conn_call);
             let mut hold = match admitted {
@@ -396,7 +404,7 @@ where
                     let (_, mut body) = request.into_parts();
                     let read = read_request(&mut body, limits.0.max_recv, false);
                     let _ = tokio::time::timeout(SHED_BODY_WAIT, read).await;
-                    return Ok(limits.shed(&path, error));
+                    return Ok(limits.shed(path, error));
                 }
             };
             let received = receive(request, limits.0.max_recv, limits.0.request_timeout);
@@ -405,7 +413,7 @@ where
                 Err(status) => return Ok(status.into_http()),
             };
             let weight = if path == NEXT_IDS || path == STREAM_IDS {
-                match weigh(&path, &frame, limits.0.max_send) {
+                match weigh(path, &frame, limits.0.max_send) {
                     Ok(w) => w,
                     Err(error) => return Ok(status(error).into_http()),
                 }
@@ -414,7 +422,7 @@ where
             };
             match pool.reserve(weight, limits.0.base) {
                 Ok(more) => hold.memory.merge(more),
-                Err(error) => return Ok(limits.shed(&path, error)),
+                Err(error) => return Ok(limits.shed(path, error)),
             }
             let response = inner.call(request).await?;
             let hold = Arc::new(hold);

@@ -74,12 +74,13 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tracing::{debug, warn};
 
+use super::alarm::Alarm;
 use super::throttle::Throttle;
 use crate::allow::AllowList;
 use crate::tls::ServerTls;
@@ -737,13 +738,17 @@ pub struct GuardedIo {
     handshake_timeout: Duration,
     /// True once the client has sent a byte.
     heard: bool,
-    idle: Pin<Box<Sleep>>,
+    idle: Alarm,
     send_timeout: Option<Duration>,
     /// Fires at the send deadline of the oldest unsent message (or one
     /// timeout from the last check when none is unsent).
-    send_check: Pin<Box<Sleep>>,
+    send_check: Alarm,
     stalls: Stalls,
+    /// Checked first on every read (an atomic load); the future is polled
+    /// once to register the task, and again once the token is cancelled.
+    shutdown_token: CancellationToken,
     shutdown: Pin<Box<WaitForCancellationFutureOwned>>,
+    shutdown_armed: bool,
     shutting_down: bool,
     closed: bool,
     listener: &'static str,
@@ -787,10 +792,8 @@ impl GuardedIo {
         let disallowed_until = disallowed.then(|| state.opened + DISALLOWED_TIMEOUT);
         Self {
             inner,
-            idle: Box::pin(tokio::time::sleep_until(state.opened + handshake_timeout)),
-            send_check: Box::pin(tokio::time::sleep_until(
-                state.opened + send_timeout.unwrap_or(Duration::MAX / 4),
-            )),
+            idle: Alarm::at(state.opened + handshake_timeout),
+            send_check: Alarm::at(state.opened + send_timeout.unwrap_or(Duration::MAX / 4)),
             send_timeout,
             stalls: accepting.stalls.clone(),
             state,
@@ -798,7 +801,9 @@ impl GuardedIo {
             idle_timeout,
             handshake_timeout,
             heard: false,
+            shutdown_token: accepting.shutdown.clone(),
             shutdown: Box::pin(accepting.shutdown.clone().cancelled_owned()),
+            shutdown_armed: false,
             shutting_down: false,
             closed: false,
             listener: accepting.limits.name,
@@ -886,8 +891,11 @@ impl GuardedIo {
         if self.closed {
             return true;
         }
-        if !self.shutting_down && self.shutdown.as_mut().poll(cx).is_ready() {
-            self.shutting_down = true;
+        if !self.shutting_down && (!self.shutdown_armed || self.shutdown_token.is_cancelled()) {
+            self.shutdown_armed = true;
+            if self.shutdown.as_mut().poll(cx).is_ready() {
+                self.shutting_down = true;
+            }
         }
         // Calls are marked on the connection's own task (the one reading
         // here, when hyper hands a request to the service), so none can start
@@ -900,7 +908,7 @@ impl GuardedIo {
             return true;
         }
         if let Some(timeout) = self.send_timeout {
-            while self.send_check.as_mut().poll(cx).is_ready() {
+            while self.send_check.fired(cx) {
                 let now = Instant::now();
                 match self.state.oldest_unsent() {
                     Some(since) if now >= since + timeout => {
@@ -924,8 +932,8 @@ impl GuardedIo {
                         self.closed = true;
                         return true;
                     }
-                    Some(since) => self.send_check.as_mut().reset(since + timeout),
-                    None => self.send_check.as_mut().reset(now + timeout),
+                    Some(since) => self.send_check.reset(since + timeout),
+                    None => self.send_check.reset(now + timeout),
                 }
             }
         }
@@ -939,10 +947,10 @@ impl GuardedIo {
         });
         if let Some(end) = end {
             if self.idle.deadline() > end {
-                self.idle.as_mut().reset(end);
+                self.idle.reset(end);
             }
         }
-        while self.idle.as_mut().poll(cx).is_ready() {
+        while self.idle.fired(cx) {
             let now = Instant::now();
             if end.is_some_and(|end| now >= end) {
                 debug!(listener = self.listener, peer = ?self.tcp.remote_addr, denied = self.state.first_denied().is_some(), "closing a connection from outside --allow-cidrs");
@@ -964,9 +972,7 @@ impl GuardedIo {
             } else {
                 deadline
             };
-            self.idle
-                .as_mut()
-                .reset(end.map_or(next, |end| next.min(end)));
+            self.idle.reset(end.map_or(next, |end| next.min(end)));
         }
         false
     }

@@ -14,6 +14,7 @@
 //! | the generated services (in [`crate::service::router`]) | message sizes |
 
 pub mod admission;
+mod alarm;
 pub mod calls;
 pub mod conn;
 mod error;

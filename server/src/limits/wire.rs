@@ -67,9 +67,21 @@ fn found_and_limit(msg: &str) -> Option<(usize, usize)> {
     Some((found.parse().ok()?, limit.parse().ok()?))
 }
 
+/// True when `headers` carry a `grpc-status` that [`fixed`] may rewrite:
+/// INTERNAL (13) or OUT_OF_RANGE (11). Every other response, OK ones first,
+/// is passed on without parsing its status (this runs on every call).
+fn may_need_fixing(headers: &HeaderMap) -> bool {
+    headers
+        .get(&crate::metrics::grpc_layer::GRPC_STATUS)
+        .is_some_and(|v| matches!(v.as_bytes(), b"13" | b"11"))
+}
+
 /// Rewrites the status in `headers` (response headers or trailers) when
 /// [`fixed`] says what it means.
 fn fix_headers(headers: &mut HeaderMap) {
+    if !may_need_fixing(headers) {
+        return;
+    }
     let Some(error) = Status::from_header_map(headers).as_ref().and_then(fixed) else {
         return;
     };
@@ -101,23 +113,40 @@ pub struct WireStatus<S> {
 impl<S, R, B> Service<http::Request<R>> for WireStatus<S>
 where
     S: Service<http::Request<R>, Response = http::Response<B>>,
-    S::Future: Send + 'static,
 {
     type Response = http::Response<WireBody<B>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = WireFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<R>) -> Self::Future {
-        let response = self.inner.call(request);
-        Box::pin(async move {
-            let mut response = response.await?;
-            fix_headers(response.headers_mut());
-            Ok(response.map(|inner| WireBody { inner }))
-        })
+        WireFuture {
+            inner: self.inner.call(request),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`WireStatus`]: fixes the response headers.
+    pub struct WireFuture<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F, B, E> Future for WireFuture<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = Result<http::Response<WireBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut response = std::task::ready!(self.project().inner.poll(cx))?;
+        fix_headers(response.headers_mut());
+        Poll::Ready(Ok(response.map(|inner| WireBody { inner })))
     }
 }
 
@@ -210,6 +239,24 @@ mod tests {
         ] {
             assert!(fixed(&status).is_none(), "{status:?}");
         }
+    }
+
+    /// The fast path lets through exactly the two codes `fixed` rewrites.
+    #[test]
+    fn only_internal_and_out_of_range_are_parsed() {
+        for (code, parsed) in [
+            (Code::Ok, false),
+            (Code::InvalidArgument, false),
+            (Code::OutOfRange, true),
+            (Code::Unavailable, false),
+            (Code::Internal, true),
+            (Code::Unauthenticated, false),
+        ] {
+            let mut headers = HeaderMap::new();
+            Status::new(code, "x").add_header(&mut headers).unwrap();
+            assert_eq!(may_need_fixing(&headers), parsed, "{code:?}");
+        }
+        assert!(!may_need_fixing(&HeaderMap::new()));
     }
 
     #[test]

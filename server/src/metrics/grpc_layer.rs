@@ -58,22 +58,35 @@ fn labels(path: &str) -> (&'static str, &'static str) {
 }
 
 /// The position of `/service/method` in [`KNOWN`], or `None` for anything
-/// else (which is labelled `unknown`).
+/// else (which is labelled `unknown`). The paths are matched whole, on the
+/// connection's task for every call: no splitting.
 fn method_index(path: &str) -> Option<usize> {
-    let mut parts = path.trim_start_matches('/').splitn(2, '/');
-    let (service, method) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    KNOWN
-        .iter()
-        .position(|(s, m)| *s == service && *m == method)
+    let rest = path.strip_prefix('/')?;
+    KNOWN.iter().position(|(s, m)| {
+        rest.len() == s.len() + 1 + m.len()
+            && rest.starts_with(s)
+            && rest.as_bytes()[s.len()] == b'/'
+            && rest.ends_with(m)
+    })
 }
 
+/// The `grpc-status` of `headers`: one or two ASCII digits (the gRPC
+/// codes are 0 to 16); anything else is no status.
 fn grpc_status(headers: &http::HeaderMap) -> Option<Code> {
-    headers
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<i32>().ok())
-        .map(Code::from)
+    let value = headers.get(&GRPC_STATUS)?.as_bytes();
+    let code = match *value {
+        [d] if d.is_ascii_digit() => i32::from(d - b'0'),
+        [a, b] if a.is_ascii_digit() && b.is_ascii_digit() => {
+            i32::from(a - b'0') * 10 + i32::from(b - b'0')
+        }
+        _ => return None,
+    };
+    Some(Code::from(code))
 }
+
+/// The `grpc-status` header's name, parsed once (a `&str` name is parsed on
+/// every lookup).
+pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 
 /// The gRPC status codes, 0 to 16.
 const CODES: usize = 17;
@@ -225,29 +238,49 @@ impl Drop for Call {
 impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for GrpcMetrics<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
-    S::Future: Send + 'static,
 {
     type Response = http::Response<MeasuredBody<ResBody>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = MeasuredFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let mut call = Call::start(Arc::clone(&self.series), request.uri().path());
-        let response = self.inner.call(request);
-        Box::pin(async move {
-            // An error here ends the call without a response: the drop of
-            // `call` records it as CANCELLED.
-            let response = response.await?;
+        let call = Call::start(Arc::clone(&self.series), request.uri().path());
+        MeasuredFuture {
+            inner: self.inner.call(request),
+            call: Some(call),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response future of [`GrpcMetrics`]: hands the call's measurement
+    /// to the response body. An error here ends the call without a
+    /// response: the drop of the call records it as CANCELLED.
+    pub(crate) struct MeasuredFuture<F> {
+        #[pin]
+        inner: F,
+        call: Option<Call>,
+    }
+}
+
+impl<F, B, E> Future for MeasuredFuture<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = Result<http::Response<MeasuredBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = std::task::ready!(this.inner.poll(cx))?;
+        let mut call = this.call.take();
+        if let Some(call) = call.as_mut() {
             call.code = grpc_status(response.headers());
-            Ok(response.map(|body| MeasuredBody {
-                inner: body,
-                call: Some(call),
-            }))
-        })
+        }
+        Poll::Ready(Ok(response.map(|body| MeasuredBody { inner: body, call })))
     }
 }
 
@@ -313,6 +346,23 @@ mod tests {
         );
         assert_eq!(labels("/attacker.Svc/AnyThing"), ("unknown", "unknown"));
         assert_eq!(labels(""), ("unknown", "unknown"));
+    }
+
+    #[test]
+    fn the_status_is_read_from_its_digits_only() {
+        let status = |v: &'static str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-status", http::HeaderValue::from_static(v));
+            grpc_status(&h)
+        };
+        assert_eq!(status("0"), Some(Code::Ok));
+        assert_eq!(status("8"), Some(Code::ResourceExhausted));
+        assert_eq!(status("16"), Some(Code::Unauthenticated));
+        assert_eq!(status("17"), Some(Code::Unknown));
+        for bad in ["", "x", "1x", "016", "-1", " 1"] {
+            assert_eq!(status(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_status(&http::HeaderMap::new()), None);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use snowkeep_client::{GenerateError, Generator, GeneratorSet, MachineId, SharedClock, Taken};
@@ -93,6 +93,11 @@ pub struct IdHandler {
     /// Cancelled at shutdown: open streams end with UNAVAILABLE.
     shutdown: CancellationToken,
     refusals: Arc<Refusals>,
+    /// `snowkeep_ids_issued_total{method="NextIds"}`, registered on the first
+    /// call that issues (so `/metrics` shows it once ids were issued) and
+    /// then reused: a lookup by labels costs an allocation and a hash per
+    /// call.
+    unary_issued: Arc<OnceLock<metrics::Counter>>,
 }
 
 impl std::fmt::Debug for IdHandler {
@@ -114,6 +119,7 @@ impl IdHandler {
         Self {
             generators,
             refusals: Arc::new(Refusals::new(namespace.clone())),
+            unary_issued: Arc::new(OnceLock::new()),
             namespace,
             clock,
             shutdown,
@@ -151,7 +157,8 @@ impl pb::id_service_server::IdService for IdHandler {
                 self.refusals.record("NextIds", &e);
                 ApiError::from(e)
             })?;
-        metrics::counter!(m::IDS_ISSUED_TOTAL, "namespace" => self.namespace.clone(), "method" => "NextIds")
+        self.unary_issued
+            .get_or_init(|| metrics::counter!(m::IDS_ISSUED_TOTAL, "namespace" => self.namespace.clone(), "method" => "NextIds"))
             .increment(ids.len() as u64);
         Ok(Response::new(pb::NextIdsResponse { ids }))
     }
