@@ -364,10 +364,8 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limits = self.limits.clone();
-        // Marked now, on the connection's own task, so the connection never
-        // looks idle between accepting this call and running it. The rest
-        // runs in the call's own task: hyper calls this on the connection's
-        // task, which every call of the connection shares.
+        // Marked at once, so the connection does not look idle while the call
+        // runs (the read that brought its headers had touched it already).
         let conn_call: Option<ConnCall> = request
             .extensions()
             .get::<ConnInfo>()
