@@ -2,6 +2,7 @@
 //! window of it, or all of it), one guarded transaction per candidate.
 //! Shared by the server's own claims and the Lease API's.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tracing::{debug, error, warn};
 
 use super::endpoints::Endpoints;
 use super::fence_count::{self, Counter, MissingFence};
-use super::pool_read::{read_pool, window_blocks, Pool};
+use super::pool_read::{range_blocks, read_pool, window_blocks, Pool};
 use super::{keys, namespace};
 use crate::claim::candidates::{rank_candidates, Candidate, CandidateKind};
 use crate::claim::{HeldId, StoreError};
@@ -95,6 +96,20 @@ pub(super) struct Claimed {
     pub(super) fence_revisions: Vec<i64>,
     /// Keys the claim's pool reads returned, over every round.
     pub(super) keys_read: u64,
+    /// The machine ids of `held` this holder held before: its own holder
+    /// keys taken back, and the `prefer` ones (a crashed predecessor's).
+    /// Their floors are its own fences.
+    pub(super) own: Vec<MachineId>,
+}
+
+/// What a claim refused for a full range ([`StoreError::NoFreeMachineId`])
+/// found, for the caller to ask about without reading the pool again.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct FullRange {
+    /// The etcd leases of the range's holder keys, each once, in machine id
+    /// order, as the read that found the range full saw them (requester
+    /// records and keys on no lease left out).
+    pub(super) leases: Vec<i64>,
 }
 
 /// Claims machine ids one atomic transaction per candidate; each floor is the
@@ -110,16 +125,20 @@ pub(super) struct Claimed {
 /// ([`confirm_missing`]). A re-base is also guarded by the block's key as
 /// read: one that fails because another re-base moved it reads the pool
 /// again.
+///
+/// A refusal for a full range leaves in `full` what the refusing read found.
 pub(super) async fn claim_ids(
     endpoints: &Endpoints,
     timeout: Duration,
     want: ClaimRequest<'_>,
+    full: &mut FullRange,
 ) -> Result<Claimed, StoreError> {
     let ns = want.namespace;
     let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
     let mut fence_revisions = Vec::with_capacity(want.count);
     let mut revision = 0;
     let mut keys_read = 0;
+    let mut own = Vec::new();
     // Set once a window had no candidate: the rest of the claim reads the
     // whole pool.
     let mut whole = false;
@@ -133,7 +152,11 @@ pub(super) async fn claim_ids(
             read_round(endpoints, timeout, &want, record.floor, &held, &mut whole).await?;
         keys_read += pool.keys_read;
         let Pool {
-            view, root, blocks, ..
+            view,
+            root,
+            blocks,
+            holder_leases,
+            ..
         } = pool;
         if let (true, Some((machine_id, fence))) = (candidates.is_empty(), too_far) {
             let ahead = Duration::from_millis(fence.get().saturating_sub(want.now.get()));
@@ -146,12 +169,12 @@ pub(super) async fn claim_ids(
             });
         }
         if candidates.is_empty() {
+            full.leases = range_leases(&holder_leases, &want.range);
             return Err(StoreError::NoFreeMachineId {
                 namespace: ns.to_owned(),
                 capacity: want.range.end - want.range.start,
                 start: want.range.start,
                 end: want.range.end,
-                ending_within: None,
             });
         }
         // Blocks this claim changed since the read: no second re-base of one.
@@ -339,6 +362,9 @@ pub(super) async fn claim_ids(
                 },
             };
             revision = revision.max(txn_revision);
+            if candidate.kind == CandidateKind::Own || want.prefer.contains(&machine_id) {
+                own.push(machine_id);
+            }
             held.push(HeldId {
                 machine_id,
                 floor,
@@ -351,6 +377,7 @@ pub(super) async fn claim_ids(
                     revision,
                     fence_revisions,
                     keys_read,
+                    own,
                 });
             }
         }
@@ -359,6 +386,17 @@ pub(super) async fn claim_ids(
         op: "claim (every candidate was taken concurrently)",
         after: timeout,
     })
+}
+
+/// The etcd leases of the holder keys of `range` in `holder_leases`, each
+/// once, in machine id order; keys on no lease left out.
+fn range_leases(holder_leases: &BTreeMap<MachineId, i64>, range: &Range<u32>) -> Vec<i64> {
+    let mut seen = BTreeSet::new();
+    holder_leases
+        .iter()
+        .filter(|(id, &lease)| range.contains(&u32::from(id.get())) && lease != 0)
+        .filter_map(|(_, &lease)| seen.insert(lease).then_some(lease))
+        .collect()
 }
 
 /// One round's read of the pool and its candidates, best first, with the
@@ -370,7 +408,8 @@ pub(super) async fn claim_ids(
 /// candidates all need a wait (a fence ahead) does not count: the claim
 /// order takes a machine id that needs a wait only when the whole pool has
 /// none without. The round then reads the whole pool, and so does every later
-/// round of the claim (`whole` is set).
+/// round of the claim (`whole` is set). The whole pool is every block of the
+/// claim's range ([`range_blocks`]), not the namespace's other ranges.
 async fn read_round(
     endpoints: &Endpoints,
     timeout: Duration,
@@ -405,12 +444,13 @@ async fn read_round(
             keys_read = pool.keys_read;
             debug!(
                 namespace = want.namespace,
-                "no machine id of the window can be claimed without a wait; reading the whole pool"
+                "no machine id of the window can be claimed without a wait; reading the whole range"
             );
         }
         *whole = true;
     }
-    let mut pool = Box::pin(read_pool(endpoints, timeout, want.namespace, None)).await?;
+    let blocks = range_blocks(&want.range);
+    let mut pool = Box::pin(read_pool(endpoints, timeout, want.namespace, blocks)).await?;
     pool.keys_read += keys_read;
     let (candidates, too_far) = candidates_of(&pool, want, namespace_floor, held);
     Ok((pool, candidates, too_far))
