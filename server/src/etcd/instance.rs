@@ -308,9 +308,9 @@ impl EtcdStore {
     /// range. `Ok(None)` when none ends that soon (or the range's holders
     /// have no lease); an error when etcd did not answer about a lease and
     /// none of the others ends that soon.
-    pub(super) async fn holder_lease_end(&mut self) -> Result<Option<Duration>, StoreError> {
+    pub async fn holder_lease_end(&mut self) -> Result<Option<Duration>, StoreError> {
         let horizon = self.settings.fence_horizon;
-        let leases = self.full_range.leases.clone();
+        let leases = self.full_range_leases.clone();
         let this = &*self;
         let mut asked = futures_util::stream::iter(leases)
             .map(|lease| this.lease_remaining(lease))

@@ -147,9 +147,9 @@ pub struct EtcdStore {
     claimed_last: Vec<MachineId>,
     /// Keys the last claim read from etcd (see [`EtcdStore::claim_keys_read`]).
     keys_read: u64,
-    /// What the last claim found, when it was refused for a full range:
-    /// the leases [`EtcdStore::holder_lease_end`] asks about.
-    full_range: pool::FullRange,
+    /// The holder leases the last claim found, when it was refused for a
+    /// full range: the leases [`EtcdStore::holder_lease_end`] asks about.
+    full_range_leases: Vec<i64>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -188,7 +188,7 @@ impl EtcdStore {
             fence_attempts: HashMap::new(),
             claimed_last: Vec::new(),
             keys_read: 0,
-            full_range: pool::FullRange::default(),
+            full_range_leases: Vec::new(),
         })
     }
 

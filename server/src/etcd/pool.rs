@@ -94,22 +94,23 @@ pub(super) struct Claimed {
     /// created the key; 0: no key), in `held` order: the guard of the
     /// holder's first fence write.
     pub(super) fence_revisions: Vec<i64>,
-    /// Keys the claim's pool reads returned, over every round.
-    pub(super) keys_read: u64,
     /// The machine ids of `held` this holder held before: its own holder
     /// keys taken back, and the `prefer` ones (a crashed predecessor's).
     /// Their floors are its own fences.
     pub(super) own: Vec<MachineId>,
 }
 
-/// What a claim refused for a full range ([`StoreError::NoFreeMachineId`])
-/// found, for the caller to ask about without reading the pool again.
+/// What a claim's pool reads found, whether it succeeded or not.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(super) struct FullRange {
-    /// The etcd leases of the range's holder keys, each once, in machine id
+pub(super) struct ClaimReads {
+    /// Keys the claim's pool reads returned, over every round.
+    pub(super) keys_read: u64,
+    /// After a refusal for a full range ([`StoreError::NoFreeMachineId`]):
+    /// the etcd leases of the range's holder keys, each once, in machine id
     /// order, as the read that found the range full saw them (requester
-    /// records and keys on no lease left out).
-    pub(super) leases: Vec<i64>,
+    /// records and keys on no lease left out), for the caller to ask about
+    /// without reading the range again. Empty otherwise.
+    pub(super) full_range_leases: Vec<i64>,
 }
 
 /// Claims machine ids one atomic transaction per candidate; each floor is the
@@ -126,18 +127,17 @@ pub(super) struct FullRange {
 /// read: one that fails because another re-base moved it reads the pool
 /// again.
 ///
-/// A refusal for a full range leaves in `full` what the refusing read found.
+/// What the pool reads found goes to `reads`, a refusal's too.
 pub(super) async fn claim_ids(
     endpoints: &Endpoints,
     timeout: Duration,
     want: ClaimRequest<'_>,
-    full: &mut FullRange,
+    reads: &mut ClaimReads,
 ) -> Result<Claimed, StoreError> {
     let ns = want.namespace;
     let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
     let mut fence_revisions = Vec::with_capacity(want.count);
     let mut revision = 0;
-    let mut keys_read = 0;
     let mut own = Vec::new();
     // Set once a window had no candidate: the rest of the claim reads the
     // whole pool.
@@ -150,7 +150,7 @@ pub(super) async fn claim_ids(
         let absent_floor = want.absent_floor.max(record.floor);
         let (pool, candidates, too_far) =
             read_round(endpoints, timeout, &want, record.floor, &held, &mut whole).await?;
-        keys_read += pool.keys_read;
+        reads.keys_read += pool.keys_read;
         let Pool {
             view,
             root,
@@ -169,7 +169,7 @@ pub(super) async fn claim_ids(
             });
         }
         if candidates.is_empty() {
-            full.leases = range_leases(&holder_leases, &want.range);
+            reads.full_range_leases = range_leases(&holder_leases, &want.range);
             return Err(StoreError::NoFreeMachineId {
                 namespace: ns.to_owned(),
                 capacity: want.range.end - want.range.start,
@@ -376,7 +376,6 @@ pub(super) async fn claim_ids(
                     held,
                     revision,
                     fence_revisions,
-                    keys_read,
                     own,
                 });
             }

@@ -540,6 +540,16 @@ mod tests {
     }
 
     #[test]
+    fn the_whole_read_of_a_range_is_its_blocks_only() {
+        assert_eq!(range_blocks(&(0..4096)), Some((0..64).collect()));
+        assert_eq!(range_blocks(&(100..110)), Some(set(&[1])));
+        assert_eq!(range_blocks(&(100..300)), Some(set(&[1, 2, 3, 4])));
+        // The last id of a block, and the first of the next.
+        assert_eq!(range_blocks(&(63..65)), Some(set(&[0, 1])));
+        assert_eq!(range_blocks(&(5..5)), None);
+    }
+
+    #[test]
     fn runs_group_consecutive_blocks() {
         assert_eq!(runs(&set(&[1, 2, 3, 7, 9, 10])), vec![1..4, 7..8, 9..11]);
         assert_eq!(runs(&set(&[])), Vec::<Range<u16>>::new());

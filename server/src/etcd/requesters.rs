@@ -57,7 +57,7 @@ use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 use tracing::{error, info, warn};
 
 use super::keys::{self, decode_record, encode_record, quoted};
-use super::pool::FullRange;
+use super::pool::ClaimReads;
 use super::{claim_ids, ClaimRequest, Endpoints, EtcdStore};
 use crate::claim::{Capacity, HeldId, StoreError};
 use crate::lease_api::records::{
@@ -612,7 +612,7 @@ impl RequesterLeases {
             &self.endpoints,
             self.timeout,
             want,
-            &mut FullRange::default(),
+            &mut ClaimReads::default(),
         )
         .await;
         let held = match claimed {

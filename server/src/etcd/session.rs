@@ -9,7 +9,7 @@ use snowkeep_client::{MachineId, Millis};
 use tracing::{debug, error, info, warn};
 
 use super::endpoints::lease_not_found;
-use super::pool::{claim_ids, ClaimRequest, Claimed, FullRange};
+use super::pool::{claim_ids, ClaimReads, ClaimRequest, Claimed};
 use super::{keys, Claim, EtcdLease, EtcdStore};
 use crate::claim::{LossReason, StoreError};
 
@@ -36,7 +36,7 @@ impl EtcdStore {
         // Before granting anything: the namespace may be claimed in.
         self.guard_namespace().await?;
         self.keys_read = 0;
-        self.full_range = FullRange::default();
+        self.full_range_leases.clear();
         let (prefer, mut known) = self.settle_own_holders().await?;
         known.extend(self.claimed_last.iter().copied());
         let timeout = self.settings.request_timeout;
@@ -145,14 +145,18 @@ impl EtcdStore {
             known,
             index: self.settings.stable_instance,
         };
+        let mut reads = ClaimReads::default();
         let claimed = claim_ids(
             &self.endpoints,
             self.settings.request_timeout,
             want,
-            &mut self.full_range,
+            &mut reads,
         )
-        .await?;
-        self.keys_read += claimed.keys_read;
+        .await;
+        // Counted whether the claim succeeded or not.
+        self.keys_read += reads.keys_read;
+        self.full_range_leases = reads.full_range_leases;
+        let claimed = claimed?;
         self.check_no_older_twin(lease_id).await?;
         Ok(claimed)
     }
