@@ -184,39 +184,52 @@ impl<S: ClaimStore> ClaimManager<S> {
             if let Some(err) =
                 fenced_too_far(&claim, self.now_ms(), self.timing.max_fence_wait, own_wait)
             {
-                let StoreError::FenceTooFarAhead { fence, .. } = err else {
-                    unreachable!("fenced_too_far answers FenceTooFarAhead");
-                };
                 if !self.store.may_claim_others() {
                     // The store has only these ids: nothing else to try.
                     return Err(err);
                 }
-                // etcd skips such ids when ranking; this one's fence moved
-                // after the ranking read. Give it back untouched (revoking
-                // frees the keys, leaves the fence and records no last
-                // holder) and claim again.
-                warn!(error = %crate::DisplayChain(&err), "claimed machine id is fenced too far ahead; claiming again");
-                self.store.abandon(&claim).await;
-                far = (far.0 + 1, far.1.min(fence));
-                if far.0 >= MAX_FAR_ABANDONS && self.a_holders_fence(&err) {
-                    // Wait until the lowest of them is within
-                    // --max-fence-wait, then claim again (NOT_SERVING
-                    // meanwhile).
-                    let until = far
-                        .1
-                        .get()
-                        .saturating_sub(millis(self.timing.max_fence_wait));
-                    let wait = Duration::from_millis(until.saturating_sub(self.now_ms().get()));
-                    warn!(namespace = %self.namespace, claims = far.0, wait = ?wait, "every machine id claimed in a row is fenced too far ahead (as after an import or a confirmed floor): waiting for the fence instead of claiming more");
-                    far = (0, Millis(u64::MAX));
-                    tokio::select! {
-                        _ = release.cancelled() => return Ok(None),
-                        _ = tokio::time::sleep(wait) => {}
-                    }
+                if !self.give_back(&claim, &err, &mut far, release).await {
+                    return Ok(None);
                 }
                 continue;
             }
             return Ok(Some(claim));
+        }
+    }
+
+    /// Gives back `claim`, one of whose machine ids is fenced too far ahead
+    /// (`err`): etcd skips such ids when ranking, so this one's fence moved
+    /// after the ranking read. Revoking frees the keys, leaves the fence and
+    /// records no last holder. After [`MAX_FAR_ABANDONS`] such claims in a
+    /// row (`far`: their count and lowest fence), waits until the lowest is
+    /// within `--max-fence-wait` instead of claiming more (NOT_SERVING
+    /// meanwhile). False when release came first.
+    async fn give_back(
+        &mut self,
+        claim: &Claim<S::Lease>,
+        err: &StoreError,
+        far: &mut (u32, Millis),
+        release: &CancellationToken,
+    ) -> bool {
+        let StoreError::FenceTooFarAhead { fence, .. } = err else {
+            return true;
+        };
+        warn!(error = %crate::DisplayChain(err), "claimed machine id is fenced too far ahead; claiming again");
+        self.store.abandon(claim).await;
+        *far = (far.0 + 1, far.1.min(*fence));
+        if far.0 < MAX_FAR_ABANDONS || !self.a_holders_fence(err) {
+            return true;
+        }
+        let until = far
+            .1
+            .get()
+            .saturating_sub(millis(self.timing.max_fence_wait));
+        let wait = Duration::from_millis(until.saturating_sub(self.now_ms().get()));
+        warn!(namespace = %self.namespace, claims = far.0, wait = ?wait, "every machine id claimed in a row is fenced too far ahead (as after an import or a confirmed floor): waiting for the fence instead of claiming more");
+        *far = (0, Millis(u64::MAX));
+        tokio::select! {
+            _ = release.cancelled() => false,
+            _ = tokio::time::sleep(wait) => true,
         }
     }
 
