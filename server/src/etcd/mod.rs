@@ -53,6 +53,7 @@ pub mod namespace;
 pub(crate) mod overlap;
 mod pool;
 mod pool_read;
+mod pool_round;
 pub(crate) mod requesters;
 mod session;
 mod start_check;
