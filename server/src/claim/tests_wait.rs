@@ -82,7 +82,7 @@ async fn a_strangers_id_fenced_past_the_fence_wait_is_given_back() {
 
 fn unanswered() -> StoreError {
     StoreError::Timeout {
-        op: "predecessor lease ttl",
+        op: "lease ttl",
         after: Duration::from_millis(500),
     }
 }

@@ -306,8 +306,10 @@ impl EtcdStore {
     /// ending that soon: a bound on when a machine id frees, whichever lease
     /// it is. Reads no key: the leases come from the claim's own read of the
     /// range. `Ok(None)` when none ends that soon (or the range's holders
-    /// have no lease); an error when etcd did not answer about a lease and
-    /// none of the others ends that soon.
+    /// have no lease); the first error etcd answers with otherwise, at once
+    /// (the requests still out are dropped): the claim loop retries, and
+    /// this asks again, rather than wait out a request timeout per lease of
+    /// an etcd that does not answer.
     pub async fn holder_lease_end(&mut self) -> Result<Option<Duration>, StoreError> {
         let horizon = self.settings.fence_horizon;
         let leases = self.full_range_leases.clone();
@@ -315,22 +317,13 @@ impl EtcdStore {
         let mut asked = futures_util::stream::iter(leases)
             .map(|lease| this.lease_remaining(lease))
             .buffer_unordered(LEASES_IN_FLIGHT);
-        let mut failed = None;
         while let Some(answer) = asked.next().await {
-            match answer {
-                Ok(left) if left.unwrap_or(Duration::ZERO) <= horizon => {
-                    return Ok(Some(left.unwrap_or(Duration::ZERO)));
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
+            let left = answer?.unwrap_or(Duration::ZERO);
+            if left <= horizon {
+                return Ok(Some(left));
             }
         }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(None),
-        }
+        Ok(None)
     }
 
     /// The remaining TTL of `lease` (whole seconds), `None` once it expired.
@@ -338,7 +331,7 @@ impl EtcdStore {
         let ttl = self
             .endpoints
             .call(
-                "predecessor lease ttl",
+                "lease ttl",
                 self.settings.request_timeout,
                 |mut c| async move { c.lease_time_to_live(lease, None).await },
             )

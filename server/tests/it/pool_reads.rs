@@ -360,3 +360,37 @@ async fn a_narrow_range_reads_its_own_blocks_not_the_namespaces_pool() {
     assert!((100..110).contains(&claim.held[0].machine_id.get()));
     assert_eq!(store.claim_keys_read(), (100 - 64) + (128 - 110) + 1 + 2);
 }
+
+/// etcd frozen while the refused claim asks about the holders' leases: the
+/// answer is an error the claim loop retries (never "nothing ends soon",
+/// which would end a first claim with exit 1), and asked again once etcd
+/// answers, it finds the ending lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_question_etcd_does_not_answer_is_an_error_not_nothing_ending() {
+    let etcd = EtcdProcess::start().await;
+    let mut store = store_of(&etcd, "frozen", 0..64).await;
+    let mut client = etcd.client().await;
+    let options = etcd_client::LeaseGrantOptions::new().with_id(7);
+    client.lease_grant(3, Some(options)).await.unwrap();
+    hold(&etcd, "frozen", 0..64, |_| 7).await;
+    assert!(store.claim().await.is_err());
+    etcd.pause();
+    let asked = store.holder_lease_end().await;
+    etcd.resume();
+    let err = asked.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            snowkeep_server::claim::StoreError::Timeout {
+                op: "lease ttl",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let left = store.holder_lease_end().await.unwrap();
+    assert!(
+        left.is_some_and(|l| l <= Duration::from_secs(3)),
+        "{left:?}"
+    );
+}
