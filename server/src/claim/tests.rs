@@ -214,7 +214,9 @@ pub(super) struct Script {
     pub(super) own: Vec<MachineId>,
     /// Whether the store answers renewals and fence writes.
     pub(super) up: bool,
+    /// `--on-lease-lost`.
     pub(super) on_lease_lost: OnLeaseLost,
+    /// Resolves the first hold's holder watch when the test says so.
     pub(super) holder_watch: Option<oneshot::Receiver<LossReason>>,
     /// The outage budget (the fence lead is 1.5 of it); `--max-fence-wait`
     /// is 10 s.
