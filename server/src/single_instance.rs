@@ -167,7 +167,7 @@ impl SingleInstanceStore {
             deadline: None,
             lease: (),
             // Its machine ids are always its own.
-            own_fences: true,
+            own_fences: self.machine_ids.clone(),
         }
     }
 
@@ -237,6 +237,11 @@ impl ClaimStore for SingleInstanceStore {
     /// The state file's layout was checked at open; there is no namespace record.
     async fn check_namespace(&mut self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Never full: its machine ids are its own.
+    async fn holder_lease_end(&mut self) -> Result<Option<std::time::Duration>, StoreError> {
+        Ok(None)
     }
 
     fn may_claim_others(&self) -> bool {

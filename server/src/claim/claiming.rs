@@ -1,12 +1,14 @@
 //! The claiming state of the claim loop ([`super::manager`]): its retry
-//! backoff, and the bounded wait for a full range whose holders' etcd lease
-//! is ending (docs/design.md, *Claim lifecycle*).
+//! backoff, the bounded wait for a full range whose holders' etcd lease is
+//! ending, and how long a claimed machine id's previous fence is waited for
+//! (docs/design.md, *Claim lifecycle*).
 
 use std::time::{Duration, Instant};
 
-use snowkeep_client::Backoff;
+use snowkeep_client::{Backoff, Millis, SharedClock};
+use tracing::warn;
 
-use super::StoreError;
+use super::{Claim, ClaimStore, StoreError};
 
 /// The claiming state: the backoff of the next retry, and whether a claim
 /// ever succeeded (after one, a full pool or a namespace waiting for an
@@ -17,7 +19,7 @@ pub(super) struct Claiming {
     /// A claim succeeded before.
     pub(super) held_before: bool,
     /// Until when a full range waits for a holder's ending etcd lease (set
-    /// at the first such refusal, never moved).
+    /// at the first refusal the store could answer for, never moved).
     pub(super) lease_end_deadline: Option<Instant>,
 }
 
@@ -31,24 +33,69 @@ impl Claiming {
         }
     }
 
-    /// True while a range found full waits for an etcd lease of its holders
-    /// that is ending (a frozen or crashed holder's): from the first such
-    /// refusal up to that lease's end plus [`LEASE_END_SLACK`]. After that
-    /// the refusal is the operator's problem again.
-    pub(super) fn waits_for_lease_end(&mut self, e: &StoreError, now: Instant) -> bool {
-        let StoreError::NoFreeMachineId {
-            ending_within: Some(left),
-            ..
-        } = e
-        else {
+    /// True while a range found full (`e`) waits for an etcd lease of its
+    /// holders that is ending (a frozen or crashed holder's): from the first
+    /// refusal `store` can answer for up to that lease's end plus
+    /// [`LEASE_END_SLACK`]. After that the refusal is the operator's problem
+    /// again, and so it is at once when no holder's lease ends within a
+    /// fence lead. A store that cannot tell (etcd did not answer) is asked
+    /// again at the next refusal: meanwhile the loop retries, never gives up.
+    pub(super) async fn waits_for_lease_end<S: ClaimStore>(
+        &mut self,
+        e: &StoreError,
+        store: &mut S,
+        clock: &SharedClock,
+    ) -> bool {
+        if !matches!(e, StoreError::NoFreeMachineId { .. }) {
             return false;
-        };
-        now < *self
-            .lease_end_deadline
-            .get_or_insert(now + *left + LEASE_END_SLACK)
+        }
+        if self.lease_end_deadline.is_none() {
+            match store.holder_lease_end().await {
+                Ok(Some(left)) => {
+                    self.lease_end_deadline = Some(clock.now() + left + LEASE_END_SLACK);
+                }
+                Ok(None) => return false,
+                Err(why) => {
+                    warn!(error = %crate::DisplayChain(&why), "the range is full and the store could not tell how soon its holders' etcd leases end; claiming again");
+                    return true;
+                }
+            }
+        }
+        self.lease_end_deadline.is_some_and(|d| clock.now() < d)
     }
 }
 
 /// Wait past an ending holder lease's remaining TTL (whole seconds, and
 /// etcd expires leases on a 500 ms tick) before giving up on a full range.
 const LEASE_END_SLACK: Duration = Duration::from_secs(2);
+
+/// The machine id of `claim` whose previous fence stands furthest beyond
+/// its wait at layout time `now`, as [`StoreError::FenceTooFarAhead`]: a
+/// machine id of [`Claim::own_fences`] waits up to `own_wait`, any other up
+/// to `max_fence_wait`. `None` when every floor is within its wait.
+pub(super) fn fenced_too_far<L>(
+    claim: &Claim<L>,
+    now: Millis,
+    max_fence_wait: Duration,
+    own_wait: Duration,
+) -> Option<StoreError> {
+    claim
+        .held
+        .iter()
+        .filter_map(|h| {
+            let max = if claim.own_fences.contains(&h.machine_id) {
+                own_wait.max(max_fence_wait)
+            } else {
+                max_fence_wait
+            };
+            let ahead = Duration::from_millis(h.floor.get().saturating_sub(now.get()));
+            (ahead > max).then(|| (ahead - max, h, ahead, max))
+        })
+        .max_by_key(|(beyond, ..)| *beyond)
+        .map(|(_, h, ahead, max)| StoreError::FenceTooFarAhead {
+            machine_id: h.machine_id,
+            fence: h.floor,
+            ahead,
+            max,
+        })
+}

@@ -88,11 +88,6 @@ pub enum StoreError {
         start: u32,
         /// Range end (exclusive).
         end: u32,
-        /// How soon the first etcd lease holding machine ids of the range
-        /// ends, when one ends within a fence lead (a frozen or crashed
-        /// holder's, counting down): the claim loop waits for it instead of
-        /// giving up. `None` when unknown or not that soon.
-        ending_within: Option<std::time::Duration>,
     },
     /// The namespace has no record in etcd (Lease API callers get NOT_FOUND).
     #[error("namespace {namespace:?} does not exist: an operator creates it once with snowkeep-server --create-namespace (see docs/operations.md#creating-a-namespace)")]

@@ -172,7 +172,7 @@ mod tests {
             }],
             deadline,
             lease: (),
-            own_fences: false,
+            own_fences: Vec::new(),
         }
     }
 

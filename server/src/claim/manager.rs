@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::claiming::Claiming;
+use super::claiming::{fenced_too_far, Claiming};
 use super::hold::{Due, Held, Hold, Phase};
 use super::{Claim, ClaimStore, LossReason, StoreError};
 use crate::metrics as m;
@@ -153,12 +153,17 @@ impl<S: ClaimStore> ClaimManager<S> {
             };
             let claim = match claimed {
                 Ok(c) => c,
-                Err(e)
-                    if e.is_retryable()
+                Err(e) => {
+                    let retry = e.is_retryable()
                         || (state.held_before && retried_after_a_hold(&e))
                         || self.a_holders_fence(&e)
-                        || state.waits_for_lease_end(&e, self.clock.now()) =>
-                {
+                        || tokio::select! {
+                            _ = release.cancelled() => return Ok(None),
+                            w = state.waits_for_lease_end(&e, &mut self.store, &self.clock) => w,
+                        };
+                    if !retry {
+                        return Err(e);
+                    }
                     let wait = state.backoff.next_delay();
                     warn!(namespace = %self.namespace, error = %crate::DisplayChain(&e), retry_in = ?wait, "claim failed");
                     tokio::select! {
@@ -167,62 +172,64 @@ impl<S: ClaimStore> ClaimManager<S> {
                     }
                     continue;
                 }
-                Err(e) => return Err(e),
             };
             debug_assert_eq!(claim.held.len(), self.slots.len());
             state.backoff.reset();
             state.held_before = true;
             state.lease_end_deadline = None;
-            let now = self.now_ms();
             // One's own fences (a stable instance back from a crash) are
-            // waited for up to one fence lead.
-            let max_wait = if claim.own_fences {
-                self.timing
-                    .max_fence_wait
-                    .max(crate::config::fence_lead(self.timing.outage_budget))
-            } else {
-                self.timing.max_fence_wait
-            };
-            if let Some(h) = claim.held.iter().max_by_key(|h| h.floor) {
-                let ahead = Duration::from_millis(h.floor.get().saturating_sub(now.get()));
-                if ahead > max_wait {
-                    let err = StoreError::FenceTooFarAhead {
-                        machine_id: h.machine_id,
-                        fence: h.floor,
-                        ahead,
-                        max: max_wait,
-                    };
-                    if !self.store.may_claim_others() {
-                        // The store has only these ids: nothing else to try.
-                        return Err(err);
-                    }
-                    // etcd skips such ids when ranking; this one's fence moved
-                    // after the ranking read. Give it back untouched (revoking
-                    // frees the keys, leaves the fence and records no last
-                    // holder) and claim again.
-                    warn!(error = %crate::DisplayChain(&err), "claimed machine id is fenced too far ahead; claiming again");
-                    self.store.abandon(&claim).await;
-                    far = (far.0 + 1, far.1.min(h.floor));
-                    if far.0 >= MAX_FAR_ABANDONS && self.a_holders_fence(&err) {
-                        // Wait until the lowest of them is within
-                        // --max-fence-wait, then claim again (NOT_SERVING
-                        // meanwhile).
-                        let until = far
-                            .1
-                            .get()
-                            .saturating_sub(millis(self.timing.max_fence_wait));
-                        let wait = Duration::from_millis(until.saturating_sub(self.now_ms().get()));
-                        warn!(namespace = %self.namespace, claims = far.0, wait = ?wait, "every machine id claimed in a row is fenced too far ahead (as after an import or a confirmed floor): waiting for the fence instead of claiming more");
-                        far = (0, Millis(u64::MAX));
-                        tokio::select! {
-                            _ = release.cancelled() => return Ok(None),
-                            _ = tokio::time::sleep(wait) => {}
-                        }
-                    }
-                    continue;
+            // waited for up to one fence lead; any other id's up to
+            // --max-fence-wait.
+            let own_wait = crate::config::fence_lead(self.timing.outage_budget);
+            if let Some(err) =
+                fenced_too_far(&claim, self.now_ms(), self.timing.max_fence_wait, own_wait)
+            {
+                if !self.store.may_claim_others() {
+                    // The store has only these ids: nothing else to try.
+                    return Err(err);
                 }
+                if !self.give_back(&claim, &err, &mut far, release).await {
+                    return Ok(None);
+                }
+                continue;
             }
             return Ok(Some(claim));
+        }
+    }
+
+    /// Gives back `claim`, one of whose machine ids is fenced too far ahead
+    /// (`err`): etcd skips such ids when ranking, so this one's fence moved
+    /// after the ranking read. Revoking frees the keys, leaves the fence and
+    /// records no last holder. After [`MAX_FAR_ABANDONS`] such claims in a
+    /// row (`far`: their count and lowest fence), waits until the lowest is
+    /// within `--max-fence-wait` instead of claiming more (NOT_SERVING
+    /// meanwhile). False when release came first.
+    async fn give_back(
+        &mut self,
+        claim: &Claim<S::Lease>,
+        err: &StoreError,
+        far: &mut (u32, Millis),
+        release: &CancellationToken,
+    ) -> bool {
+        let StoreError::FenceTooFarAhead { fence, .. } = err else {
+            return true;
+        };
+        warn!(error = %crate::DisplayChain(err), "claimed machine id is fenced too far ahead; claiming again");
+        self.store.abandon(claim).await;
+        *far = (far.0 + 1, far.1.min(*fence));
+        if far.0 < MAX_FAR_ABANDONS || !self.a_holders_fence(err) {
+            return true;
+        }
+        let until = far
+            .1
+            .get()
+            .saturating_sub(millis(self.timing.max_fence_wait));
+        let wait = Duration::from_millis(until.saturating_sub(self.now_ms().get()));
+        warn!(namespace = %self.namespace, claims = far.0, wait = ?wait, "every machine id claimed in a row is fenced too far ahead (as after an import or a confirmed floor): waiting for the fence instead of claiming more");
+        *far = (0, Millis(u64::MAX));
+        tokio::select! {
+            _ = release.cancelled() => false,
+            _ = tokio::time::sleep(wait) => true,
         }
     }
 

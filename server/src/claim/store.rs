@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use snowkeep_client::{MachineId, Millis};
 
@@ -40,11 +40,13 @@ pub struct Claim<L = ()> {
     pub deadline: Option<Instant>,
     /// The store's own handle on this claim.
     pub lease: L,
-    /// True when the claim took back machine ids this instance id held
-    /// before (a stable instance restarting after a crash): their floors
+    /// The machine ids of `held` this instance id held before and took
+    /// back (a stable instance restarting after a crash, or a claim after a
+    /// lost lease that finds its holder keys still standing): their floors
     /// are its own fences, waited for up to one fence lead (1.5 outage
-    /// budgets) instead of `--max-fence-wait` (design.md, *Claim lifecycle*).
-    pub own_fences: bool,
+    /// budgets) instead of `--max-fence-wait`. Every other machine id of the
+    /// claim keeps `--max-fence-wait` (design.md, *Claim lifecycle*).
+    pub own_fences: Vec<MachineId>,
 }
 
 impl<L> Claim<L> {
@@ -129,6 +131,18 @@ pub(crate) trait ClaimStore: Send {
     /// Re-checks the namespace while holding: `NamespaceRolledBack` and
     /// `LayoutMismatch` end the hold, anything else is logged.
     fn check_namespace(&mut self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// After a claim refused with [`StoreError::NoFreeMachineId`]: how soon
+    /// one of the etcd leases holding the range's machine ids ends, as the
+    /// refused claim's read found them, when one ends within a fence lead
+    /// (a frozen or crashed holder's counts down; an expired one counts as
+    /// ending now). `Ok(None)` when none does, so waiting is pointless; an
+    /// error when the store could not tell, which the loop retries with
+    /// backoff rather than giving up. A store without leases answers
+    /// `Ok(None)`.
+    fn holder_lease_end(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send;
 
     /// True when a new claim may come back with other machine ids (so a
     /// claim fenced too far ahead is abandoned and claimed again); false for

@@ -15,6 +15,9 @@ use snowkeep_client::{
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+#[path = "tests_wait.rs"]
+mod wait;
+
 use super::{
     Claim, ClaimManager, ClaimStore, ClaimTiming, HeldId, HolderWatch, LossReason, OnLeaseLost,
     Slot, StoreError,
@@ -47,6 +50,8 @@ enum Call {
     },
     Abandon,
     CheckNamespace,
+    /// Asked how soon a holder's lease of a full range ends.
+    LeaseEnd,
 }
 
 type Log = Arc<Mutex<Vec<(u64, Call)>>>;
@@ -60,6 +65,12 @@ struct FakeStore {
     claims: VecDeque<Vec<HeldId>>,
     /// Errors answered to claims before any of `claims` (in order).
     refusals: VecDeque<StoreError>,
+    /// Answers to [`ClaimStore::holder_lease_end`], in order; once empty,
+    /// `Ok(None)`.
+    lease_ends: VecDeque<Result<Option<Duration>, StoreError>>,
+    /// Machine ids that are this instance's own whenever a claim holds them
+    /// ([`Claim::own_fences`]).
+    own: Vec<MachineId>,
     /// Whether the store answers: renewals (with a new deadline now + TTL)
     /// and fence writes succeed, or time out.
     up: Arc<AtomicBool>,
@@ -91,11 +102,16 @@ impl ClaimStore for FakeStore {
         let Some(held) = self.claims.pop_front() else {
             return std::future::pending().await;
         };
+        let own_fences = held
+            .iter()
+            .map(|h| h.machine_id)
+            .filter(|m| self.own.contains(m))
+            .collect();
         Ok(Claim {
             held,
             deadline: Some(now() + TTL),
             lease: (),
-            own_fences: false,
+            own_fences,
         })
     }
 
@@ -161,6 +177,11 @@ impl ClaimStore for FakeStore {
         Ok(())
     }
 
+    async fn holder_lease_end(&mut self) -> Result<Option<Duration>, StoreError> {
+        self.record(Call::LeaseEnd);
+        self.lease_ends.pop_front().unwrap_or(Ok(None))
+    }
+
     fn may_claim_others(&self) -> bool {
         true
     }
@@ -176,6 +197,44 @@ fn held(machine_id: u16, floor: u64) -> HeldId {
         machine_id: MachineId(machine_id),
         floor: Millis(floor),
         fence: Millis(floor),
+    }
+}
+
+/// What the double answers and how the loop is timed, for
+/// [`Harness::start_scripted`].
+pub(super) struct Script {
+    /// Errors answered to the first claims.
+    pub(super) refusals: Vec<StoreError>,
+    /// Answers to [`ClaimStore::holder_lease_end`] (then `Ok(None)`).
+    pub(super) lease_ends: Vec<Result<Option<Duration>, StoreError>>,
+    /// Claims handed out after the refusals (one generator slot per machine
+    /// id of the first).
+    pub(super) claims: Vec<Vec<HeldId>>,
+    /// Machine ids that are the instance's own in any claim.
+    pub(super) own: Vec<MachineId>,
+    /// Whether the store answers renewals and fence writes.
+    pub(super) up: bool,
+    /// `--on-lease-lost`.
+    pub(super) on_lease_lost: OnLeaseLost,
+    /// Resolves the first hold's holder watch when the test says so.
+    pub(super) holder_watch: Option<oneshot::Receiver<LossReason>>,
+    /// The outage budget (the fence lead is 1.5 of it); `--max-fence-wait`
+    /// is 10 s.
+    pub(super) outage_budget: Duration,
+}
+
+impl Default for Script {
+    fn default() -> Self {
+        Self {
+            refusals: Vec::new(),
+            lease_ends: Vec::new(),
+            claims: Vec::new(),
+            own: Vec::new(),
+            up: true,
+            on_lease_lost: OnLeaseLost::Exit,
+            holder_watch: None,
+            outage_budget: Duration::from_millis(BUDGET_MS),
+        }
     }
 }
 
@@ -213,6 +272,28 @@ impl Harness {
         on_lease_lost: OnLeaseLost,
         holder_watch: Option<oneshot::Receiver<LossReason>>,
     ) -> Self {
+        Self::start_scripted(Script {
+            refusals,
+            claims,
+            up,
+            on_lease_lost,
+            holder_watch,
+            ..Script::default()
+        })
+    }
+
+    /// Starts a manager over what `script` says.
+    pub(super) fn start_scripted(script: Script) -> Self {
+        let Script {
+            refusals,
+            lease_ends,
+            claims,
+            own,
+            up,
+            on_lease_lost,
+            holder_watch,
+            outage_budget,
+        } = script;
         let layout = Layout::default();
         let clock = TokioClock::new(layout.to_unix_ms(Millis(START_MS)));
         let start = tokio::time::Instant::now();
@@ -241,13 +322,15 @@ impl Harness {
             log: log.clone(),
             claims: claims.into(),
             refusals: refusals.into(),
+            lease_ends: lease_ends.into(),
+            own,
             up: Arc::new(AtomicBool::new(up)),
             holder_watch: Mutex::new(holder_watch),
             grants: grants.clone(),
         };
         let timing = ClaimTiming {
             lease_ttl: TTL,
-            outage_budget: Duration::from_millis(BUDGET_MS),
+            outage_budget,
             max_fence_wait: Duration::from_secs(10),
             on_lease_lost,
         };
@@ -682,33 +765,28 @@ async fn a_lease_loss_claimed_again_is_logged_as_a_warning() {
     assert!(h.ended().await.is_ok());
 }
 
-/// A full range (machine ids 3..4) whose holder's etcd lease ends in
-/// `ending_within`.
-fn full_range(ending_within: Option<Duration>) -> StoreError {
+/// A full range (machine ids 3..4).
+pub(super) fn full_range() -> StoreError {
     StoreError::NoFreeMachineId {
         namespace: "ns".into(),
         capacity: 1,
         start: 3,
         end: 4,
-        ending_within,
     }
 }
 
 /// A first claim that finds the range full of a lease ending in 3 s is
 /// retried with backoff (NOT_SERVING meanwhile) instead of ending the loop,
-/// and holds the machine id once it is free.
+/// and holds the machine id once it is free. The store is asked about the
+/// leases once: the wait's end does not move.
 #[tokio::test(start_paused = true)]
 async fn a_range_full_of_an_ending_lease_is_waited_for() {
-    let refusals = (0..4)
-        .map(|_| full_range(Some(Duration::from_secs(3))))
-        .collect();
-    let mut h = Harness::start_refused(
-        refusals,
-        vec![vec![held(3, START_MS - 1_000)]],
-        true,
-        OnLeaseLost::Exit,
-        None,
-    );
+    let mut h = Harness::start_scripted(Script {
+        refusals: (0..4).map(|_| full_range()).collect(),
+        lease_ends: vec![Ok(Some(Duration::from_secs(3)))],
+        claims: vec![vec![held(3, START_MS - 1_000)]],
+        ..Script::default()
+    });
     let (at, grant) = h.next_grant(0).await;
     // Backoff 100, 200, 400 and 800 ms between the five claims.
     assert_eq!(
@@ -722,6 +800,12 @@ async fn a_range_full_of_an_ending_lease_is_waited_for() {
         .map(|(at, _)| at)
         .collect();
     assert_eq!(claims, vec![0, 100, 300, 700, 1_500]);
+    let asked: Vec<(u64, Call)> = h
+        .log()
+        .into_iter()
+        .filter(|(_, c)| *c == Call::LeaseEnd)
+        .collect();
+    assert_eq!(asked, vec![(0, Call::LeaseEnd)]);
     h.release.cancel();
     assert!(h.ended().await.is_ok());
 }
@@ -731,31 +815,27 @@ async fn a_range_full_of_an_ending_lease_is_waited_for() {
 /// once.
 #[tokio::test(start_paused = true)]
 async fn a_range_full_past_the_ending_lease_ends_the_loop() {
-    let refusals = (0..20)
-        .map(|_| full_range(Some(Duration::from_secs(1))))
-        .collect();
-    let mut h = Harness::start_refused(
-        refusals,
-        vec![vec![held(3, START_MS - 1_000)]],
-        true,
-        OnLeaseLost::Exit,
-        None,
-    );
+    let mut h = Harness::start_scripted(Script {
+        refusals: (0..20).map(|_| full_range()).collect(),
+        lease_ends: vec![Ok(Some(Duration::from_secs(1)))],
+        claims: vec![vec![held(3, START_MS - 1_000)]],
+        ..Script::default()
+    });
     let err = h.ended().await.unwrap_err();
     assert!(matches!(err, StoreError::NoFreeMachineId { .. }), "{err}");
     // Claims at 0, 100, 300, 700, 1500 and 3100 ms: the last is past 3 s.
     assert_eq!(h.elapsed_ms(), 3_100);
 
-    let mut h = Harness::start_refused(
-        vec![full_range(None)],
-        vec![vec![held(3, START_MS - 1_000)]],
-        true,
-        OnLeaseLost::Exit,
-        None,
-    );
+    let mut h = Harness::start_scripted(Script {
+        refusals: vec![full_range()],
+        lease_ends: vec![Ok(None)],
+        claims: vec![vec![held(3, START_MS - 1_000)]],
+        ..Script::default()
+    });
     assert!(matches!(
         h.ended().await,
         Err(StoreError::NoFreeMachineId { .. })
     ));
     assert_eq!(h.elapsed_ms(), 0);
+    assert_eq!(h.log(), vec![(0, Call::Claim), (0, Call::LeaseEnd)]);
 }

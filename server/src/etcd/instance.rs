@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
+use futures_util::StreamExt;
 use snowkeep_client::MachineId;
 use tracing::{debug, info, warn};
 
@@ -40,8 +41,8 @@ use crate::claim::StoreError;
 /// 500 ms tick.
 pub(crate) const EXPIRY_SLACK: Duration = Duration::from_secs(2);
 
-/// Holder leases asked about when the range is full.
-const LEASES_ASKED: usize = 8;
+/// Holder leases asked about at once when the range is full.
+const LEASES_IN_FLIGHT: usize = 16;
 
 /// Leases of this process remembered, so that a re-claim after a lost lease
 /// takes its own holder keys back at once.
@@ -293,53 +294,44 @@ impl EtcdStore {
         Ok(self.lease_remaining(key.lease).await?.is_some())
     }
 
-    /// With every machine id of the range held: how soon the first of the
-    /// etcd leases holding them ends, if one ends within a fence lead (a
-    /// frozen or crashed holder's lease counts down; a live one is renewed
-    /// every TTL/3). Asks about [`LEASES_ASKED`] leases at most; `None` when
-    /// none ends that soon or etcd could not tell.
-    pub(super) async fn soonest_holder_lease_end(&mut self) -> Option<Duration> {
-        let prefix = keys::holder_prefix(self.ns());
-        let range = self.settings.machine_id_range.clone();
-        let resp = self
-            .endpoints
-            .call(
-                "read holder keys",
-                self.settings.request_timeout,
-                |mut c| {
-                    let key = prefix.clone();
-                    async move { c.get(key, Some(GetOptions::new().with_prefix())).await }
-                },
-            )
-            .await
-            .ok()?;
-        let mut leases: Vec<i64> = resp
-            .kvs()
-            .iter()
-            .filter(|kv| {
-                keys::machine_id_of(kv.key(), &prefix)
-                    .is_some_and(|id| range.contains(&u32::from(id.get())))
-            })
-            .map(|kv| kv.lease())
-            .filter(|&lease| lease != 0)
-            .collect();
-        leases.sort_unstable();
-        leases.dedup();
-        let mut soonest: Option<Duration> = None;
-        for lease in leases.into_iter().take(LEASES_ASKED) {
-            if let Ok(Some(left)) = self.lease_remaining(lease).await {
-                soonest = Some(soonest.map_or(left, |s| s.min(left)));
+    /// After a claim refused for a full range: how soon one of the etcd
+    /// leases of the range's holder keys ends, if one ends within a fence
+    /// lead (a frozen or crashed holder's lease counts down; a live one is
+    /// renewed every TTL/3, so it too ends within one TTL unless renewed).
+    /// An expired lease ends now: its keys are going.
+    ///
+    /// Asks about every lease the refused claim's read found (one per
+    /// holder at most, so never more than the range has machine ids),
+    /// [`LEASES_IN_FLIGHT`] at a time, and answers with the first found
+    /// ending that soon: a bound on when a machine id frees, whichever lease
+    /// it is. Reads no key: the leases come from the claim's own read of the
+    /// range. `Ok(None)` when none ends that soon (or the range's holders
+    /// have no lease); the first error etcd answers with otherwise, at once
+    /// (the requests still out are dropped): the claim loop retries, and
+    /// this asks again, rather than wait out a request timeout per lease of
+    /// an etcd that does not answer.
+    pub async fn holder_lease_end(&mut self) -> Result<Option<Duration>, StoreError> {
+        let horizon = self.settings.fence_horizon;
+        let leases = self.full_range_leases.clone();
+        let this = &*self;
+        let mut asked = futures_util::stream::iter(leases)
+            .map(|lease| this.lease_remaining(lease))
+            .buffer_unordered(LEASES_IN_FLIGHT);
+        while let Some(answer) = asked.next().await {
+            let left = answer?.unwrap_or(Duration::ZERO);
+            if left <= horizon {
+                return Ok(Some(left));
             }
         }
-        soonest.filter(|&s| s <= self.settings.fence_horizon)
+        Ok(None)
     }
 
     /// The remaining TTL of `lease` (whole seconds), `None` once it expired.
-    async fn lease_remaining(&mut self, lease: i64) -> Result<Option<Duration>, StoreError> {
+    async fn lease_remaining(&self, lease: i64) -> Result<Option<Duration>, StoreError> {
         let ttl = self
             .endpoints
             .call(
-                "predecessor lease ttl",
+                "lease ttl",
                 self.settings.request_timeout,
                 |mut c| async move { c.lease_time_to_live(lease, None).await },
             )

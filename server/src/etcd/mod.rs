@@ -53,6 +53,7 @@ pub mod namespace;
 pub(crate) mod overlap;
 mod pool;
 mod pool_read;
+mod pool_round;
 pub(crate) mod requesters;
 mod session;
 mod start_check;
@@ -147,6 +148,9 @@ pub struct EtcdStore {
     claimed_last: Vec<MachineId>,
     /// Keys the last claim read from etcd (see [`EtcdStore::claim_keys_read`]).
     keys_read: u64,
+    /// The holder leases the last claim found, when it was refused for a
+    /// full range: the leases [`EtcdStore::holder_lease_end`] asks about.
+    full_range_leases: Vec<i64>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -185,6 +189,7 @@ impl EtcdStore {
             fence_attempts: HashMap::new(),
             claimed_last: Vec::new(),
             keys_read: 0,
+            full_range_leases: Vec::new(),
         })
     }
 
@@ -257,6 +262,10 @@ impl ClaimStore for EtcdStore {
     /// The namespace record and the rollback rule, as before a claim.
     async fn check_namespace(&mut self) -> Result<(), StoreError> {
         self.guard_namespace().await.map(|_| ())
+    }
+
+    async fn holder_lease_end(&mut self) -> Result<Option<std::time::Duration>, StoreError> {
+        EtcdStore::holder_lease_end(self).await
     }
 
     fn may_claim_others(&self) -> bool {

@@ -11,9 +11,10 @@ use tracing::{debug, error, warn};
 
 use super::endpoints::Endpoints;
 use super::fence_count::{self, Counter, MissingFence};
-use super::pool_read::{read_pool, window_blocks, Pool};
+use super::pool_read::Pool;
+use super::pool_round::{range_leases, read_round};
 use super::{keys, namespace};
-use crate::claim::candidates::{rank_candidates, Candidate, CandidateKind};
+use crate::claim::candidates::CandidateKind;
 use crate::claim::{HeldId, StoreError};
 
 /// Candidates tried per read of the pool before reading it again.
@@ -93,8 +94,23 @@ pub(super) struct Claimed {
     /// created the key; 0: no key), in `held` order: the guard of the
     /// holder's first fence write.
     pub(super) fence_revisions: Vec<i64>,
+    /// The machine ids of `held` this holder held before: its own holder
+    /// keys taken back, and the `prefer` ones (a crashed predecessor's).
+    /// Their floors are its own fences.
+    pub(super) own: Vec<MachineId>,
+}
+
+/// What a claim's pool reads found, whether it succeeded or not.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct ClaimReads {
     /// Keys the claim's pool reads returned, over every round.
     pub(super) keys_read: u64,
+    /// After a refusal for a full range ([`StoreError::NoFreeMachineId`]):
+    /// the etcd leases of the range's holder keys, each once, in machine id
+    /// order, as the read that found the range full saw them (requester
+    /// records and keys on no lease left out), for the caller to ask about
+    /// without reading the range again. Empty otherwise.
+    pub(super) full_range_leases: Vec<i64>,
 }
 
 /// Claims machine ids one atomic transaction per candidate; each floor is the
@@ -110,16 +126,19 @@ pub(super) struct Claimed {
 /// ([`confirm_missing`]). A re-base is also guarded by the block's key as
 /// read: one that fails because another re-base moved it reads the pool
 /// again.
+///
+/// What the pool reads found goes to `reads`, a refusal's too.
 pub(super) async fn claim_ids(
     endpoints: &Endpoints,
     timeout: Duration,
     want: ClaimRequest<'_>,
+    reads: &mut ClaimReads,
 ) -> Result<Claimed, StoreError> {
     let ns = want.namespace;
     let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
     let mut fence_revisions = Vec::with_capacity(want.count);
     let mut revision = 0;
-    let mut keys_read = 0;
+    let mut own = Vec::new();
     // Set once a window had no candidate: the rest of the claim reads the
     // whole pool.
     let mut whole = false;
@@ -131,9 +150,13 @@ pub(super) async fn claim_ids(
         let absent_floor = want.absent_floor.max(record.floor);
         let (pool, candidates, too_far) =
             read_round(endpoints, timeout, &want, record.floor, &held, &mut whole).await?;
-        keys_read += pool.keys_read;
+        reads.keys_read += pool.keys_read;
         let Pool {
-            view, root, blocks, ..
+            view,
+            root,
+            blocks,
+            holder_leases,
+            ..
         } = pool;
         if let (true, Some((machine_id, fence))) = (candidates.is_empty(), too_far) {
             let ahead = Duration::from_millis(fence.get().saturating_sub(want.now.get()));
@@ -146,12 +169,12 @@ pub(super) async fn claim_ids(
             });
         }
         if candidates.is_empty() {
+            reads.full_range_leases = range_leases(&holder_leases, &want.range, want.lease_id);
             return Err(StoreError::NoFreeMachineId {
                 namespace: ns.to_owned(),
                 capacity: want.range.end - want.range.start,
                 start: want.range.start,
                 end: want.range.end,
-                ending_within: None,
             });
         }
         // Blocks this claim changed since the read: no second re-base of one.
@@ -339,6 +362,9 @@ pub(super) async fn claim_ids(
                 },
             };
             revision = revision.max(txn_revision);
+            if candidate.kind == CandidateKind::Own || want.prefer.contains(&machine_id) {
+                own.push(machine_id);
+            }
             held.push(HeldId {
                 machine_id,
                 floor,
@@ -350,7 +376,7 @@ pub(super) async fn claim_ids(
                     held,
                     revision,
                     fence_revisions,
-                    keys_read,
+                    own,
                 });
             }
         }
@@ -359,110 +385,6 @@ pub(super) async fn claim_ids(
         op: "claim (every candidate was taken concurrently)",
         after: timeout,
     })
-}
-
-/// One round's read of the pool and its candidates, best first, with the
-/// first machine id skipped for a fence too far ahead (from a whole read).
-///
-/// Unless `whole` is set, it reads a window first ([`window_blocks`]: a few
-/// blocks from a random one on, and the blocks of the `known` and `prefer`
-/// machine ids) and ranks only the window's machine ids. A window whose
-/// candidates all need a wait (a fence ahead) does not count: the claim
-/// order takes a machine id that needs a wait only when the whole pool has
-/// none without. The round then reads the whole pool, and so does every later
-/// round of the claim (`whole` is set).
-async fn read_round(
-    endpoints: &Endpoints,
-    timeout: Duration,
-    want: &ClaimRequest<'_>,
-    namespace_floor: Millis,
-    held: &[HeldId],
-    whole: &mut bool,
-) -> Result<(Pool, Vec<Candidate>, Option<(MachineId, Millis)>), StoreError> {
-    let mut keys_read = 0;
-    if !*whole {
-        let known: Vec<MachineId> = want.prefer.iter().chain(want.known).copied().collect();
-        let left = want.count.saturating_sub(held.len());
-        let window = window_blocks(&want.range, left, &known, &mut rand::rng());
-        if let Some(window) = window {
-            // Boxed, as the whole read below: the claim runs on a thread
-            // with a small stack, and both reads' futures are large.
-            let pool =
-                Box::pin(read_pool(endpoints, timeout, want.namespace, Some(window))).await?;
-            let (mut candidates, _) = candidates_of(&pool, want, namespace_floor, held);
-            candidates.retain(|c| {
-                c.kind == CandidateKind::Own
-                    || want.prefer.contains(&c.machine_id)
-                    || pool
-                        .view
-                        .fences
-                        .get(&c.machine_id)
-                        .is_none_or(|&f| f < want.now)
-            });
-            if !candidates.is_empty() {
-                return Ok((pool, candidates, None));
-            }
-            keys_read = pool.keys_read;
-            debug!(
-                namespace = want.namespace,
-                "no machine id of the window can be claimed without a wait; reading the whole pool"
-            );
-        }
-        *whole = true;
-    }
-    let mut pool = Box::pin(read_pool(endpoints, timeout, want.namespace, None)).await?;
-    pool.keys_read += keys_read;
-    let (candidates, too_far) = candidates_of(&pool, want, namespace_floor, held);
-    Ok((pool, candidates, too_far))
-}
-
-/// The candidates of `pool` for `want` in the claim order (the holder's own
-/// machine ids, then `prefer`, then the ranking), leaving out those held
-/// already, outside the read's window, or fenced beyond `max_floor` (the
-/// first of those is returned too).
-fn candidates_of(
-    pool: &Pool,
-    want: &ClaimRequest<'_>,
-    namespace_floor: Millis,
-    held: &[HeldId],
-) -> (Vec<Candidate>, Option<(MachineId, Millis)>) {
-    let mut too_far = None;
-    let mut candidates: Vec<_> = rank_candidates(
-        &pool.view,
-        want.range.clone(),
-        want.holder,
-        want.now,
-        &mut rand::rng(),
-    )
-    .into_iter()
-    .filter(|c| pool.covers(c.machine_id))
-    .filter(|c| held.iter().all(|h| h.machine_id != c.machine_id))
-    .filter(|c| want.take_own || c.kind != CandidateKind::Own)
-    .filter(|c| {
-        // A stable instance restarting after a crash waits for its own
-        // fences, up to one fence lead ahead.
-        let max_floor = if c.kind == CandidateKind::Own || want.prefer.contains(&c.machine_id) {
-            want.max_own_floor.max(want.max_floor)
-        } else {
-            want.max_floor
-        };
-        match pool.view.fences.get(&c.machine_id) {
-            Some(&f) if f.max(namespace_floor) > max_floor => {
-                too_far.get_or_insert((c.machine_id, f.max(namespace_floor)));
-                false
-            }
-            None if namespace_floor > max_floor => {
-                too_far.get_or_insert((c.machine_id, namespace_floor));
-                false
-            }
-            _ => true,
-        }
-    })
-    .collect();
-    // Stable: the ranking order stays within each group.
-    candidates
-        .sort_by_key(|c| c.kind != CandidateKind::Own && !want.prefer.contains(&c.machine_id));
-    (candidates, too_far)
 }
 
 /// The reads that count a block again inside the claim transaction that

@@ -51,6 +51,10 @@ pub(super) struct Pool {
     /// The blocks read whole (`None`: every block, the whole pool): only
     /// their machine ids may be claimed from this read.
     pub(super) window: Option<BTreeSet<u16>>,
+    /// The etcd lease of each holder key read (0: none), by machine id: a
+    /// claim that finds its range full asks about these leases, and reads
+    /// no holder key again to find them.
+    pub(super) holder_leases: BTreeMap<MachineId, i64>,
     /// Keys the read returned: the read accounting of a claim.
     pub(super) keys_read: u64,
 }
@@ -99,6 +103,19 @@ pub(super) fn window_blocks(
             .map(|id| keys::fence_count_block_of(*id)),
     );
     Some(blocks)
+}
+
+/// Every block of `range` (`None` for an empty range): the read of a claim
+/// that needs the whole pool. Only the range's machine ids can be claimed,
+/// so the machine ids of other ranges (other servers', in a namespace
+/// shared by ranges) are not read at all; whole blocks, so the fence-count
+/// rule works on the same keys as for a window.
+pub(super) fn range_blocks(range: &Range<u32>) -> Option<BTreeSet<u16>> {
+    if range.is_empty() {
+        return None;
+    }
+    let block_of = |id: u32| u16::try_from(id / u32::from(FENCE_COUNT_BLOCK)).ok();
+    Some((block_of(range.start)?..=block_of(range.end - 1)?).collect())
 }
 
 /// Reads a namespace's pool: its holder, fence, last-holder, requester
@@ -332,10 +349,12 @@ fn build_pool(
     let mut take = |kind: Kind| by_kind.remove(&(kind as u8)).unwrap_or_default();
     let mut view = PoolView::default();
     let holder_prefix = keys::holder_prefix(namespace);
+    let mut holder_leases = BTreeMap::new();
     for kv in take(Kind::Holders) {
         if let Some(id) = keys::machine_id_of(kv.key(), &holder_prefix) {
             view.holders
                 .insert(id, String::from_utf8_lossy(kv.value()).into_owned());
+            holder_leases.insert(id, kv.lease());
         }
     }
     let present = read_fences(namespace, &mut view, take(Kind::Fences));
@@ -364,6 +383,7 @@ fn build_pool(
         root,
         blocks,
         window,
+        holder_leases,
         keys_read,
     }
 }
@@ -517,6 +537,16 @@ mod tests {
             4
         );
         assert_eq!(window_blocks(&(0..256), 100, &[], &mut rng), None);
+    }
+
+    #[test]
+    fn the_whole_read_of_a_range_is_its_blocks_only() {
+        assert_eq!(range_blocks(&(0..4096)), Some((0..64).collect()));
+        assert_eq!(range_blocks(&(100..110)), Some(set(&[1])));
+        assert_eq!(range_blocks(&(100..300)), Some(set(&[1, 2, 3, 4])));
+        // The last id of a block, and the first of the next.
+        assert_eq!(range_blocks(&(63..65)), Some(set(&[0, 1])));
+        assert_eq!(range_blocks(&(5..5)), None);
     }
 
     #[test]

@@ -57,6 +57,7 @@ use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 use tracing::{error, info, warn};
 
 use super::keys::{self, decode_record, encode_record, quoted};
+use super::pool::ClaimReads;
 use super::{claim_ids, ClaimRequest, Endpoints, EtcdStore};
 use crate::claim::{Capacity, HeldId, StoreError};
 use crate::lease_api::records::{
@@ -607,7 +608,13 @@ impl RequesterLeases {
             known: &[],
             index: false,
         };
-        let claimed = claim_ids(&self.endpoints, self.timeout, want).await;
+        let claimed = claim_ids(
+            &self.endpoints,
+            self.timeout,
+            want,
+            &mut ClaimReads::default(),
+        )
+        .await;
         let held = match claimed {
             Ok(claimed) => claimed.held,
             Err(e) => {

@@ -9,7 +9,7 @@ use snowkeep_client::{MachineId, Millis};
 use tracing::{debug, error, info, warn};
 
 use super::endpoints::lease_not_found;
-use super::pool::{claim_ids, ClaimRequest, Claimed};
+use super::pool::{claim_ids, ClaimReads, ClaimRequest, Claimed};
 use super::{keys, Claim, EtcdLease, EtcdStore};
 use crate::claim::{LossReason, StoreError};
 
@@ -36,6 +36,7 @@ impl EtcdStore {
         // Before granting anything: the namespace may be claimed in.
         self.guard_namespace().await?;
         self.keys_read = 0;
+        self.full_range_leases.clear();
         let (prefer, mut known) = self.settle_own_holders().await?;
         known.extend(self.claimed_last.iter().copied());
         let timeout = self.settings.request_timeout;
@@ -52,19 +53,6 @@ impl EtcdStore {
         self.remember_lease(lease_id);
         let deadline = sent + Duration::from_secs(u64::try_from(lease.ttl()).unwrap_or(0));
         let claimed = match self.claim_with_lease(lease_id, &prefer, &known).await {
-            Err(StoreError::NoFreeMachineId {
-                namespace,
-                capacity,
-                start,
-                end,
-                ending_within: None,
-            }) => Err(StoreError::NoFreeMachineId {
-                namespace,
-                capacity,
-                start,
-                end,
-                ending_within: self.soonest_holder_lease_end().await,
-            }),
             Err(StoreError::UnknownNamespace { namespace }) => {
                 Err(StoreError::NamespaceNotCreated {
                     namespace,
@@ -83,7 +71,6 @@ impl EtcdStore {
                     .collect();
                 self.fence_attempts.clear();
                 self.claimed_last = claimed.held.iter().map(|h| h.machine_id).collect();
-                let own_fences = claimed.held.iter().any(|h| prefer.contains(&h.machine_id));
                 for machine_id in prefer
                     .iter()
                     .filter(|m| claimed.held.iter().all(|h| h.machine_id != **m))
@@ -91,13 +78,13 @@ impl EtcdStore {
                     warn!(namespace = %self.ns(), machine_id = machine_id.get(), max_wait = ?self.settings.fence_horizon.max(self.settings.max_fence_wait), "did not get back the machine id this instance id held before (fenced further ahead than the wait for one's own fence, 1.5 outage budgets, or claimed by another server meanwhile); claimed other machine ids");
                 }
                 let claim = Claim {
+                    own_fences: claimed.own,
                     held: claimed.held,
                     deadline: Some(deadline),
                     lease: EtcdLease {
                         id: lease_id,
                         revision: claimed.revision,
                     },
-                    own_fences,
                 };
                 info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), keys_read = self.keys_read, "claimed machine ids");
                 self.register_peer(lease_id).await;
@@ -158,8 +145,18 @@ impl EtcdStore {
             known,
             index: self.settings.stable_instance,
         };
-        let claimed = claim_ids(&self.endpoints, self.settings.request_timeout, want).await?;
-        self.keys_read += claimed.keys_read;
+        let mut reads = ClaimReads::default();
+        let claimed = claim_ids(
+            &self.endpoints,
+            self.settings.request_timeout,
+            want,
+            &mut reads,
+        )
+        .await;
+        // Counted whether the claim succeeded or not.
+        self.keys_read += reads.keys_read;
+        self.full_range_leases = reads.full_range_leases;
+        let claimed = claimed?;
         self.check_no_older_twin(lease_id).await?;
         Ok(claimed)
     }

@@ -305,7 +305,6 @@ mod tests {
                     capacity: 1,
                     start: 0,
                     end: 1,
-                    ending_within: None,
                 }),
                 Code::ResourceExhausted,
             ),

@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use snowkeep_client::Layout;
+use snowkeep_client::{Layout, SystemClock};
+use snowkeep_server::etcd::namespace::NamespaceSetup;
+use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
 
 use crate::support::etcd::EtcdProcess;
 use crate::support::server::ServerProcess;
@@ -124,4 +126,52 @@ async fn of_two_processes_started_together_with_one_instance_id_exactly_one_stop
     let ids = servers[kept].next_ids(1_000).await.unwrap();
     assert_eq!(ids.iter().copied().collect::<HashSet<_>>().len(), 1_000);
     eprintln!("simultaneous start: one stopped after {stopped:?}");
+}
+
+/// A store of the stable instance id `pod-0` in namespace `own`, claiming
+/// `machine_ids` of 0..4096 on a 2 s etcd lease that nothing renews.
+async fn pod_store(etcd: &EtcdProcess, machine_ids: u32) -> EtcdStore {
+    let settings = EtcdSettings {
+        endpoints: vec![etcd.endpoint()],
+        access: Default::default(),
+        namespace: "own".into(),
+        instance_id: "pod-0".into(),
+        lease_ttl: Duration::from_secs(2),
+        machine_id_range: 0..4096,
+        machine_ids,
+        stable_instance: true,
+        fence_horizon: Duration::from_secs(3),
+        max_fence_wait: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(5),
+        advertise_address: None,
+        namespace_setup: NamespaceSetup {
+            create: true,
+            confirm_floor: None,
+        },
+    };
+    EtcdStore::connect(settings, Layout::default(), SystemClock::shared())
+        .await
+        .unwrap()
+}
+
+/// A crashed process of `pod-0` held one machine id; its successor claims
+/// two. Only the one it takes back is its own fence, waited for up to a
+/// fence lead; the other keeps --max-fence-wait (the claim loop decides by
+/// `Claim::own_fences`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_machine_id_taken_back_after_a_crash_counts_as_its_own_fence() {
+    let etcd = EtcdProcess::start().await;
+    let mut crashed = pod_store(&etcd, 1).await;
+    let before = crashed.claim().await.unwrap();
+    assert_eq!(before.own_fences, Vec::new());
+    let own = before.held[0].machine_id;
+    // Never renewed: the lease ends within its 2 s TTL, as a crash's does.
+    let mut successor = pod_store(&etcd, 2).await;
+    let claim = successor.claim().await.unwrap();
+    let ids: Vec<_> = claim.held.iter().map(|h| h.machine_id).collect();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(ids[0], own, "{ids:?}");
+    assert_ne!(ids[1], own);
+    assert_eq!(claim.own_fences, vec![own]);
+    drop(crashed);
 }

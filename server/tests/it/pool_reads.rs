@@ -3,6 +3,7 @@
 //! claim reads a window of a few blocks, and the whole pool only when the
 //! window has no machine id to take without a wait.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use snowkeep_client::{Clock, Layout, Millis, SystemClock};
@@ -139,13 +140,18 @@ async fn a_pool_of_more_keys_than_one_page_is_read_whole() {
 /// A store of instance id `claimer` in `namespace` (created on connect)
 /// claiming one machine id of the default layout's 4,096.
 async fn store_in(etcd: &EtcdProcess, namespace: &str) -> EtcdStore {
+    store_of(etcd, namespace, 0..4096).await
+}
+
+/// [`store_in`], claiming one machine id of `range`.
+async fn store_of(etcd: &EtcdProcess, namespace: &str, range: Range<u32>) -> EtcdStore {
     let settings = EtcdSettings {
         endpoints: vec![etcd.endpoint()],
         access: Default::default(),
         namespace: namespace.into(),
         instance_id: "claimer".into(),
         lease_ttl: Duration::from_secs(10),
-        machine_id_range: 0..4096,
+        machine_id_range: range,
         machine_ids: 1,
         stable_instance: true,
         fence_horizon: Duration::from_secs(3),
@@ -234,4 +240,157 @@ async fn a_claim_takes_a_machine_id_without_a_wait_from_beyond_its_window() {
     let claim = store.claim().await.unwrap();
     assert_eq!(claim.held[0].machine_id.get(), 4037);
     assert_eq!(claim.held[0].floor, Millis(1));
+}
+
+/// Range reads etcd has served (its `etcd_mvcc_range_total`): every get,
+/// alone or in a transaction.
+async fn etcd_range_reads(etcd: &EtcdProcess) -> u64 {
+    let url = format!("{}/metrics", etcd.endpoint());
+    let text = tokio::task::spawn_blocking(move || {
+        ureq::get(&url)
+            .call()
+            .expect("etcd metrics")
+            .body_mut()
+            .read_to_string()
+            .expect("metrics text")
+    })
+    .await
+    .expect("metrics task");
+    text.lines()
+        .find_map(|l| l.strip_prefix("etcd_mvcc_range_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("etcd_mvcc_range_total in etcd's metrics") as u64
+}
+
+/// Holder keys of other instances for `ids` in `namespace`, each on
+/// `lease` (0: none).
+async fn hold(etcd: &EtcdProcess, namespace: &str, ids: Range<u32>, lease: impl Fn(u32) -> i64) {
+    let mut client = etcd.client().await;
+    for id in ids {
+        let options = match lease(id) {
+            0 => None,
+            l => Some(etcd_client::PutOptions::new().with_lease(l)),
+        };
+        client
+            .put(
+                format!("/snowkeep/v1/ns/{namespace}/holder/{id:05}"),
+                format!("other:{id}"),
+                options,
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// A range 0..64 held by 64 etcd leases: 63 of them for an hour, and the
+/// one with the highest lease id (1000) ending within the fence lead (3 s),
+/// with 200 more holder keys of another range beside it. The refused claim
+/// reads block 0 alone (64 holder keys and the fence-count root), and the
+/// question how soon a holder's lease ends finds the ending lease among
+/// all 64 (not only the first few ids) without reading a key again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_range_finds_its_ending_lease_among_all_without_reading_the_pool_again() {
+    let etcd = EtcdProcess::start().await;
+    let mut store = store_of(&etcd, "ending", 0..64).await;
+    let mut client = etcd.client().await;
+    for lease in 1..=63 {
+        let options = etcd_client::LeaseGrantOptions::new().with_id(lease);
+        client.lease_grant(3_600, Some(options)).await.unwrap();
+    }
+    let options = etcd_client::LeaseGrantOptions::new().with_id(1_000);
+    client.lease_grant(3, Some(options)).await.unwrap();
+    // Machine id 40 on lease 1000; the others on leases 1 to 63, in order.
+    let lease = |id: u32| match id {
+        40 => 1_000,
+        _ if id < 40 => i64::from(id) + 1,
+        _ => i64::from(id),
+    };
+    hold(&etcd, "ending", 0..64, lease).await;
+
+    let refused = store.claim().await.unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        r#"no free machine id in namespace "ending": all 64 machine ids of range 0..64 are held"#
+    );
+    assert_eq!(store.claim_keys_read(), 64 + 1);
+    let reads = etcd_range_reads(&etcd).await;
+    let left = store.holder_lease_end().await.unwrap();
+    assert!(
+        left.is_some_and(|l| l <= Duration::from_secs(3)),
+        "{left:?}"
+    );
+    assert_eq!(etcd_range_reads(&etcd).await, reads);
+}
+
+/// A range whose holders' leases all run for an hour: nothing ends within
+/// the fence lead, so there is nothing to wait for, until one of them is
+/// revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_range_of_live_long_leases_has_no_ending_lease() {
+    let etcd = EtcdProcess::start().await;
+    let mut store = store_of(&etcd, "live", 0..64).await;
+    let mut client = etcd.client().await;
+    for lease in 1..=64 {
+        let options = etcd_client::LeaseGrantOptions::new().with_id(lease);
+        client.lease_grant(3_600, Some(options)).await.unwrap();
+    }
+    hold(&etcd, "live", 0..64, |id| i64::from(id) + 1).await;
+    assert!(store.claim().await.is_err());
+    assert_eq!(store.holder_lease_end().await.unwrap(), None);
+    // One of them revoked since the read: it ended, so a machine id is
+    // about to be free (its key went with it).
+    client.lease_revoke(64).await.unwrap();
+    assert_eq!(
+        store.holder_lease_end().await.unwrap(),
+        Some(Duration::ZERO)
+    );
+}
+
+/// A narrow range (100..110, inside block 1) in a namespace whose other
+/// ranges are busy: its claim reads block 1 alone, never the other
+/// servers' keys: 54 holder keys of block 1 beside the range, the
+/// fence-count root, and after the claim its own record and holder key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_narrow_range_reads_its_own_blocks_not_the_namespaces_pool() {
+    let etcd = EtcdProcess::start().await;
+    let mut store = store_of(&etcd, "shared", 100..110).await;
+    hold(&etcd, "shared", 0..100, |_| 0).await;
+    hold(&etcd, "shared", 110..1_000, |_| 0).await;
+    let claim = store.claim().await.unwrap();
+    assert!((100..110).contains(&claim.held[0].machine_id.get()));
+    assert_eq!(store.claim_keys_read(), (100 - 64) + (128 - 110) + 1 + 2);
+}
+
+/// etcd frozen while the refused claim asks about the holders' leases: the
+/// answer is an error the claim loop retries (never "nothing ends soon",
+/// which would end a first claim with exit 1), and asked again once etcd
+/// answers, it finds the ending lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_question_etcd_does_not_answer_is_an_error_not_nothing_ending() {
+    let etcd = EtcdProcess::start().await;
+    let mut store = store_of(&etcd, "frozen", 0..64).await;
+    let mut client = etcd.client().await;
+    let options = etcd_client::LeaseGrantOptions::new().with_id(7);
+    client.lease_grant(3, Some(options)).await.unwrap();
+    hold(&etcd, "frozen", 0..64, |_| 7).await;
+    assert!(store.claim().await.is_err());
+    etcd.pause();
+    let asked = store.holder_lease_end().await;
+    etcd.resume();
+    let err = asked.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            snowkeep_server::claim::StoreError::Timeout {
+                op: "lease ttl",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let left = store.holder_lease_end().await.unwrap();
+    assert!(
+        left.is_some_and(|l| l <= Duration::from_secs(3)),
+        "{left:?}"
+    );
 }
