@@ -71,23 +71,31 @@ const LEASE_END_SLACK: Duration = Duration::from_secs(2);
 
 /// The machine id of `claim` whose previous fence stands furthest beyond
 /// its wait at layout time `now`, as [`StoreError::FenceTooFarAhead`]: a
-/// machine id of [`Claim::own_fences`] waits up to `own_wait`, any other up
-/// to `max_fence_wait`. `None` when every floor is within its wait.
+/// claim holding an id of [`Claim::own_fences`] waits up to `own_wait` for
+/// every id it holds, any other claim up to `max_fence_wait`. The whole
+/// claim, not only its own ids: giving a claim back revokes the etcd lease
+/// that holds all its ids, the instance's own ones with them, and the
+/// instance would not find them as its own again. `None` when every floor
+/// is within the wait.
 pub(super) fn fenced_too_far<L>(
     claim: &Claim<L>,
     now: Millis,
     max_fence_wait: Duration,
     own_wait: Duration,
 ) -> Option<StoreError> {
+    let holds_own = claim
+        .held
+        .iter()
+        .any(|h| claim.own_fences.contains(&h.machine_id));
+    let max = if holds_own {
+        own_wait.max(max_fence_wait)
+    } else {
+        max_fence_wait
+    };
     claim
         .held
         .iter()
         .filter_map(|h| {
-            let max = if claim.own_fences.contains(&h.machine_id) {
-                own_wait.max(max_fence_wait)
-            } else {
-                max_fence_wait
-            };
             let ahead = Duration::from_millis(h.floor.get().saturating_sub(now.get()));
             (ahead > max).then(|| (ahead - max, h, ahead, max))
         })

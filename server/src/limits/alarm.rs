@@ -6,7 +6,8 @@
 //! only when it may have fired: once after each reset (which registers the
 //! task's waker with the timer driver), then only once the driver marked it
 //! elapsed, which it does as it wakes that waker. Between the two, a read
-//! costs one atomic load.
+//! costs one load of the timer's state. Its polls ignore tokio's cooperative
+//! budget, which would otherwise let a poll end without registering.
 //!
 //! The waker registered is the connection task's; every poll of the
 //! connection's IO comes from that one task, so the registered waker stays
@@ -41,7 +42,11 @@ impl Alarm {
         if self.armed && !self.sleep.is_elapsed() {
             return false;
         }
-        match self.sleep.as_mut().poll(cx) {
+        // Unconstrained: with the task's cooperative budget used up, a plain
+        // poll returns Pending without registering the waker, and nothing
+        // would poll this alarm again.
+        let mut sleep = tokio::task::unconstrained(self.sleep.as_mut());
+        match Pin::new(&mut sleep).poll(cx) {
             Poll::Ready(()) => true,
             Poll::Pending => {
                 self.armed = true;
@@ -77,6 +82,31 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// A task whose cooperative budget is used up still registers the
+    /// alarm: it is woken at the deadline.
+    #[tokio::test(start_paused = true)]
+    async fn an_alarm_armed_without_budget_still_wakes_its_task() {
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(woken.clone());
+        let start = Instant::now();
+        let mut alarm = Alarm::at(start + Duration::from_secs(1));
+        // Within one poll of this task: spend its whole budget (a task's
+        // budget is 128 units), then arm the alarm.
+        let fired = std::future::poll_fn(|task_cx| {
+            for _ in 0..200 {
+                let spend = std::pin::pin!(tokio::task::consume_budget());
+                let _ = spend.poll(task_cx);
+            }
+            Poll::Ready(alarm.fired(&mut Context::from_waker(&waker)))
+        })
+        .await;
+        assert!(!fired);
+        let mut cx = Context::from_waker(&waker);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+        assert!(alarm.fired(&mut cx));
     }
 
     /// Fires at its deadline and not before, wakes its task when it does,
