@@ -54,6 +54,7 @@ pub(crate) mod overlap;
 mod pool;
 mod pool_read;
 pub(crate) mod requesters;
+mod restore_record;
 mod session;
 mod start_check;
 mod tls_probe;
