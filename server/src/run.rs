@@ -83,6 +83,7 @@ impl ServeError {
                         | StoreError::InvalidNamespace { .. }
                         | StoreError::DuplicateInstance { .. }
                         | StoreError::NamespaceNotCreated { .. }
+                        | StoreError::NamespaceNeedsFloor { .. }
                         | StoreError::CorruptNamespace { .. }
                         | StoreError::BadFloor { .. }
                         | StoreError::AccessRefused { .. }

@@ -110,6 +110,19 @@ pub enum StoreError {
         /// The etcd endpoints asked, comma-separated.
         endpoints: String,
     },
+    /// A creation without a floor (`--create-namespace` alone) on an etcd
+    /// that holds a restore record: the namespace may have been created
+    /// after the snapshot it was restored from, and have issued ids the
+    /// restore lost.
+    #[error("namespace {namespace:?} does not exist in etcd at {endpoints}, which was restored from a snapshot ({snapshot}): the namespace may have been created after that snapshot and issued ids the restore lost, so it is not created without a timestamp floor above them. Choose the floor (docs/operations.md#choosing-the-floor) and create it once with --create-namespace --confirm-namespace-floor, like +48h1m: see docs/operations.md#restoring-etcd-from-a-snapshot")]
+    NamespaceNeedsFloor {
+        /// The namespace.
+        namespace: String,
+        /// The etcd endpoints asked, comma-separated.
+        endpoints: String,
+        /// The snapshot the restore record names.
+        snapshot: String,
+    },
     /// The namespace record holds a value snowkeep cannot read.
     #[error("unreadable namespace record at {key}: {value:?} ({problem}); repair it with etcdctl put {key} followed by the namespace's layout (like 41/12/10@1767225600000), see docs/operations.md#the-namespace-record")]
     CorruptNamespace {
@@ -335,6 +348,7 @@ impl StoreError {
             | StoreError::DuplicateInstance { .. }
             | StoreError::StateLocked { .. }
             | StoreError::NamespaceNotCreated { .. }
+            | StoreError::NamespaceNeedsFloor { .. }
             | StoreError::CorruptNamespace { .. }
             | StoreError::NamespaceRolledBack { .. }
             | StoreError::NamespaceFloorAhead { .. }

@@ -313,6 +313,10 @@ const APIKEYS: &str = "/snowkeep/v1/apikeys/";
 /// The cluster's security mode: one key for every server on the etcd, of
 /// every namespace (API keys are cluster-wide too).
 pub const AUTH_MODE: &str = "/snowkeep/v1/auth-mode";
+
+/// The restore record: the snapshot (sha256, revision) etcd was restored
+/// from by `scripts/etcd-snapshot restore`; see [`super::restore_record`].
+pub const RESTORED: &str = "/snowkeep/v1/restored";
 const KEYHOLDS: &str = "/snowkeep/v1/keyholds/";
 
 /// The prefix of every API key record.

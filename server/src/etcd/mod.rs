@@ -55,6 +55,7 @@ mod pool;
 mod pool_read;
 mod pool_round;
 pub(crate) mod requesters;
+mod restore_record;
 mod session;
 mod start_check;
 mod tls_probe;

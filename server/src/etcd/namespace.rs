@@ -51,7 +51,7 @@ use snowkeep_client::{Layout, Millis};
 use tracing::{error, info, warn};
 
 use super::fence_count::CountBase;
-use super::{keys, Endpoints, EtcdStore};
+use super::{keys, restore_record, Endpoints, EtcdStore};
 use crate::claim::StoreError;
 
 /// How far (in revisions) etcd's revision may run ahead of its raft applied
@@ -649,8 +649,16 @@ async fn create(
     ];
     let empty = Compare::create_revision(keys::namespace_prefix(namespace), CompareOp::Equal, 0)
         .with_prefix();
+    // Without a floor, only on an etcd never restored by the script: a
+    // restore between the caller's check and here fails both transactions,
+    // and the caller's next look refuses.
+    let guards = |first: Compare| {
+        let mut guards = vec![first];
+        guards.extend(record.confirmed_at.is_none().then(restore_record::absent));
+        guards
+    };
     let txn = Txn::new()
-        .when([empty])
+        .when(guards(empty))
         .and_then(ops)
         .or_else([TxnOp::get(key.clone(), None)]);
     let resp = endpoints.txn("create namespace", timeout, txn).await?;
@@ -665,7 +673,11 @@ async fn create(
         return Ok(None);
     }
     let txn = Txn::new()
-        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .when(guards(Compare::create_revision(
+            key.clone(),
+            CompareOp::Equal,
+            0,
+        )))
         .and_then([TxnOp::put(key.clone(), value.clone(), None)])
         .or_else([TxnOp::get(key, None)]);
     let resp = endpoints.txn("create namespace", timeout, txn).await?;
@@ -714,6 +726,16 @@ impl EtcdStore {
                         namespace: ns,
                         endpoints: self.endpoint_list(),
                     });
+                }
+                if floor.is_none() {
+                    let list = self.endpoint_list();
+                    restore_record::refuse_creation_without_floor(
+                        &self.endpoints,
+                        timeout,
+                        &ns,
+                        list,
+                    )
+                    .await?;
                 }
                 let gap = progress(&self.endpoints, timeout).await?.gap();
                 let mut record = NamespaceRecord::new(self.layout, gap);

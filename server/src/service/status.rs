@@ -200,6 +200,8 @@ fn code_of(err: &ApiError) -> Code {
             // clients retry FAILED_PRECONDITION with backoff.
             StoreError::NamespaceRolledBack { .. } => Code::FailedPrecondition,
             StoreError::NamespaceNotCreated { .. } => Code::NotFound,
+            // An operator must choose a floor (the message says how).
+            StoreError::NamespaceNeedsFloor { .. } => Code::FailedPrecondition,
             StoreError::NamespaceFloorAhead { .. } => Code::Unavailable,
             // Like the namespace's other refusals: an operator must repair
             // the record (the message names its key and how).
@@ -340,6 +342,14 @@ mod tests {
                     namespace: "x".into(),
                     since: "2026-12-01T10:00:00Z".into(),
                     reason: "r".into(),
+                }),
+                Code::FailedPrecondition,
+            ),
+            (
+                ApiError::Store(StoreError::NamespaceNeedsFloor {
+                    namespace: "x".into(),
+                    endpoints: "http://127.0.0.1:2379".into(),
+                    snapshot: "sha256 ab, revision 4".into(),
                 }),
                 Code::FailedPrecondition,
             ),

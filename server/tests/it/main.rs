@@ -43,6 +43,7 @@ mod pool_reads;
 mod protos;
 mod release;
 mod restore;
+mod restore_marking;
 mod rollback;
 mod scale;
 mod single_instance;

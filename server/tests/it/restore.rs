@@ -23,17 +23,37 @@ use crate::support::{eventually, libfaketime, READY};
 /// by it after a restore.
 const INDEX_RULE_BLIND_BELOW: i64 = 20;
 
-/// The reason `scripts/etcd-snapshot restore` writes into every record.
-fn marked_reason(snapshot: &Path) -> String {
+/// The hex SHA-256 of the file at `path`.
+pub(crate) fn sha256_of(path: &Path) -> String {
     use sha2::Digest;
-    let sha: String = sha2::Sha256::digest(std::fs::read(snapshot).unwrap())
+    sha2::Sha256::digest(std::fs::read(path).unwrap())
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect();
+        .collect()
+}
+
+/// The revision of the snapshot file at `path`, as `etcdctl snapshot
+/// status` reads it.
+pub(crate) fn snapshot_revision(path: &Path) -> i64 {
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["snapshot", "status", "--write-out", "json"])
+        .arg(path)
+        .output()
+        .expect("run etcdctl snapshot status");
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["revision"].as_i64().unwrap()
+}
+
+/// The reason `scripts/etcd-snapshot restore` writes into every record: the
+/// snapshot's revision and sha256, never its file name (which may differ
+/// from host to host).
+pub(crate) fn marked_reason(snapshot: &Path) -> String {
     format!(
-        "etcd was restored from the snapshot {} (sha256 {}...) with scripts/etcd-snapshot restore: every write after it was taken is lost",
-        snapshot.file_name().unwrap().to_str().unwrap(),
-        &sha[..16]
+        "etcd was restored from a snapshot at revision {} (sha256 {}...) with scripts/etcd-snapshot restore: every write after it was taken is lost",
+        snapshot_revision(snapshot),
+        &sha256_of(snapshot)[..16]
     )
 }
 
