@@ -131,13 +131,17 @@ impl AuthCluster {
         // that uses it on either server at once does not race the watch.
         for server in [&self.a, &self.b] {
             let channel = server.channel().await;
-            eventually("both servers to know the new key", Duration::from_secs(10), || {
-                let mut info = pb::info_service_client::InfoServiceClient::with_interceptor(
-                    channel.clone(),
-                    bearer(Some(&r.secret)),
-                );
-                async move { info.get_info(pb::GetInfoRequest::default()).await.is_ok() }
-            })
+            eventually(
+                "both servers to know the new key",
+                Duration::from_secs(10),
+                || {
+                    let mut info = pb::info_service_client::InfoServiceClient::with_interceptor(
+                        channel.clone(),
+                        bearer(Some(&r.secret)),
+                    );
+                    async move { info.get_info(pb::GetInfoRequest::default()).await.is_ok() }
+                },
+            )
             .await;
         }
         (r.secret, r.key.unwrap())
