@@ -21,6 +21,11 @@ pub(super) struct Claiming {
     /// Until when a full range waits for a holder's ending etcd lease (set
     /// at the first refusal the store could answer for, never moved).
     pub(super) lease_end_deadline: Option<Instant>,
+    /// Until when a full range whose holders' leases the store could not
+    /// tell about is claimed again (set at the first unanswered question,
+    /// never moved): as long as an answered wait could last, then the
+    /// refusal stands (an etcd that never answers, a role that may not ask).
+    pub(super) unanswered_deadline: Option<Instant>,
 }
 
 impl Claiming {
@@ -30,6 +35,7 @@ impl Claiming {
             backoff,
             held_before: false,
             lease_end_deadline: None,
+            unanswered_deadline: None,
         }
     }
 
@@ -39,12 +45,14 @@ impl Claiming {
     /// [`LEASE_END_SLACK`]. After that the refusal is the operator's problem
     /// again, and so it is at once when no holder's lease ends within a
     /// fence lead. A store that cannot tell (etcd did not answer) is asked
-    /// again at the next refusal: meanwhile the loop retries, never gives up.
+    /// again at the next refusal, for up to `bound` (one fence lead, the
+    /// longest an answered wait lasts) from the first unanswered question.
     pub(super) async fn waits_for_lease_end<S: ClaimStore>(
         &mut self,
         e: &StoreError,
         store: &mut S,
         clock: &SharedClock,
+        bound: Duration,
     ) -> bool {
         if !matches!(e, StoreError::NoFreeMachineId { .. }) {
             return false;
@@ -56,8 +64,10 @@ impl Claiming {
                 }
                 Ok(None) => return false,
                 Err(why) => {
-                    warn!(error = %crate::DisplayChain(&why), "the range is full and the store could not tell how soon its holders' etcd leases end; claiming again");
-                    return true;
+                    let until = *self.unanswered_deadline.get_or_insert(clock.now() + bound);
+                    let again = clock.now() < until;
+                    warn!(error = %crate::DisplayChain(&why), claiming_again = again, "the range is full and the store could not tell how soon its holders' etcd leases end");
+                    return again;
                 }
             }
         }

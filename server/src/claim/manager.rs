@@ -159,7 +159,7 @@ impl<S: ClaimStore> ClaimManager<S> {
                         || self.a_holders_fence(&e)
                         || tokio::select! {
                             _ = release.cancelled() => return Ok(None),
-                            w = state.waits_for_lease_end(&e, &mut self.store, &self.clock) => w,
+                            w = state.waits_for_lease_end(&e, &mut self.store, &self.clock, crate::config::fence_lead(self.timing.outage_budget)) => w,
                         };
                     if !retry {
                         return Err(e);
@@ -177,9 +177,10 @@ impl<S: ClaimStore> ClaimManager<S> {
             state.backoff.reset();
             state.held_before = true;
             state.lease_end_deadline = None;
-            // One's own fences (a stable instance back from a crash) are
-            // waited for up to one fence lead; any other id's up to
-            // --max-fence-wait.
+            state.unanswered_deadline = None;
+            // A claim holding one of its own ids (a stable instance back from
+            // a crash) waits for all its fences up to one fence lead; any
+            // other claim up to --max-fence-wait.
             let own_wait = crate::config::fence_lead(self.timing.outage_budget);
             if let Some(err) =
                 fenced_too_far(&claim, self.now_ms(), self.timing.max_fence_wait, own_wait)

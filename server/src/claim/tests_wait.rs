@@ -115,6 +115,30 @@ async fn a_full_range_whose_lease_ends_cannot_be_asked_is_retried_not_given_up()
     assert!(h.ended().await.is_ok());
 }
 
+/// A store that never answers about the holders' leases: claimed again for
+/// one fence lead (3 s with the 2 s budget) from the first unanswered ask,
+/// then the refusal stands. Claims at 0, 100, 300, 700, 1500 and 3100 ms,
+/// each asking.
+#[tokio::test(start_paused = true)]
+async fn a_lease_question_never_answered_is_retried_for_one_fence_lead_only() {
+    let mut h = Harness::start_scripted(Script {
+        refusals: (0..50).map(|_| full_range()).collect(),
+        lease_ends: (0..50).map(|_| Err(unanswered())).collect(),
+        // Never reached: the 50 refusals outlast the wait.
+        claims: vec![vec![held(3, START_MS - 1_000)]],
+        ..Script::default()
+    });
+    let err = h.ended().await.unwrap_err();
+    assert!(matches!(err, StoreError::NoFreeMachineId { .. }), "{err}");
+    assert_eq!(h.elapsed_ms(), 3_100);
+    let mut expected = Vec::new();
+    for at in [0, 100, 300, 700, 1_500, 3_100] {
+        expected.push((at, Call::Claim));
+        expected.push((at, Call::LeaseEnd));
+    }
+    assert_eq!(claims_and_asks(&h), expected);
+}
+
 /// One unanswered ask, then an answer: the wait runs from that answer
 /// (100 ms + 1 s + 2 s), and is not asked about again.
 #[tokio::test(start_paused = true)]

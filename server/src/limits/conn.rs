@@ -897,10 +897,12 @@ impl GuardedIo {
                 self.shutting_down = true;
             }
         }
-        // Calls are marked on the connection's own task (the one reading
-        // here, when hyper hands a request to the service), so none can start
-        // while this runs; one ending elsewhere only makes the connection
-        // more idle.
+        // Calls are marked when the call's task first runs the service
+        // (hyper runs the tower stack in each call's own task), so a call
+        // whose headers were just read may not be marked yet: at shutdown a
+        // connection that never made a call may close with such a call in
+        // it, which its client sees reset (never issued). One ending
+        // elsewhere only makes the connection more idle.
         let no_calls = self.state.calls() == 0;
         if self.shutting_down && no_calls && !self.state.ever_called.load(Ordering::Acquire) {
             debug!(listener = self.listener, peer = ?self.tcp.remote_addr, "shutting down: closing a connection that never made a call");
