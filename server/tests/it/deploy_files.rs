@@ -290,17 +290,17 @@ fn license_is_the_apache_license_2_0_the_crates_declare_and_the_image_carries() 
     assert!(dockerfile.contains("COPY LICENSE /usr/share/doc/snowkeep/LICENSE\n"));
 }
 
-/// `kubectl kustomize dir` (kustomize v5, built into kubectl 1.27 and later),
-/// written to a file in `tmp`; returns its path and its documents.
+/// `kustomize build dir` (kustomize v5, the one `scripts/ensure-deps --etcd`
+/// builds into target/tools/bin), written to a file in `tmp`; returns its
+/// path and its documents.
 fn kustomize(dir: &str, tmp: &std::path::Path) -> (String, Vec<serde_json::Value>) {
-    let out = Command::new("kubectl")
-        .args(["kustomize", dir])
+    let bin = repo().join("target/tools/bin/kustomize");
+    let out = Command::new(&bin)
+        .args(["build", dir])
         .current_dir(repo())
         .output()
-        .unwrap_or_else(|e| {
-            panic!("kubectl: {e} (kubectl 1.27 or later, for its built-in kustomize v5)")
-        });
-    assert!(out.status.success(), "kubectl kustomize {dir}: {out:?}");
+        .unwrap_or_else(|e| panic!("{}: {e} (run scripts/ensure-deps --etcd)", bin.display()));
+    assert!(out.status.success(), "kustomize build {dir}: {out:?}");
     let path = tmp.join(format!("{}.yaml", dir.replace('/', "_")));
     std::fs::write(&path, &out.stdout).unwrap();
     let path = path.to_str().unwrap().to_owned();
