@@ -123,6 +123,9 @@ struct Inner {
     state: AtomicU8,
     /// The etcd side, once the mode is read.
     store: OnceLock<AuthModeStore>,
+    /// Tells the calls admitted without a key check when the mode turns on
+    /// ([`ClusterAuth::turned_on`]).
+    changes: tokio::sync::watch::Sender<Enforcement>,
 }
 
 fn encode(e: Enforcement) -> u8 {
@@ -155,6 +158,7 @@ impl ClusterAuth {
                 flag,
                 state: AtomicU8::new(encode(start)),
                 store: OnceLock::new(),
+                changes: tokio::sync::watch::Sender::new(start),
             }),
         }
     }
@@ -165,6 +169,23 @@ impl ClusterAuth {
             0 => Enforcement::Unknown,
             1 => Enforcement::Off,
             _ => Enforcement::On,
+        }
+    }
+
+    /// Resolves once this server enforces keys (at once if it does now): a
+    /// call admitted without a key check ends then (see `super::revoke`).
+    pub(crate) fn turned_on(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut changes = self.inner.changes.subscribe();
+        async move {
+            loop {
+                if *changes.borrow_and_update() == Enforcement::On {
+                    return;
+                }
+                if changes.changed().await.is_err() {
+                    // The view is gone: the mode can no longer change.
+                    std::future::pending::<()>().await;
+                }
+            }
         }
     }
 
@@ -181,6 +202,7 @@ impl ClusterAuth {
         if before == encode(now) {
             return;
         }
+        self.inner.changes.send_replace(now);
         match &value {
             StoredValue::Unreadable(text) => {
                 error!(key = AUTH_MODE, value = %text, "the cluster's security mode is neither on nor off; API keys are required until it is repaired")
