@@ -20,12 +20,11 @@
 //! admin's `SetAuthMode`) takes effect on every server as soon as its watch
 //! delivers it. While etcd is unreachable the last mode read stays in force.
 //!
-//! Until the mode is read ([`Enforcement::Unknown`]) the server does not
-//! check keys, but it has nothing to serve yet: the administration service
-//! has no etcd access and no machine id is claimed, so every call that needs
-//! either gets UNAVAILABLE (health, reflection and InfoService's answers
-//! about the server itself still answer). With `--auth on` keys are checked
-//! from the start.
+//! Until the mode is read ([`Enforcement::Unknown`]) the server cannot check
+//! keys, so it serves only health, reflection and an anonymous GetInfo
+//! (version and clock); every other call gets UNAVAILABLE. With `--auth on`
+//! keys are checked from the start. Calls admitted without a key check end
+//! when the mode turns on ([`ClusterAuth::turned_on`]).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -419,3 +419,109 @@ async fn open_streams_of_a_key_revoked_elsewhere_end_unauthenticated() {
     assert_eq!(tail_end.code(), Code::Unauthenticated);
     assert_eq!(tail_end.message(), ended(&admin_record.id));
 }
+
+/// Opens an ImportStream through `server` with `key` and sends one small
+/// piece; returns the call's task and the sender of further pieces.
+async fn trickled_import(
+    server: &crate::support::server::ServerProcess,
+    key: &str,
+) -> (
+    JoinHandle<Result<pb::ImportStreamResponse, tonic::Status>>,
+    tokio::sync::mpsc::Sender<pb::ImportStreamRequest>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::ImportStreamRequest {
+        chunk: b"{".to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut client = admin(server, Some(key)).await;
+    let call = tokio::spawn(async move {
+        client
+            .import_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map(|r| r.into_inner())
+    });
+    (call, tx)
+}
+
+/// A streamed import whose key is revoked mid-upload ends UNAUTHENTICATED
+/// at once (before, it ran until its client stopped), and one whose client
+/// pauses ends DEADLINE_EXCEEDED `--request-timeout` after its last piece
+/// (before, a piece every few seconds held the slot without bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_import_ends_on_revocation_and_when_it_stalls() {
+    let c = AuthCluster::start_with("starveimport", &["--request-timeout", "2s"]).await;
+    let (key, record) = c.create_key(&[pb::Permission::Admin], &[], 0).await;
+    eventually("server a to know the key", Duration::from_secs(10), || {
+        let key = key.clone();
+        let a = &c.a;
+        async move {
+            admin(a, Some(&key))
+                .await
+                .list_keys(pb::ListKeysRequest {})
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    let (revoked, feed) = trickled_import(&c.a, &key).await;
+    // A piece a second: within the stall bound, so only the revocation ends it.
+    let feeder = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let piece = pb::ImportStreamRequest {
+                chunk: b" ".to_vec(),
+                ..Default::default()
+            };
+            if feed.send(piece).await.is_err() {
+                return;
+            }
+        }
+    });
+    admin(&c.b, Some(&c.admin_key))
+        .await
+        .revoke_key(pb::RevokeKeyRequest {
+            id: record.id.clone(),
+        })
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), revoked)
+        .await
+        .expect("the revoked key's import still runs 10 s after the revocation")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (end.code(), end.message()),
+        (
+            Code::Unauthenticated,
+            format!(
+                "API key {} is revoked: ask an administrator for a new key",
+                record.id
+            )
+            .as_str()
+        )
+    );
+    feeder.abort();
+
+    let started = tokio::time::Instant::now();
+    let (stalled, _feed) = trickled_import(&c.a, &c.admin_key).await;
+    let end = tokio::time::timeout(Duration::from_secs(10), stalled)
+        .await
+        .expect("a stalled import still runs 10 s after its last piece")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        (end.code(), end.message()),
+        (
+            Code::DeadlineExceeded,
+            "no whole message of this streamed request arrived within 2s of the one before (--request-timeout); send the pieces one after another, without pauses"
+        )
+    );
+}
