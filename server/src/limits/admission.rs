@@ -7,6 +7,10 @@
 //!   of their own, `--max-keyless-calls` and `--max-keyless-streams`. However
 //!   many such calls a client opens, callers with a key keep every slot and
 //!   byte of theirs.
+//! * **Per peer**: one remote IP address has at most
+//!   `--max-keyless-calls-per-peer` keyless unary calls and as many keyless
+//!   streams in progress, so one peer cannot take the keyless pools that
+//!   probes and the peers' clock checks need.
 //! * **Per key**: one API key has at most `--max-calls-per-key` unary calls
 //!   and `--max-streams-per-key` streams in progress on a server
 //!   ([`PerKey`]), so one key cannot take every slot of its pool.
@@ -41,6 +45,8 @@ pub struct Keyless;
 /// The calls of each API key in progress in one pool, at most `max` per key.
 #[derive(Debug)]
 pub(super) struct PerKey {
+    /// Counts remote addresses' keyless calls, not keys' calls.
+    per_peer: bool,
     calls: &'static str,
     flag: &'static str,
     max: usize,
@@ -51,6 +57,7 @@ impl PerKey {
     /// At most `max` `calls` (`unary calls`, `streams`) per key, set by `flag`.
     pub(super) fn new(calls: &'static str, flag: &'static str, max: usize) -> Arc<Self> {
         Arc::new(Self {
+            per_peer: false,
             calls,
             flag,
             max,
@@ -58,10 +65,30 @@ impl PerKey {
         })
     }
 
-    /// One more call of `key_id`, held until the [`KeySlot`] is dropped.
+    /// At most `max` keyless `calls` per remote IP address, set by `flag`.
+    pub(super) fn per_peer(calls: &'static str, flag: &'static str, max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            per_peer: true,
+            calls,
+            flag,
+            max,
+            counts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// One more call of `key_id` (a remote address for [`PerKey::per_peer`]),
+    /// held until the [`KeySlot`] is dropped.
     pub(super) fn take(self: &Arc<Self>, key_id: &str) -> Result<KeySlot, LimitError> {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let count = counts.entry(key_id.to_owned()).or_insert(0);
+        if *count >= self.max && self.per_peer {
+            return Err(LimitError::PeerBusy {
+                peer: key_id.to_owned(),
+                calls: self.calls,
+                max: self.max,
+                flag: self.flag,
+            });
+        }
         if *count >= self.max {
             return Err(LimitError::KeyBusy {
                 key_id: key_id.to_owned(),

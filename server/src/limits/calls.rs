@@ -172,6 +172,9 @@ struct Inner {
     /// Each key's share of `unary` and `streams`.
     per_key_unary: Arc<PerKey>,
     per_key_streams: Arc<PerKey>,
+    /// Each remote address's share of `keyless_unary` and `keyless_streams`.
+    per_peer_unary: Arc<PerKey>,
+    per_peer_streams: Arc<PerKey>,
     request_timeout: std::time::Duration,
     max_recv: usize,
     max_send: usize,
@@ -228,6 +231,16 @@ impl CallLimits {
                 "--max-streams-per-key",
                 limits.max_streams_per_key,
             ),
+            per_peer_unary: PerKey::per_peer(
+                "keyless unary calls",
+                "--max-keyless-calls-per-peer",
+                limits.max_keyless_calls_per_peer,
+            ),
+            per_peer_streams: PerKey::per_peer(
+                "keyless streams",
+                "--max-keyless-calls-per-peer",
+                limits.max_keyless_calls_per_peer,
+            ),
             request_timeout: limits.request_timeout,
             max_recv: limits.max_recv_message_size,
             max_send: limits.max_send_message_size,
@@ -264,24 +277,31 @@ impl CallLimits {
         }
     }
 
-    /// Takes a slot of `pool`, one of `key_id`'s share, and the base
-    /// weight: what every call holds from admission on.
+    /// Takes a slot of `pool`, one of `key_id`'s share (or, for a keyless
+    /// call, of its remote address `peer`'s), and the base weight: what
+    /// every call holds from admission on.
     fn admit(
         &self,
-        pool: &Pool,
+        (pool, keyless): (&Pool, bool),
         key_id: Option<&str>,
+        peer: Option<std::net::IpAddr>,
         conn: Option<ConnCall>,
     ) -> Result<Hold, LimitError> {
-        let slot = pool.slot()?;
-        let per_key = match pool.kind {
-            CallKind::Unary => &self.0.per_key_unary,
-            CallKind::Stream => &self.0.per_key_streams,
+        let (per_key, per_peer) = match pool.kind {
+            CallKind::Unary => (&self.0.per_key_unary, &self.0.per_peer_unary),
+            CallKind::Stream => (&self.0.per_key_streams, &self.0.per_peer_streams),
         };
+        let peer = peer
+            .filter(|_| keyless)
+            .map(|ip| per_peer.take(&ip.to_string()))
+            .transpose()?;
+        let slot = pool.slot()?;
         let key = key_id.map(|id| per_key.take(id)).transpose()?;
         Ok(Hold {
             memory: pool.reserve(self.0.base, 0)?,
             _slot: slot,
             _key: key,
+            _peer: peer,
             _conn: conn,
         })
     }
@@ -311,6 +331,7 @@ impl CallLimits {
 struct Hold {
     _slot: OwnedSemaphorePermit,
     _key: Option<KeySlot>,
+    _peer: Option<KeySlot>,
     memory: OwnedSemaphorePermit,
     _conn: Option<ConnCall>,
 }
@@ -382,7 +403,13 @@ where
             let keyless = request.extensions().get::<Keyless>().is_some();
             let pool = limits.pool(CallKind::of(&path), keyless);
             let key_id = request.extensions().get::<CallerKey>().map(|k| &k.0);
-            let admitted = limits.admit(pool, key_id.map(String::as_str), conn_call);
+            let peer = request
+                .extensions()
+                .get::<tonic::transport::server::TcpConnectInfo>()
+                .and_then(|c| c.remote_addr())
+                .map(|a| a.ip());
+            let admitted =
+                limits.admit((pool, keyless), key_id.map(String::as_str), peer, conn_call);
             let mut hold = match admitted {
                 Ok(hold) => hold,
                 Err(error) => {

@@ -33,7 +33,7 @@ pub enum LimitError {
     #[error("{peer} already has {max} {calls} without an API key in progress on this server, the most one address may have ({flag}); retry with backoff, or send an API key")]
     PeerBusy {
         /// The remote IP address.
-        peer: std::net::IpAddr,
+        peer: String,
         /// `keyless unary calls` or `keyless streams`.
         calls: &'static str,
         /// The most per address.

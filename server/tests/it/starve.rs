@@ -29,6 +29,12 @@ struct Raw {
 
 impl Raw {
     async fn connect(port: u16, connections: usize) -> Self {
+        Self::connect_from(std::net::Ipv4Addr::LOCALHOST, port, connections).await
+    }
+
+    /// Like [`Raw::connect`], from source address `from` (any 127.x.y.z on
+    /// Linux loopback).
+    async fn connect_from(from: std::net::Ipv4Addr, port: u16, connections: usize) -> Self {
         let mut raw = Raw {
             port,
             clients: Vec::new(),
@@ -36,7 +42,9 @@ impl Raw {
             tasks: Vec::new(),
         };
         for _ in 0..connections {
-            let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind((from, 0).into()).unwrap();
+            let tcp: TcpStream = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
             let (client, conn) = h2::client::handshake(tcp).await.unwrap();
             raw.tasks.push(tokio::spawn(async move {
                 let _ = conn.await;
@@ -135,7 +143,17 @@ fn next(count: u32) -> pb::NextIdsRequest {
 /// pool's memory and every NextIds got RESOURCE_EXHAUSTED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyless_calls_without_a_body_do_not_starve_keyed_next_ids() {
-    let c = AuthCluster::start_with("starveunary", &["--request-timeout", "60s"]).await;
+    // One peer here: its share is raised to the whole pool.
+    let c = AuthCluster::start_with(
+        "starveunary",
+        &[
+            "--request-timeout",
+            "60s",
+            "--max-keyless-calls-per-peer",
+            "1000",
+        ],
+    )
+    .await;
     let (key, _) = c.create_key(&[pb::Permission::Ids], &[], 0).await;
     let mut raw = Raw::connect(c.a.port, 5).await;
     let mut calls = Vec::new();
@@ -170,7 +188,16 @@ async fn keyless_calls_without_a_body_do_not_starve_keyed_next_ids() {
 /// Before, they held the whole --max-open-streams pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keyless_watch_streams_do_not_stop_a_keyed_stream_ids() {
-    let c = AuthCluster::start_with("starvestreams", &["--request-timeout", "60s"]).await;
+    let c = AuthCluster::start_with(
+        "starvestreams",
+        &[
+            "--request-timeout",
+            "60s",
+            "--max-keyless-calls-per-peer",
+            "1000",
+        ],
+    )
+    .await;
     let (key, _) = c.create_key(&[pb::Permission::Ids], &[], 0).await;
     let mut raw = Raw::connect(c.a.port, 5).await;
     let mut calls = Vec::new();
@@ -524,4 +551,42 @@ async fn a_streamed_import_ends_on_revocation_and_when_it_stalls() {
             "no whole message of this streamed request arrived within 2s of the one before (--request-timeout); send the pieces one after another, without pauses"
         )
     );
+}
+
+/// 40 headers-only health Checks from one address take its 8 keyless
+/// slots (the 32 others get RESOURCE_EXHAUSTED naming the peer's share),
+/// and a health Check and a GetInfo from another address are still
+/// answered. Before, the first peer's calls filled the 32 keyless slots
+/// and every other prober was shed until the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_take_the_keyless_pool_from_probes() {
+    let c = AuthCluster::start_with("starvepeer", &["--request-timeout", "60s"]).await;
+    let mut flood = Raw::connect(c.a.port, 2).await;
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        calls.push(flood.headers_only(i % 2, CHECK, None).await);
+    }
+    let shed = answers(&mut calls, 32).await;
+    let expected = Ok((
+        Code::ResourceExhausted,
+        "127.0.0.1 already has 8 keyless unary calls without an API key in progress on this server, the most one address may have (--max-keyless-calls-per-peer); retry with backoff, or send an API key".to_owned(),
+    ));
+    assert_eq!(
+        shed.iter().filter(|a| **a == expected).count(),
+        32,
+        "{shed:?}"
+    );
+    let mut prober = Raw::connect_from(std::net::Ipv4Addr::new(127, 0, 0, 2), c.a.port, 1).await;
+    let empty = Bytes::from_static(&[0, 0, 0, 0, 0]);
+    for path in [CHECK, GET_INFO] {
+        let call = prober.headers_only(0, path, None).await;
+        let mut send = prober.open.pop().unwrap();
+        send.send_data(empty.clone(), true).unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .unwrap_or_else(|_| panic!("{path} from 127.0.0.2 was not answered in 10 s"))
+            .unwrap();
+        assert_eq!(answer, Ok((Code::Ok, String::new())), "{path}");
+    }
+    assert_eq!(calls.iter().filter(|c| !c.is_finished()).count(), 8);
 }
