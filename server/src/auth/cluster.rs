@@ -230,7 +230,7 @@ impl ClusterAuth {
     ) -> Result<(), StoreError> {
         let (mut stored, mut revision) = store.read().await?;
         if self.inner.flag == Some(AuthMode::On) && stored.value.is_none() {
-            match store.write(b"on", 0).await? {
+            match store.write(b"on", 0, None).await? {
                 Ok(at) => {
                     info!(key = AUTH_MODE, "--auth on: set the cluster's security mode to on; every server now requires API keys");
                     (stored, revision) = (
