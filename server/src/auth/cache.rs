@@ -108,7 +108,16 @@ pub enum Verdict {
     NotLoaded,
 }
 
-fn parse(stored: &StoredKey) -> Option<KeyRecord> {
+/// Whether `r` passes as an admin key at `now_unix_ms`: the admin
+/// permission, every namespace, neither revoked nor expired.
+pub(super) fn usable_admin(r: &KeyRecord, now_unix_ms: u64) -> bool {
+    r.permissions.contains(&super::Permission::Admin)
+        && r.namespaces.is_empty()
+        && !r.revoked
+        && (r.expires_unix_ms == 0 || r.expires_unix_ms > now_unix_ms)
+}
+
+pub(super) fn parse(stored: &StoredKey) -> Option<KeyRecord> {
     match KeyRecord::from_json(&stored.value) {
         Ok(record) if record.id == stored.id => Some(record),
         Ok(record) => {
@@ -164,12 +173,10 @@ impl KeyCache {
     pub(crate) fn usable_admin_key(&self, now_unix_ms: u64) -> Option<Option<(String, i64)>> {
         let keys = self.inner.keys.read().unwrap_or_else(|p| p.into_inner());
         let known = keys.as_ref()?;
-        let mut usable = known.records.values().filter(|(r, _)| {
-            r.permissions.contains(&super::Permission::Admin)
-                && r.namespaces.is_empty()
-                && !r.revoked
-                && (r.expires_unix_ms == 0 || r.expires_unix_ms > now_unix_ms)
-        });
+        let mut usable = known
+            .records
+            .values()
+            .filter(|(r, _)| usable_admin(r, now_unix_ms));
         Some(usable.next().map(|(r, at)| (r.id.clone(), *at)))
     }
 

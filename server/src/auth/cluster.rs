@@ -9,7 +9,7 @@
 //! | `--auth` | stored absent | stored `off` | stored `on` |
 //! | --- | --- | --- | --- |
 //! | not given | follows: off | follows: off | follows: on |
-//! | `on` | writes `on`, then on | refuses to start (exit 64) | on |
+//! | `on` | writes `on` (needs a usable admin key, else exit 64), then on | refuses to start (exit 64) | on |
 //! | `off` | off | off | refuses to start (exit 64) |
 //!
 //! A stored value that is neither `on` nor `off` counts as `on` (a server
@@ -105,6 +105,15 @@ pub(crate) fn mismatch(flag: Option<AuthMode>, stored: &StoredValue) -> Option<S
         _ => None,
     }
 }
+
+/// What `--auth on` needs to set a mode that was never set (see
+/// `super::first_mode`): the API key store, the bootstrap admin key and the
+/// clock.
+pub(crate) type FirstOn<'a> = (
+    &'a crate::etcd::apikeys::ApiKeyStore,
+    Option<&'a super::BootstrapKey>,
+    &'a snowkeep_client::SharedClock,
+);
 
 /// This server's view of the cluster's security mode, shared by the
 /// authentication layer, the administration service and the status page.
@@ -219,18 +228,21 @@ impl ClusterAuth {
     }
 
     /// Reads the stored mode (writing `on` first when `--auth on` finds it
-    /// absent), checks it against `--auth` and starts to follow it until
+    /// absent, guarded on a usable admin key: `first`), checks it against `--auth` and starts to follow it until
     /// `shutdown`. Errors: [`StoreError::AuthModeMismatch`] when the flag
     /// disagrees (the server must not start), or what etcd answered
     /// (retried by the caller). Call until it succeeds, then no more.
     pub(crate) async fn settle(
         &self,
         store: AuthModeStore,
+        first: FirstOn<'_>,
         shutdown: CancellationToken,
     ) -> Result<(), StoreError> {
         let (mut stored, mut revision) = store.read().await?;
         if self.inner.flag == Some(AuthMode::On) && stored.value.is_none() {
-            match store.write(b"on", 0, None).await? {
+            let (keys, bootstrap, clock) = first;
+            let (key_id, at) = super::first_mode::admin_key_for_on(keys, bootstrap, clock).await?;
+            match store.write(b"on", 0, Some((&key_id, at))).await? {
                 Ok(at) => {
                     info!(key = AUTH_MODE, "--auth on: set the cluster's security mode to on; every server now requires API keys");
                     (stored, revision) = (

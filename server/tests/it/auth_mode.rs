@@ -370,3 +370,47 @@ async fn nothing_is_served_keyless_before_the_mode_is_read() {
         .await
         .expect("served once the mode (off) is read");
 }
+
+/// `--auth on` on an etcd whose mode was never set applies `auth enable`'s
+/// rule: with no usable admin key it exits 64 and leaves the mode unset
+/// (before, it wrote `on` and locked the cluster); with a bootstrap admin
+/// key it writes the key, then `on`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_on_at_start_needs_a_usable_admin_key() {
+    let etcd = EtcdProcess::start().await;
+    let mut locked = ServerProcess::on_etcd(&etcd.endpoint(), "modefirst", &["--auth", "on"]);
+    locked
+        .assert_exits(
+            Duration::from_secs(15),
+            64,
+            "--auth on would turn API keys on for the whole cluster (its security mode in etcd was never set), but etcd holds no usable admin key (admin permission, every namespace, not revoked or expired), so nobody could administer it. Give this server --bootstrap-admin-key-file FILE (make FILE with `snowkeepctl key generate`), or create an admin key first with `snowkeepctl key create --permission admin` while keys are off",
+        )
+        .await;
+    assert_eq!(stored_mode(&etcd).await, None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let admin_key = random_key("kbootstrap03");
+    let file = dir.path().join("admin.key");
+    std::fs::write(&file, format!("{admin_key}\n")).unwrap();
+    let a = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "modefirst",
+        &[
+            "--auth",
+            "on",
+            "--bootstrap-admin-key-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    a.wait_serving(READY).await;
+    assert_eq!(stored_mode(&etcd).await.as_deref(), Some("on"));
+    let keys = eventually("the admin key to work", Duration::from_secs(10), || async {
+        admin(&a, Some(&admin_key))
+            .await
+            .list_keys(pb::ListKeysRequest {})
+            .await
+            .is_ok()
+    })
+    .await;
+    eprintln!("admin key usable {keys:?} after serving");
+}
