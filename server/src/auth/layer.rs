@@ -18,7 +18,7 @@ use super::key::{Permission, PresentedKey};
 use super::revoke::{self, Revocable};
 use crate::audit::CallerKey;
 use crate::limits::admission::Keyless;
-use crate::limits::calls::CallKind;
+use crate::limits::calls::{CallKind, Unwritten};
 
 /// What a gRPC service needs of a key: `None` for one that is always open,
 /// `Some(None)` for any valid key, `Some(Some(p))` for permission `p`.
@@ -236,7 +236,8 @@ where
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            Ok(response.map(|body| tonic::body::Body::new(Revocable::new(body, until))))
+            let unwritten = response.extensions().get::<Unwritten>().cloned();
+            Ok(response.map(|body| tonic::body::Body::new(Revocable::new(body, until, unwritten))))
         })
     }
 

@@ -5,7 +5,12 @@
 //! [`KeyCache`] changes (a revocation, a new expiry or a delete that the
 //! key watch delivered) and when the key's expiry comes, by the same rule
 //! and at the same moment as new calls with that key are refused, and then
-//! ends the stream with that call's UNAUTHENTICATED status.
+//! ends the stream with that call's UNAUTHENTICATED status, or, when its
+//! client is not reading (a chunk not yet written out, see
+//! `crate::limits::calls::Unwritten`), resets it so h2 drops the queued
+//! chunk and the call's slot with it. One case stays with
+//! `--stream-send-timeout`: hyper polls no body while it holds a chunk for
+//! a window of exactly 0 (the previous message filled it to the byte).
 //!
 //! The same bodies end the streams admitted without a key check, while the
 //! cluster's security mode was off or not read yet, once it turns on
@@ -26,6 +31,7 @@ use tracing::info;
 use super::cache::{KeyCache, Verdict};
 use super::cluster::ClusterAuth;
 use super::key::{KeyRefusal, PresentedKey};
+use crate::limits::calls::Unwritten;
 
 /// Resolves once `presented` is refused (revoked, expired, deleted or its
 /// secret replaced), with the refusal a new call would get.
@@ -95,14 +101,18 @@ pub(super) fn mode_turned_on(mode: &ClusterAuth, method: String) -> Ending {
 pub(super) struct Revocable<B> {
     inner: Option<B>,
     ended: Ending,
+    unwritten: Option<Unwritten>,
 }
 
 impl<B> Revocable<B> {
-    /// `inner`, ended when `ended` resolves.
-    pub(super) fn new(inner: B, ended: Ending) -> Self {
+    /// `inner`, ended when `ended` resolves. With `unwritten` (from the
+    /// call limits), a stream whose client is not reading then is reset at
+    /// once instead: its status would wait behind data nobody takes.
+    pub(super) fn new(inner: B, ended: Ending, unwritten: Option<Unwritten>) -> Self {
         Self {
             inner: Some(inner),
             ended,
+            unwritten,
         }
     }
 }
@@ -165,6 +175,11 @@ where
         }
         if let Poll::Ready(status) = self.ended.as_mut().poll(cx) {
             self.inner = None;
+            if self.unwritten.as_ref().is_some_and(Unwritten::pending) {
+                // hyper resets the stream on a body error; h2 then drops
+                // the queued chunk, and the call's hold with it.
+                return Poll::Ready(Some(Err(status)));
+            }
             // The status's own headers (grpc-status, grpc-message) as trailers.
             let mut trailers = status.into_http::<()>().into_parts().0.headers;
             trailers.remove(http::header::CONTENT_TYPE);
@@ -222,7 +237,7 @@ mod tests {
         cache.replace_all(&[stored(&record, 1)], 1);
         let clock: SharedClock = ManualClock::new(5_000);
         let waiting = key_refused(cache.clone(), key.clone(), clock, "/m".into());
-        let mut body = Revocable::new(endless(), waiting);
+        let mut body = Revocable::new(endless(), waiting, None);
         let mut cx = Context::from_waker(std::task::Waker::noop());
         assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
         record.revoked = true;
@@ -248,7 +263,7 @@ mod tests {
         cache.replace_all(&[stored(&record, 1)], 1);
         let clock = ManualClock::new(9_000);
         let waiting = key_refused(cache.clone(), key.clone(), clock.clone(), "/m".into());
-        let mut body = Revocable::new(endless(), waiting);
+        let mut body = Revocable::new(endless(), waiting, None);
         let mut cx = Context::from_waker(std::task::Waker::noop());
         assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
         tokio::time::advance(Duration::from_millis(999)).await;

@@ -446,8 +446,12 @@ where
             let response = inner.call(request).await?;
             let hold = Arc::new(hold);
             let paced = pool.kind == CallKind::Stream;
-            Ok(response
-                .map(|body| tonic::body::Body::new(HeldBody::new(body, hold, paced, unsent))))
+            let in_flight = InFlight::new(unsent);
+            let mut response = response.map(|body| {
+                tonic::body::Body::new(HeldBody::new(body, hold, paced, in_flight.clone()))
+            });
+            response.extensions_mut().insert(Unwritten(in_flight));
+            Ok(response)
         })
     }
 }
@@ -468,7 +472,7 @@ impl AsRef<[u8]> for HeldChunk {
 
 /// Whether a body has a chunk in hyper or h2 that is not yet written out.
 #[derive(Debug)]
-struct InFlight {
+pub(crate) struct InFlight {
     /// Times the chunk for the connection's `--stream-send-timeout`.
     unsent: Arc<Unsent>,
     /// True from handing a chunk over until h2 drops it, which it does once
@@ -477,6 +481,31 @@ struct InFlight {
     pending: AtomicBool,
     /// The body's task, woken when the chunk is dropped.
     waker: AtomicWaker,
+}
+
+impl InFlight {
+    fn new(unsent: Arc<Unsent>) -> Arc<Self> {
+        Arc::new(Self {
+            unsent,
+            pending: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        })
+    }
+}
+
+/// Put into a response's extensions: whether a chunk of the response is
+/// handed to hyper and not yet written out, which means its client does not
+/// read. The authentication layer then ends a revoked stream with a reset
+/// (dropping the chunk, and the call's slot and memory with it) instead of
+/// trailers queued behind data the client never takes.
+#[derive(Debug, Clone)]
+pub struct Unwritten(Arc<InFlight>);
+
+impl Unwritten {
+    /// True while a chunk is not yet written out.
+    pub fn pending(&self) -> bool {
+        self.0.pending.load(Ordering::Acquire)
+    }
 }
 
 /// Marks its body's chunk written when dropped.
@@ -510,16 +539,12 @@ struct HeldBody<B> {
 }
 
 impl<B> HeldBody<B> {
-    fn new(inner: B, hold: Arc<Hold>, paced: bool, unsent: Arc<Unsent>) -> Self {
+    fn new(inner: B, hold: Arc<Hold>, paced: bool, in_flight: Arc<InFlight>) -> Self {
         Self {
             inner,
             hold: Some(hold),
             paced,
-            in_flight: Arc::new(InFlight {
-                unsent,
-                pending: AtomicBool::new(false),
-                waker: AtomicWaker::new(),
-            }),
+            in_flight,
         }
     }
 

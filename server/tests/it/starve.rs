@@ -590,3 +590,92 @@ async fn one_peer_cannot_take_the_keyless_pool_from_probes() {
     }
     assert_eq!(calls.iter().filter(|c| !c.is_finished()).count(), 8);
 }
+
+/// A revoked key's StreamIds whose client does not read (its send blocked
+/// on flow control) ends at once and frees its stream slot: another key's
+/// StreamIds is served within seconds. Before, the slot stayed taken until
+/// --stream-send-timeout (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_key_s_unread_stream_frees_its_slot_at_once() {
+    let c = AuthCluster::start_with(
+        "starveunread",
+        &["--max-open-streams", "1", "--stream-send-timeout", "60s"],
+    )
+    .await;
+    let (stuck_key, stuck) = c.create_key(&[pb::Permission::Ids], &[], 0).await;
+    let (other_key, _) = c.create_key(&[pb::Permission::Ids], &[], 0).await;
+    let tcp = TcpStream::connect(("127.0.0.1", c.a.port)).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://127.0.0.1:{}{STREAM_IDS}", c.a.port))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {stuck_key}"))
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    let message = prost::Message::encode_to_vec(&pb::StreamIdsRequest {
+        total: 0,
+        batch_size: 1000,
+    });
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    send.send_data(Bytes::from(framed), true).unwrap();
+    // Headers arrive; the body is never read, so the window fills.
+    let _unread = response.await.unwrap();
+    let busy = "this server already has 1 streams in progress, its limit (--max-open-streams); retry with backoff or call another snowkeep server";
+    let refused = ids(&c.a, Some(&other_key))
+        .await
+        .stream_ids(pb::StreamIdsRequest {
+            total: 10,
+            batch_size: 10,
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        (refused.code(), refused.message()),
+        (Code::ResourceExhausted, busy)
+    );
+    admin(&c.a, Some(&c.admin_key))
+        .await
+        .revoke_key(pb::RevokeKeyRequest {
+            id: stuck.id.clone(),
+        })
+        .await
+        .unwrap();
+    let took = eventually(
+        "the unread stream's slot to be free",
+        Duration::from_secs(10),
+        || async {
+            match ids(&c.a, Some(&other_key))
+                .await
+                .stream_ids(pb::StreamIdsRequest {
+                    total: 10,
+                    batch_size: 10,
+                })
+                .await
+            {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    stream
+                        .next()
+                        .await
+                        .and_then(Result::ok)
+                        .map(|b| b.ids.len())
+                        == Some(10)
+                }
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    eprintln!("slot free {took:?} after the revocation");
+    driver.abort();
+}
