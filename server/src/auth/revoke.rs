@@ -6,7 +6,7 @@
 //! key watch delivered) and when the key's expiry comes, by the same rule
 //! and at the same moment as new calls with that key are refused, and then
 //! ends the stream with that call's UNAUTHENTICATED status, or, when its
-//! client is not reading (a chunk not yet written out, see
+//! client is not reading (a chunk still not written out a second later, see
 //! `crate::limits::calls::Unwritten`), resets it so h2 drops the queued
 //! chunk and the call's slot with it. One case stays with
 //! `--stream-send-timeout`: hyper polls no body while it holds a chunk for
@@ -102,6 +102,20 @@ pub(super) struct Revocable<B> {
     inner: Option<B>,
     ended: Ending,
     unwritten: Option<Unwritten>,
+    /// The status once `ended` resolved, while the last chunk is still
+    /// being written out, and how long that may take.
+    ending: Option<(Status, Pin<Box<tokio::time::Sleep>>)>,
+}
+
+/// How long an ended stream's last chunk may take to be written out before
+/// the stream is reset instead of ended with its status.
+const UNREAD_GRACE: Duration = Duration::from_secs(1);
+
+/// `status`'s own headers (grpc-status, grpc-message) as trailers.
+fn trailers_of(status: Status) -> Frame<Bytes> {
+    let mut trailers = status.into_http::<()>().into_parts().0.headers;
+    trailers.remove(http::header::CONTENT_TYPE);
+    Frame::trailers(trailers)
 }
 
 impl<B> Revocable<B> {
@@ -113,6 +127,7 @@ impl<B> Revocable<B> {
             inner: Some(inner),
             ended,
             unwritten,
+            ending: None,
         }
     }
 }
@@ -170,27 +185,39 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        if self.inner.is_none() {
-            return Poll::Ready(None);
-        }
-        if let Poll::Ready(status) = self.ended.as_mut().poll(cx) {
-            self.inner = None;
-            if self.unwritten.as_ref().is_some_and(Unwritten::pending) {
-                // hyper resets the stream on a body error; h2 then drops
-                // the queued chunk, and the call's hold with it.
-                return Poll::Ready(Some(Err(status)));
+        if self.ending.is_none() {
+            if self.inner.is_none() {
+                return Poll::Ready(None);
             }
-            // The status's own headers (grpc-status, grpc-message) as trailers.
-            let mut trailers = status.into_http::<()>().into_parts().0.headers;
-            trailers.remove(http::header::CONTENT_TYPE);
-            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+            match self.ended.as_mut().poll(cx) {
+                Poll::Ready(status) => {
+                    // The inner body, and the call's slot, go now.
+                    self.inner = None;
+                    self.ending = Some((status, Box::pin(tokio::time::sleep(UNREAD_GRACE))));
+                }
+                Poll::Pending => {
+                    let inner = self.inner.as_mut().expect("checked above");
+                    return Pin::new(inner).poll_frame(cx);
+                }
+            }
         }
-        let inner = self.inner.as_mut().expect("checked above");
-        Pin::new(inner).poll_frame(cx)
+        let written = self.unwritten.as_ref().is_none_or(|u| u.poll_written(cx));
+        let (_, grace) = self.ending.as_mut().expect("set above");
+        if !written && grace.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let (status, _) = self.ending.take().expect("set above");
+        if written {
+            return Poll::Ready(Some(Ok(trailers_of(status))));
+        }
+        // The client is not reading: a status would wait behind data it
+        // never takes. hyper resets the stream on a body error; h2 then
+        // drops the queued chunk, and the call's hold with it.
+        Poll::Ready(Some(Err(status)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.ending.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {

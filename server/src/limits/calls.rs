@@ -502,9 +502,11 @@ impl InFlight {
 pub struct Unwritten(Arc<InFlight>);
 
 impl Unwritten {
-    /// True while a chunk is not yet written out.
-    pub fn pending(&self) -> bool {
-        self.0.pending.load(Ordering::Acquire)
+    /// True once no chunk is waiting to be written out; else `cx` is woken
+    /// when the chunk is (the body that handed it over is gone by then).
+    pub fn poll_written(&self, cx: &mut Context<'_>) -> bool {
+        self.0.waker.register(cx.waker());
+        !self.0.pending.load(Ordering::Acquire)
     }
 }
 
