@@ -252,6 +252,11 @@ pub struct Args {
     /// Watch, reflection), in a pool of their own.
     #[arg(long, env = "SNOWKEEP_MAX_KEYLESS_STREAMS", default_value_t = DEFAULT_MAX_KEYLESS_STREAMS)]
     pub max_keyless_streams: u32,
+    /// Most keyless unary calls, and most keyless streams, one remote IP
+    /// address may have in progress under `--auth on`: one peer cannot take
+    /// the keyless pools that probes and peers' clock checks need.
+    #[arg(long, env = "SNOWKEEP_MAX_KEYLESS_CALLS_PER_PEER", default_value_t = DEFAULT_MAX_KEYLESS_CALLS_PER_PEER)]
+    pub max_keyless_calls_per_peer: u32,
     /// Most unary calls one API key may have in progress on this server;
     /// more get RESOURCE_EXHAUSTED, so one key cannot take every slot.
     #[arg(long, env = "SNOWKEEP_MAX_CALLS_PER_KEY", default_value_t = DEFAULT_MAX_CALLS_PER_KEY)]
@@ -369,6 +374,9 @@ pub const DEFAULT_MAX_OPEN_STREAMS: u32 = 128;
 pub const DEFAULT_MAX_KEYLESS_CALLS: u32 = 32;
 /// Default most keyless streams open (`--auth on`).
 pub const DEFAULT_MAX_KEYLESS_STREAMS: u32 = 16;
+/// Default most keyless calls (and streams) per remote IP address: a
+/// quarter of [`DEFAULT_MAX_KEYLESS_CALLS`].
+pub const DEFAULT_MAX_KEYLESS_CALLS_PER_PEER: u32 = 8;
 /// Default most unary calls in progress per API key: a quarter of
 /// [`DEFAULT_MAX_CONCURRENT_CALLS`].
 pub const DEFAULT_MAX_CALLS_PER_KEY: u32 = 64;
@@ -543,6 +551,8 @@ pub struct Limits {
     pub max_keyless_calls: usize,
     /// Most keyless streams open (`--auth on`), a pool apart.
     pub max_keyless_streams: usize,
+    /// Most keyless unary calls, and streams, per remote IP address.
+    pub max_keyless_calls_per_peer: usize,
     /// Most unary calls in progress per API key.
     pub max_calls_per_key: usize,
     /// Most streams open per API key.
@@ -583,6 +593,7 @@ impl Default for Limits {
             max_open_streams: DEFAULT_MAX_OPEN_STREAMS as usize,
             max_keyless_calls: DEFAULT_MAX_KEYLESS_CALLS as usize,
             max_keyless_streams: DEFAULT_MAX_KEYLESS_STREAMS as usize,
+            max_keyless_calls_per_peer: DEFAULT_MAX_KEYLESS_CALLS_PER_PEER as usize,
             max_calls_per_key: DEFAULT_MAX_CALLS_PER_KEY as usize,
             max_streams_per_key: DEFAULT_MAX_STREAMS_PER_KEY as usize,
             request_timeout: duration(DEFAULT_REQUEST_TIMEOUT),
@@ -1214,6 +1225,12 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
             1_000_000,
         ),
         (
+            "--max-keyless-calls-per-peer (SNOWKEEP_MAX_KEYLESS_CALLS_PER_PEER)",
+            u64::from(args.max_keyless_calls_per_peer),
+            1,
+            1_000_000,
+        ),
+        (
             "--max-keyless-streams (SNOWKEEP_MAX_KEYLESS_STREAMS)",
             u64::from(args.max_keyless_streams),
             1,
@@ -1332,6 +1349,7 @@ fn limits_from(args: &Args) -> Result<Limits, ConfigError> {
         max_open_streams: usize_of(args.max_open_streams.into()),
         max_keyless_calls: usize_of(args.max_keyless_calls.into()),
         max_keyless_streams: usize_of(args.max_keyless_streams.into()),
+        max_keyless_calls_per_peer: usize_of(args.max_keyless_calls_per_peer.into()),
         max_calls_per_key: usize_of(args.max_calls_per_key.into()),
         max_streams_per_key: usize_of(args.max_streams_per_key.into()),
         request_timeout: args.request_timeout,
@@ -1549,6 +1567,7 @@ mod tests {
         assert_eq!(c.limits.max_open_streams, 128);
         assert_eq!(c.limits.max_keyless_calls, 32);
         assert_eq!(c.limits.max_keyless_streams, 16);
+        assert_eq!(c.limits.max_keyless_calls_per_peer, 8);
         assert_eq!(c.limits.max_calls_per_key, 64);
         assert_eq!(c.limits.max_streams_per_key, 32);
         assert_eq!(c.limits.request_timeout, Duration::from_secs(5));

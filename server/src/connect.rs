@@ -69,7 +69,9 @@ pub(crate) async fn connect_etcd_serving(
                 _ = shutdown.cancelled() => return Ok(None),
                 r = async {
                     check_access_once(&store, &mut access_checked).await?;
-                    serving.mode.settle(store.auth_mode(), shutdown.clone()).await
+                    let keys = store.api_keys();
+                    let first = (&keys, serving.keys.1.as_ref(), &clock);
+                    serving.mode.settle(store.auth_mode(), first, shutdown.clone()).await
                 } => r,
             };
             match settled {

@@ -10,6 +10,9 @@ use crate::auth::{ClusterAuth, Enforcement, KeyCache};
 use crate::claim::StoreError;
 use crate::etcd::auth_mode::AuthModeStore;
 
+/// The refusal of `auth enable` while etcd holds no usable admin key.
+const NO_ADMIN_KEY: &str = "etcd holds no usable admin key (admin permission, every namespace, not revoked or expired), so with API keys on nobody could administer the cluster: create one first (snowkeepctl key create --permission admin, or a server's --bootstrap-admin-key-file), then enable";
+
 /// How often a mode change is tried again when another change raced it.
 const ATTEMPTS: usize = 8;
 
@@ -57,8 +60,11 @@ pub(super) async fn keyless_guard(mode: &ClusterAuth) -> Result<i64, Status> {
 
 /// `SetAuthMode`: sets the stored mode to `enabled` with a compare-and-swap.
 /// `authenticated` is true when the authentication layer verified an admin
-/// key for the call. Turning keys on needs a usable admin key in `keys`;
-/// turning them off needs `authenticated`.
+/// key for the call. Turning keys on needs a usable admin key in `keys`, and
+/// the write commits only while that key's record is unchanged in etcd: a
+/// revocation racing the enable makes the write fail, and the next attempt
+/// judges the keys again (so the mode is never on with no admin key).
+/// Turning keys off needs `authenticated`.
 pub(super) async fn set(
     mode: &ClusterAuth,
     keys: &KeyCache,
@@ -82,16 +88,20 @@ pub(super) async fn set(
                     "no API key: turning API keys off needs an admin key (snowkeepctl --api-key-file ADMIN_KEY auth disable); this server does not check keys yet, so it cannot tell an administrator from anyone else",
                 ))
             }
-            (true, _) if keys.has_admin_key(now_unix_ms) != Some(true) => {
-                return Err(Status::failed_precondition(
-                    "etcd holds no usable admin key (admin permission, every namespace, not revoked or expired), so with API keys on nobody could administer the cluster: create one first (snowkeepctl key create --permission admin, or a server's --bootstrap-admin-key-file), then enable",
-                ))
-            }
             _ => {}
         }
+        let guard = if enabled {
+            let Some(Some(admin_key)) = keys.usable_admin_key(now_unix_ms) else {
+                return Err(Status::failed_precondition(NO_ADMIN_KEY));
+            };
+            Some(admin_key)
+        } else {
+            None
+        };
+        let guard = guard.as_ref().map(|(id, at)| (id.as_str(), *at));
         let value: &[u8] = if enabled { b"on" } else { b"off" };
         if store
-            .write(value, stored.mod_revision)
+            .write(value, stored.mod_revision, guard)
             .await
             .map_err(|e| unavailable(&e))?
             .is_ok()

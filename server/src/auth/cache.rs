@@ -108,7 +108,16 @@ pub enum Verdict {
     NotLoaded,
 }
 
-fn parse(stored: &StoredKey) -> Option<KeyRecord> {
+/// Whether `r` passes as an admin key at `now_unix_ms`: the admin
+/// permission, every namespace, neither revoked nor expired.
+pub(super) fn usable_admin(r: &KeyRecord, now_unix_ms: u64) -> bool {
+    r.permissions.contains(&super::Permission::Admin)
+        && r.namespaces.is_empty()
+        && !r.revoked
+        && (r.expires_unix_ms == 0 || r.expires_unix_ms > now_unix_ms)
+}
+
+pub(super) fn parse(stored: &StoredKey) -> Option<KeyRecord> {
     match KeyRecord::from_json(&stored.value) {
         Ok(record) if record.id == stored.id => Some(record),
         Ok(record) => {
@@ -156,18 +165,19 @@ impl KeyCache {
         Some(record.expires_unix_ms)
     }
 
-    /// Whether some known key passes as an admin key at `now_unix_ms` (the
-    /// admin permission, every namespace, neither revoked nor expired);
-    /// `None` before the first load.
-    pub(crate) fn has_admin_key(&self, now_unix_ms: u64) -> Option<bool> {
+    /// One known key that passes as an admin key at `now_unix_ms` (the
+    /// admin permission, every namespace, neither revoked nor expired): its
+    /// id and the mod revision of its
+    /// record, the guard of a write that must not commit once it changed.
+    /// `None` before the first load, `Some(None)` when there is none.
+    pub(crate) fn usable_admin_key(&self, now_unix_ms: u64) -> Option<Option<(String, i64)>> {
         let keys = self.inner.keys.read().unwrap_or_else(|p| p.into_inner());
         let known = keys.as_ref()?;
-        Some(known.records.values().any(|(r, _)| {
-            r.permissions.contains(&super::Permission::Admin)
-                && r.namespaces.is_empty()
-                && !r.revoked
-                && (r.expires_unix_ms == 0 || r.expires_unix_ms > now_unix_ms)
-        }))
+        let mut usable = known
+            .records
+            .values()
+            .filter(|(r, _)| usable_admin(r, now_unix_ms));
+        Some(usable.next().map(|(r, at)| (r.id.clone(), *at)))
     }
 
     /// The etcd side; `None` before the store connected.
@@ -480,5 +490,24 @@ mod tests {
             cache.verify(&key, 10_000),
             Verdict::Refused(KeyRefusal::Expired { .. })
         ));
+    }
+
+    #[test]
+    fn the_usable_admin_key_comes_with_the_revision_it_was_judged_at() {
+        let cache = KeyCache::new();
+        assert_eq!(cache.usable_admin_key(0), None);
+        let key = PresentedKey::generate();
+        let mut record = BootstrapKey::parse(&key.reveal()).unwrap().record(1);
+        record.expires_unix_ms = 5_000;
+        cache.replace_all(&[stored(&record, 7)], 7);
+        assert_eq!(
+            cache.usable_admin_key(4_999),
+            Some(Some((record.id.clone(), 7)))
+        );
+        assert_eq!(cache.usable_admin_key(5_000), Some(None));
+        record.expires_unix_ms = 0;
+        record.revoked = true;
+        cache.note(record, 9);
+        assert_eq!(cache.usable_admin_key(0), Some(None));
     }
 }

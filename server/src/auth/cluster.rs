@@ -9,7 +9,7 @@
 //! | `--auth` | stored absent | stored `off` | stored `on` |
 //! | --- | --- | --- | --- |
 //! | not given | follows: off | follows: off | follows: on |
-//! | `on` | writes `on`, then on | refuses to start (exit 64) | on |
+//! | `on` | writes `on` (needs a usable admin key, else exit 64), then on | refuses to start (exit 64) | on |
 //! | `off` | off | off | refuses to start (exit 64) |
 //!
 //! A stored value that is neither `on` nor `off` counts as `on` (a server
@@ -20,12 +20,11 @@
 //! admin's `SetAuthMode`) takes effect on every server as soon as its watch
 //! delivers it. While etcd is unreachable the last mode read stays in force.
 //!
-//! Until the mode is read ([`Enforcement::Unknown`]) the server does not
-//! check keys, but it has nothing to serve yet: the administration service
-//! has no etcd access and no machine id is claimed, so every call that needs
-//! either gets UNAVAILABLE (health, reflection and InfoService's answers
-//! about the server itself still answer). With `--auth on` keys are checked
-//! from the start.
+//! Until the mode is read ([`Enforcement::Unknown`]) the server cannot check
+//! keys, so it serves only health, reflection and an anonymous GetInfo
+//! (version and clock); every other call gets UNAVAILABLE. With `--auth on`
+//! keys are checked from the start. Calls admitted without a key check end
+//! when the mode turns on ([`ClusterAuth::turned_on`]).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -107,6 +106,15 @@ pub(crate) fn mismatch(flag: Option<AuthMode>, stored: &StoredValue) -> Option<S
     }
 }
 
+/// What `--auth on` needs to set a mode that was never set (see
+/// `super::first_mode`): the API key store, the bootstrap admin key and the
+/// clock.
+pub(crate) type FirstOn<'a> = (
+    &'a crate::etcd::apikeys::ApiKeyStore,
+    Option<&'a super::BootstrapKey>,
+    &'a snowkeep_client::SharedClock,
+);
+
 /// This server's view of the cluster's security mode, shared by the
 /// authentication layer, the administration service and the status page.
 /// Cheap to clone.
@@ -123,6 +131,9 @@ struct Inner {
     state: AtomicU8,
     /// The etcd side, once the mode is read.
     store: OnceLock<AuthModeStore>,
+    /// Tells the calls admitted without a key check when the mode turns on
+    /// ([`ClusterAuth::turned_on`]).
+    changes: tokio::sync::watch::Sender<Enforcement>,
 }
 
 fn encode(e: Enforcement) -> u8 {
@@ -155,6 +166,7 @@ impl ClusterAuth {
                 flag,
                 state: AtomicU8::new(encode(start)),
                 store: OnceLock::new(),
+                changes: tokio::sync::watch::Sender::new(start),
             }),
         }
     }
@@ -165,6 +177,23 @@ impl ClusterAuth {
             0 => Enforcement::Unknown,
             1 => Enforcement::Off,
             _ => Enforcement::On,
+        }
+    }
+
+    /// Resolves once this server enforces keys (at once if it does now): a
+    /// call admitted without a key check ends then (see `super::revoke`).
+    pub(crate) fn turned_on(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut changes = self.inner.changes.subscribe();
+        async move {
+            loop {
+                if *changes.borrow_and_update() == Enforcement::On {
+                    return;
+                }
+                if changes.changed().await.is_err() {
+                    // The view is gone: the mode can no longer change.
+                    std::future::pending::<()>().await;
+                }
+            }
         }
     }
 
@@ -181,6 +210,7 @@ impl ClusterAuth {
         if before == encode(now) {
             return;
         }
+        self.inner.changes.send_replace(now);
         match &value {
             StoredValue::Unreadable(text) => {
                 error!(key = AUTH_MODE, value = %text, "the cluster's security mode is neither on nor off; API keys are required until it is repaired")
@@ -198,18 +228,21 @@ impl ClusterAuth {
     }
 
     /// Reads the stored mode (writing `on` first when `--auth on` finds it
-    /// absent), checks it against `--auth` and starts to follow it until
+    /// absent, guarded on a usable admin key: `first`), checks it against `--auth` and starts to follow it until
     /// `shutdown`. Errors: [`StoreError::AuthModeMismatch`] when the flag
     /// disagrees (the server must not start), or what etcd answered
     /// (retried by the caller). Call until it succeeds, then no more.
     pub(crate) async fn settle(
         &self,
         store: AuthModeStore,
+        first: FirstOn<'_>,
         shutdown: CancellationToken,
     ) -> Result<(), StoreError> {
         let (mut stored, mut revision) = store.read().await?;
         if self.inner.flag == Some(AuthMode::On) && stored.value.is_none() {
-            match store.write(b"on", 0).await? {
+            let (keys, bootstrap, clock) = first;
+            let (key_id, at) = super::first_mode::admin_key_for_on(keys, bootstrap, clock).await?;
+            match store.write(b"on", 0, Some((&key_id, at))).await? {
                 Ok(at) => {
                     info!(key = AUTH_MODE, "--auth on: set the cluster's security mode to on; every server now requires API keys");
                     (stored, revision) = (

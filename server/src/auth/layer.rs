@@ -22,7 +22,7 @@ use super::key::{Permission, PresentedKey};
 use super::revoke::{self, Revocable};
 use crate::audit::CallerKey;
 use crate::limits::admission::Keyless;
-use crate::limits::calls::CallKind;
+use crate::limits::calls::{CallKind, Unwritten};
 
 /// What a gRPC service needs of a key: `None` for one that is always open,
 /// `Some(None)` for any valid key, `Some(Some(p))` for permission `p`.
@@ -235,9 +235,75 @@ pub struct Auth<S> {
     layer: AuthLayer,
 }
 
-impl<S, R> Service<http::Request<R>> for Auth<S>
+/// The refusal of a call that needs a key check before this server has read
+/// the cluster's security mode.
+const MODE_UNKNOWN: &str = "this server has not read the cluster's security mode from etcd yet, so it cannot tell whether this call needs an API key; retry shortly or on another server";
+
+/// The methods whose request is a stream and that need a key (the streamed
+/// import): their request body ends with the call (see `super::revoke`).
+fn request_is_stream(path: &str) -> bool {
+    path == "/snowkeep.v1.AdminService/ImportStream"
+}
+
+impl<S> Auth<S>
 where
-    S: Service<http::Request<R>, Response = http::Response<tonic::body::Body>>,
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    /// Calls the inner service; a stream (or streamed import) is ended by
+    /// what `ending` makes, both its request and its response body.
+    fn call_ended_by(
+        &mut self,
+        mut request: http::Request<tonic::body::Body>,
+        ending: impl Fn(String) -> revoke::Ending,
+    ) -> <Self as Service<http::Request<tonic::body::Body>>>::Future {
+        let path = request.uri().path().to_owned();
+        if CallKind::of(&path) != CallKind::Stream {
+            return Box::pin(self.inner.call(request));
+        }
+        if request_is_stream(&path) {
+            let ended = ending(path.clone());
+            request = request
+                .map(|body| tonic::body::Body::new(revoke::RevocableRequest::new(body, ended)));
+        }
+        let until = ending(path);
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            let unwritten = response.extensions().get::<Unwritten>().cloned();
+            Ok(response.map(|body| tonic::body::Body::new(Revocable::new(body, until, unwritten))))
+        })
+    }
+
+    /// A call while this server does not check keys: open ones pass; others
+    /// get UNAVAILABLE before the mode is read (but an anonymous GetInfo) and
+    /// end when the mode turns on.
+    fn call_unchecked(
+        &mut self,
+        mut request: http::Request<tonic::body::Body>,
+        enforcement: Enforcement,
+    ) -> <Self as Service<http::Request<tonic::body::Body>>>::Future {
+        let path = request.uri().path().to_owned();
+        if required(&path).is_none() {
+            return Box::pin(self.inner.call(request));
+        }
+        if enforcement == Enforcement::Unknown {
+            if path != GET_INFO {
+                count("-", "unavailable");
+                let response = Status::unavailable(MODE_UNKNOWN).into_http();
+                return Box::pin(async move { Ok(response) });
+            }
+            request.extensions_mut().insert(Anonymous);
+        }
+        let mode = self.layer.mode.clone();
+        self.call_ended_by(request, |method| revoke::mode_turned_on(&mode, method))
+    }
+}
+
+impl<S> Service<http::Request<tonic::body::Body>> for Auth<S>
+where
+    S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
@@ -249,9 +315,10 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<R>) -> Self::Future {
-        if self.layer.mode.enforcement() != Enforcement::On {
-            return Box::pin(self.inner.call(request));
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        let enforcement = self.layer.mode.enforcement();
+        if enforcement != Enforcement::On {
+            return self.call_unchecked(request, enforcement);
         }
         let authorization = request
             .headers()
@@ -269,27 +336,17 @@ where
                 Box::pin(self.inner.call(request))
             }
             Ok(Some(scope)) => {
-                let path = request.uri().path().to_owned();
-                let watch = (CallKind::of(&path) == CallKind::Stream)
-                    .then(|| PresentedKey::from_authorization(authorization).ok())
-                    .flatten();
+                let presented = PresentedKey::from_authorization(authorization).ok();
                 request
                     .extensions_mut()
                     .insert(CallerKey(scope.key_id.clone()));
                 request.extensions_mut().insert(scope);
-                let response = self.inner.call(request);
-                let Some(presented) = watch else {
-                    return Box::pin(response);
+                let Some(presented) = presented else {
+                    return Box::pin(self.inner.call(request));
                 };
-                let until = revoke::refused(
-                    self.layer.cache.clone(),
-                    presented,
-                    self.layer.clock.clone(),
-                );
-                Box::pin(async move {
-                    let response = response.await?;
-                    Ok(response
-                        .map(|body| tonic::body::Body::new(Revocable::new(body, until, path))))
+                let (cache, clock) = (self.layer.cache.clone(), self.layer.clock.clone());
+                self.call_ended_by(request, move |method| {
+                    revoke::key_refused(cache.clone(), presented.clone(), clock.clone(), method)
                 })
             }
             Err(status) => {

@@ -30,11 +30,13 @@
 //! | [`key`] | records, presented keys, verification, scopes, the bootstrap key |
 //! | [`cache`] | the servers' copy of the keys and the watch that keeps it current |
 //! | [`cluster`] | the cluster's security mode: the check at start and the watch |
+//! | `first_mode` | `--auth on` on a cluster whose mode was never set: the admin key it needs |
 //! | [`layer`] | the tower layer |
 //! | `revoke` | ending a key's open streams when it is revoked or expires |
 
 pub mod cache;
 pub mod cluster;
+mod first_mode;
 pub mod key;
 pub mod layer;
 mod revoke;

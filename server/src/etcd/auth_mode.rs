@@ -1,5 +1,6 @@
 //! The cluster's security mode in etcd (`/snowkeep/v1/auth-mode`): read,
-//! written with a compare-and-swap on its mod revision, and followed with a
+//! written with a compare-and-swap on its mod revision (and, to turn keys
+//! on, on the admin key record that made it safe), and followed with a
 //! watch. This module moves bytes only: what a value means is
 //! `crate::auth::cluster`'s.
 
@@ -79,16 +80,27 @@ impl AuthModeStore {
     }
 
     /// Writes `value` if the key is still at `expected` (its mod revision,
-    /// 0 for absent): `Ok(mod revision)` when written (or found written by
-    /// an earlier attempt of this call), `Err(what is stored)` when it
-    /// changed in between.
+    /// 0 for absent) and, with a `guard` (an API key's id and the mod
+    /// revision its record was judged at), that key's record is unchanged
+    /// too: `Ok(mod revision)` when written (or found written by an earlier
+    /// attempt of this call), `Err(what is stored)` when either changed in
+    /// between (the caller reads both again).
     pub(crate) async fn write(
         &self,
         value: &[u8],
         expected: i64,
+        guard: Option<(&str, i64)>,
     ) -> Result<Result<i64, StoredMode>, StoreError> {
+        let mut compares = vec![unchanged_since(expected)];
+        if let Some((key_id, mod_revision)) = guard {
+            compares.push(Compare::mod_revision(
+                keys::apikey(key_id),
+                CompareOp::Equal,
+                mod_revision,
+            ));
+        }
         let txn = Txn::new()
-            .when([unchanged_since(expected)])
+            .when(compares)
             .and_then([TxnOp::put(keys::AUTH_MODE, value.to_vec(), None)])
             .or_else([TxnOp::get(keys::AUTH_MODE, None)]);
         let resp = self

@@ -7,6 +7,10 @@
 //!   of their own, `--max-keyless-calls` and `--max-keyless-streams`. However
 //!   many such calls a client opens, callers with a key keep every slot and
 //!   byte of theirs.
+//! * **Per peer**: one remote IP address has at most
+//!   `--max-keyless-calls-per-peer` keyless unary calls and as many keyless
+//!   streams in progress, so one peer cannot take the keyless pools that
+//!   probes and the peers' clock checks need.
 //! * **Per key**: one API key has at most `--max-calls-per-key` unary calls
 //!   and `--max-streams-per-key` streams in progress on a server
 //!   ([`PerKey`]), so one key cannot take every slot of its pool.
@@ -14,7 +18,9 @@
 //!   arrived `--request-timeout` after its headers is answered
 //!   DEADLINE_EXCEEDED and frees its slot ([`receive`]). For the methods
 //!   whose request is a stream (reflection, the streamed import) the
-//!   deadline holds for its first message.
+//!   deadline holds for its first message, and each later message is due
+//!   within `--request-timeout` of the one before: a stream that pauses
+//!   longer fails with DEADLINE_EXCEEDED and frees its slot.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -39,6 +45,8 @@ pub struct Keyless;
 /// The calls of each API key in progress in one pool, at most `max` per key.
 #[derive(Debug)]
 pub(super) struct PerKey {
+    /// Counts remote addresses' keyless calls, not keys' calls.
+    per_peer: bool,
     calls: &'static str,
     flag: &'static str,
     max: usize,
@@ -49,6 +57,7 @@ impl PerKey {
     /// At most `max` `calls` (`unary calls`, `streams`) per key, set by `flag`.
     pub(super) fn new(calls: &'static str, flag: &'static str, max: usize) -> Arc<Self> {
         Arc::new(Self {
+            per_peer: false,
             calls,
             flag,
             max,
@@ -56,7 +65,19 @@ impl PerKey {
         })
     }
 
-    /// One more call of `key_id`, held until the [`KeySlot`] is dropped.
+    /// At most `max` keyless `calls` per remote IP address, set by `flag`.
+    pub(super) fn per_peer(calls: &'static str, flag: &'static str, max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            per_peer: true,
+            calls,
+            flag,
+            max,
+            counts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// One more call of `key_id` (a remote address for [`PerKey::per_peer`]),
+    /// held until the [`KeySlot`] is dropped.
     pub(super) fn take(self: &Arc<Self>, key_id: &str) -> Result<KeySlot, LimitError> {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         // Looked up first: a key with calls in progress needs no new entry.
@@ -64,6 +85,14 @@ impl PerKey {
             Some(count) => count,
             None => counts.entry(key_id.to_owned()).or_insert(0),
         };
+        if *count >= self.max && self.per_peer {
+            return Err(LimitError::PeerBusy {
+                peer: key_id.to_owned(),
+                calls: self.calls,
+                max: self.max,
+                flag: self.flag,
+            });
+        }
         if *count >= self.max {
             return Err(LimitError::KeyBusy {
                 key_id: key_id.to_owned(),
@@ -191,20 +220,70 @@ pub(super) async fn receive(
         }
     };
     let body = if first_only {
-        tonic::body::Body::new(Prefixed {
-            first: Some(frame.clone()),
-            rest: body,
-        })
+        tonic::body::Body::new(Prefixed::new(frame.clone(), body, timeout))
     } else {
         tonic::body::Body::new(http_body_util::Full::new(frame.clone()))
     };
     Ok((http::Request::from_parts(parts, body), frame))
 }
 
-/// A request body whose first bytes were already read: them, then the rest.
+/// Where a streamed request is in its gRPC messages: the bytes of the
+/// current message's prefix seen so far, or the body bytes still to come.
+#[derive(Debug, Default)]
+struct Framing {
+    prefix: Vec<u8>,
+    remaining: usize,
+}
+
+impl Framing {
+    /// Takes in `data`; true when at least one message ended in it.
+    fn feed(&mut self, mut data: &[u8]) -> bool {
+        let mut ended = false;
+        while !data.is_empty() {
+            if self.remaining > 0 {
+                let take = self.remaining.min(data.len());
+                self.remaining -= take;
+                data = &data[take..];
+                ended |= self.remaining == 0;
+                continue;
+            }
+            let take = (GRPC_HEADER - self.prefix.len()).min(data.len());
+            self.prefix.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if let &[_, a, b, c, d] = &self.prefix[..] {
+                self.remaining = u32::from_be_bytes([a, b, c, d]) as usize;
+                self.prefix.clear();
+                ended |= self.remaining == 0;
+            }
+        }
+        ended
+    }
+}
+
+/// A streamed request's body whose first bytes were already read: them,
+/// then the rest, each next message due within `stall` of the one before
+/// (else the body fails with DEADLINE_EXCEEDED, and the handler with it),
+/// so a trickled stream cannot hold its slot without bound.
 struct Prefixed {
     first: Option<Bytes>,
-    rest: tonic::body::Body,
+    rest: Option<tonic::body::Body>,
+    framing: Framing,
+    stall: Duration,
+    due: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Prefixed {
+    fn new(first: Bytes, rest: tonic::body::Body, stall: Duration) -> Self {
+        let mut framing = Framing::default();
+        framing.feed(&first);
+        Self {
+            first: Some(first),
+            rest: Some(rest),
+            framing,
+            stall,
+            due: Box::pin(tokio::time::sleep(stall)),
+        }
+    }
 }
 
 impl Body for Prefixed {
@@ -218,11 +297,31 @@ impl Body for Prefixed {
         if let Some(first) = self.first.take() {
             return Poll::Ready(Some(Ok(Frame::data(first))));
         }
-        Pin::new(&mut self.rest).poll_frame(cx)
+        let Some(rest) = self.rest.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match Pin::new(rest).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    if self.framing.feed(data) {
+                        let next = tokio::time::Instant::now() + self.stall;
+                        self.due.as_mut().reset(next);
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(other) => Poll::Ready(other),
+            Poll::Pending => {
+                std::task::ready!(self.due.as_mut().poll(cx));
+                self.rest = None;
+                let after = self.stall;
+                Poll::Ready(Some(Err(status(LimitError::StreamStalled { after }))))
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.rest.is_end_stream()
+        self.first.is_none() && self.rest.as_ref().is_none_or(Body::is_end_stream)
     }
 }
 
@@ -314,5 +413,64 @@ mod tests {
             all.extend_from_slice(&frame.into_data().unwrap());
         }
         assert_eq!(all, [message, message, message].concat());
+    }
+
+    /// A streamed import that stops sending after its first message fails
+    /// `--request-timeout` later; each whole message moves the deadline on.
+    #[tokio::test(start_paused = true)]
+    async fn a_streamed_import_that_pauses_longer_than_the_timeout_fails() {
+        let path = "/snowkeep.v1.AdminService/ImportStream";
+        const MESSAGE: &[u8] = &[0, 0, 0, 0, 2, 1, 2];
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        tx.try_send(Ok::<_, Status>(Frame::data(Bytes::from_static(MESSAGE))))
+            .unwrap();
+        let body = tonic::body::Body::new(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let request = http::Request::post(path).body(body).unwrap();
+        let timeout = Duration::from_secs(3);
+        let (request, _) = receive(request, 16, timeout).await.unwrap();
+        let mut body = request.into_body();
+        assert_eq!(
+            &body.frame().await.unwrap().unwrap().into_data().unwrap()[..],
+            MESSAGE
+        );
+        // Half a message, then the rest 2 s later: 4 s after the first, still on time.
+        let feeder = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            tx.send(Ok(Frame::data(Bytes::from_static(&MESSAGE[..4]))))
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            tx.send(Ok(Frame::data(Bytes::from_static(&MESSAGE[4..]))))
+                .await
+                .unwrap();
+            // Then silence, the sender kept open.
+            std::future::pending::<()>().await;
+        });
+        let started = tokio::time::Instant::now();
+        for _ in 0..2 {
+            assert!(body.frame().await.unwrap().is_ok());
+        }
+        assert_eq!(started.elapsed(), Duration::from_millis(2900));
+        let stalled = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_millis(5900));
+        assert_eq!(stalled.code(), tonic::Code::DeadlineExceeded);
+        assert_eq!(
+            stalled.message(),
+            "no whole message of this streamed request arrived within 3s of the one before (--request-timeout); send the pieces one after another, without pauses"
+        );
+        assert!(body.frame().await.is_none());
+        feeder.abort();
+    }
+
+    #[test]
+    fn framing_counts_messages_across_chunks() {
+        let mut framing = Framing::default();
+        assert!(!framing.feed(&[0, 0, 0]));
+        assert!(!framing.feed(&[0, 2, 9]));
+        assert!(framing.feed(&[9, 0, 0, 0, 0, 0]));
+        assert!(!framing.feed(&[0, 0, 0, 0, 1]));
+        assert!(framing.feed(&[5]));
     }
 }

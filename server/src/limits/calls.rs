@@ -172,6 +172,9 @@ struct Inner {
     /// Each key's share of `unary` and `streams`.
     per_key_unary: Arc<PerKey>,
     per_key_streams: Arc<PerKey>,
+    /// Each remote address's share of `keyless_unary` and `keyless_streams`.
+    per_peer_unary: Arc<PerKey>,
+    per_peer_streams: Arc<PerKey>,
     request_timeout: std::time::Duration,
     max_recv: usize,
     max_send: usize,
@@ -228,6 +231,16 @@ impl CallLimits {
                 "--max-streams-per-key",
                 limits.max_streams_per_key,
             ),
+            per_peer_unary: PerKey::per_peer(
+                "keyless unary calls",
+                "--max-keyless-calls-per-peer",
+                limits.max_keyless_calls_per_peer,
+            ),
+            per_peer_streams: PerKey::per_peer(
+                "keyless streams",
+                "--max-keyless-calls-per-peer",
+                limits.max_keyless_calls_per_peer,
+            ),
             request_timeout: limits.request_timeout,
             max_recv: limits.max_recv_message_size,
             max_send: limits.max_send_message_size,
@@ -264,24 +277,31 @@ impl CallLimits {
         }
     }
 
-    /// Takes a slot of `pool`, one of `key_id`'s share, and the base
-    /// weight: what every call holds from admission on.
+    /// Takes a slot of `pool`, one of `key_id`'s share (or, for a keyless
+    /// call, of its remote address `peer`'s), and the base weight: what
+    /// every call holds from admission on.
     fn admit(
         &self,
-        pool: &Pool,
+        (pool, keyless): (&Pool, bool),
         key_id: Option<&str>,
+        peer: Option<std::net::IpAddr>,
         conn: Option<ConnCall>,
     ) -> Result<Hold, LimitError> {
-        let slot = pool.slot()?;
-        let per_key = match pool.kind {
-            CallKind::Unary => &self.0.per_key_unary,
-            CallKind::Stream => &self.0.per_key_streams,
+        let (per_key, per_peer) = match pool.kind {
+            CallKind::Unary => (&self.0.per_key_unary, &self.0.per_peer_unary),
+            CallKind::Stream => (&self.0.per_key_streams, &self.0.per_peer_streams),
         };
+        let peer = peer
+            .filter(|_| keyless)
+            .map(|ip| per_peer.take(&ip.to_string()))
+            .transpose()?;
+        let slot = pool.slot()?;
         let key = key_id.map(|id| per_key.take(id)).transpose()?;
         Ok(Hold {
             memory: pool.reserve(self.0.base, 0)?,
             _slot: slot,
             _key: key,
+            _peer: peer,
             _conn: conn,
         })
     }
@@ -311,6 +331,7 @@ impl CallLimits {
 struct Hold {
     _slot: OwnedSemaphorePermit,
     _key: Option<KeySlot>,
+    _peer: Option<KeySlot>,
     memory: OwnedSemaphorePermit,
     _conn: Option<ConnCall>,
 }
@@ -388,7 +409,13 @@ where
             let keyless = request.extensions().get::<Keyless>().is_some();
             let pool = limits.pool(CallKind::of(path), keyless);
             let key_id = request.extensions().get::<CallerKey>().map(|k| &k.0);
-            let admitted = limits.admit(pool, key_id.map(String::as_str), conn_call);
+            let peer = request
+                .extensions()
+                .get::<tonic::transport::server::TcpConnectInfo>()
+                .and_then(|c| c.remote_addr())
+                .map(|a| a.ip());
+            let admitted =
+                limits.admit((pool, keyless), key_id.map(String::as_str), peer, conn_call);
             let mut hold = match admitted {
                 Ok(hold) => hold,
                 Err(error) => {
@@ -425,8 +452,12 @@ where
             let response = inner.call(request).await?;
             let hold = Arc::new(hold);
             let paced = pool.kind == CallKind::Stream;
-            Ok(response
-                .map(|body| tonic::body::Body::new(HeldBody::new(body, hold, paced, unsent))))
+            let in_flight = InFlight::new(unsent);
+            let mut response = response.map(|body| {
+                tonic::body::Body::new(HeldBody::new(body, hold, paced, in_flight.clone()))
+            });
+            response.extensions_mut().insert(Unwritten(in_flight));
+            Ok(response)
         })
     }
 }
@@ -447,7 +478,7 @@ impl AsRef<[u8]> for HeldChunk {
 
 /// Whether a body has a chunk in hyper or h2 that is not yet written out.
 #[derive(Debug)]
-struct InFlight {
+pub(crate) struct InFlight {
     /// Times the chunk for the connection's `--stream-send-timeout`.
     unsent: Arc<Unsent>,
     /// True from handing a chunk over until h2 drops it, which it does once
@@ -456,6 +487,33 @@ struct InFlight {
     pending: AtomicBool,
     /// The body's task, woken when the chunk is dropped.
     waker: AtomicWaker,
+}
+
+impl InFlight {
+    fn new(unsent: Arc<Unsent>) -> Arc<Self> {
+        Arc::new(Self {
+            unsent,
+            pending: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        })
+    }
+}
+
+/// Put into a response's extensions: whether a chunk of the response is
+/// handed to hyper and not yet written out, which means its client does not
+/// read. The authentication layer then ends a revoked stream with a reset
+/// (dropping the chunk, and the call's slot and memory with it) instead of
+/// trailers queued behind data the client never takes.
+#[derive(Debug, Clone)]
+pub struct Unwritten(Arc<InFlight>);
+
+impl Unwritten {
+    /// True once no chunk is waiting to be written out; else `cx` is woken
+    /// when the chunk is (the body that handed it over is gone by then).
+    pub fn poll_written(&self, cx: &mut Context<'_>) -> bool {
+        self.0.waker.register(cx.waker());
+        !self.0.pending.load(Ordering::Acquire)
+    }
 }
 
 /// Marks its body's chunk written when dropped.
@@ -489,16 +547,12 @@ struct HeldBody<B> {
 }
 
 impl<B> HeldBody<B> {
-    fn new(inner: B, hold: Arc<Hold>, paced: bool, unsent: Arc<Unsent>) -> Self {
+    fn new(inner: B, hold: Arc<Hold>, paced: bool, in_flight: Arc<InFlight>) -> Self {
         Self {
             inner,
             hold: Some(hold),
             paced,
-            in_flight: Arc::new(InFlight {
-                unsent,
-                pending: AtomicBool::new(false),
-                waker: AtomicWaker::new(),
-            }),
+            in_flight,
         }
     }
 

@@ -29,6 +29,25 @@ pub enum LimitError {
         /// The flag that sets it.
         flag: &'static str,
     },
+    /// One remote address has its most keyless calls of a pool in progress.
+    #[error("{peer} already has {max} {calls} without an API key in progress on this server, the most one address may have ({flag}); retry with backoff, or send an API key")]
+    PeerBusy {
+        /// The remote IP address.
+        peer: String,
+        /// `keyless unary calls` or `keyless streams`.
+        calls: &'static str,
+        /// The most per address.
+        max: usize,
+        /// The flag that sets it.
+        flag: &'static str,
+    },
+    /// A streamed request (ImportStream) sent no whole message for
+    /// `--request-timeout` after its last one.
+    #[error("no whole message of this streamed request arrived within {} of the one before (--request-timeout); send the pieces one after another, without pauses", humantime::format_duration(*after))]
+    StreamStalled {
+        /// The timeout.
+        after: std::time::Duration,
+    },
     /// The request message did not arrive within `--request-timeout`.
     #[error("the request did not arrive in full within {} of the call's headers (--request-timeout); send each request whole, at once", humantime::format_duration(*after))]
     RequestTimeout {

@@ -223,13 +223,16 @@ fn code_of(err: &ApiError) -> Code {
         ApiError::Limit(l) => match l {
             LimitError::Busy { .. }
             | LimitError::KeyBusy { .. }
+            | LimitError::PeerBusy { .. }
             | LimitError::MemoryInUse { .. }
             | LimitError::CallTooLarge { .. }
             | LimitError::RequestTooLarge { .. }
             | LimitError::IdsTooLarge { .. }
             | LimitError::BatchTooLarge { .. }
             | LimitError::ResponseTooLarge { .. } => Code::ResourceExhausted,
-            LimitError::RequestTimeout { .. } => Code::DeadlineExceeded,
+            LimitError::RequestTimeout { .. } | LimitError::StreamStalled { .. } => {
+                Code::DeadlineExceeded
+            }
             LimitError::InvalidMessage { .. }
             | LimitError::TruncatedMessage
             | LimitError::InvalidCompressionFlag { .. } => Code::InvalidArgument,

@@ -236,3 +236,181 @@ async fn auth_enable_reaches_running_servers_and_only_an_admin_key_turns_it_off(
     )
     .await;
 }
+
+/// The status of a call admitted without a key that is still open when the
+/// cluster turns keys on.
+const MODE_TURNED_ON: &str = "the cluster turned API keys on (its security mode is now on) after this call was admitted without a key; call again with `authorization: Bearer <id>.<secret>` metadata (snowkeepctl --api-key-file)";
+
+/// Waits at most 10 s for `stream` to end; its ending status.
+async fn end_of<T>(what: &str, stream: &mut tonic::Streaming<T>) -> tonic::Status {
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(status) => return Some(status),
+            }
+        }
+    })
+    .await;
+    end.unwrap_or_else(|_| panic!("{what} still runs 10 s after auth enable"))
+        .unwrap_or_else(|| panic!("{what} ended cleanly, without a status"))
+}
+
+/// Streams opened without a key while the mode is off (an unbounded
+/// StreamIds, a TailAudit) end UNAUTHENTICATED once `auth enable` turns it
+/// on, like new keyless calls. Before, they kept running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_streams_opened_while_off_end_when_auth_is_enabled() {
+    let etcd = EtcdProcess::start().await;
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), "modeend", &[]);
+    a.wait_serving(READY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("admin.key");
+    let key_file = key_file.to_str().unwrap().to_owned();
+    let create = [
+        "key",
+        "create",
+        "--description",
+        "admin",
+        "--permission",
+        "admin",
+        "--secret-file",
+    ];
+    printed(&ctl(
+        &a.url(),
+        None,
+        &[&create[..], &[key_file.as_str()]].concat(),
+    ));
+
+    let mut stream = ids(&a, None)
+        .await
+        .stream_ids(pb::StreamIdsRequest {
+            total: 0,
+            batch_size: 10,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stream.message().await.unwrap().unwrap().ids.len(), 10);
+    let mut tail = admin(&a, None)
+        .await
+        .tail_audit(pb::TailAuditRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        printed(&ctl(&a.url(), None, &["auth", "enable"])),
+        json!({"enabled": true, "changed": true})
+    );
+    let (stream_end, tail_end) = (
+        end_of("the keyless StreamIds", &mut stream).await,
+        end_of("the keyless TailAudit", &mut tail).await,
+    );
+    for end in [stream_end, tail_end] {
+        assert_eq!(
+            (end.code(), end.message()),
+            (Code::Unauthenticated, MODE_TURNED_ON)
+        );
+    }
+    let status = keyless_next_id(&a).await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::Unauthenticated, NO_KEY)
+    );
+}
+
+/// Before a server has read the mode (its etcd does not answer), it serves
+/// nothing that may need a key: a keyless TailAudit gets UNAVAILABLE, a
+/// keyless GetInfo only the version and clock. Before, the TailAudit was
+/// served without a key check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_served_keyless_before_the_mode_is_read() {
+    let etcd = EtcdProcess::start().await;
+    etcd.pause();
+    let a = ServerProcess::on_etcd(&etcd.endpoint(), "modeunknown", &[]);
+    eventually("the server to listen", Duration::from_secs(10), || async {
+        tokio::net::TcpStream::connect(a.url().trim_start_matches("http://"))
+            .await
+            .is_ok()
+    })
+    .await;
+    let tail = admin(&a, None)
+        .await
+        .tail_audit(pb::TailAuditRequest {})
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        (tail.code(), tail.message()),
+        (
+            Code::Unavailable,
+            "this server has not read the cluster's security mode from etcd yet, so it cannot tell whether this call needs an API key; retry shortly or on another server"
+        )
+    );
+    let info = pb::info_service_client::InfoServiceClient::new(a.channel().await)
+        .get_info(pb::GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (
+            info.namespace.as_str(),
+            info.instance_id.as_str(),
+            info.held.len()
+        ),
+        ("", "", 0)
+    );
+    assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
+    etcd.resume();
+    a.wait_serving(READY).await;
+    admin(&a, None)
+        .await
+        .tail_audit(pb::TailAuditRequest {})
+        .await
+        .expect("served once the mode (off) is read");
+}
+
+/// `--auth on` on an etcd whose mode was never set applies `auth enable`'s
+/// rule: with no usable admin key it exits 64 and leaves the mode unset
+/// (before, it wrote `on` and locked the cluster); with a bootstrap admin
+/// key it writes the key, then `on`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_on_at_start_needs_a_usable_admin_key() {
+    let etcd = EtcdProcess::start().await;
+    let mut locked = ServerProcess::on_etcd(&etcd.endpoint(), "modefirst", &["--auth", "on"]);
+    locked
+        .assert_exits(
+            Duration::from_secs(15),
+            64,
+            "--auth on would turn API keys on for the whole cluster (its security mode in etcd was never set), but etcd holds no usable admin key (admin permission, every namespace, not revoked or expired), so nobody could administer it. Give this server --bootstrap-admin-key-file FILE (make FILE with `snowkeepctl key generate`), or create an admin key first with `snowkeepctl key create --permission admin` while keys are off",
+        )
+        .await;
+    assert_eq!(stored_mode(&etcd).await, None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let admin_key = random_key("kbootstrap03");
+    let file = dir.path().join("admin.key");
+    std::fs::write(&file, format!("{admin_key}\n")).unwrap();
+    let a = ServerProcess::on_etcd(
+        &etcd.endpoint(),
+        "modefirst",
+        &[
+            "--auth",
+            "on",
+            "--bootstrap-admin-key-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    a.wait_serving(READY).await;
+    assert_eq!(stored_mode(&etcd).await.as_deref(), Some("on"));
+    let keys = eventually("the admin key to work", Duration::from_secs(10), || async {
+        admin(&a, Some(&admin_key))
+            .await
+            .list_keys(pb::ListKeysRequest {})
+            .await
+            .is_ok()
+    })
+    .await;
+    eprintln!("admin key usable {keys:?} after serving");
+}

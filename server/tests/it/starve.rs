@@ -29,6 +29,12 @@ struct Raw {
 
 impl Raw {
     async fn connect(port: u16, connections: usize) -> Self {
+        Self::connect_from(std::net::Ipv4Addr::LOCALHOST, port, connections).await
+    }
+
+    /// Like [`Raw::connect`], from source address `from` (any 127.x.y.z on
+    /// Linux loopback).
+    async fn connect_from(from: std::net::Ipv4Addr, port: u16, connections: usize) -> Self {
         let mut raw = Raw {
             port,
             clients: Vec::new(),
@@ -36,7 +42,9 @@ impl Raw {
             tasks: Vec::new(),
         };
         for _ in 0..connections {
-            let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind((from, 0).into()).unwrap();
+            let tcp: TcpStream = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
             let (client, conn) = h2::client::handshake(tcp).await.unwrap();
             raw.tasks.push(tokio::spawn(async move {
                 let _ = conn.await;
@@ -135,7 +143,17 @@ fn next(count: u32) -> pb::NextIdsRequest {
 /// pool's memory and every NextIds got RESOURCE_EXHAUSTED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyless_calls_without_a_body_do_not_starve_keyed_next_ids() {
-    let c = AuthCluster::start_with("starveunary", &["--request-timeout", "60s"]).await;
+    // One peer here: its share is raised to the whole pool.
+    let c = AuthCluster::start_with(
+        "starveunary",
+        &[
+            "--request-timeout",
+            "60s",
+            "--max-keyless-calls-per-peer",
+            "1000",
+        ],
+    )
+    .await;
     let (key, _) = c.create_key(&[pb::Permission::Ids], &[], 0).await;
     let mut raw = Raw::connect(c.a.port, 5).await;
     let mut calls = Vec::new();
@@ -170,7 +188,16 @@ async fn keyless_calls_without_a_body_do_not_starve_keyed_next_ids() {
 /// Before, they held the whole --max-open-streams pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keyless_watch_streams_do_not_stop_a_keyed_stream_ids() {
-    let c = AuthCluster::start_with("starvestreams", &["--request-timeout", "60s"]).await;
+    let c = AuthCluster::start_with(
+        "starvestreams",
+        &[
+            "--request-timeout",
+            "60s",
+            "--max-keyless-calls-per-peer",
+            "1000",
+        ],
+    )
+    .await;
     let (key, _) = c.create_key(&[pb::Permission::Ids], &[], 0).await;
     let mut raw = Raw::connect(c.a.port, 5).await;
     let mut calls = Vec::new();
@@ -418,4 +445,237 @@ async fn open_streams_of_a_key_revoked_elsewhere_end_unauthenticated() {
     .expect("a status, not a clean end");
     assert_eq!(tail_end.code(), Code::Unauthenticated);
     assert_eq!(tail_end.message(), ended(&admin_record.id));
+}
+
+/// Opens an ImportStream through `server` with `key` and sends one small
+/// piece; returns the call's task and the sender of further pieces.
+async fn trickled_import(
+    server: &crate::support::server::ServerProcess,
+    key: &str,
+) -> (
+    JoinHandle<Result<pb::ImportStreamResponse, tonic::Status>>,
+    tokio::sync::mpsc::Sender<pb::ImportStreamRequest>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(pb::ImportStreamRequest {
+        chunk: b"{".to_vec(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut client = admin(server, Some(key)).await;
+    let call = tokio::spawn(async move {
+        client
+            .import_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map(|r| r.into_inner())
+    });
+    (call, tx)
+}
+
+/// A streamed import whose key is revoked mid-upload ends UNAUTHENTICATED
+/// at once (before, it ran until its client stopped), and one whose client
+/// pauses ends DEADLINE_EXCEEDED `--request-timeout` after its last piece
+/// (before, a piece every few seconds held the slot without bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_import_ends_on_revocation_and_when_it_stalls() {
+    let c = AuthCluster::start_with("starveimport", &["--request-timeout", "2s"]).await;
+    let (key, record) = c.create_key(&[pb::Permission::Admin], &[], 0).await;
+    eventually("server a to know the key", Duration::from_secs(10), || {
+        let key = key.clone();
+        let a = &c.a;
+        async move {
+            admin(a, Some(&key))
+                .await
+                .list_keys(pb::ListKeysRequest {})
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    let (revoked, feed) = trickled_import(&c.a, &key).await;
+    // A piece a second: within the stall bound, so only the revocation ends it.
+    let feeder = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let piece = pb::ImportStreamRequest {
+                chunk: b" ".to_vec(),
+                ..Default::default()
+            };
+            if feed.send(piece).await.is_err() {
+                return;
+            }
+        }
+    });
+    admin(&c.b, Some(&c.admin_key))
+        .await
+        .revoke_key(pb::RevokeKeyRequest {
+            id: record.id.clone(),
+        })
+        .await
+        .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), revoked)
+        .await
+        .expect("the revoked key's import still runs 10 s after the revocation")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(
+        (end.code(), end.message()),
+        (
+            Code::Unauthenticated,
+            format!(
+                "API key {} is revoked: ask an administrator for a new key",
+                record.id
+            )
+            .as_str()
+        )
+    );
+    feeder.abort();
+
+    let started = tokio::time::Instant::now();
+    let (stalled, _feed) = trickled_import(&c.a, &c.admin_key).await;
+    let end = tokio::time::timeout(Duration::from_secs(10), stalled)
+        .await
+        .expect("a stalled import still runs 10 s after its last piece")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        (end.code(), end.message()),
+        (
+            Code::DeadlineExceeded,
+            "no whole message of this streamed request arrived within 2s of the one before (--request-timeout); send the pieces one after another, without pauses"
+        )
+    );
+}
+
+/// 40 headers-only health Checks from one address take its 8 keyless
+/// slots (the 32 others get RESOURCE_EXHAUSTED naming the peer's share),
+/// and a health Check and a GetInfo from another address are still
+/// answered. Before, the first peer's calls filled the 32 keyless slots
+/// and every other prober was shed until the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_cannot_take_the_keyless_pool_from_probes() {
+    let c = AuthCluster::start_with("starvepeer", &["--request-timeout", "60s"]).await;
+    let mut flood = Raw::connect(c.a.port, 2).await;
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        calls.push(flood.headers_only(i % 2, CHECK, None).await);
+    }
+    let shed = answers(&mut calls, 32).await;
+    let expected = Ok((
+        Code::ResourceExhausted,
+        "127.0.0.1 already has 8 keyless unary calls without an API key in progress on this server, the most one address may have (--max-keyless-calls-per-peer); retry with backoff, or send an API key".to_owned(),
+    ));
+    assert_eq!(
+        shed.iter().filter(|a| **a == expected).count(),
+        32,
+        "{shed:?}"
+    );
+    let mut prober = Raw::connect_from(std::net::Ipv4Addr::new(127, 0, 0, 2), c.a.port, 1).await;
+    let empty = Bytes::from_static(&[0, 0, 0, 0, 0]);
+    for path in [CHECK, GET_INFO] {
+        let call = prober.headers_only(0, path, None).await;
+        let mut send = prober.open.pop().unwrap();
+        send.send_data(empty.clone(), true).unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .unwrap_or_else(|_| panic!("{path} from 127.0.0.2 was not answered in 10 s"))
+            .unwrap();
+        assert_eq!(answer, Ok((Code::Ok, String::new())), "{path}");
+    }
+    assert_eq!(calls.iter().filter(|c| !c.is_finished()).count(), 8);
+}
+
+/// A revoked key's StreamIds whose client does not read (its send blocked
+/// on flow control) ends at once and frees its stream slot: another key's
+/// StreamIds is served within seconds. Before, the slot stayed taken until
+/// --stream-send-timeout (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_key_s_unread_stream_frees_its_slot_at_once() {
+    let c = AuthCluster::start_with(
+        "starveunread",
+        &["--max-open-streams", "1", "--stream-send-timeout", "60s"],
+    )
+    .await;
+    let (stuck_key, stuck) = c.create_key(&[pb::Permission::Ids], &[], 0).await;
+    let (other_key, _) = c.create_key(&[pb::Permission::Ids], &[], 0).await;
+    let tcp = TcpStream::connect(("127.0.0.1", c.a.port)).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://127.0.0.1:{}{STREAM_IDS}", c.a.port))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {stuck_key}"))
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    let message = prost::Message::encode_to_vec(&pb::StreamIdsRequest {
+        total: 0,
+        batch_size: 1000,
+    });
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    send.send_data(Bytes::from(framed), true).unwrap();
+    // Headers arrive; the body is never read, so the window fills.
+    let _unread = response.await.unwrap();
+    let busy = "this server already has 1 streams in progress, its limit (--max-open-streams); retry with backoff or call another snowkeep server";
+    let refused = ids(&c.a, Some(&other_key))
+        .await
+        .stream_ids(pb::StreamIdsRequest {
+            total: 10,
+            batch_size: 10,
+        })
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        (refused.code(), refused.message()),
+        (Code::ResourceExhausted, busy)
+    );
+    admin(&c.a, Some(&c.admin_key))
+        .await
+        .revoke_key(pb::RevokeKeyRequest {
+            id: stuck.id.clone(),
+        })
+        .await
+        .unwrap();
+    let took = eventually(
+        "the unread stream's slot to be free",
+        Duration::from_secs(10),
+        || async {
+            match ids(&c.a, Some(&other_key))
+                .await
+                .stream_ids(pb::StreamIdsRequest {
+                    total: 10,
+                    batch_size: 10,
+                })
+                .await
+            {
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    stream
+                        .next()
+                        .await
+                        .and_then(Result::ok)
+                        .map(|b| b.ids.len())
+                        == Some(10)
+                }
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    eprintln!("slot free {took:?} after the revocation");
+    driver.abort();
 }
