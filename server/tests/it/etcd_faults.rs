@@ -157,9 +157,11 @@ async fn a_server_started_before_etcd_waits_for_it() {
             .await
             .unwrap_err();
     assert_eq!(capacity.code(), Code::Unavailable);
+    // Before it has read the cluster's security mode from etcd, a server
+    // serves nothing a key may guard (docs/operations.md, "API keys").
     assert_eq!(
         capacity.message(),
-        "this server is not connected to etcd yet; retry shortly or on another snowkeep server"
+        "this server has not read the cluster's security mode from etcd yet, so it cannot tell whether this call needs an API key; retry shortly or on another server"
     );
     etcd.restart().await;
     server.wait_serving(Duration::from_secs(30)).await;
