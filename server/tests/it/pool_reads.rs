@@ -11,7 +11,7 @@ use snowkeep_proto::v1 as pb;
 use snowkeep_server::etcd::namespace::NamespaceSetup;
 use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
 
-use crate::support::etcd::EtcdProcess;
+use crate::support::etcd::{metrics_text, EtcdProcess};
 use crate::support::lease::{acquire, lease_client, release, renew, requester};
 use crate::support::server::ServerProcess;
 
@@ -245,17 +245,7 @@ async fn a_claim_takes_a_machine_id_without_a_wait_from_beyond_its_window() {
 /// Range reads etcd has served (its `etcd_mvcc_range_total`): every get,
 /// alone or in a transaction.
 async fn etcd_range_reads(etcd: &EtcdProcess) -> u64 {
-    let url = format!("{}/metrics", etcd.endpoint());
-    let text = tokio::task::spawn_blocking(move || {
-        ureq::get(&url)
-            .call()
-            .expect("etcd metrics")
-            .body_mut()
-            .read_to_string()
-            .expect("metrics text")
-    })
-    .await
-    .expect("metrics task");
+    let text = metrics_text(format!("{}/metrics", etcd.endpoint())).await;
     text.lines()
         .find_map(|l| l.strip_prefix("etcd_mvcc_range_total "))
         .and_then(|v| v.trim().parse::<f64>().ok())

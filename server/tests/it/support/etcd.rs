@@ -193,16 +193,7 @@ impl EtcdProcess {
             .as_ref()
             .expect("a secured cluster")
             .metrics_port;
-        let text = tokio::task::spawn_blocking(move || {
-            ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
-                .call()
-                .expect("etcd metrics")
-                .body_mut()
-                .read_to_string()
-                .expect("metrics text")
-        })
-        .await
-        .expect("metrics task");
+        let text = metrics_text(format!("http://127.0.0.1:{port}/metrics")).await;
         text.lines()
             .filter(|l| {
                 l.starts_with("grpc_server_handled_total{")
@@ -707,4 +698,19 @@ async fn status(
         .await
         .ok()?
         .ok()
+}
+
+/// The Prometheus text an etcd member serves at `url` (its `/metrics`).
+#[allow(dead_code)] // used by some test files only
+pub async fn metrics_text(url: String) -> String {
+    tokio::task::spawn_blocking(move || {
+        ureq::get(&url)
+            .call()
+            .expect("etcd metrics")
+            .body_mut()
+            .read_to_string()
+            .expect("metrics text")
+    })
+    .await
+    .expect("metrics task")
 }
