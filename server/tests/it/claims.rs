@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use snowkeep_client::{Layout, Millis, SystemClock};
 use snowkeep_server::claim::StoreError;
-use snowkeep_server::etcd::namespace::NamespaceSetup;
 use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
 
-use crate::support::etcd::EtcdProcess;
+use crate::support::etcd::{claimer_settings, EtcdProcess};
 
 fn settings(
     etcd: &EtcdProcess,
@@ -17,24 +16,7 @@ fn settings(
     instance: usize,
     range: std::ops::Range<u32>,
 ) -> EtcdSettings {
-    EtcdSettings {
-        endpoints: vec![etcd.endpoint()],
-        access: Default::default(),
-        namespace: namespace.into(),
-        instance_id: format!("claimer-{instance}"),
-        lease_ttl: Duration::from_secs(2),
-        machine_id_range: range,
-        machine_ids: 1,
-        stable_instance: false,
-        fence_horizon: Duration::from_secs(3),
-        max_fence_wait: Duration::from_secs(10),
-        request_timeout: Duration::from_secs(5),
-        advertise_address: None,
-        namespace_setup: NamespaceSetup {
-            create: true,
-            confirm_floor: None,
-        },
-    }
+    claimer_settings(etcd, namespace, &format!("claimer-{instance}"), range)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,10 +6,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use snowkeep_client::{Layout, SystemClock};
-use snowkeep_server::etcd::namespace::NamespaceSetup;
 use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
 
-use crate::support::etcd::EtcdProcess;
+use crate::support::etcd::{claimer_settings, EtcdProcess};
 use crate::support::server::ServerProcess;
 
 fn duplicate_message(machine_id: u32, instance_id: &str) -> String {
@@ -132,22 +131,9 @@ async fn of_two_processes_started_together_with_one_instance_id_exactly_one_stop
 /// `machine_ids` of 0..4096 on a 2 s etcd lease that nothing renews.
 async fn pod_store(etcd: &EtcdProcess, machine_ids: u32) -> EtcdStore {
     let settings = EtcdSettings {
-        endpoints: vec![etcd.endpoint()],
-        access: Default::default(),
-        namespace: "own".into(),
-        instance_id: "pod-0".into(),
-        lease_ttl: Duration::from_secs(2),
-        machine_id_range: 0..4096,
         machine_ids,
         stable_instance: true,
-        fence_horizon: Duration::from_secs(3),
-        max_fence_wait: Duration::from_secs(10),
-        request_timeout: Duration::from_secs(5),
-        advertise_address: None,
-        namespace_setup: NamespaceSetup {
-            create: true,
-            confirm_floor: None,
-        },
+        ..claimer_settings(etcd, "own", "pod-0", 0..4096)
     };
     EtcdStore::connect(settings, Layout::default(), SystemClock::shared())
         .await

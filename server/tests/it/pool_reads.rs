@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use snowkeep_client::{Clock, Layout, Millis, SystemClock};
 use snowkeep_proto::v1 as pb;
-use snowkeep_server::etcd::namespace::NamespaceSetup;
 use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
 
-use crate::support::etcd::{metrics_text, EtcdProcess};
+use crate::support::etcd::{claimer_settings, metrics_text, EtcdProcess};
 use crate::support::lease::{acquire, lease_client, release, renew, requester};
 use crate::support::server::ServerProcess;
 
@@ -146,22 +145,9 @@ async fn store_in(etcd: &EtcdProcess, namespace: &str) -> EtcdStore {
 /// [`store_in`], claiming one machine id of `range`.
 async fn store_of(etcd: &EtcdProcess, namespace: &str, range: Range<u32>) -> EtcdStore {
     let settings = EtcdSettings {
-        endpoints: vec![etcd.endpoint()],
-        access: Default::default(),
-        namespace: namespace.into(),
-        instance_id: "claimer".into(),
         lease_ttl: Duration::from_secs(10),
-        machine_id_range: range,
-        machine_ids: 1,
         stable_instance: true,
-        fence_horizon: Duration::from_secs(3),
-        max_fence_wait: Duration::from_secs(10),
-        request_timeout: Duration::from_secs(5),
-        advertise_address: None,
-        namespace_setup: NamespaceSetup {
-            create: true,
-            confirm_floor: None,
-        },
+        ..claimer_settings(etcd, namespace, "claimer", range)
     };
     EtcdStore::connect(settings, Layout::default(), SystemClock::shared())
         .await

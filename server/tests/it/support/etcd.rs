@@ -714,3 +714,34 @@ pub async fn metrics_text(url: String) -> String {
     .await
     .expect("metrics task")
 }
+
+/// The settings of a test's own etcd store: instance `instance_id` in
+/// `namespace` (created on connect) claiming one machine id of `range` on a
+/// 2 s etcd lease, with a 3 s fence horizon, a 10 s fence wait and 5 s
+/// requests. Tests set what they need on top (`..claimer_settings(..)`).
+#[allow(dead_code)] // used by some test files only
+pub fn claimer_settings(
+    etcd: &EtcdProcess,
+    namespace: &str,
+    instance_id: &str,
+    range: std::ops::Range<u32>,
+) -> snowkeep_server::etcd::EtcdSettings {
+    snowkeep_server::etcd::EtcdSettings {
+        endpoints: vec![etcd.endpoint()],
+        access: Default::default(),
+        namespace: namespace.into(),
+        instance_id: instance_id.into(),
+        lease_ttl: Duration::from_secs(2),
+        machine_id_range: range,
+        machine_ids: 1,
+        stable_instance: false,
+        fence_horizon: Duration::from_secs(3),
+        max_fence_wait: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(5),
+        advertise_address: None,
+        namespace_setup: snowkeep_server::etcd::namespace::NamespaceSetup {
+            create: true,
+            confirm_floor: None,
+        },
+    }
+}
