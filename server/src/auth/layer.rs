@@ -10,6 +10,8 @@ use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
+use futures_util::future::{ready, Either, Ready};
+
 use metrics::Counter;
 
 use snowkeep_client::SharedClock;
@@ -120,13 +122,14 @@ impl AuthLayer {
         }
     }
 
-    /// What the call at `path` with this `authorization` value gets: the key
-    /// id and scope to hand on, or the refusal.
+    /// What the call at `path` with this `authorization` value gets: the
+    /// key's scope to hand on with the key as presented (a stream is ended
+    /// when that key is refused later), or the refusal.
     fn judge(
         &self,
         path: &str,
         authorization: Option<&[u8]>,
-    ) -> Result<Option<super::KeyScope>, Status> {
+    ) -> Result<Option<(super::KeyScope, PresentedKey)>, Status> {
         let Some(needed) = required(path) else {
             return Ok(None);
         };
@@ -179,7 +182,7 @@ impl AuthLayer {
             }
         }
         self.accepted.count(&scope.key_id);
-        Ok(Some(scope))
+        Ok(Some((scope, presented)))
     }
 }
 
@@ -245,23 +248,45 @@ fn request_is_stream(path: &str) -> bool {
     path == "/snowkeep.v1.AdminService/ImportStream"
 }
 
+/// The future of [`Auth`]: an answer made here (a refusal), the inner
+/// call's own future (every unary call, so no box per call), or a stream
+/// whose bodies end when its key or the mode says so.
+type AuthFuture<F, E> = Either<
+    Either<Ready<Result<http::Response<tonic::body::Body>, E>>, F>,
+    Pin<Box<dyn Future<Output = Result<http::Response<tonic::body::Body>, E>> + Send>>,
+>;
+
 impl<S> Auth<S>
 where
     S: Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
+    /// The inner call's future unchanged.
+    fn pass(
+        &mut self,
+        request: http::Request<tonic::body::Body>,
+    ) -> AuthFuture<S::Future, S::Error> {
+        Either::Left(Either::Right(self.inner.call(request)))
+    }
+
+    /// An answer without calling the inner service.
+    fn answer(response: http::Response<tonic::body::Body>) -> AuthFuture<S::Future, S::Error> {
+        Either::Left(Either::Left(ready(Ok(response))))
+    }
+
     /// Calls the inner service; a stream (or streamed import) is ended by
-    /// what `ending` makes, both its request and its response body.
+    /// what `ending` makes, both its request and its response body. Only a
+    /// stream calls `ending`.
     fn call_ended_by(
         &mut self,
         mut request: http::Request<tonic::body::Body>,
         ending: impl Fn(String) -> revoke::Ending,
-    ) -> <Self as Service<http::Request<tonic::body::Body>>>::Future {
-        let path = request.uri().path().to_owned();
-        if CallKind::of(&path) != CallKind::Stream {
-            return Box::pin(self.inner.call(request));
+    ) -> AuthFuture<S::Future, S::Error> {
+        if CallKind::of(request.uri().path()) != CallKind::Stream {
+            return self.pass(request);
         }
+        let path = request.uri().path().to_owned();
         if request_is_stream(&path) {
             let ended = ending(path.clone());
             request = request
@@ -269,11 +294,11 @@ where
         }
         let until = ending(path);
         let response = self.inner.call(request);
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let response = response.await?;
             let unwritten = response.extensions().get::<Unwritten>().cloned();
             Ok(response.map(|body| tonic::body::Body::new(Revocable::new(body, until, unwritten))))
-        })
+        }))
     }
 
     /// A call while this server does not check keys: open ones pass; others
@@ -283,16 +308,15 @@ where
         &mut self,
         mut request: http::Request<tonic::body::Body>,
         enforcement: Enforcement,
-    ) -> <Self as Service<http::Request<tonic::body::Body>>>::Future {
-        let path = request.uri().path().to_owned();
-        if required(&path).is_none() {
-            return Box::pin(self.inner.call(request));
+    ) -> AuthFuture<S::Future, S::Error> {
+        let path = request.uri().path();
+        if required(path).is_none() {
+            return self.pass(request);
         }
         if enforcement == Enforcement::Unknown {
             if path != GET_INFO {
                 count("-", "unavailable");
-                let response = Status::unavailable(MODE_UNKNOWN).into_http();
-                return Box::pin(async move { Ok(response) });
+                return Self::answer(Status::unavailable(MODE_UNKNOWN).into_http());
             }
             request.extensions_mut().insert(Anonymous);
         }
@@ -309,7 +333,7 @@ where
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = AuthFuture<S::Future, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -328,22 +352,18 @@ where
             count("-", "anonymous");
             request.extensions_mut().insert(Anonymous);
             request.extensions_mut().insert(Keyless);
-            return Box::pin(self.inner.call(request));
+            return self.pass(request);
         }
         match self.layer.judge(request.uri().path(), authorization) {
             Ok(None) => {
                 request.extensions_mut().insert(Keyless);
-                Box::pin(self.inner.call(request))
+                self.pass(request)
             }
-            Ok(Some(scope)) => {
-                let presented = PresentedKey::from_authorization(authorization).ok();
+            Ok(Some((scope, presented))) => {
                 request
                     .extensions_mut()
                     .insert(CallerKey(scope.key_id.clone()));
                 request.extensions_mut().insert(scope);
-                let Some(presented) = presented else {
-                    return Box::pin(self.inner.call(request));
-                };
                 let (cache, clock) = (self.layer.cache.clone(), self.layer.clock.clone());
                 self.call_ended_by(request, move |method| {
                     revoke::key_refused(cache.clone(), presented.clone(), clock.clone(), method)
@@ -353,8 +373,7 @@ where
                 if status.code() == tonic::Code::PermissionDenied {
                     self.layer.audit_refusal(&request, authorization, &status);
                 }
-                let response = status.into_http::<tonic::body::Body>();
-                Box::pin(async move { Ok(response) })
+                Self::answer(status.into_http::<tonic::body::Body>())
             }
         }
     }
@@ -415,11 +434,12 @@ mod tests {
         let layer = AuthLayer::new(on.clone(), cache.clone(), clock.clone(), "orders".into());
         let header = format!("Bearer {}", key.reveal());
         let auth = Some(header.as_bytes());
-        let scope = layer
+        let (scope, presented) = layer
             .judge("/snowkeep.v1.IdService/NextIds", auth)
             .unwrap()
             .unwrap();
         assert_eq!(scope.key_id, key.id());
+        assert_eq!(presented, key);
         assert_eq!(
             layer.judge("/grpc.health.v1.Health/Check", None).unwrap(),
             None

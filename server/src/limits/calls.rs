@@ -456,7 +456,11 @@ where
             let mut response = response.map(|body| {
                 tonic::body::Body::new(HeldBody::new(body, hold, paced, in_flight.clone()))
             });
-            response.extensions_mut().insert(Unwritten(in_flight));
+            if paced {
+                // Read only for streams (the authentication layer's
+                // revocation); a unary call skips the extension's box.
+                response.extensions_mut().insert(Unwritten(in_flight));
+            }
             Ok(response)
         })
     }
@@ -499,7 +503,7 @@ impl InFlight {
     }
 }
 
-/// Put into a response's extensions: whether a chunk of the response is
+/// Put into a stream's response extensions: whether a chunk of the response is
 /// handed to hyper and not yet written out, which means its client does not
 /// read. The authentication layer then ends a revoked stream with a reset
 /// (dropping the chunk, and the call's slot and memory with it) instead of
