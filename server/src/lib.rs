@@ -48,6 +48,7 @@ pub(crate) mod admin;
 pub(crate) mod allow;
 pub(crate) mod audit;
 pub mod auth;
+pub mod batch;
 pub mod claim;
 pub mod config;
 pub(crate) mod connect;
@@ -55,6 +56,7 @@ pub mod etcd;
 pub(crate) mod lease_api;
 pub(crate) mod limits;
 pub mod metrics;
+pub mod namespace;
 pub(crate) mod peers;
 pub mod run;
 #[doc(hidden)]

@@ -23,14 +23,16 @@ use tracing::{error, info, warn};
 
 use crate::admin::{keys::KeyAdmin, state::StateAdmin, AdminHandler};
 use crate::claim::{capacity, ClaimManager, ClaimTiming, Slot, StoreError};
-use crate::config::{Limits, ServerConfig, StoreConfig};
+use crate::config::{ServerConfig, StoreConfig};
 pub(crate) use crate::connect::{connect_etcd, connect_etcd_serving, Serving};
 use crate::etcd::EtcdSettings;
 use crate::lease_api::LeaseHandler;
 use crate::limits::calls::CallLimits;
 use crate::limits::conn::{Listener, ListenerLimits};
 use crate::limits::wire::WireStatusLayer;
+use crate::limits::Limits;
 use crate::metrics as m;
+use crate::namespace::Namespace;
 use crate::service::{self, health, id::IdHandler, info::InfoHandler, StoreAccess};
 use crate::single_instance::{SingleInstanceCapacity, SingleInstanceStore};
 
@@ -238,9 +240,9 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     // Checked here too, for every store: `ServerConfig` can be built without
     // the flags' validation, and the name becomes etcd keys and file names.
-    if !crate::config::is_valid_namespace(&config.namespace) {
+    if let Err(invalid) = Namespace::parse(&config.namespace) {
         return Err(StoreError::InvalidNamespace {
-            namespace: config.namespace,
+            namespace: invalid.name,
         }
         .into());
     }

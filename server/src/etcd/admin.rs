@@ -659,11 +659,11 @@ impl StateDocument {
             )?;
         }
         for ns in &doc.namespaces {
-            if !crate::config::is_valid_namespace(&ns.name) {
+            if !crate::namespace::is_valid_namespace(&ns.name) {
                 return Err(ImportError::Invalid(format!(
                     "namespace {:?}: a namespace is {}",
                     ns.name,
-                    crate::config::NAMESPACE_RULE
+                    crate::namespace::NAMESPACE_RULE
                 )));
             }
             let record = NamespaceRecord::parse(&keys::layout(&ns.name), ns.record.as_bytes())

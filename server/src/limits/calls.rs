@@ -45,9 +45,8 @@ use super::admission::{read_request, receive, KeySlot, Keyless, PerKey};
 use super::conn::{ConnCall, ConnInfo, Unsent};
 use super::throttle::Throttle;
 use super::weight::{weigh, GRPC_HEADER, NEXT_IDS, SMALL_RESPONSE, STREAM_IDS};
-use super::{status, LimitError};
+use super::{status, LimitError, Limits};
 use crate::audit::CallerKey;
-use crate::config::Limits;
 
 /// Memory of a call besides its messages: the HTTP/2 stream, the tasks and
 /// tonic's state, bytes.

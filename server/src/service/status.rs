@@ -6,8 +6,8 @@ use snowkeep_client::{GenerateError, MachineId};
 use tonic::{Code, Status};
 use tracing::debug;
 
+use crate::batch::MAX_BATCH;
 use crate::claim::StoreError;
-use crate::config::MAX_BATCH;
 use crate::limits::LimitError;
 
 /// Errors a gRPC handler returns.
@@ -48,8 +48,8 @@ pub enum ApiError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// A namespace name that breaks [`crate::config::NAMESPACE_RULE`].
-    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::config::NAMESPACE_RULE)]
+    /// A namespace name that breaks [`crate::namespace::NAMESPACE_RULE`].
+    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::namespace::NAMESPACE_RULE)]
     InvalidNamespace { namespace: String },
     /// `Acquire.count` out of range.
     #[error("count must be between 1 and {max}, got {got}")]

@@ -39,9 +39,9 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminHandler;
+use crate::auth::key::{KeyRefusal, Permission, PresentedKey};
 use crate::audit::{self, AuditEvent};
 use crate::auth::cache::Verdict;
-use crate::auth::key::{KeyRefusal, Permission, PresentedKey};
 use crate::auth::{ClusterAuth, Enforcement, KeyCache};
 use crate::peers::PeerClocks;
 use crate::service::info::InfoHandler;
