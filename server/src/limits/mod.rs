@@ -10,7 +10,7 @@
 //! | [`weight`] | how much memory a call reserves |
 //! | [`wire`] | statuses of malformed and oversized messages |
 //! | [`settings`] | [`Limits`], the flags' defaults and the size parser |
-//! | [`LimitError`] | what a client is told when a limit refuses its call |
+//! | [`LimitError`] | what a client is told when a limit refuses its call, and its status |
 //! | tonic's builder (in [`crate::run`]) | HTTP/2 streams per connection, keepalive pings, header list size, flow-control windows |
 //! | the generated services (in [`crate::service::router`]) | message sizes |
 
@@ -28,10 +28,10 @@ pub use error::LimitError;
 pub use settings::Limits;
 pub(crate) use throttle::Throttle;
 
-/// The status a client gets for `error`: codes are mapped in one place,
-/// `service::status`.
+/// The status a client gets for `error`: its code is mapped beside the
+/// variants ([`LimitError::code`]), the same one `service::status` gives.
 fn status(error: LimitError) -> tonic::Status {
-    crate::service::status::ApiError::from(error).into()
+    error.into()
 }
 
 /// `msg` as one uncompressed gRPC message: flag, 4-byte big-endian length,

@@ -1,6 +1,9 @@
-//! The one place errors become gRPC statuses, by exhaustive match: bad
-//! arguments are `INVALID_ARGUMENT`; no valid lease, a clock behind the floor
-//! or stepped back, and a server shutting down are `UNAVAILABLE` (retryable).
+//! The one place handlers' errors become gRPC statuses, by exhaustive match:
+//! bad arguments are `INVALID_ARGUMENT`; no valid lease, a clock behind the
+//! floor or stepped back, and a server shutting down are `UNAVAILABLE`
+//! (retryable). Limit refusals take the codes `LimitError::code` gives them
+//! beside their variants, so the layers of `crate::limits` need not import
+//! this module.
 
 use snowkeep_client::{GenerateError, MachineId};
 use tonic::{Code, Status};
@@ -220,23 +223,9 @@ fn code_of(err: &ApiError) -> Code {
             | StoreError::DuplicateInstance { .. }
             | StoreError::StateLocked { .. } => Code::Internal,
         },
-        ApiError::Limit(l) => match l {
-            LimitError::Busy { .. }
-            | LimitError::KeyBusy { .. }
-            | LimitError::PeerBusy { .. }
-            | LimitError::MemoryInUse { .. }
-            | LimitError::CallTooLarge { .. }
-            | LimitError::RequestTooLarge { .. }
-            | LimitError::IdsTooLarge { .. }
-            | LimitError::BatchTooLarge { .. }
-            | LimitError::ResponseTooLarge { .. } => Code::ResourceExhausted,
-            LimitError::RequestTimeout { .. } | LimitError::StreamStalled { .. } => {
-                Code::DeadlineExceeded
-            }
-            LimitError::InvalidMessage { .. }
-            | LimitError::TruncatedMessage
-            | LimitError::InvalidCompressionFlag { .. } => Code::InvalidArgument,
-        },
+        // Mapped beside the variants (`crate::limits`), which answer
+        // without this file.
+        ApiError::Limit(l) => l.code(),
         ApiError::Generate(g) => generate_code(g),
         ApiError::StreamEnded { cause, .. } => match cause {
             StreamEnd::Shutdown | StreamEnd::MachineIdChanged { .. } => Code::Unavailable,
