@@ -491,7 +491,7 @@ pub async fn run(
             Some(_) => crate::status_page::MAX_CONNECTIONS,
         };
         let needed = (limits.max_connections
-            + crate::metrics::http::MAX_CONNECTIONS
+            + crate::metrics_http::MAX_CONNECTIONS
             + disallowed
             + status_page) as u64
             + crate::limits::conn::OWN_DESCRIPTORS;
@@ -499,7 +499,7 @@ pub async fn run(
             warn!(
                 open_file_limit = soft,
                 max_connections = limits.max_connections,
-                metrics_connections = crate::metrics::http::MAX_CONNECTIONS,
+                metrics_connections = crate::metrics_http::MAX_CONNECTIONS,
                 disallowed_connections = disallowed,
                 status_page_connections = status_page,
                 own_descriptors = crate::limits::conn::OWN_DESCRIPTORS,
