@@ -60,6 +60,7 @@ pub mod metrics;
 pub mod metrics_http;
 pub mod namespace;
 pub(crate) mod peers;
+pub(crate) mod router;
 pub mod run;
 #[doc(hidden)]
 pub mod scale;

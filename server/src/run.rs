@@ -33,7 +33,8 @@ use crate::limits::wire::WireStatusLayer;
 use crate::limits::Limits;
 use crate::metrics as m;
 use crate::namespace::Namespace;
-use crate::service::{self, health, id::IdHandler, info::InfoHandler, StoreAccess};
+use crate::router::router;
+use crate::service::{health, id::IdHandler, info::InfoHandler, StoreAccess};
 use crate::single_instance::{SingleInstanceCapacity, SingleInstanceStore};
 
 /// Bound on the release at shutdown (release txn + lease revoke).
@@ -459,7 +460,7 @@ pub async fn run(
             shutdown.clone(),
         ));
     }
-    let (routes, reporter) = service::router(
+    let (routes, reporter) = router(
         IdHandler::new(
             generators.clone(),
             ns.clone(),

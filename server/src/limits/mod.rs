@@ -12,7 +12,7 @@
 //! | [`settings`] | [`Limits`], the flags' defaults and the size parser |
 //! | [`LimitError`] | what a client is told when a limit refuses its call, and its status |
 //! | tonic's builder (in [`crate::run`]) | HTTP/2 streams per connection, keepalive pings, header list size, flow-control windows |
-//! | the generated services (in [`crate::service::router`]) | message sizes |
+//! | the generated services (in [`crate::router`]) | message sizes |
 
 pub mod admission;
 mod alarm;
