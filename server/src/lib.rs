@@ -46,6 +46,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod allow;
+pub mod api_key;
 pub(crate) mod audit;
 pub mod auth;
 pub mod batch;
@@ -54,6 +55,7 @@ pub mod config;
 pub(crate) mod conn_info;
 pub(crate) mod connect;
 pub mod etcd;
+pub(crate) mod lease;
 pub(crate) mod lease_api;
 pub(crate) mod limits;
 pub mod metrics;
@@ -69,6 +71,7 @@ pub mod shutdown;
 pub(crate) mod single_instance;
 pub(crate) mod status_page;
 pub mod telemetry;
+pub(crate) mod text;
 pub mod tls;
 
 pub use run::{run, ServeError};

@@ -12,7 +12,7 @@ use snowkeep_proto::v1 as pb;
 use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
-use crate::auth::key::{is_valid_id, KeyRecord, Permission, PresentedKey};
+use crate::api_key::{is_valid_id, KeyRecord, Permission, PresentedKey};
 use crate::audit::{self, AuditEvent, Who};
 use crate::auth::{ClusterAuth, KeyCache, KeyScope};
 use crate::claim::StoreError;

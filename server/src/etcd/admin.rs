@@ -36,11 +36,12 @@ use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 
 use super::endpoints::Endpoints;
 use super::fence_count::{CountBase, Counter};
-use super::keys::{self, FenceCountKey, RequesterAbout};
+use super::keys::{self, FenceCountKey};
 use super::namespace::{self, NamespaceRecord};
 use super::EtcdStore;
-use crate::auth::KeyRecord;
+use crate::api_key::KeyRecord;
 use crate::claim::{Capacity, StoreError};
+use crate::lease::records::RequesterAbout;
 
 /// The `format` field of an export document.
 pub const DOCUMENT_FORMAT: &str = "snowkeep-state";
@@ -785,7 +786,7 @@ impl StateStore {
             format: DOCUMENT_FORMAT.to_owned(),
             version: DOCUMENT_VERSION,
             exported_unix_ms: unix_ms,
-            exported_at: namespace::rfc3339(unix_ms),
+            exported_at: crate::text::rfc3339(unix_ms),
             namespaces,
             api_keys,
         })

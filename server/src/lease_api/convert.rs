@@ -4,7 +4,7 @@
 use snowkeep_client::Layout;
 use snowkeep_proto::v1 as pb;
 
-use super::records::{LeaseCheck, LeaseToken, RequesterGrant, RequesterId};
+use crate::lease::records::{LeaseCheck, LeaseToken, RequesterGrant, RequesterId};
 use crate::namespace::Namespace;
 use crate::service::convert::layout_to_pb;
 use crate::service::status::ApiError;

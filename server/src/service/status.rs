@@ -39,10 +39,10 @@ pub enum ApiError {
     /// The client's clock is off the server's, either way, beyond the threshold.
     #[error("client clock is {} {direction} the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
     ClientClockSkew {
-        /// How far off (see [`crate::lease_api::skew::magnitude`]).
+        /// How far off (see [`crate::lease::skew::magnitude`]).
         skew: std::time::Duration,
         /// Which way.
-        direction: crate::lease_api::skew::SkewDirection,
+        direction: crate::lease::skew::SkewDirection,
         threshold: std::time::Duration,
     },
     /// A malformed requester identity.
@@ -269,7 +269,7 @@ mod tests {
     use snowkeep_client::{MachineId, Millis};
 
     use super::*;
-    use crate::lease_api::skew::SkewDirection;
+    use crate::lease::skew::SkewDirection;
 
     #[test]
     fn each_error_maps_to_its_code() {

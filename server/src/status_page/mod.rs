@@ -39,7 +39,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminHandler;
-use crate::auth::key::{KeyRefusal, Permission, PresentedKey};
+use crate::api_key::{KeyRefusal, Permission, PresentedKey};
 use crate::audit::{self, AuditEvent};
 use crate::auth::cache::Verdict;
 use crate::auth::{ClusterAuth, Enforcement, KeyCache};
