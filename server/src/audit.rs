@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use tokio::sync::broadcast;
 
-use crate::limits::conn::ConnInfo;
+use crate::conn_info::ConnInfo;
 
 /// The tracing target of audit events.
 pub const TARGET: &str = "snowkeep::audit";

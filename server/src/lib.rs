@@ -11,16 +11,35 @@
 //! | [`config`] | `Args` (flags + `SNOWKEEP_*` env) → validated `ServerConfig` |
 //! | [`run`](mod@run) | wiring and the ordered shutdown |
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
+//! | `connect` | connecting a server to etcd: the security mode, the administration handle, the key cache, the namespace, each retried |
 //! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` keeps the Lease API's records |
 //! | `single_instance` | the single-instance store (a state file) |
-//! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam (which `etcd` and `single_instance` implement; `claim` imports neither), the capacity gauges, candidate ranking, `StoreError` |
-//! | `lease_api` | the Lease API (`LeaseService`): its handler, requester records and tokens, the client clock-skew rule, its settings |
-//! | `service` | gRPC adapters (IdService, InfoService), the router, status mapping, health |
-//! | [`metrics`] | the metric catalog, the Prometheus recorder and the `/metrics` listener |
-//! | `limits` | bounds on connections, calls, memory and messages under hostile or broken clients |
+//! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam (which `etcd` and `single_instance` implement; `claim` imports neither), the fence lead, the capacity gauges, candidate ranking, `StoreError` |
+//! | [`namespace`] | namespace names: the rule, `Namespace` |
+//! | [`batch`] | the bounds of a batch of ids (`MAX_BATCH`, the default stream batch) |
+//! | `text` | text forms of records and messages: hex, RFC 3339 times |
+//! | `lease` | what the Lease API grants and keeps, as data and pure rules: requester records and tokens, the fence rules, the client clock-skew rule |
+//! | `lease_api` | the Lease API (`LeaseService`): its handler, its protobuf conversions, its settings |
+//! | [`api_key`] | API keys as data: records, presented keys, verification, scopes, the bootstrap key |
+//! | [`auth`] | API keys in force: the tower layer, the servers' key cache, the cluster's security mode, revocation of open streams |
+//! | `audit` | the audit trail: one event per Lease API and administration change, logged, counted and broadcast |
+//! | `service` | gRPC adapters (IdService, InfoService), `StoreAccess`, status mapping, health |
+//! | `admin` | `AdminService`: the cluster's state, its export and import, API keys and the security mode, for snowkeepctl and the status page |
+//! | `router` | the gRPC routes: every service of the port under one message-size bound |
+//! | [`metrics`] | the metric catalog and the Prometheus recorder |
+//! | [`metrics_http`] | the `/metrics` listener, and the HTTP/1.1 loop the status page shares |
+//! | [`telemetry`] | logs and traces: `tracing` to stderr, plain or JSON, and OTLP span export |
+//! | `conn_info` | what a connection shares with its calls (`ConnInfo`, `ConnState`) |
+//! | `limits` | bounds on connections, calls, memory and messages under hostile or broken clients; `Limits` |
 //! | [`tls`] | TLS on the gRPC port: the files, their reload, the acceptor new connections take |
 //! | `allow` | the `--allow-cidrs` allow-list layer (PERMISSION_DENIED for other peers) |
+//! | `peers` | the peer clock check: registering this server, measuring its offset to the others |
+//! | `status_page` | the read-only HTML status page (`--admin-listen`) |
 //! | `scale` (hidden) | the scale benchmark's claimer (`snowkeep-scale`): the claim loop on the etcd store, built as `run` builds it, without the gRPC server |
+//!
+//! No two of these modules import each other, directly or through others
+//! (`tests/layering.rs` checks it): a module's table row names what it owns,
+//! and what it owns sits below every module that uses it.
 //!
 //! Core flows (docs/design.md: the safety invariant and the claim lifecycle):
 //!
@@ -46,16 +65,23 @@
 
 pub(crate) mod admin;
 pub(crate) mod allow;
+pub mod api_key;
 pub(crate) mod audit;
 pub mod auth;
+pub mod batch;
 pub mod claim;
 pub mod config;
+pub(crate) mod conn_info;
 pub(crate) mod connect;
 pub mod etcd;
+pub(crate) mod lease;
 pub(crate) mod lease_api;
 pub(crate) mod limits;
 pub mod metrics;
+pub mod metrics_http;
+pub mod namespace;
 pub(crate) mod peers;
+pub(crate) mod router;
 pub mod run;
 #[doc(hidden)]
 pub mod scale;
@@ -64,6 +90,7 @@ pub mod shutdown;
 pub(crate) mod single_instance;
 pub(crate) mod status_page;
 pub mod telemetry;
+pub(crate) mod text;
 pub mod tls;
 
 pub use run::{run, ServeError};

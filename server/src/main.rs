@@ -7,7 +7,7 @@ use clap::Parser;
 use std::io::Write;
 
 use snowkeep_server::config::{Args, ServerConfig};
-use snowkeep_server::{metrics, run, shutdown, telemetry, DisplayChain};
+use snowkeep_server::{metrics, metrics_http, run, shutdown, telemetry, DisplayChain};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
@@ -76,7 +76,7 @@ fn main() -> ExitCode {
         };
         match tokio::net::TcpListener::bind(metrics_listen).await {
             // Never cancelled: metrics stay up through the drain.
-            Ok(l) => drop(tokio::spawn(metrics::http::serve(
+            Ok(l) => drop(tokio::spawn(metrics_http::serve(
                 l,
                 handle,
                 config.limits.idle_timeout,

@@ -23,15 +23,18 @@ use tracing::{error, info, warn};
 
 use crate::admin::{keys::KeyAdmin, state::StateAdmin, AdminHandler};
 use crate::claim::{capacity, ClaimManager, ClaimTiming, Slot, StoreError};
-use crate::config::{Limits, ServerConfig, StoreConfig};
+use crate::config::{ServerConfig, StoreConfig};
 pub(crate) use crate::connect::{connect_etcd, connect_etcd_serving, Serving};
 use crate::etcd::EtcdSettings;
 use crate::lease_api::LeaseHandler;
 use crate::limits::calls::CallLimits;
 use crate::limits::conn::{Listener, ListenerLimits};
 use crate::limits::wire::WireStatusLayer;
+use crate::limits::Limits;
 use crate::metrics as m;
-use crate::service::{self, health, id::IdHandler, info::InfoHandler, StoreAccess};
+use crate::namespace::Namespace;
+use crate::router::router;
+use crate::service::{health, id::IdHandler, info::InfoHandler, StoreAccess};
 use crate::single_instance::{SingleInstanceCapacity, SingleInstanceStore};
 
 /// Bound on the release at shutdown (release txn + lease revoke).
@@ -238,9 +241,9 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     // Checked here too, for every store: `ServerConfig` can be built without
     // the flags' validation, and the name becomes etcd keys and file names.
-    if !crate::config::is_valid_namespace(&config.namespace) {
+    if let Err(invalid) = Namespace::parse(&config.namespace) {
         return Err(StoreError::InvalidNamespace {
-            namespace: config.namespace,
+            namespace: invalid.name,
         }
         .into());
     }
@@ -457,7 +460,7 @@ pub async fn run(
             shutdown.clone(),
         ));
     }
-    let (routes, reporter) = service::router(
+    let (routes, reporter) = router(
         IdHandler::new(
             generators.clone(),
             ns.clone(),
@@ -489,7 +492,7 @@ pub async fn run(
             Some(_) => crate::status_page::MAX_CONNECTIONS,
         };
         let needed = (limits.max_connections
-            + crate::metrics::http::MAX_CONNECTIONS
+            + crate::metrics_http::MAX_CONNECTIONS
             + disallowed
             + status_page) as u64
             + crate::limits::conn::OWN_DESCRIPTORS;
@@ -497,7 +500,7 @@ pub async fn run(
             warn!(
                 open_file_limit = soft,
                 max_connections = limits.max_connections,
-                metrics_connections = crate::metrics::http::MAX_CONNECTIONS,
+                metrics_connections = crate::metrics_http::MAX_CONNECTIONS,
                 disallowed_connections = disallowed,
                 status_page_connections = status_page,
                 own_descriptors = crate::limits::conn::OWN_DESCRIPTORS,

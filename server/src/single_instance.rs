@@ -38,6 +38,7 @@ use tokio::sync::watch;
 
 use crate::claim::capacity::CapacitySource;
 use crate::claim::{Capacity, Claim, ClaimStore, HeldId, HolderWatch, StoreError};
+use crate::namespace::Namespace;
 
 /// Fences kept in a local file, one per machine id.
 #[derive(Debug)]
@@ -68,7 +69,7 @@ impl SingleInstanceStore {
     /// below the layout's `2^machine_bits`) and takes its lock.
     ///
     /// Errors: [`StoreError::InvalidNamespace`] for a name that breaks
-    /// [`crate::config::NAMESPACE_RULE`] (it becomes a file name),
+    /// [`crate::namespace::NAMESPACE_RULE`] (it becomes a file name),
     /// [`StoreError::StateLocked`] when another process holds the lock,
     /// [`StoreError::LayoutMismatch`] when the file was written under another
     /// layout, [`StoreError::Corrupt`] for an unreadable file.
@@ -78,9 +79,9 @@ impl SingleInstanceStore {
         layout: Layout,
         machine_ids: &[MachineId],
     ) -> Result<Self, StoreError> {
-        if !crate::config::is_valid_namespace(namespace) {
+        if let Err(invalid) = Namespace::parse(namespace) {
             return Err(StoreError::InvalidNamespace {
-                namespace: namespace.to_owned(),
+                namespace: invalid.name,
             });
         }
         fs::create_dir_all(dir).map_err(io_err(dir))?;

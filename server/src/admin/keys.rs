@@ -12,8 +12,8 @@ use snowkeep_proto::v1 as pb;
 use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
+use crate::api_key::{is_valid_id, KeyRecord, Permission, PresentedKey};
 use crate::audit::{self, AuditEvent, Who};
-use crate::auth::key::{is_valid_id, KeyRecord, Permission, PresentedKey};
 use crate::auth::{ClusterAuth, KeyCache, KeyScope};
 use crate::claim::StoreError;
 use crate::etcd::apikeys::{ApiKeyStore, KeyWrite};
@@ -134,11 +134,11 @@ impl KeyAdmin {
         if let Some(bad) = req
             .namespaces
             .iter()
-            .find(|n| !crate::config::is_valid_namespace(n))
+            .find(|n| !crate::namespace::is_valid_namespace(n))
         {
             return Err(Status::invalid_argument(format!(
                 "invalid namespace {bad:?}: a namespace is {}",
-                crate::config::NAMESPACE_RULE
+                crate::namespace::NAMESPACE_RULE
             )));
         }
         let mut permissions = Vec::new();

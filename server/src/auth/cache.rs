@@ -32,7 +32,7 @@ use snowkeep_client::SharedClock;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::key::{BootstrapKey, KeyRecord, KeyRefusal, KeyScope, PresentedKey};
+use crate::api_key::{BootstrapKey, KeyRecord, KeyRefusal, KeyScope, PresentedKey};
 use crate::etcd::apikeys::{ApiKeyStore, FollowEnd, KeyChange, KeyWrite, StoredKey};
 
 /// Pause between attempts while etcd does not answer.

@@ -20,8 +20,8 @@ use tower::{Layer, Service};
 
 use super::cache::{KeyCache, Verdict};
 use super::cluster::{ClusterAuth, Enforcement};
-use super::key::{Permission, PresentedKey};
 use super::revoke::{self, Revocable};
+use crate::api_key::{Permission, PresentedKey};
 use crate::audit::CallerKey;
 use crate::limits::admission::Keyless;
 use crate::limits::calls::{CallKind, Unwritten};
@@ -411,7 +411,7 @@ mod tests {
     }
     #[test]
     fn the_layer_judges_expiry_permission_and_namespace_at_the_clocks_time() {
-        use crate::auth::key::BootstrapKey;
+        use crate::api_key::BootstrapKey;
         use crate::etcd::apikeys::StoredKey;
         use snowkeep_client::ManualClock;
 

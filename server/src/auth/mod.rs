@@ -25,9 +25,12 @@
 //! The mode itself is the cluster's, kept in etcd and followed by every
 //! server ([`ClusterAuth`]); `--auth` only asserts it at start.
 //!
+//! The keys themselves (records, presented keys, verification, scopes, the
+//! bootstrap key) are data, in `crate::api_key`, below both this module and
+//! the etcd store that keeps them; the names are re-exported here.
+//!
 //! | module | owns |
 //! | --- | --- |
-//! | [`key`] | records, presented keys, verification, scopes, the bootstrap key |
 //! | [`cache`] | the servers' copy of the keys and the watch that keeps it current |
 //! | [`cluster`] | the cluster's security mode: the check at start and the watch |
 //! | `first_mode` | `--auth on` on a cluster whose mode was never set: the admin key it needs |
@@ -37,13 +40,12 @@
 pub mod cache;
 pub mod cluster;
 mod first_mode;
-pub mod key;
 pub mod layer;
 mod revoke;
 
+pub use crate::api_key::{BootstrapKey, KeyRecord, KeyScope, Permission, PresentedKey};
 pub use cache::KeyCache;
 pub use cluster::{ClusterAuth, Enforcement};
-pub use key::{BootstrapKey, KeyRecord, KeyScope, Permission, PresentedKey};
 pub use layer::AuthLayer;
 
 /// `--auth`: what this server expects the cluster's security mode to be

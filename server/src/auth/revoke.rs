@@ -30,7 +30,7 @@ use tracing::info;
 
 use super::cache::{KeyCache, Verdict};
 use super::cluster::ClusterAuth;
-use super::key::{KeyRefusal, PresentedKey};
+use crate::api_key::{KeyRefusal, PresentedKey};
 use crate::limits::calls::Unwritten;
 
 /// Resolves once `presented` is refused (revoked, expired, deleted or its
@@ -233,7 +233,7 @@ mod tests {
     use snowkeep_client::ManualClock;
 
     use super::*;
-    use crate::auth::key::BootstrapKey;
+    use crate::api_key::BootstrapKey;
     use crate::etcd::apikeys::StoredKey;
 
     fn stored(record: &super::super::KeyRecord, mod_revision: i64) -> StoredKey {

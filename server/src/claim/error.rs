@@ -95,8 +95,8 @@ pub enum StoreError {
         /// The namespace.
         namespace: String,
     },
-    /// A namespace name that breaks [`crate::config::NAMESPACE_RULE`].
-    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::config::NAMESPACE_RULE)]
+    /// A namespace name that breaks [`crate::namespace::NAMESPACE_RULE`].
+    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::namespace::NAMESPACE_RULE)]
     InvalidNamespace {
         /// The name given.
         namespace: String,

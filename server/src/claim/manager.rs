@@ -43,13 +43,21 @@ pub(crate) struct ClaimTiming {
     pub(crate) lease_ttl: Duration,
     /// How long issuance goes on with the store unreachable: every issuing
     /// holder, busy or idle, keeps its fences at least this far ahead of its
-    /// clock, raising them to 1.5 budgets ahead (`crate::config::fence_lead`)
+    /// clock, raising them to 1.5 budgets ahead ([`fence_lead`])
     /// once they are less.
     pub(crate) outage_budget: Duration,
     /// The longest wait for the clock to pass a claimed id's previous fence.
     pub(crate) max_fence_wait: Duration,
     /// On loss: re-claim or exit.
     pub(crate) on_lease_lost: OnLeaseLost,
+}
+
+/// How far ahead of its clock a holder raises its fences: 1.5 ×
+/// `outage_budget`, so a busy holder that raises once its fence is less than
+/// one budget ahead raises at most once per half budget. Also the farthest
+/// ahead any live holder's fence can be.
+pub fn fence_lead(outage_budget: Duration) -> Duration {
+    outage_budget + outage_budget / 2
 }
 
 /// Delay before retrying a failed claim: 100 ms doubling to 2 s.
@@ -159,7 +167,7 @@ impl<S: ClaimStore> ClaimManager<S> {
                         || self.a_holders_fence(&e)
                         || tokio::select! {
                             _ = release.cancelled() => return Ok(None),
-                            w = state.waits_for_lease_end(&e, &mut self.store, &self.clock, crate::config::fence_lead(self.timing.outage_budget)) => w,
+                            w = state.waits_for_lease_end(&e, &mut self.store, &self.clock, fence_lead(self.timing.outage_budget)) => w,
                         };
                     if !retry {
                         return Err(e);
@@ -181,7 +189,7 @@ impl<S: ClaimStore> ClaimManager<S> {
             // A claim holding one of its own ids (a stable instance back from
             // a crash) waits for all its fences up to one fence lead; any
             // other claim up to --max-fence-wait.
-            let own_wait = crate::config::fence_lead(self.timing.outage_budget);
+            let own_wait = fence_lead(self.timing.outage_budget);
             if let Some(err) =
                 fenced_too_far(&claim, self.now_ms(), self.timing.max_fence_wait, own_wait)
             {
@@ -245,7 +253,7 @@ impl<S: ClaimStore> ClaimManager<S> {
         let StoreError::FenceTooFarAhead { ahead, .. } = e else {
             return false;
         };
-        *ahead <= crate::config::fence_lead(self.timing.outage_budget) + self.timing.max_fence_wait
+        *ahead <= fence_lead(self.timing.outage_budget) + self.timing.max_fence_wait
     }
 
     /// Holding: waits past the claim's floors, keeps the fences ahead of the
@@ -383,7 +391,7 @@ impl<S: ClaimStore> ClaimManager<S> {
     /// lower than it is) in one store request, and only then publishes the
     /// grants carrying them.
     async fn raise_fences(&mut self, hold: &mut Hold<S::Lease>, now_ms: Millis) -> Option<Held> {
-        let lead_ms = millis(crate::config::fence_lead(self.timing.outage_budget));
+        let lead_ms = millis(fence_lead(self.timing.outage_budget));
         let target = Millis(now_ms.get().saturating_add(lead_ms));
         // Never lower a fence while holding it (a clock stepped back).
         let fences: Vec<Millis> = hold

@@ -34,7 +34,7 @@ mod store;
 mod tests;
 
 pub use error::{AccessProblem, LossReason, StoreError};
-pub use manager::OnLeaseLost;
+pub use manager::{fence_lead, OnLeaseLost};
 pub(crate) use manager::{ClaimManager, ClaimTiming, Slot};
 pub(crate) use store::{Capacity, ClaimStore, HolderWatch};
 pub use store::{Claim, HeldId};

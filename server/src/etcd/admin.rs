@@ -36,11 +36,12 @@ use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
 
 use super::endpoints::Endpoints;
 use super::fence_count::{CountBase, Counter};
-use super::keys::{self, FenceCountKey, RequesterAbout};
+use super::keys::{self, FenceCountKey};
 use super::namespace::{self, NamespaceRecord};
 use super::EtcdStore;
-use crate::auth::KeyRecord;
+use crate::api_key::KeyRecord;
 use crate::claim::{Capacity, StoreError};
+use crate::lease::records::RequesterAbout;
 
 /// The `format` field of an export document.
 pub const DOCUMENT_FORMAT: &str = "snowkeep-state";
@@ -659,11 +660,11 @@ impl StateDocument {
             )?;
         }
         for ns in &doc.namespaces {
-            if !crate::config::is_valid_namespace(&ns.name) {
+            if !crate::namespace::is_valid_namespace(&ns.name) {
                 return Err(ImportError::Invalid(format!(
                     "namespace {:?}: a namespace is {}",
                     ns.name,
-                    crate::config::NAMESPACE_RULE
+                    crate::namespace::NAMESPACE_RULE
                 )));
             }
             let record = NamespaceRecord::parse(&keys::layout(&ns.name), ns.record.as_bytes())
@@ -785,7 +786,7 @@ impl StateStore {
             format: DOCUMENT_FORMAT.to_owned(),
             version: DOCUMENT_VERSION,
             exported_unix_ms: unix_ms,
-            exported_at: namespace::rfc3339(unix_ms),
+            exported_at: crate::text::rfc3339(unix_ms),
             namespaces,
             api_keys,
         })

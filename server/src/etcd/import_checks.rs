@@ -7,8 +7,8 @@ use snowkeep_client::{Layout, Millis};
 
 use super::admin::{ImportError, NamespaceExport, RawKey};
 use super::keys;
-use crate::auth::key::{is_valid_id, MAX_ID_LEN};
-use crate::auth::KeyRecord;
+use crate::api_key::KeyRecord;
+use crate::api_key::{is_valid_id, MAX_ID_LEN};
 
 /// INVALID for a fence above the layout's last timestamp: a machine id
 /// fenced there could never be claimed again (its successor waits for a

@@ -269,28 +269,10 @@ pub(crate) fn about_prefix(namespace: &str) -> String {
 }
 
 /// What the administration service shows of an embedded requester
-/// ([`RequesterAbout`]); `requester` is the hex SHA-256 of its identity.
+/// (`crate::lease::records::RequesterAbout`); `requester` is the hex SHA-256
+/// of its identity.
 pub(crate) fn about(namespace: &str, requester: &str) -> String {
     format!("{ROOT}{namespace}/about/{requester}")
-}
-
-/// The description of an embedded requester kept beside its record, on its
-/// lease, for `AdminService.ListRequesters`: never its nonce or lease token.
-/// JSON; fields a version does not know are ignored, missing ones are empty.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct RequesterAbout {
-    /// The host's machine id, as the requester sent it.
-    pub host_id: String,
-    /// The process id.
-    pub pid: u32,
-    /// The process start time, ms since the Unix epoch.
-    pub start_unix_ms: u64,
-    /// Server clock minus client clock at the Acquire, ms; `None` when the
-    /// client sent no time.
-    pub skew_ms: Option<i64>,
-    /// The API key id the requester acquired with; empty without one.
-    pub key_id: String,
 }
 
 /// The holder value of an embedded requester.

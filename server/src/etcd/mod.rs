@@ -97,7 +97,7 @@ pub struct EtcdSettings {
     /// restart finds by key the machine ids it held or released last.
     pub stable_instance: bool,
     /// How far ahead of its clock a server raises its fences (1.5 outage
-    /// budgets, `crate::config::fence_lead`): the farthest any live holder
+    /// budgets, `crate::claim::fence_lead`): the farthest any live holder
     /// of ours can be stamping, so the floor assumed for a machine id whose
     /// fence key is missing when the namespace's fence count cannot vouch
     /// that it was never written.

@@ -53,6 +53,7 @@ use tracing::{error, info, warn};
 use super::fence_count::CountBase;
 use super::{keys, restore_record, Endpoints, EtcdStore};
 use crate::claim::StoreError;
+use crate::text::rfc3339;
 
 /// How far (in revisions) etcd's revision may run ahead of its raft applied
 /// index, beyond the acknowledged gap, before the store counts as restored
@@ -104,16 +105,6 @@ fn new_incarnation() -> u64 {
             return n;
         }
     }
-}
-
-/// `unix_ms` as RFC 3339 (UTC, seconds); a time after the year 9999, which
-/// RFC 3339 cannot write, as the number itself (never a panic).
-pub(crate) fn rfc3339(unix_ms: u64) -> String {
-    const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
-    if unix_ms > LAST_RFC3339_MS {
-        return format!("{unix_ms} ms (after 9999)");
-    }
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
 }
 
 impl NamespaceRecord {
@@ -908,12 +899,6 @@ impl ClaimGuard {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn times_after_9999_are_written_as_numbers_not_a_panic() {
-        assert_eq!(rfc3339(5_000), "1970-01-01T00:00:05Z");
-        assert_eq!(rfc3339(u64::MAX), "18446744073709551615 ms (after 9999)");
-    }
 
     use super::*;
 

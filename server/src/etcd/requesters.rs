@@ -60,11 +60,12 @@ use super::keys::{self, decode_record, encode_record, quoted};
 use super::pool::ClaimReads;
 use super::{claim_ids, ClaimRequest, Endpoints, EtcdStore};
 use crate::claim::{Capacity, HeldId, StoreError};
-use crate::lease_api::records::{
-    authorize, hex, released_fence, unhex32, FenceRead, KeyQuota, LeaseCheck, LeaseToken, Renewal,
-    RequesterGrant, RequesterId, RequesterStore, FENCE_MARGIN, MAX_REQUESTER_IDS,
+use crate::lease::records::{
+    authorize, released_fence, FenceRead, KeyQuota, LeaseCheck, LeaseToken, Renewal,
+    RequesterAbout, RequesterGrant, RequesterId, RequesterStore, FENCE_MARGIN, MAX_REQUESTER_IDS,
 };
 use crate::metrics::{self as m, KeyKind};
+use crate::text::{hex, unhex32};
 
 /// How many times an Acquire with an API key counts its holdings again
 /// after concurrent Acquires with the same key changed them.
@@ -586,7 +587,7 @@ impl RequesterLeases {
         count: u32,
         duration: Duration,
         counted: Option<(&KeyQuota, i64)>,
-        about: &keys::RequesterAbout,
+        about: &RequesterAbout,
     ) -> Result<NewClaim, StoreError> {
         let lease_id = self.grant_lease(duration).await?;
         let holder = keys::requester_holder(&requester.key());
@@ -875,7 +876,7 @@ impl RequesterLeases {
         if ahead > self.max_fence_wait {
             return Err(StoreError::NamespaceFloorAhead {
                 namespace: namespace.to_owned(),
-                until: super::namespace::rfc3339(record.layout.to_unix_ms(record.floor)),
+                until: crate::text::rfc3339(record.layout.to_unix_ms(record.floor)),
                 ahead,
                 max: self.max_fence_wait,
             });
@@ -926,7 +927,7 @@ impl RequesterStore for RequesterLeases {
         duration: Duration,
         token: Option<&LeaseToken>,
         quota: Option<&KeyQuota>,
-        about: &keys::RequesterAbout,
+        about: &RequesterAbout,
     ) -> Result<RequesterGrant, StoreError> {
         // With a quota: count the key's holdings, claim, and commit the
         // claim's holding only if no holding of the key was written since

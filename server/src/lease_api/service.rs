@@ -23,14 +23,17 @@ use tracing::warn;
 
 use super::config::LeaseApiConfig;
 use super::convert;
-use super::records::{
-    KeyQuota, Renewal, RequesterGrant, RequesterId, RequesterStore, MAX_REQUESTER_IDS,
-};
-use super::skew::{self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY};
 use crate::audit;
 use crate::auth::KeyScope;
 use crate::claim::StoreError;
 use crate::etcd::requesters::RequesterLeases;
+use crate::lease::records::{
+    KeyQuota, Renewal, RequesterAbout, RequesterGrant, RequesterId, RequesterStore,
+    MAX_REQUESTER_IDS,
+};
+use crate::lease::skew::{
+    self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY,
+};
 use crate::metrics as m;
 use crate::service::convert::capacity_to_pb;
 use crate::service::status::ApiError;
@@ -380,7 +383,7 @@ impl LeaseHandler {
         // (UNAVAILABLE) while a confirmed floor is further than a claim waits.
         let incarnation = store.admit(&req.namespace).await.map_err(ApiError::Store)?;
         self.refuse_skewed_acquire(&req.namespace, &requester, peer, req.client_time_unix_ms)?;
-        let about = crate::etcd::keys::RequesterAbout {
+        let about = RequesterAbout {
             host_id: req
                 .requester
                 .as_ref()

@@ -42,12 +42,11 @@ use tower::{Layer, Service};
 use tracing::warn;
 
 use super::admission::{read_request, receive, KeySlot, Keyless, PerKey};
-use super::conn::{ConnCall, ConnInfo, Unsent};
 use super::throttle::Throttle;
 use super::weight::{weigh, GRPC_HEADER, NEXT_IDS, SMALL_RESPONSE, STREAM_IDS};
-use super::{status, LimitError};
+use super::{status, LimitError, Limits};
 use crate::audit::CallerKey;
-use crate::config::Limits;
+use crate::conn_info::{ConnCall, ConnInfo, Unsent};
 
 /// Memory of a call besides its messages: the HTTP/2 stream, the tasks and
 /// tonic's state, bytes.

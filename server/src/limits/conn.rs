@@ -67,8 +67,8 @@ use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -83,6 +83,7 @@ use tracing::{debug, warn};
 use super::alarm::Alarm;
 use super::throttle::Throttle;
 use crate::allow::AllowList;
+use crate::conn_info::{ConnInfo, ConnState};
 use crate::tls::ServerTls;
 
 /// First sleep after an accept error.
@@ -447,173 +448,6 @@ fn parse_open_file_limit(limits: &str) -> Option<u64> {
         .ok()
 }
 
-/// What a connection and the calls on it share: calls in progress and when
-/// the client was last heard from.
-#[derive(Debug)]
-pub struct ConnState {
-    opened: Instant,
-    calls: AtomicUsize,
-    ever_called: AtomicBool,
-    /// Milliseconds after `opened` of the last byte received or call ended.
-    last_active_ms: AtomicU64,
-    /// 1 + milliseconds after `opened` when the allow-list first denied a
-    /// call on this connection; 0 when it has not.
-    denied_ms: AtomicU64,
-    /// The response senders of the calls made on this connection (dead ones
-    /// are pruned as it grows).
-    senders: Mutex<Vec<Weak<Unsent>>>,
-}
-
-impl ConnState {
-    fn new() -> Self {
-        Self {
-            opened: Instant::now(),
-            calls: AtomicUsize::new(0),
-            ever_called: AtomicBool::new(false),
-            last_active_ms: AtomicU64::new(0),
-            denied_ms: AtomicU64::new(0),
-            senders: Mutex::default(),
-        }
-    }
-
-    fn ms_since_opened(&self) -> u64 {
-        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// A new clock of a call's unsent response message, watched by this
-    /// connection's send timeout.
-    pub fn sender(self: &Arc<Self>) -> Arc<Unsent> {
-        let unsent = Arc::new(Unsent {
-            conn: Some(self.clone()),
-            since_ms: AtomicU64::new(0),
-        });
-        let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
-        if senders.len() == senders.capacity() {
-            // Amortized: the vector grows only when all are alive.
-            senders.retain(|s| s.strong_count() > 0);
-        }
-        senders.push(Arc::downgrade(&unsent));
-        unsent
-    }
-
-    /// When the oldest response message on this connection that is not yet
-    /// written out was handed over, if any is.
-    fn oldest_unsent(&self) -> Option<Instant> {
-        let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
-        senders.retain(|s| s.strong_count() > 0);
-        let oldest = senders
-            .iter()
-            .filter_map(|s| s.upgrade()?.since_ms())
-            .min()?;
-        Some(self.opened + Duration::from_millis(oldest))
-    }
-
-    fn touch(&self) {
-        let ms = self.ms_since_opened();
-        self.last_active_ms.fetch_max(ms, Ordering::AcqRel);
-    }
-
-    fn last_active(&self) -> Instant {
-        self.opened + Duration::from_millis(self.last_active_ms.load(Ordering::Acquire))
-    }
-
-    /// The allow-list denied a call on this connection: a connection from
-    /// outside the list closes [`DENIED_LINGER`] after the first one.
-    pub fn denied(&self) {
-        let now = self.ms_since_opened().saturating_add(1);
-        let _ = self
-            .denied_ms
-            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
-    }
-
-    /// When the allow-list first denied a call on this connection, if it has.
-    fn first_denied(&self) -> Option<Instant> {
-        let ms = self.denied_ms.load(Ordering::Acquire).checked_sub(1)?;
-        Some(self.opened + Duration::from_millis(ms))
-    }
-
-    /// Calls in progress on this connection.
-    pub fn calls(&self) -> usize {
-        self.calls.load(Ordering::Acquire)
-    }
-
-    /// Marks a call in progress until the returned guard is dropped.
-    pub fn call(self: &Arc<Self>) -> ConnCall {
-        self.calls.fetch_add(1, Ordering::AcqRel);
-        self.ever_called.store(true, Ordering::Release);
-        self.touch();
-        ConnCall(self.clone())
-    }
-}
-
-/// Times the response message a call has handed to hyper that is not yet
-/// written out (at most one at a time per call is timed: the oldest).
-#[derive(Debug)]
-pub struct Unsent {
-    /// None for a call with no connection (tests): never times out.
-    conn: Option<Arc<ConnState>>,
-    /// 1 + milliseconds after the connection opened when the oldest message
-    /// not yet written out was handed over; 0 when none is.
-    since_ms: AtomicU64,
-}
-
-impl Unsent {
-    /// A clock watched by no connection.
-    pub fn unwatched() -> Arc<Self> {
-        Arc::new(Self {
-            conn: None,
-            since_ms: AtomicU64::new(0),
-        })
-    }
-
-    /// A message was handed over; the clock starts unless one is running.
-    pub fn handed_over(&self) {
-        if let Some(conn) = &self.conn {
-            let now = conn.ms_since_opened().saturating_add(1);
-            let _ = self
-                .since_ms
-                .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
-        }
-    }
-
-    /// Every message handed over is written out; the clock stops.
-    pub fn all_written(&self) {
-        self.since_ms.store(0, Ordering::Release);
-    }
-
-    fn since_ms(&self) -> Option<u64> {
-        self.since_ms.load(Ordering::Acquire).checked_sub(1)
-    }
-}
-
-/// A call in progress on a connection (see [`ConnState::call`]).
-#[derive(Debug)]
-pub struct ConnCall(Arc<ConnState>);
-
-impl ConnCall {
-    /// A clock for this call's unsent response (see [`ConnState::sender`]).
-    pub fn sender(&self) -> Arc<Unsent> {
-        self.0.sender()
-    }
-}
-
-impl Drop for ConnCall {
-    fn drop(&mut self) {
-        self.0.touch();
-        self.0.calls.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// The connect info of a [`GuardedIo`], put into every request's extensions
-/// by tonic; the call limit layer marks calls in progress with it.
-#[derive(Debug, Clone)]
-pub struct ConnInfo {
-    /// The connection's shared state.
-    pub state: Arc<ConnState>,
-    /// Addresses, as tonic's own `TcpConnectInfo`.
-    pub tcp: TcpConnectInfo,
-}
-
 /// An open slot of the listener; frees it on drop.
 #[derive(Debug)]
 struct Slot(Arc<AtomicUsize>);
@@ -789,11 +623,11 @@ impl GuardedIo {
             handshake_timeout = handshake_timeout.min(DISALLOWED_TIMEOUT);
         }
         let send_timeout = accepting.limits.send_timeout;
-        let disallowed_until = disallowed.then(|| state.opened + DISALLOWED_TIMEOUT);
+        let disallowed_until = disallowed.then(|| state.opened() + DISALLOWED_TIMEOUT);
         Self {
             inner,
-            idle: Alarm::at(state.opened + handshake_timeout),
-            send_check: Alarm::at(state.opened + send_timeout.unwrap_or(Duration::MAX / 4)),
+            idle: Alarm::at(state.opened() + handshake_timeout),
+            send_check: Alarm::at(state.opened() + send_timeout.unwrap_or(Duration::MAX / 4)),
             send_timeout,
             stalls: accepting.stalls.clone(),
             state,
@@ -904,7 +738,7 @@ impl GuardedIo {
         // it, which its client sees reset (never issued). One ending
         // elsewhere only makes the connection more idle.
         let no_calls = self.state.calls() == 0;
-        if self.shutting_down && no_calls && !self.state.ever_called.load(Ordering::Acquire) {
+        if self.shutting_down && no_calls && !self.state.ever_called() {
             debug!(listener = self.listener, peer = ?self.tcp.remote_addr, "shutting down: closing a connection that never made a call");
             self.closed = true;
             return true;
@@ -962,7 +796,7 @@ impl GuardedIo {
             let deadline = if self.heard {
                 self.state.last_active() + self.idle_timeout
             } else {
-                self.state.opened + self.handshake_timeout
+                self.state.opened() + self.handshake_timeout
             };
             if no_calls && now >= deadline {
                 debug!(listener = self.listener, peer = ?self.tcp.remote_addr, idle_timeout = ?self.idle_timeout, heard = self.heard, "closing an idle connection");

@@ -1,7 +1,11 @@
-//! Why a call was refused at a limit, or its message could not be read.
-//! `service::status` maps each variant to its gRPC code.
+//! Why a call was refused at a limit, or its message could not be read, and
+//! the gRPC status a client gets for it. The codes are mapped here, beside
+//! the variants, so the layers of `limits` answer without importing
+//! `service`; `service::status` gives `ApiError::Limit` the same codes.
 
 use thiserror::Error;
+use tonic::{Code, Status};
+use tracing::debug;
 
 /// A call refused by the server's limits, or a malformed or oversized
 /// message. Every message names the flag to change or what to send instead.
@@ -129,4 +133,70 @@ pub enum LimitError {
         /// The flag byte.
         flag: u8,
     },
+}
+
+impl LimitError {
+    /// The gRPC code of this refusal: `RESOURCE_EXHAUSTED` for a full pool or
+    /// an oversized message, `DEADLINE_EXCEEDED` for a request that was too
+    /// slow to arrive, `INVALID_ARGUMENT` for one that cannot be read.
+    pub fn code(&self) -> Code {
+        match self {
+            LimitError::Busy { .. }
+            | LimitError::KeyBusy { .. }
+            | LimitError::PeerBusy { .. }
+            | LimitError::MemoryInUse { .. }
+            | LimitError::CallTooLarge { .. }
+            | LimitError::RequestTooLarge { .. }
+            | LimitError::IdsTooLarge { .. }
+            | LimitError::BatchTooLarge { .. }
+            | LimitError::ResponseTooLarge { .. } => Code::ResourceExhausted,
+            LimitError::RequestTimeout { .. } | LimitError::StreamStalled { .. } => {
+                Code::DeadlineExceeded
+            }
+            LimitError::InvalidMessage { .. }
+            | LimitError::TruncatedMessage
+            | LimitError::InvalidCompressionFlag { .. } => Code::InvalidArgument,
+        }
+    }
+}
+
+impl From<LimitError> for Status {
+    /// The status of [`LimitError::code`] with the error's text, as
+    /// `service::status` builds every other status (logged at debug only:
+    /// refusals under load would flood the logs; metrics count them).
+    fn from(err: LimitError) -> Self {
+        let code = err.code();
+        let message = crate::DisplayChain(&err).to_string();
+        debug!(code = ?code, error = %crate::DisplayChain(&err), "request refused");
+        Status::new(code, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::service::status::ApiError;
+
+    #[test]
+    fn a_refusal_reads_the_same_from_the_layers_and_from_a_handler() {
+        let refusals = [
+            LimitError::Busy {
+                calls: "streams",
+                max: 1,
+                flag: "--max-open-streams",
+            },
+            LimitError::RequestTimeout {
+                after: Duration::from_secs(1),
+            },
+            LimitError::TruncatedMessage,
+        ];
+        for refusal in refusals {
+            let layer = Status::from(refusal.clone());
+            let handler = Status::from(ApiError::from(refusal));
+            assert_eq!(layer.code(), handler.code());
+            assert_eq!(layer.message(), handler.message());
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! Bounded resources under hostile or broken clients: whatever clients do,
 //! the server's memory, file descriptors and CPU stay within what
-//! [`crate::config::Limits`] sets (docs/operations.md has the sums).
+//! [`Limits`] sets (docs/operations.md has the sums).
 //!
 //! | piece | bounds |
 //! | --- | --- |
@@ -9,26 +9,29 @@
 //! | [`admission`] | keyless calls in pools of their own; each key's share of the pools; how long a request may take to arrive |
 //! | [`weight`] | how much memory a call reserves |
 //! | [`wire`] | statuses of malformed and oversized messages |
-//! | [`LimitError`] | what a client is told when a limit refuses its call |
+//! | [`settings`] | [`Limits`], the flags' defaults and the size parser |
+//! | [`LimitError`] | what a client is told when a limit refuses its call, and its status |
 //! | tonic's builder (in [`crate::run`]) | HTTP/2 streams per connection, keepalive pings, header list size, flow-control windows |
-//! | the generated services (in [`crate::service::router`]) | message sizes |
+//! | the generated services (in [`crate::router`]) | message sizes |
 
 pub mod admission;
 mod alarm;
 pub mod calls;
 pub mod conn;
 mod error;
+pub mod settings;
 mod throttle;
 pub mod weight;
 pub mod wire;
 
 pub use error::LimitError;
+pub use settings::Limits;
 pub(crate) use throttle::Throttle;
 
-/// The status a client gets for `error`: codes are mapped in one place,
-/// `service::status`.
+/// The status a client gets for `error`: its code is mapped beside the
+/// variants ([`LimitError::code`]), the same one `service::status` gives.
 fn status(error: LimitError) -> tonic::Status {
-    crate::service::status::ApiError::from(error).into()
+    error.into()
 }
 
 /// `msg` as one uncompressed gRPC message: flag, 4-byte big-endian length,

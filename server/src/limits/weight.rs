@@ -7,8 +7,7 @@ use prost::Message;
 use snowkeep_proto::v1 as pb;
 
 use super::LimitError;
-use crate::config::MAX_BATCH;
-use crate::service::id::DEFAULT_STREAM_BATCH;
+use crate::batch::{DEFAULT_STREAM_BATCH, MAX_BATCH};
 
 /// gRPC's length-prefix of every message, bytes.
 pub(super) const GRPC_HEADER: usize = 5;

@@ -2,10 +2,10 @@
 //! `const` here, described in `describe_all`. Dashboards and alert rules in
 //! `deploy/` use these names, so renaming one breaks them. Labels take
 //! bounded values only: `namespace` (configured), enums with `as_str`, never
-//! ids or text. The scrape is served by [`http`].
+//! ids or text. The scrape is served by `crate::metrics_http`, which sits
+//! above the connection limits this catalog's names are counted in.
 
 pub(crate) mod grpc_layer;
-pub mod http;
 
 use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
@@ -462,7 +462,7 @@ pub(crate) fn describe_all() {
 }
 
 /// Installs the Prometheus recorder as the global `metrics` recorder and
-/// describes the catalog; [`http::serve`] serves the returned handle's scrape
+/// describes the catalog; [`crate::metrics_http::serve`] serves the returned handle's scrape
 /// (any path answers, `/metrics` included).
 ///
 /// # Errors

@@ -12,12 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::status::{ApiError, StreamEnd};
-use crate::config::MAX_BATCH;
+use crate::batch::{DEFAULT_STREAM_BATCH, MAX_BATCH};
 use crate::limits::Throttle;
 use crate::metrics as m;
-
-/// Default ids per streamed message.
-pub const DEFAULT_STREAM_BATCH: u32 = 1000;
 
 /// A refusal of one reason is logged at most once per this period.
 pub const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);

@@ -1,13 +1,16 @@
-//! The one place errors become gRPC statuses, by exhaustive match: bad
-//! arguments are `INVALID_ARGUMENT`; no valid lease, a clock behind the floor
-//! or stepped back, and a server shutting down are `UNAVAILABLE` (retryable).
+//! The one place handlers' errors become gRPC statuses, by exhaustive match:
+//! bad arguments are `INVALID_ARGUMENT`; no valid lease, a clock behind the
+//! floor or stepped back, and a server shutting down are `UNAVAILABLE`
+//! (retryable). Limit refusals take the codes `LimitError::code` gives them
+//! beside their variants, so the layers of `crate::limits` need not import
+//! this module.
 
 use snowkeep_client::{GenerateError, MachineId};
 use tonic::{Code, Status};
 use tracing::debug;
 
+use crate::batch::MAX_BATCH;
 use crate::claim::StoreError;
-use crate::config::MAX_BATCH;
 use crate::limits::LimitError;
 
 /// Errors a gRPC handler returns.
@@ -36,10 +39,10 @@ pub enum ApiError {
     /// The client's clock is off the server's, either way, beyond the threshold.
     #[error("client clock is {} {direction} the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
     ClientClockSkew {
-        /// How far off (see [`crate::lease_api::skew::magnitude`]).
+        /// How far off (see [`crate::lease::skew::magnitude`]).
         skew: std::time::Duration,
         /// Which way.
-        direction: crate::lease_api::skew::SkewDirection,
+        direction: crate::lease::skew::SkewDirection,
         threshold: std::time::Duration,
     },
     /// A malformed requester identity.
@@ -48,8 +51,8 @@ pub enum ApiError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// A namespace name that breaks [`crate::config::NAMESPACE_RULE`].
-    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::config::NAMESPACE_RULE)]
+    /// A namespace name that breaks [`crate::namespace::NAMESPACE_RULE`].
+    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::namespace::NAMESPACE_RULE)]
     InvalidNamespace { namespace: String },
     /// `Acquire.count` out of range.
     #[error("count must be between 1 and {max}, got {got}")]
@@ -220,23 +223,9 @@ fn code_of(err: &ApiError) -> Code {
             | StoreError::DuplicateInstance { .. }
             | StoreError::StateLocked { .. } => Code::Internal,
         },
-        ApiError::Limit(l) => match l {
-            LimitError::Busy { .. }
-            | LimitError::KeyBusy { .. }
-            | LimitError::PeerBusy { .. }
-            | LimitError::MemoryInUse { .. }
-            | LimitError::CallTooLarge { .. }
-            | LimitError::RequestTooLarge { .. }
-            | LimitError::IdsTooLarge { .. }
-            | LimitError::BatchTooLarge { .. }
-            | LimitError::ResponseTooLarge { .. } => Code::ResourceExhausted,
-            LimitError::RequestTimeout { .. } | LimitError::StreamStalled { .. } => {
-                Code::DeadlineExceeded
-            }
-            LimitError::InvalidMessage { .. }
-            | LimitError::TruncatedMessage
-            | LimitError::InvalidCompressionFlag { .. } => Code::InvalidArgument,
-        },
+        // Mapped beside the variants (`crate::limits`), which answer
+        // without this file.
+        ApiError::Limit(l) => l.code(),
         ApiError::Generate(g) => generate_code(g),
         ApiError::StreamEnded { cause, .. } => match cause {
             StreamEnd::Shutdown | StreamEnd::MachineIdChanged { .. } => Code::Unavailable,
@@ -280,7 +269,7 @@ mod tests {
     use snowkeep_client::{MachineId, Millis};
 
     use super::*;
-    use crate::lease_api::skew::SkewDirection;
+    use crate::lease::skew::SkewDirection;
 
     #[test]
     fn each_error_maps_to_its_code() {

@@ -39,16 +39,16 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminHandler;
+use crate::api_key::{KeyRefusal, Permission, PresentedKey};
 use crate::audit::{self, AuditEvent};
 use crate::auth::cache::Verdict;
-use crate::auth::key::{KeyRefusal, Permission, PresentedKey};
 use crate::auth::{ClusterAuth, Enforcement, KeyCache};
 use crate::peers::PeerClocks;
 use crate::service::info::InfoHandler;
 
 /// Most open connections to the status page (a few operators' browsers):
-/// the metrics port's, as both are served by `metrics::http::serve_http1`.
-pub(crate) const MAX_CONNECTIONS: usize = crate::metrics::http::MAX_CONNECTIONS;
+/// the metrics port's, as both are served by `metrics_http::serve_http1`.
+pub(crate) const MAX_CONNECTIONS: usize = crate::metrics_http::MAX_CONNECTIONS;
 /// How often the page reloads itself, seconds.
 pub const REFRESH_SECONDS: u32 = 2;
 /// How many recent audit events the page shows.
@@ -280,7 +280,7 @@ pub async fn serve(
     idle_timeout: Duration,
     shutdown: CancellationToken,
 ) {
-    crate::metrics::http::serve_http1(
+    crate::metrics_http::serve_http1(
         listener,
         ("status page", "the status page's 16"),
         allow,

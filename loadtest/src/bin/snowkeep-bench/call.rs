@@ -1,6 +1,8 @@
 //! Calling: the endpoint and its TLS settings, connecting, resolving
 //! `--call` to snowkeep's methods or a dynamic one, and one call under the
-//! per-call timeout with what it delivered.
+//! per-call timeout with what it delivered. A call reads what it needs of
+//! the run through a [`CallContext`], so this module imports nothing of the
+//! workers that make the calls.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -13,10 +15,10 @@ use snowkeep_bench::template::Template;
 use snowkeep_bench::IdLog;
 use snowkeep_proto::v1 as pb;
 use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::args::Args;
-use crate::worker::Shared;
 
 /// A dynamic method, ready to call.
 pub(crate) struct DynCall {
@@ -33,10 +35,20 @@ pub(crate) enum Call {
     Dynamic(DynCall),
 }
 
-pub(crate) fn with_metadata<T>(msg: T, shared: &Shared) -> tonic::Request<T> {
+/// What a call reads of the run: its flags, the resolved method, the
+/// metadata every request carries and the run's end (`-z`), once it is set.
+#[derive(Clone, Copy)]
+pub(crate) struct CallContext<'a> {
+    pub(crate) args: &'a Args,
+    pub(crate) call: &'a Call,
+    pub(crate) metadata: &'a MetadataMap,
+    pub(crate) deadline: Option<Instant>,
+}
+
+pub(crate) fn with_metadata<T>(msg: T, cx: CallContext<'_>) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
-    *req.metadata_mut() = shared.metadata.clone();
-    req.set_timeout(shared.args.timeout);
+    *req.metadata_mut() = cx.metadata.clone();
+    req.set_timeout(cx.args.timeout);
     req
 }
 
@@ -66,18 +78,18 @@ impl Progress {
 /// as the help promises.
 pub(crate) async fn one_call(
     channel: &Channel,
-    shared: &Shared,
+    cx: CallContext<'_>,
     n: u64,
     log: &mut IdLog,
 ) -> (Progress, Result<(), tonic::Status>) {
     let mut progress = Progress::default();
-    let call = call_inner(channel, shared, n, log, &mut progress);
-    let outcome = match tokio::time::timeout(shared.args.timeout, call).await {
+    let call = call_inner(channel, cx, n, log, &mut progress);
+    let outcome = match tokio::time::timeout(cx.args.timeout, call).await {
         Ok(r) => r,
-        Err(_) if matches!(shared.call, Call::Stream) && shared.args.count == 0 => Ok(()),
+        Err(_) if matches!(cx.call, Call::Stream) && cx.args.count == 0 => Ok(()),
         Err(_) => Err(tonic::Status::deadline_exceeded(format!(
             "no answer within --timeout {} ({} ids received)",
-            humantime::format_duration(shared.args.timeout),
+            humantime::format_duration(cx.args.timeout),
             progress.delivered
         ))),
     };
@@ -115,13 +127,13 @@ pub(crate) async fn drain<T>(
 
 pub(crate) async fn call_inner(
     channel: &Channel,
-    shared: &Shared,
+    cx: CallContext<'_>,
     n: u64,
     log: &mut IdLog,
     progress: &mut Progress,
 ) -> Result<(), tonic::Status> {
-    let args = &shared.args;
-    match &shared.call {
+    let args = cx.args;
+    match cx.call {
         Call::Unary => {
             let mut client = pb::id_service_client::IdServiceClient::new(channel.clone())
                 .max_decoding_message_size(64 * 1024 * 1024);
@@ -130,7 +142,7 @@ pub(crate) async fn call_inner(
                     count: args.count,
                     ..Default::default()
                 },
-                shared,
+                cx,
             );
             let ids = client.next_ids(req).await?.into_inner().ids;
             log.record(None, &ids);
@@ -145,13 +157,13 @@ pub(crate) async fn call_inner(
                     total: u64::from(args.count),
                     batch_size: args.batch_size,
                 },
-                shared,
+                cx,
             );
             progress.asked = (args.count > 0).then_some(u64::from(args.count));
             let stream = client.stream_ids(req).await?.into_inner();
             drain(
                 stream,
-                shared.deadline,
+                cx.deadline,
                 |b: &pb::IdBatch| b.ids.clone(),
                 log,
                 progress,
@@ -189,7 +201,7 @@ pub(crate) async fn call_inner(
                         .next()
                         .unwrap_or_else(|| DynamicMessage::new(d.method.input()));
                     let resp = grpc
-                        .unary(with_metadata(msg, shared), path, codec)
+                        .unary(with_metadata(msg, cx), path, codec)
                         .await?
                         .into_inner();
                     let ids = dynamic::ids_of(&resp);
@@ -204,13 +216,13 @@ pub(crate) async fn call_inner(
                         .unwrap_or_else(|| DynamicMessage::new(d.method.input()));
                     progress.asked = dynamic::stream_total(&d.method, &msg);
                     let stream = grpc
-                        .server_streaming(with_metadata(msg, shared), path, codec)
+                        .server_streaming(with_metadata(msg, cx), path, codec)
                         .await?
                         .into_inner();
-                    drain(stream, shared.deadline, dynamic::ids_of, log, progress).await
+                    drain(stream, cx.deadline, dynamic::ids_of, log, progress).await
                 }
                 (true, false) => {
-                    let req = with_metadata(tokio_stream::iter(messages), shared);
+                    let req = with_metadata(tokio_stream::iter(messages), cx);
                     let resp = grpc.client_streaming(req, path, codec).await?.into_inner();
                     let ids = dynamic::ids_of(&resp);
                     log.record(None, &ids);
@@ -218,9 +230,9 @@ pub(crate) async fn call_inner(
                     Ok(())
                 }
                 (true, true) => {
-                    let req = with_metadata(tokio_stream::iter(messages), shared);
+                    let req = with_metadata(tokio_stream::iter(messages), cx);
                     let stream = grpc.streaming(req, path, codec).await?.into_inner();
-                    drain(stream, shared.deadline, dynamic::ids_of, log, progress).await
+                    drain(stream, cx.deadline, dynamic::ids_of, log, progress).await
                 }
             }
         }

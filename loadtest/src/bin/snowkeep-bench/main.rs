@@ -124,7 +124,10 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         let until = ready_started + wait;
         let mut log = IdLog::new(false);
         loop {
-            match one_call(&channels[0], &shared, 0, &mut log).await.1 {
+            match one_call(&channels[0], shared.call_context(), 0, &mut log)
+                .await
+                .1
+            {
                 Ok(()) => break,
                 // Any definite answer but "not now" means the server is up.
                 Err(e)

@@ -17,7 +17,7 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 use crate::args::{Args, Format};
-use crate::call::{one_call, Call};
+use crate::call::{one_call, Call, CallContext};
 
 /// What the run shares between workers.
 pub(crate) struct Shared {
@@ -95,6 +95,16 @@ impl Shared {
         }
     }
 
+    /// What each call reads of the run.
+    pub(crate) fn call_context(&self) -> CallContext<'_> {
+        CallContext {
+            args: &self.args,
+            call: &self.call,
+            metadata: &self.metadata,
+            deadline: self.deadline,
+        }
+    }
+
     pub(crate) fn over(&self) -> bool {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
@@ -143,7 +153,8 @@ pub(crate) async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) ->
             break;
         }
         let t0 = Instant::now();
-        let (progress, outcome) = one_call(&channel, &shared, n, &mut result.log).await;
+        let (progress, outcome) =
+            one_call(&channel, shared.call_context(), n, &mut result.log).await;
         let us = u64::try_from(t0.elapsed().as_micros())
             .unwrap_or(u64::MAX)
             .max(1);

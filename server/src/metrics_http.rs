@@ -1,4 +1,7 @@
-//! `GET /metrics` (any path) over HTTP/1.1 on `--metrics-listen`.
+//! `GET /metrics` (any path) over HTTP/1.1 on `--metrics-listen`, and the
+//! HTTP/1.1 serving loop the status page shares. It lives beside the
+//! catalog (`crate::metrics`), not in it: it serves on the connection limits'
+//! listener, and those limits count in the catalog's names.
 //!
 //! metrics-exporter-prometheus has its own listener, but its accept loop
 //! retries an accept error at once and logs a warning each time: with the

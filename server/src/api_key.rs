@@ -6,13 +6,17 @@
 //! Only the SHA-256 of a secret is stored; a presented secret is hashed and
 //! compared in constant time. Neither a secret nor its hash is ever shown:
 //! `Debug` of [`PresentedKey`] and [`BootstrapKey`] leaves them out.
+//!
+//! This module is data and checks only: `crate::auth` (the layer, the cache,
+//! the security mode) and the etcd store that keeps the records both import
+//! it, and it imports neither.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use snowkeep_proto::v1 as pb;
 use subtle::ConstantTimeEq;
 
-use crate::lease_api::records::{hex, unhex32};
+use crate::text::{hex, unhex32};
 
 /// What an API key may call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -324,7 +328,7 @@ impl KeyRecord {
         if self.expires_unix_ms != 0 && now_unix_ms >= self.expires_unix_ms {
             return Err(KeyRefusal::Expired {
                 id: self.id.clone(),
-                at: crate::etcd::namespace::rfc3339(self.expires_unix_ms),
+                at: crate::text::rfc3339(self.expires_unix_ms),
             });
         }
         Ok(self.scope())

@@ -2,8 +2,9 @@
 //! choose: who a requester is ([`RequesterId`]), the secret that lets it act
 //! on its lease ([`LeaseToken`]), what a grant holds ([`RequesterGrant`]),
 //! what a check or a renewal found ([`LeaseCheck`], [`Renewal`]), the fence
-//! rules ([`FENCE_MARGIN`], [`released_fence`]) and the interface a store
-//! implements to keep them ([`RequesterStore`]). The etcd store implements it
+//! rules ([`FENCE_MARGIN`], [`released_fence`]), the description kept beside
+//! a record ([`RequesterAbout`]) and the interface a store implements to keep
+//! them ([`RequesterStore`]). The etcd store implements it
 //! in `crate::etcd::requesters`; this module imports no store.
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use snowkeep_client::{Layout, MachineId, Millis};
 use subtle::ConstantTimeEq;
 
 use crate::claim::{Capacity, HeldId, StoreError};
+use crate::text::{hex, unhex32};
 
 /// How far beyond the lease's expiry a requester's fence is set: covers a
 /// requester clock running ahead of the server's.
@@ -26,29 +28,23 @@ pub const FENCE_MARGIN: Duration = Duration::from_secs(60);
 /// operations per transaction (`--max-txn-ops` default), so 63.
 pub const MAX_REQUESTER_IDS: u32 = 63;
 
-/// Lower-case hex of `bytes`.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// 32 bytes from exactly 64 hex digits (either case); `None` otherwise.
-pub(crate) fn unhex32(text: &str) -> Option<[u8; 32]> {
-    let text = text.as_bytes();
-    if text.len() != 64 {
-        return None;
-    }
-    // Runs for every call with an API key: byte arithmetic, no char decoding.
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
-    let mut out = [0u8; 32];
-    for (byte, pair) in out.iter_mut().zip(text.chunks_exact(2)) {
-        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
-    }
-    Some(out)
+/// The description of an embedded requester kept beside its record, on its
+/// lease, for `AdminService.ListRequesters`: never its nonce or lease token.
+/// JSON; fields a version does not know are ignored, missing ones are empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RequesterAbout {
+    /// The host's machine id, as the requester sent it.
+    pub host_id: String,
+    /// The process id.
+    pub pid: u32,
+    /// The process start time, ms since the Unix epoch.
+    pub start_unix_ms: u64,
+    /// Server clock minus client clock at the Acquire, ms; `None` when the
+    /// client sent no time.
+    pub skew_ms: Option<i64>,
+    /// The API key id the requester acquired with; empty without one.
+    pub key_id: String,
 }
 
 /// An embedded requester, as the SHA-256 of its identity
@@ -303,7 +299,7 @@ pub(crate) trait RequesterStore {
         duration: Duration,
         token: Option<&LeaseToken>,
         quota: Option<&KeyQuota>,
-        about: &crate::etcd::keys::RequesterAbout,
+        about: &RequesterAbout,
     ) -> impl Future<Output = Result<RequesterGrant, StoreError>> + Send;
 
     /// Extends the requester's lease to `duration` and raises its fences, all
