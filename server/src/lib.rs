@@ -15,7 +15,7 @@
 //! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` keeps the Lease API's records |
 //! | `single_instance` | the single-instance store (a state file) |
 //! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam (which `etcd` and `single_instance` implement; `claim` imports neither), the fence lead, the capacity gauges, candidate ranking, `StoreError` |
-//! | [`namespace`] | namespace names: the rule, `Namespace` |
+//! | [`namespace`] | namespace names: the rule and its check |
 //! | [`batch`] | the bounds of a batch of ids (`MAX_BATCH`, the default stream batch) |
 //! | `text` | text forms of records and messages: hex, RFC 3339 times |
 //! | `lease` | what the Lease API grants and keeps, as data and pure rules: requester records and tokens, the fence rules, the client clock-skew rule |

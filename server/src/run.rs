@@ -32,7 +32,7 @@ use crate::limits::conn::{Listener, ListenerLimits};
 use crate::limits::wire::WireStatusLayer;
 use crate::limits::Limits;
 use crate::metrics as m;
-use crate::namespace::Namespace;
+use crate::namespace::is_valid_namespace;
 use crate::router::router;
 use crate::service::{health, id::IdHandler, info::InfoHandler, StoreAccess};
 use crate::single_instance::{SingleInstanceCapacity, SingleInstanceStore};
@@ -241,9 +241,9 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     // Checked here too, for every store: `ServerConfig` can be built without
     // the flags' validation, and the name becomes etcd keys and file names.
-    if let Err(invalid) = Namespace::parse(&config.namespace) {
+    if !is_valid_namespace(&config.namespace) {
         return Err(StoreError::InvalidNamespace {
-            namespace: invalid.name,
+            namespace: config.namespace,
         }
         .into());
     }

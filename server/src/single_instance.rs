@@ -38,7 +38,7 @@ use tokio::sync::watch;
 
 use crate::claim::capacity::CapacitySource;
 use crate::claim::{Capacity, Claim, ClaimStore, HeldId, HolderWatch, StoreError};
-use crate::namespace::Namespace;
+use crate::namespace::is_valid_namespace;
 
 /// Fences kept in a local file, one per machine id.
 #[derive(Debug)]
@@ -79,9 +79,9 @@ impl SingleInstanceStore {
         layout: Layout,
         machine_ids: &[MachineId],
     ) -> Result<Self, StoreError> {
-        if let Err(invalid) = Namespace::parse(namespace) {
+        if !is_valid_namespace(namespace) {
             return Err(StoreError::InvalidNamespace {
-                namespace: invalid.name,
+                namespace: namespace.to_owned(),
             });
         }
         fs::create_dir_all(dir).map_err(io_err(dir))?;

@@ -5,7 +5,7 @@ use snowkeep_client::Layout;
 use snowkeep_proto::v1 as pb;
 
 use crate::lease::records::{LeaseCheck, LeaseToken, RequesterGrant, RequesterId};
-use crate::namespace::Namespace;
+use crate::namespace::is_valid_namespace;
 use crate::service::convert::layout_to_pb;
 use crate::service::status::ApiError;
 
@@ -49,11 +49,12 @@ pub fn lease_token(text: &str) -> Result<Option<LeaseToken>, ApiError> {
 
 /// Checks a namespace name like `--namespace` does (INVALID_ARGUMENT otherwise).
 pub fn check_namespace(namespace: &str) -> Result<(), ApiError> {
-    match Namespace::parse(namespace) {
-        Ok(_) => Ok(()),
-        Err(invalid) => Err(ApiError::InvalidNamespace {
-            namespace: invalid.name,
-        }),
+    if is_valid_namespace(namespace) {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidNamespace {
+            namespace: namespace.to_owned(),
+        })
     }
 }
 
