@@ -12,13 +12,32 @@ use snowkeep_client::{Layout, LayoutError};
 use thiserror::Error;
 
 use crate::auth::{AuthConfig, AuthMode, BootstrapKey};
-use crate::claim::OnLeaseLost;
-use crate::etcd::access::{ClientIdentity, EtcdAccess, EtcdCredentials, EtcdTls};
-use crate::etcd::namespace::{FloorSpec, NamespaceSetup};
 use crate::lease_api::LeaseApiConfig;
-use crate::namespace::{is_valid_namespace, NAMESPACE_RULE};
 use crate::tls::{TlsError, TlsSettings};
 use ipnet::IpNet;
+use snowkeep_core::claim::OnLeaseLost;
+use snowkeep_core::namespace::{is_valid_namespace, NAMESPACE_RULE};
+use snowkeep_etcd::access::{ClientIdentity, EtcdAccess, EtcdCredentials, EtcdTls};
+use snowkeep_etcd::namespace::{FloorSpec, NamespaceSetup};
+
+/// `--on-lease-lost`: the flag's values, for clap; the claim loop takes
+/// [`OnLeaseLost`] (snowkeep-core knows nothing of clap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LeaseLostArg {
+    /// Stop issuing, then claim again (machine ids, possibly the same ones).
+    Reclaim,
+    /// Stop issuing and exit with code 1.
+    Exit,
+}
+
+impl From<LeaseLostArg> for OnLeaseLost {
+    fn from(arg: LeaseLostArg) -> Self {
+        match arg {
+            LeaseLostArg::Reclaim => OnLeaseLost::Reclaim,
+            LeaseLostArg::Exit => OnLeaseLost::Exit,
+        }
+    }
+}
 
 /// Default gRPC listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
@@ -160,8 +179,8 @@ pub struct Args {
     #[arg(long, env = "SNOWKEEP_CLIENT_SKEW_THRESHOLD", default_value = DEFAULT_CLIENT_SKEW_THRESHOLD, value_parser = humantime::parse_duration)]
     pub client_skew_threshold: Duration,
     /// On a lost lease: re-claim (default) or exit with code 1.
-    #[arg(long, env = "SNOWKEEP_ON_LEASE_LOST", value_enum, default_value_t = OnLeaseLost::Reclaim)]
-    pub on_lease_lost: OnLeaseLost,
+    #[arg(long, env = "SNOWKEEP_ON_LEASE_LOST", value_enum, default_value_t = LeaseLostArg::Reclaim)]
+    pub on_lease_lost: LeaseLostArg,
     /// Log format.
     #[arg(long, env = "SNOWKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -484,7 +503,7 @@ impl ServerConfig {
     /// ahead any live server's fence can be, so the floor assumed for a
     /// fence key that may have been deleted under a live holder.
     pub fn fence_lead(&self) -> Duration {
-        crate::claim::fence_lead(self.outage_budget)
+        snowkeep_core::claim::fence_lead(self.outage_budget)
     }
 }
 
@@ -815,7 +834,7 @@ impl TryFrom<Args> for ServerConfig {
             max_fence_wait: args.max_fence_wait,
             max_backward_wait: args.max_backward_wait,
             shutdown_grace_period: args.shutdown_grace_period,
-            on_lease_lost: args.on_lease_lost,
+            on_lease_lost: args.on_lease_lost.into(),
             lease_api: LeaseApiConfig {
                 first_lease: args.first_lease_duration,
                 renewed_lease: args.renewed_lease_duration,

@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::claim::StoreError;
-use crate::etcd::{EtcdSettings, EtcdStore};
 use crate::service::StoreAccess;
+use snowkeep_core::claim::StoreError;
+use snowkeep_etcd::{EtcdSettings, EtcdStore};
 
 /// Connects to etcd, retrying with backoff until it answers; `None` when
 /// shutdown comes first. etcd may come up after us (compose, Kubernetes), so
@@ -77,7 +77,7 @@ pub(crate) async fn connect_etcd_serving(
             match settled {
                 Ok(()) => break,
                 Err(e) if not_reachable_yet(&e) => {
-                    let log = |delay| warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                    let log = |delay| warn!(endpoints = ?endpoints, error = %snowkeep_core::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
                     if !retry_after(&mut backoff, shutdown, log).await {
                         return Ok(None);
                     }
@@ -102,13 +102,13 @@ pub(crate) async fn connect_etcd_serving(
         match checked {
             Ok(()) => return Ok(Some(store)),
             Err(e) if not_reachable_yet(&e) => {
-                let log = |delay| warn!(endpoints = ?endpoints, error = %crate::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
+                let log = |delay| warn!(endpoints = ?endpoints, error = %snowkeep_core::DisplayChain(&e), retry_in = ?delay, "etcd is not reachable yet; retrying");
                 if !retry_after(&mut backoff, shutdown, log).await {
                     return Ok(None);
                 }
             }
             Err(e @ StoreError::NamespaceNotCreated { .. }) if wait_for_namespace => {
-                let log = |delay| warn!(error = %crate::DisplayChain(&e), retry_in = ?delay, "waiting for the namespace (--wait-for-namespace): create it, or import it with snowkeepctl import");
+                let log = |delay| warn!(error = %snowkeep_core::DisplayChain(&e), retry_in = ?delay, "waiting for the namespace (--wait-for-namespace): create it, or import it with snowkeepctl import");
                 if !retry_after(&mut backoff, shutdown, log).await {
                     return Ok(None);
                 }

@@ -6,27 +6,27 @@
 //! what the Lease API grants a requester; *embedded* names only the
 //! in-process generator applications link and its requesters.
 //!
+//! The crates below this one: `snowkeep-core` (the claim loop over the
+//! `ClaimStore` trait, the Lease API's records and rules, API-key records,
+//! namespace names, the metric catalog, the single-instance store) and
+//! `snowkeep-etcd` (every etcd implementation of those traits; the only
+//! crate that depends on `etcd-client`). This crate is the network side:
+//! the gRPC handlers, the guards in front of them, configuration and
+//! start-up.
+//!
 //! | module | owns |
 //! | --- | --- |
 //! | [`config`] | `Args` (flags + `SNOWKEEP_*` env) → validated `ServerConfig` |
 //! | [`run`](mod@run) | wiring and the ordered shutdown |
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
 //! | `connect` | connecting a server to etcd: the security mode, the administration handle, the key cache, the namespace, each retried |
-//! | [`etcd`] | the only module that imports `etcd_client`: key schema, claim/fence/release transactions, keepalive, holder watch; `etcd::requesters` keeps the Lease API's records |
-//! | `single_instance` | the single-instance store (a state file) |
-//! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam (which `etcd` and `single_instance` implement; `claim` imports neither), the fence lead, the capacity gauges, candidate ranking, `StoreError` |
-//! | [`namespace`] | namespace names: the rule and its check |
-//! | [`batch`] | the bounds of a batch of ids (`MAX_BATCH`, the default stream batch) |
-//! | `text` | text forms of records and messages: hex, RFC 3339 times |
-//! | `lease` | what the Lease API grants and keeps, as data and pure rules: requester records and tokens, the fence rules, the client clock-skew rule |
 //! | `lease_api` | the Lease API (`LeaseService`): its handler, its protobuf conversions, its settings |
-//! | [`api_key`] | API keys as data: records, presented keys, verification, scopes, the bootstrap key |
 //! | [`auth`] | API keys in force: the tower layer, the servers' key cache, the cluster's security mode, revocation of open streams |
 //! | `audit` | the audit trail: one event per Lease API and administration change, logged, counted and broadcast |
 //! | `service` | gRPC adapters (IdService, InfoService), `StoreAccess`, status mapping, health |
 //! | `admin` | `AdminService`: the cluster's state, its export and import, API keys and the security mode, for snowkeepctl and the status page |
 //! | `router` | the gRPC routes: every service of the port under one message-size bound |
-//! | [`metrics`] | the metric catalog and the Prometheus recorder |
+//! | [`metrics`] | the Prometheus recorder and the per-call gRPC metrics layer; re-exports the catalog of `snowkeep_core::metrics` |
 //! | [`metrics_http`] | the `/metrics` listener, and the HTTP/1.1 loop the status page shares |
 //! | [`telemetry`] | logs and traces: `tracing` to stderr, plain or JSON, and OTLP span export |
 //! | `conn_info` | what a connection shares with its calls (`ConnInfo`, `ConnState`) |
@@ -65,21 +65,15 @@
 
 pub(crate) mod admin;
 pub(crate) mod allow;
-pub mod api_key;
 pub(crate) mod audit;
 pub mod auth;
-pub mod batch;
-pub mod claim;
 pub mod config;
 pub(crate) mod conn_info;
 pub(crate) mod connect;
-pub mod etcd;
-pub(crate) mod lease;
 pub(crate) mod lease_api;
 pub(crate) mod limits;
 pub mod metrics;
 pub mod metrics_http;
-pub mod namespace;
 pub(crate) mod peers;
 pub(crate) mod router;
 pub mod run;
@@ -87,25 +81,8 @@ pub mod run;
 pub mod scale;
 pub(crate) mod service;
 pub mod shutdown;
-pub(crate) mod single_instance;
 pub(crate) mod status_page;
 pub mod telemetry;
-pub(crate) mod text;
 pub mod tls;
 
 pub use run::{run, ServeError};
-
-/// Displays an error with its whole source chain: `err: source: source…`.
-pub struct DisplayChain<'a>(pub &'a dyn std::error::Error);
-
-impl std::fmt::Display for DisplayChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
-        }
-        Ok(())
-    }
-}

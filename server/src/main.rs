@@ -6,8 +6,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use std::io::Write;
 
+use snowkeep_core::DisplayChain;
 use snowkeep_server::config::{Args, ServerConfig};
-use snowkeep_server::{metrics, metrics_http, run, shutdown, telemetry, DisplayChain};
+use snowkeep_server::{metrics, metrics_http, run, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 

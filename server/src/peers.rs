@@ -1,5 +1,5 @@
 //! The peer clock check: every server registers its advertised address under
-//! its namespace in etcd, bound to its lease ([`crate::etcd::EtcdStore`]
+//! its namespace in etcd, bound to its lease ([`snowkeep_etcd::EtcdStore`]
 //! does that at each claim), and this task measures its clock offset to every
 //! other registered server, NTP-style: it reads its clock, calls
 //! `InfoService.GetInfo` (which carries the peer's wall clock), reads its
@@ -24,8 +24,8 @@ use tracing::{debug, warn};
 
 use crate::audit::Escaped;
 use crate::config::{PeerSkewConfig, PeerTls};
-use crate::etcd::PeerDirectory;
 use crate::metrics as m;
+use snowkeep_etcd::PeerDirectory;
 
 /// Timeout of one GetInfo to a peer; a slower answer says little about clocks.
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -133,7 +133,7 @@ pub async fn run(
         let peers = match dir.others().await {
             Ok(p) => p,
             Err(e) => {
-                debug!(error = %crate::DisplayChain(&e), "could not list peers for the clock check");
+                debug!(error = %snowkeep_core::DisplayChain(&e), "could not list peers for the clock check");
                 continue;
             }
         };

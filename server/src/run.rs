@@ -22,20 +22,20 @@ use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
 
 use crate::admin::{keys::KeyAdmin, state::StateAdmin, AdminHandler};
-use crate::claim::{capacity, ClaimManager, ClaimTiming, Slot, StoreError};
 use crate::config::{ServerConfig, StoreConfig};
 pub(crate) use crate::connect::{connect_etcd, connect_etcd_serving, Serving};
-use crate::etcd::EtcdSettings;
 use crate::lease_api::LeaseHandler;
 use crate::limits::calls::CallLimits;
 use crate::limits::conn::{Listener, ListenerLimits};
 use crate::limits::wire::WireStatusLayer;
 use crate::limits::Limits;
 use crate::metrics as m;
-use crate::namespace::is_valid_namespace;
 use crate::router::router;
 use crate::service::{health, id::IdHandler, info::InfoHandler, StoreAccess};
-use crate::single_instance::{SingleInstanceCapacity, SingleInstanceStore};
+use snowkeep_core::claim::{capacity, ClaimManager, ClaimTiming, Slot, StoreError};
+use snowkeep_core::namespace::is_valid_namespace;
+use snowkeep_core::single_instance::{SingleInstanceCapacity, SingleInstanceStore};
+use snowkeep_etcd::EtcdSettings;
 
 /// Bound on the release at shutdown (release txn + lease revoke).
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);

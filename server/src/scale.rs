@@ -20,10 +20,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::claim::ClaimManager;
 use crate::config::{ServerConfig, StoreConfig};
 use crate::run::{claim_timing, connect_etcd, etcd_settings, generator_slots};
 use crate::ServeError;
+use snowkeep_core::claim::ClaimManager;
 
 /// The configuration names no etcd store (`--etcd-endpoints` missing):
 /// the scale benchmark measures claims in etcd only.

@@ -12,12 +12,12 @@ use snowkeep_proto::v1 as pb;
 use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
-use crate::api_key::{is_valid_id, KeyRecord, Permission, PresentedKey};
 use crate::audit::{self, AuditEvent, Who};
 use crate::auth::{ClusterAuth, KeyCache, KeyScope};
-use crate::claim::StoreError;
-use crate::etcd::apikeys::{ApiKeyStore, KeyWrite};
 use crate::service::StoreAccess;
+use snowkeep_core::api_key::{is_valid_id, KeyRecord, Permission, PresentedKey};
+use snowkeep_core::claim::StoreError;
+use snowkeep_etcd::apikeys::{ApiKeyStore, KeyWrite};
 
 /// The stream TailAudit answers with.
 pub type AuditStream = Pin<Box<dyn Stream<Item = Result<pb::TailAuditResponse, Status>> + Send>>;
@@ -42,7 +42,7 @@ pub struct KeyAdmin {
 fn unavailable(e: &StoreError) -> Status {
     Status::unavailable(format!(
         "etcd did not answer: {}; retry",
-        crate::DisplayChain(e)
+        snowkeep_core::DisplayChain(e)
     ))
 }
 
@@ -134,16 +134,16 @@ impl KeyAdmin {
         if let Some(bad) = req
             .namespaces
             .iter()
-            .find(|n| !crate::namespace::is_valid_namespace(n))
+            .find(|n| !snowkeep_core::namespace::is_valid_namespace(n))
         {
             return Err(Status::invalid_argument(format!(
                 "invalid namespace {bad:?}: a namespace is {}",
-                crate::namespace::NAMESPACE_RULE
+                snowkeep_core::namespace::NAMESPACE_RULE
             )));
         }
         let mut permissions = Vec::new();
         for &p in &req.permissions {
-            let p = Permission::from_pb(p).ok_or_else(|| {
+            let p = permission_from_pb(p).ok_or_else(|| {
                 Status::invalid_argument(format!(
                     "unknown permission {p}: use PERMISSION_IDS, PERMISSION_LEASE or PERMISSION_ADMIN"
                 ))
@@ -202,7 +202,7 @@ impl KeyAdmin {
         };
         self.cache.note(record.clone(), revision);
         Ok(Response::new(pb::CreateKeyResponse {
-            key: Some(record.to_pb()),
+            key: Some(key_to_pb(&record)),
             secret: key.reveal(),
         }))
     }
@@ -217,7 +217,7 @@ impl KeyAdmin {
         let mut keys: Vec<pb::ApiKey> = stored
             .iter()
             .filter_map(|s| KeyRecord::from_json(&s.value).ok())
-            .map(|r| r.to_pb())
+            .map(|r| key_to_pb(&r))
             .collect();
         keys.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(Response::new(pb::ListKeysResponse { keys }))
@@ -259,7 +259,7 @@ impl KeyAdmin {
             let mut record = KeyRecord::from_json(&stored.value).map_err(|problem| {
                 Status::failed_precondition(format!(
                     "the record of API key {id} is unreadable ({problem}); repair or delete {}",
-                    crate::etcd::keys::apikey(id)
+                    snowkeep_etcd::keys::apikey(id)
                 ))
             })?;
             change(&mut record);
@@ -303,7 +303,7 @@ impl KeyAdmin {
         }
         .map(|r| {
             Response::new(pb::ExpireKeyResponse {
-                key: Some(r.to_pb()),
+                key: Some(key_to_pb(&r)),
             })
         });
         self.audit("key.expire", who, &req.id, &result);
@@ -325,7 +325,7 @@ impl KeyAdmin {
         }
         .map(|r| {
             Response::new(pb::RevokeKeyResponse {
-                key: Some(r.to_pb()),
+                key: Some(key_to_pb(&r)),
             })
         });
         self.audit("key.revoke", who, &req.id, &result);
@@ -355,7 +355,7 @@ impl KeyAdmin {
         } else {
             "auth.disable"
         };
-        self.audit(action, who, crate::etcd::keys::AUTH_MODE, &result);
+        self.audit(action, who, snowkeep_etcd::keys::AUTH_MODE, &result);
         result
     }
 
@@ -400,5 +400,43 @@ fn event_to_pb(e: AuditEvent) -> pb::AuditEvent {
         namespace: e.namespace,
         subject: e.subject,
         result: e.result,
+    }
+}
+
+/// A permission from the protobuf enum; `None` for `PERMISSION_UNSPECIFIED`
+/// or an unknown value.
+fn permission_from_pb(value: i32) -> Option<Permission> {
+    match pb::Permission::try_from(value).ok()? {
+        pb::Permission::Ids => Some(Permission::Ids),
+        pb::Permission::Lease => Some(Permission::Lease),
+        pb::Permission::Admin => Some(Permission::Admin),
+        pb::Permission::Unspecified => None,
+    }
+}
+
+/// The protobuf enum value of a permission.
+fn permission_to_pb(permission: Permission) -> pb::Permission {
+    match permission {
+        Permission::Ids => pb::Permission::Ids,
+        Permission::Lease => pb::Permission::Lease,
+        Permission::Admin => pb::Permission::Admin,
+    }
+}
+
+/// The administration service's view of a key record (never the hash).
+fn key_to_pb(record: &KeyRecord) -> pb::ApiKey {
+    pb::ApiKey {
+        id: record.id.clone(),
+        description: record.description.clone(),
+        created_unix_ms: record.created_unix_ms,
+        expires_unix_ms: record.expires_unix_ms,
+        revoked: record.revoked,
+        namespaces: record.namespaces.clone(),
+        permissions: record
+            .permissions
+            .iter()
+            .map(|&p| permission_to_pb(p) as i32)
+            .collect(),
+        max_lease_machine_ids: record.max_lease_machine_ids,
     }
 }

@@ -7,8 +7,8 @@ use tonic::Status;
 
 use crate::auth::cluster::StoredValue;
 use crate::auth::{ClusterAuth, Enforcement, KeyCache};
-use crate::claim::StoreError;
-use crate::etcd::auth_mode::AuthModeStore;
+use snowkeep_core::claim::StoreError;
+use snowkeep_etcd::auth_mode::AuthModeStore;
 
 /// The refusal of `auth enable` while etcd holds no usable admin key.
 const NO_ADMIN_KEY: &str = "etcd holds no usable admin key (admin permission, every namespace, not revoked or expired), so with API keys on nobody could administer the cluster: create one first (snowkeepctl key create --permission admin, or a server's --bootstrap-admin-key-file), then enable";
@@ -19,7 +19,7 @@ const ATTEMPTS: usize = 8;
 fn unavailable(e: &StoreError) -> Status {
     Status::unavailable(format!(
         "etcd did not answer: {}; retry",
-        crate::DisplayChain(e)
+        snowkeep_core::DisplayChain(e)
     ))
 }
 

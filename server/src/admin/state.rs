@@ -1,6 +1,6 @@
 //! The cluster-state half of `AdminService`: namespaces, machine ids,
 //! requesters, capacity, eviction, export and import, all read from etcd
-//! ([`crate::etcd::admin`]), so every server of a cluster answers alike.
+//! ([`snowkeep_etcd::admin`]), so every server of a cluster answers alike.
 //!
 //! Statuses: FAILED_PRECONDITION on the single-instance store, UNAVAILABLE
 //! while etcd does not answer (or before this server reached it),
@@ -14,11 +14,11 @@ use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::audit::{self, AuditEvent, Who};
-use crate::claim::StoreError;
-use crate::etcd::admin::{ImportError, StateDocument, StateStore};
 use crate::service::convert::{capacity_to_pb, layout_to_pb};
 use crate::service::status::ApiError;
 use crate::service::StoreAccess;
+use snowkeep_core::claim::StoreError;
+use snowkeep_etcd::admin::{ImportError, StateDocument, StateStore};
 
 /// Answers the cluster-state RPCs from the etcd store.
 #[derive(Clone)]

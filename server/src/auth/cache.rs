@@ -32,8 +32,8 @@ use snowkeep_client::SharedClock;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api_key::{BootstrapKey, KeyRecord, KeyRefusal, KeyScope, PresentedKey};
-use crate::etcd::apikeys::{ApiKeyStore, FollowEnd, KeyChange, KeyWrite, StoredKey};
+use snowkeep_core::api_key::{BootstrapKey, KeyRecord, KeyRefusal, KeyScope, PresentedKey};
+use snowkeep_etcd::apikeys::{ApiKeyStore, FollowEnd, KeyChange, KeyWrite, StoredKey};
 
 /// Pause between attempts while etcd does not answer.
 const RETRY: Duration = Duration::from_millis(500);
@@ -121,11 +121,11 @@ pub(super) fn parse(stored: &StoredKey) -> Option<KeyRecord> {
     match KeyRecord::from_json(&stored.value) {
         Ok(record) if record.id == stored.id => Some(record),
         Ok(record) => {
-            error!(key = %crate::etcd::keys::apikey(&stored.id), id_inside = %record.id, "API key record names another id than its key; the key is refused until it is repaired");
+            error!(key = %snowkeep_etcd::keys::apikey(&stored.id), id_inside = %record.id, "API key record names another id than its key; the key is refused until it is repaired");
             None
         }
         Err(problem) => {
-            error!(key = %crate::etcd::keys::apikey(&stored.id), problem, "unreadable API key record; the key is refused until it is repaired");
+            error!(key = %snowkeep_etcd::keys::apikey(&stored.id), problem, "unreadable API key record; the key is refused until it is repaired");
             None
         }
     }
@@ -301,7 +301,7 @@ impl KeyCache {
                         break;
                     }
                     Err(e) => {
-                        warn!(error = %crate::DisplayChain(&e), "cannot write the bootstrap admin key yet; retrying");
+                        warn!(error = %snowkeep_core::DisplayChain(&e), "cannot write the bootstrap admin key yet; retrying");
                         tokio::time::sleep(RETRY).await;
                     }
                 }
@@ -314,7 +314,7 @@ impl KeyCache {
                     revision
                 }
                 Err(e) => {
-                    warn!(error = %crate::DisplayChain(&e), "cannot read the API keys from etcd; the last keys known stay in force; retrying");
+                    warn!(error = %snowkeep_core::DisplayChain(&e), "cannot read the API keys from etcd; the last keys known stay in force; retrying");
                     tokio::time::sleep(RETRY).await;
                     continue;
                 }

@@ -34,10 +34,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::AuthMode;
-use crate::claim::StoreError;
-use crate::etcd::apikeys::FollowEnd;
-use crate::etcd::auth_mode::{AuthModeStore, StoredMode};
-use crate::etcd::keys::AUTH_MODE;
+use snowkeep_core::claim::StoreError;
+use snowkeep_etcd::apikeys::FollowEnd;
+use snowkeep_etcd::auth_mode::{AuthModeStore, StoredMode};
+use snowkeep_etcd::keys::AUTH_MODE;
 
 /// Pause between attempts while etcd does not answer.
 const RETRY: Duration = Duration::from_millis(500);
@@ -110,7 +110,7 @@ pub(crate) fn mismatch(flag: Option<AuthMode>, stored: &StoredValue) -> Option<S
 /// `super::first_mode`): the API key store, the bootstrap admin key and the
 /// clock.
 pub(crate) type FirstOn<'a> = (
-    &'a crate::etcd::apikeys::ApiKeyStore,
+    &'a snowkeep_etcd::apikeys::ApiKeyStore,
     Option<&'a super::BootstrapKey>,
     &'a snowkeep_client::SharedClock,
 );
@@ -296,7 +296,7 @@ impl ClusterAuth {
                         break;
                     }
                     Err(e) => {
-                        warn!(error = %crate::DisplayChain(&e), "cannot read the cluster's security mode from etcd; the last mode read stays in force; retrying");
+                        warn!(error = %snowkeep_core::DisplayChain(&e), "cannot read the cluster's security mode from etcd; the last mode read stays in force; retrying");
                         tokio::time::sleep(RETRY).await;
                     }
                 }

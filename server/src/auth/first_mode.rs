@@ -9,8 +9,8 @@ use snowkeep_client::SharedClock;
 
 use super::cache::{parse, usable_admin};
 use super::BootstrapKey;
-use crate::claim::StoreError;
-use crate::etcd::apikeys::ApiKeyStore;
+use snowkeep_core::claim::StoreError;
+use snowkeep_etcd::apikeys::ApiKeyStore;
 
 /// Why `--auth on` may not set the mode: no usable admin key.
 pub(crate) const NO_ADMIN_KEY: &str = "--auth on would turn API keys on for the whole cluster (its security mode in etcd was never set), but etcd holds no usable admin key (admin permission, every namespace, not revoked or expired), so nobody could administer it. Give this server --bootstrap-admin-key-file FILE (make FILE with `snowkeepctl key generate`), or create an admin key first with `snowkeepctl key create --permission admin` while keys are off";

@@ -21,10 +21,10 @@ use tower::{Layer, Service};
 use super::cache::{KeyCache, Verdict};
 use super::cluster::{ClusterAuth, Enforcement};
 use super::revoke::{self, Revocable};
-use crate::api_key::{Permission, PresentedKey};
 use crate::audit::CallerKey;
 use crate::limits::admission::Keyless;
 use crate::limits::calls::{CallKind, Unwritten};
+use snowkeep_core::api_key::{Permission, PresentedKey};
 
 /// What a gRPC service needs of a key: `None` for one that is always open,
 /// `Some(None)` for any valid key, `Some(Some(p))` for permission `p`.
@@ -177,7 +177,7 @@ impl AuthLayer {
             if permission == Permission::Ids {
                 if let Err(denied) = scope.check_namespace(&self.namespace) {
                     count(&scope.key_id, "permission_denied");
-                    return Err(denied);
+                    return Err(Status::permission_denied(denied.to_string()));
                 }
             }
         }
@@ -411,9 +411,9 @@ mod tests {
     }
     #[test]
     fn the_layer_judges_expiry_permission_and_namespace_at_the_clocks_time() {
-        use crate::api_key::BootstrapKey;
-        use crate::etcd::apikeys::StoredKey;
         use snowkeep_client::ManualClock;
+        use snowkeep_core::api_key::BootstrapKey;
+        use snowkeep_etcd::apikeys::StoredKey;
 
         let key = PresentedKey::generate();
         let mut record = BootstrapKey::parse(&key.reveal()).unwrap().record(0);

@@ -15,7 +15,7 @@
 //! checks the namespace against the [`KeyScope`] the layer put into the
 //! request's extensions, and counts the key's holdings at Acquire against
 //! its `max_lease_machine_ids` (RESOURCE_EXHAUSTED over it; see
-//! `crate::etcd::requesters` for the guarantee).
+//! `snowkeep_etcd::requesters` for the guarantee).
 //!
 //! Keys live in etcd at `/snowkeep/v1/apikeys/<id>` ([`KeyRecord`], JSON,
 //! with the SHA-256 of the secret only); every server follows them with a
@@ -26,7 +26,7 @@
 //! server ([`ClusterAuth`]); `--auth` only asserts it at start.
 //!
 //! The keys themselves (records, presented keys, verification, scopes, the
-//! bootstrap key) are data, in `crate::api_key`, below both this module and
+//! bootstrap key) are data, in `snowkeep_core::api_key`, below both this module and
 //! the etcd store that keeps them; the names are re-exported here.
 //!
 //! | module | owns |
@@ -43,10 +43,10 @@ mod first_mode;
 pub mod layer;
 mod revoke;
 
-pub use crate::api_key::{BootstrapKey, KeyRecord, KeyScope, Permission, PresentedKey};
 pub use cache::KeyCache;
 pub use cluster::{ClusterAuth, Enforcement};
 pub use layer::AuthLayer;
+pub use snowkeep_core::api_key::{BootstrapKey, KeyRecord, KeyScope, Permission, PresentedKey};
 
 /// `--auth`: what this server expects the cluster's security mode to be
 /// ([`cluster`]); not given, it follows the cluster.

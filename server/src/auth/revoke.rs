@@ -30,8 +30,8 @@ use tracing::info;
 
 use super::cache::{KeyCache, Verdict};
 use super::cluster::ClusterAuth;
-use crate::api_key::{KeyRefusal, PresentedKey};
 use crate::limits::calls::Unwritten;
+use snowkeep_core::api_key::{KeyRefusal, PresentedKey};
 
 /// Resolves once `presented` is refused (revoked, expired, deleted or its
 /// secret replaced), with the refusal a new call would get.
@@ -233,8 +233,8 @@ mod tests {
     use snowkeep_client::ManualClock;
 
     use super::*;
-    use crate::api_key::BootstrapKey;
-    use crate::etcd::apikeys::StoredKey;
+    use snowkeep_core::api_key::BootstrapKey;
+    use snowkeep_etcd::apikeys::StoredKey;
 
     fn stored(record: &super::super::KeyRecord, mod_revision: i64) -> StoredKey {
         StoredKey {

@@ -35,9 +35,9 @@ use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use snowkeep_client::{Clock, SystemClock};
+use snowkeep_core::DisplayChain;
 use snowkeep_server::config::{Args, ServerConfig, StoreConfig};
 use snowkeep_server::scale::Claimer;
-use snowkeep_server::DisplayChain;
 use tokio_util::sync::CancellationToken;
 
 const EX_USAGE: u8 = 64;

@@ -4,10 +4,10 @@
 use snowkeep_client::Layout;
 use snowkeep_proto::v1 as pb;
 
-use crate::lease::records::{LeaseCheck, LeaseToken, RequesterGrant, RequesterId};
-use crate::namespace::is_valid_namespace;
 use crate::service::convert::layout_to_pb;
 use crate::service::status::ApiError;
+use snowkeep_core::lease::records::{LeaseCheck, LeaseToken, RequesterGrant, RequesterId};
+use snowkeep_core::namespace::is_valid_namespace;
 
 /// A requester's id: the SHA-256 of `host_id:pid:start_unix_ms:nonce`, after
 /// checking its fields (INVALID_ARGUMENT when absent or malformed).
@@ -143,5 +143,26 @@ pub fn gone_grant(
         server_time_unix_ms,
         gone_reason: reason as i32,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_logs_the_same_tag_the_server_does() {
+        let who = snowkeep_client::Requester {
+            host_id: "host-1".into(),
+            pid: 42,
+            start_unix_ms: 1_700_000_000_000,
+            nonce: "00112233445566778899aabbccddeeff".into(),
+        };
+        let id = requester_id(Some(&who.to_pb())).unwrap();
+        assert_eq!(
+            id,
+            RequesterId::of("host-1:42:1700000000000:00112233445566778899aabbccddeeff")
+        );
+        assert_eq!(who.tag(), id.tag());
     }
 }

@@ -5,7 +5,7 @@
 //! A requester claims machine ids with the same claim transactions as a
 //! server, on an etcd lease of its own whose duration is the Lease API's
 //! *lease* (first lease 10 min, renewed 48 h by default). Its fence is the
-//! lease's expiry plus [`FENCE_MARGIN`](crate::lease::records::FENCE_MARGIN), written before the grant is
+//! lease's expiry plus [`FENCE_MARGIN`](snowkeep_core::lease::records::FENCE_MARGIN), written before the grant is
 //! returned; a renewal moves every key onto a new etcd lease at once; a
 //! release lowers each fence towards the last timestamp the requester reports.
 //! Acquire hands out a lease token once; every later call that acts on the
@@ -18,9 +18,9 @@
 //! | `config` | [`LeaseApiConfig`] |
 //!
 //! What the Lease API keeps and decides, without gRPC or a store, is
-//! `crate::lease`: requester ids, lease tokens, grants, the fence rules, the
+//! `snowkeep_core::lease`: requester ids, lease tokens, grants, the fence rules, the
 //! `RequesterStore` interface, the client clock-skew rule. The store is
-//! etcd's: `crate::etcd::requesters` implements `RequesterStore` with etcd
+//! etcd's: `snowkeep_etcd::requesters` implements `RequesterStore` with etcd
 //! transactions, since only `etcd` touches etcd-client. The single-instance
 //! store has no Lease API.
 

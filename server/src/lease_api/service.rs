@@ -25,19 +25,19 @@ use super::config::LeaseApiConfig;
 use super::convert;
 use crate::audit;
 use crate::auth::KeyScope;
-use crate::claim::StoreError;
-use crate::etcd::requesters::RequesterLeases;
-use crate::lease::records::{
-    KeyQuota, Renewal, RequesterAbout, RequesterGrant, RequesterId, RequesterStore,
-    MAX_REQUESTER_IDS,
-};
-use crate::lease::skew::{
-    self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY,
-};
 use crate::metrics as m;
 use crate::service::convert::capacity_to_pb;
 use crate::service::status::ApiError;
 use crate::service::StoreAccess;
+use snowkeep_core::claim::StoreError;
+use snowkeep_core::lease::records::{
+    KeyQuota, Renewal, RequesterAbout, RequesterGrant, RequesterId, RequesterStore,
+    MAX_REQUESTER_IDS,
+};
+use snowkeep_core::lease::skew::{
+    self, SkewBook, SkewCall, SkewDirection, SkewVerdict, SKEW_BOOK_CAPACITY,
+};
+use snowkeep_etcd::requesters::RequesterLeases;
 
 /// How often requesters whose lease ended leave the [`SkewBook`] (and its
 /// counts), when no call does it first.
@@ -267,7 +267,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
-        scope_of(&request).map_or(Ok(()), |s| s.check_namespace(&request.get_ref().namespace))?;
+        check_scope(&request, &request.get_ref().namespace)?;
         self.renew_call(request).await
     }
 
@@ -299,7 +299,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::CapacityRequest>,
     ) -> Result<Response<pb::Capacity>, Status> {
-        scope_of(&request).map_or(Ok(()), |s| s.check_namespace(&request.get_ref().namespace))?;
+        check_scope(&request, &request.get_ref().namespace)?;
         self.capacity_call(request).await
     }
 
@@ -314,7 +314,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
-        scope_of(&request).map_or(Ok(()), |s| s.check_namespace(&request.get_ref().namespace))?;
+        check_scope(&request, &request.get_ref().namespace)?;
         self.check_call(request).await
     }
 }
@@ -322,6 +322,15 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
 /// The caller's API key scope; `None` when authentication is off.
 fn scope_of<T>(request: &Request<T>) -> Option<&KeyScope> {
     request.extensions().get::<KeyScope>()
+}
+
+/// PERMISSION_DENIED when the call's API key (if keys are on) may not use
+/// `namespace`.
+fn check_scope<T>(request: &Request<T>, namespace: &str) -> Result<(), Status> {
+    scope_of(request).map_or(Ok(()), |s| {
+        s.check_namespace(namespace)
+            .map_err(|denied| Status::permission_denied(denied.to_string()))
+    })
 }
 
 /// Checks the fields Acquire and Release share (namespace, requester,
@@ -359,10 +368,8 @@ impl LeaseHandler {
     ) -> Result<Response<pb::LeaseGrant>, Status> {
         let peer = request.remote_addr();
         let key_id = crate::audit::Who::of(request.extensions()).key_id;
+        check_scope(&request, &request.get_ref().namespace)?;
         let scope = scope_of(&request).cloned();
-        if let Some(scope) = &scope {
-            scope.check_namespace(&request.get_ref().namespace)?;
-        }
         let quota = scope.map(|s| KeyQuota {
             key_id: s.key_id,
             max: s.max_lease_machine_ids,
@@ -466,9 +473,7 @@ impl LeaseHandler {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        if let Some(scope) = scope_of(&request) {
-            scope.check_namespace(&request.get_ref().namespace)?;
-        }
+        check_scope(&request, &request.get_ref().namespace)?;
         let req = request.into_inner();
         let token = convert::lease_token(&req.lease_token)?;
         let requester = convert::requester_id(req.requester.as_ref())?;

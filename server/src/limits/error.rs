@@ -166,8 +166,8 @@ impl From<LimitError> for Status {
     /// refusals under load would flood the logs; metrics count them).
     fn from(err: LimitError) -> Self {
         let code = err.code();
-        let message = crate::DisplayChain(&err).to_string();
-        debug!(code = ?code, error = %crate::DisplayChain(&err), "request refused");
+        let message = snowkeep_core::DisplayChain(&err).to_string();
+        debug!(code = ?code, error = %snowkeep_core::DisplayChain(&err), "request refused");
         Status::new(code, message)
     }
 }

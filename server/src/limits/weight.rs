@@ -7,7 +7,7 @@ use prost::Message;
 use snowkeep_proto::v1 as pb;
 
 use super::LimitError;
-use crate::batch::{DEFAULT_STREAM_BATCH, MAX_BATCH};
+use snowkeep_core::batch::{DEFAULT_STREAM_BATCH, MAX_BATCH};
 
 /// gRPC's length-prefix of every message, bytes.
 pub(super) const GRPC_HEADER: usize = 5;

@@ -5,9 +5,9 @@
 use std::sync::{Arc, OnceLock};
 
 use super::status::ApiError;
-use crate::etcd::admin::StateStore;
-use crate::etcd::requesters::RequesterLeases;
-use crate::etcd::{CapacityReader, EtcdStore};
+use snowkeep_etcd::admin::StateStore;
+use snowkeep_etcd::requesters::RequesterLeases;
+use snowkeep_etcd::{CapacityReader, EtcdStore};
 
 /// What the API handlers need from the lease store, once it is connected.
 #[derive(Clone)]

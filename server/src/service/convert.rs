@@ -19,7 +19,7 @@ pub fn layout_to_pb(layout: &Layout) -> pb::Layout {
 /// A namespace range's capacity as its protobuf message.
 pub fn capacity_to_pb(
     namespace: &str,
-    c: crate::claim::Capacity,
+    c: snowkeep_core::claim::Capacity,
     range: Range<u32>,
 ) -> pb::Capacity {
     pb::Capacity {

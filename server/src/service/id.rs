@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::status::{ApiError, StreamEnd};
-use crate::batch::{DEFAULT_STREAM_BATCH, MAX_BATCH};
 use crate::limits::Throttle;
 use crate::metrics as m;
+use snowkeep_core::batch::{DEFAULT_STREAM_BATCH, MAX_BATCH};
 
 /// A refusal of one reason is logged at most once per this period.
 pub const REFUSAL_LOG_PERIOD: Duration = Duration::from_secs(10);

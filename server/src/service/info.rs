@@ -124,7 +124,7 @@ impl pb::info_service_server::InfoService for InfoHandler {
                 };
                 let total = range.end - range.start;
                 let held = if self.generators.is_ready() { total } else { 0 };
-                (crate::claim::Capacity { total, held }, range)
+                (snowkeep_core::claim::Capacity { total, held }, range)
             }
         };
         Ok(Response::new(convert::capacity_to_pb(

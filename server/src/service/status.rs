@@ -9,9 +9,9 @@ use snowkeep_client::{GenerateError, MachineId};
 use tonic::{Code, Status};
 use tracing::debug;
 
-use crate::batch::MAX_BATCH;
-use crate::claim::StoreError;
 use crate::limits::LimitError;
+use snowkeep_core::batch::MAX_BATCH;
+use snowkeep_core::claim::StoreError;
 
 /// Errors a gRPC handler returns.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +27,7 @@ pub enum ApiError {
     InvalidBatchSize { got: u32, max: u32 },
     /// The store (a claim store, or the Lease API's) refused or failed.
     #[error(transparent)]
-    Store(crate::claim::StoreError),
+    Store(snowkeep_core::claim::StoreError),
     /// etcd has not answered since the server started.
     #[error(
         "this server is not connected to etcd yet; retry shortly or on another snowkeep server"
@@ -39,10 +39,10 @@ pub enum ApiError {
     /// The client's clock is off the server's, either way, beyond the threshold.
     #[error("client clock is {} {direction} the server, over the {} threshold: sync this host with NTP (chrony/ntpd), then retry", humantime::format_duration(*skew), humantime::format_duration(*threshold))]
     ClientClockSkew {
-        /// How far off (see [`crate::lease::skew::magnitude`]).
+        /// How far off (see [`snowkeep_core::lease::skew::magnitude`]).
         skew: std::time::Duration,
         /// Which way.
-        direction: crate::lease::skew::SkewDirection,
+        direction: snowkeep_core::lease::skew::SkewDirection,
         threshold: std::time::Duration,
     },
     /// A malformed requester identity.
@@ -51,8 +51,8 @@ pub enum ApiError {
         /// What is wrong.
         reason: &'static str,
     },
-    /// A namespace name that breaks [`crate::namespace::NAMESPACE_RULE`].
-    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = crate::namespace::NAMESPACE_RULE)]
+    /// A namespace name that breaks [`snowkeep_core::namespace::NAMESPACE_RULE`].
+    #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = snowkeep_core::namespace::NAMESPACE_RULE)]
     InvalidNamespace { namespace: String },
     /// `Acquire.count` out of range.
     #[error("count must be between 1 and {max}, got {got}")]
@@ -253,11 +253,11 @@ impl From<ApiError> for Status {
             ApiError::Generate(g) if code == Code::Unavailable => {
                 format!("{g}; retry shortly or on another snowkeep server")
             }
-            other => crate::DisplayChain(other).to_string(),
+            other => snowkeep_core::DisplayChain(other).to_string(),
         };
         // Per-request refusals would flood the logs while issuance is stopped;
         // the claim loop logs the cause once, and metrics count the refusals.
-        debug!(code = ?code, error = %crate::DisplayChain(&err), "request refused");
+        debug!(code = ?code, error = %snowkeep_core::DisplayChain(&err), "request refused");
         Status::new(code, message)
     }
 }
@@ -269,7 +269,7 @@ mod tests {
     use snowkeep_client::{MachineId, Millis};
 
     use super::*;
-    use crate::lease::skew::SkewDirection;
+    use snowkeep_core::lease::skew::SkewDirection;
 
     #[test]
     fn each_error_maps_to_its_code() {

@@ -39,12 +39,12 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::AdminHandler;
-use crate::api_key::{KeyRefusal, Permission, PresentedKey};
 use crate::audit::{self, AuditEvent};
 use crate::auth::cache::Verdict;
 use crate::auth::{ClusterAuth, Enforcement, KeyCache};
 use crate::peers::PeerClocks;
 use crate::service::info::InfoHandler;
+use snowkeep_core::api_key::{KeyRefusal, Permission, PresentedKey};
 
 /// Most open connections to the status page (a few operators' browsers):
 /// the metrics port's, as both are served by `metrics_http::serve_http1`.

@@ -13,7 +13,7 @@ use tonic::Request;
 
 use super::fence::fence_text;
 use super::StatusSources;
-use crate::text::rfc3339;
+use snowkeep_core::text::rfc3339;
 
 /// Bound on each administration call the page makes: a page that cannot
 /// reach etcd says so rather than hanging the browser.

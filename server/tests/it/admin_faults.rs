@@ -134,7 +134,7 @@ async fn import_of_a_document_naming_a_machine_id_twice_is_refused() {
         .get(
             format!("/snowkeep/v1/ns/{ns}/"),
             Some(
-                etcd_client::GetOptions::new()
+                snowkeep_etcd::etcd_client::GetOptions::new()
                     .with_prefix()
                     .with_count_only(),
             ),

@@ -8,7 +8,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use etcd_client::GetOptions;
+use snowkeep_etcd::etcd_client::GetOptions;
 use snowkeep_proto::v1 as pb;
 use tonic::Code;
 

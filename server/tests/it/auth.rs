@@ -37,7 +37,10 @@ async fn held(c: &AuthCluster, _key: &str) -> u32 {
         .etcd
         .client()
         .await
-        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+        .get(
+            prefix,
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
+        )
         .await
         .unwrap();
     resp.kvs()

@@ -25,7 +25,7 @@ async fn requester_held_ids(etcd: &EtcdProcess, ns: &str) -> BTreeSet<u32> {
         .await
         .get(
             prefix.clone(),
-            Some(etcd_client::GetOptions::new().with_prefix()),
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
         )
         .await
         .unwrap();

@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use snowkeep_client::{Layout, Millis, SystemClock};
-use snowkeep_server::claim::StoreError;
-use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
+use snowkeep_core::claim::StoreError;
+use snowkeep_etcd::{EtcdSettings, EtcdStore};
 
 use crate::support::etcd::{claimer_settings, EtcdProcess};
 

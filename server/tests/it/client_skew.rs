@@ -107,8 +107,8 @@ async fn skewed_clients_are_refused_or_give_up_at_once_and_hold_nothing() {
     etcd.client()
         .await
         .delete(
-            snowkeep_server::etcd::keys::fence_count_root(NS),
-            Some(etcd_client::DeleteOptions::new().with_prefix()),
+            snowkeep_etcd::keys::fence_count_root(NS),
+            Some(snowkeep_etcd::etcd_client::DeleteOptions::new().with_prefix()),
         )
         .await
         .unwrap();

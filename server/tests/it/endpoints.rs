@@ -30,19 +30,19 @@ fn refused_endpoint() -> String {
 }
 
 /// A client of one member only (etcd-client's own balancing may pick a dead one).
-async fn client_of(url: &str) -> etcd_client::Client {
-    etcd_client::Client::connect([url], None)
+async fn client_of(url: &str) -> snowkeep_etcd::etcd_client::Client {
+    snowkeep_etcd::etcd_client::Client::connect([url], None)
         .await
         .expect("connect etcd client")
 }
 
 /// How many keys start with `prefix`.
-async fn count_keys(client: &mut etcd_client::Client, prefix: &str) -> i64 {
+async fn count_keys(client: &mut snowkeep_etcd::etcd_client::Client, prefix: &str) -> i64 {
     client
         .get(
             prefix,
             Some(
-                etcd_client::GetOptions::new()
+                snowkeep_etcd::etcd_client::GetOptions::new()
                     .with_prefix()
                     .with_count_only(),
             ),
@@ -147,7 +147,7 @@ async fn one_member_down_at_start(namespace: &str, hang: bool) {
         assert_no_lease_lost(server).await;
     }
     let mut client = client_of(&live[0]).await;
-    let peers = snowkeep_server::etcd::keys::peer_prefix(namespace);
+    let peers = snowkeep_etcd::keys::peer_prefix(namespace);
     assert_eq!(count_keys(&mut client, &peers).await, 3, "peer keys");
     if hang {
         etcd.resume_member(down);
@@ -390,9 +390,9 @@ async fn a_member_killed_under_each_position_costs_no_call_no_lease_and_no_relea
     terminate_all(&mut servers).await;
     let mut client = client_of(&url(leader)).await;
     for prefix in [
-        snowkeep_server::etcd::keys::holder_prefix(ns),
-        snowkeep_server::etcd::keys::peer_prefix(ns),
-        snowkeep_server::etcd::keys::requester(ns, ""),
+        snowkeep_etcd::keys::holder_prefix(ns),
+        snowkeep_etcd::keys::peer_prefix(ns),
+        snowkeep_etcd::keys::requester(ns, ""),
     ] {
         assert_eq!(count_keys(&mut client, &prefix).await, 0, "{prefix}");
     }
@@ -437,7 +437,7 @@ async fn a_hung_member_mid_run_costs_no_call_and_the_holder_watch_moves_off_it()
     etcd.pause_member(hung);
     let paused_at = tokio::time::Instant::now();
     let mut client = client_of(&etcd.member_url(leader)).await;
-    let holder = snowkeep_server::etcd::keys::holder(
+    let holder = snowkeep_etcd::keys::holder(
         ns,
         snowkeep_client::MachineId(u16::try_from(watched).unwrap()),
     );
@@ -515,14 +515,14 @@ async fn the_lease_api_and_the_release_at_sigterm_work_with_a_dead_first_endpoin
     terminate_all(&mut servers).await;
     let mut client = client_of(&etcd.endpoint()).await;
     for prefix in [
-        snowkeep_server::etcd::keys::holder_prefix(ns),
-        snowkeep_server::etcd::keys::requester(ns, ""),
+        snowkeep_etcd::keys::holder_prefix(ns),
+        snowkeep_etcd::keys::requester(ns, ""),
     ] {
         assert_eq!(count_keys(&mut client, &prefix).await, 0, "{prefix}");
     }
     let fence = client
         .get(
-            snowkeep_server::etcd::keys::fence(
+            snowkeep_etcd::keys::fence(
                 ns,
                 snowkeep_client::MachineId(u16::try_from(machine_id).unwrap()),
             ),
@@ -537,7 +537,7 @@ async fn the_lease_api_and_the_release_at_sigterm_work_with_a_dead_first_endpoin
     );
     let last = client
         .get(
-            snowkeep_server::etcd::keys::last_holder(
+            snowkeep_etcd::keys::last_holder(
                 ns,
                 snowkeep_client::MachineId(u16::try_from(machine_id).unwrap()),
             ),
@@ -559,9 +559,9 @@ async fn the_one_shot_modes_and_a_joining_server_work_with_a_dead_first_endpoint
     let ns = "dead-first-setup";
     let etcd = EtcdProcess::start().await;
     let list = format!("{},{}", refused_endpoint(), etcd.endpoint());
-    let key = snowkeep_server::etcd::keys::layout(ns);
+    let key = snowkeep_etcd::keys::layout(ns);
     let mut client = client_of(&etcd.endpoint()).await;
-    let record = |resp: etcd_client::GetResponse| {
+    let record = |resp: snowkeep_etcd::etcd_client::GetResponse| {
         resp.kvs()
             .first()
             .map(|kv| kv.value_str().unwrap().to_owned())
@@ -634,9 +634,9 @@ async fn the_one_shot_modes_and_a_joining_server_work_with_a_dead_first_endpoint
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
     use snowkeep_client::{Millis, SystemClock};
-    use snowkeep_server::claim::{LossReason, StoreError};
-    use snowkeep_server::etcd::namespace::NamespaceSetup;
-    use snowkeep_server::etcd::{keys, EtcdSettings, EtcdStore};
+    use snowkeep_core::claim::{LossReason, StoreError};
+    use snowkeep_etcd::namespace::NamespaceSetup;
+    use snowkeep_etcd::{keys, EtcdSettings, EtcdStore};
 
     let ns = "fence-guard";
     let etcd = EtcdProcess::start().await;

@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use etcd_client::{GetOptions, Permission};
+use snowkeep_etcd::etcd_client::{GetOptions, Permission};
 
 use crate::support::etcd::{EtcdProcess, SecureOptions};
 use crate::support::lease::{acquire, ids_of, lease_client, renew, requester};

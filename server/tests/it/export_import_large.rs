@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
-use etcd_client::{GetOptions, Txn, TxnOp};
 use snowkeep_client::{Clock, Layout, SystemClock};
+use snowkeep_etcd::etcd_client::{GetOptions, Txn, TxnOp};
 use snowkeep_proto::v1 as pb;
 use tonic::Code;
 

@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use etcd_client::GetOptions;
 use snowkeep_client::{Clock, Layout, Millis, SystemClock};
-use snowkeep_server::claim::HeldId;
-use snowkeep_server::etcd::namespace::{FloorSpec, NamespaceSetup};
-use snowkeep_server::etcd::Claim;
-use snowkeep_server::etcd::{keys, EtcdSettings, EtcdStore};
+use snowkeep_core::claim::HeldId;
+use snowkeep_etcd::etcd_client::GetOptions;
+use snowkeep_etcd::namespace::{FloorSpec, NamespaceSetup};
+use snowkeep_etcd::Claim;
+use snowkeep_etcd::{keys, EtcdSettings, EtcdStore};
 
 use crate::support::etcd::EtcdProcess;
 use crate::support::server::ServerProcess;

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use snowkeep_client::{Layout, SystemClock};
-use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
+use snowkeep_etcd::{EtcdSettings, EtcdStore};
 
 use crate::support::etcd::{claimer_settings, EtcdProcess};
 use crate::support::server::ServerProcess;

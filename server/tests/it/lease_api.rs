@@ -207,7 +207,7 @@ async fn a_client_fifteen_minutes_behind_is_refused_on_acquire_and_only_warned_o
         .get(
             "/snowkeep/v1/ns/skew/skew/",
             Some(
-                etcd_client::GetOptions::new()
+                snowkeep_etcd::etcd_client::GetOptions::new()
                     .with_prefix()
                     .with_count_only(),
             ),
@@ -491,7 +491,7 @@ async fn requesters_get_machine_ids_from_the_deployment_range_only() {
     let stray = client
         .get(
             "/snowkeep/v1/ns/nosuch/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
         )
         .await
         .unwrap();
@@ -691,8 +691,8 @@ async fn a_generator_whose_clock_is_far_behind_its_floor_refuses_the_grant() {
     etcd.client()
         .await
         .delete(
-            snowkeep_server::etcd::keys::fence_count_root("behind"),
-            Some(etcd_client::DeleteOptions::new().with_prefix()),
+            snowkeep_etcd::keys::fence_count_root("behind"),
+            Some(snowkeep_etcd::etcd_client::DeleteOptions::new().with_prefix()),
         )
         .await
         .unwrap();

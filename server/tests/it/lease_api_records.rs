@@ -21,7 +21,7 @@ async fn everything(etcd: &EtcdProcess) -> (BTreeSet<String>, BTreeSet<i64>) {
         .get(
             "",
             Some(
-                etcd_client::GetOptions::new()
+                snowkeep_etcd::etcd_client::GetOptions::new()
                     .with_all_keys()
                     .with_keys_only(),
             ),

@@ -29,7 +29,7 @@ async fn requester_keys(etcd: &EtcdProcess, ns: &str, machine_id: u32) -> Vec<St
         (format!("/snowkeep/v1/ns/{ns}/requester/"), true),
         (format!("/snowkeep/v1/ns/{ns}/token/"), true),
     ] {
-        let options = prefix.then(|| etcd_client::GetOptions::new().with_prefix());
+        let options = prefix.then(|| snowkeep_etcd::etcd_client::GetOptions::new().with_prefix());
         let resp = client.get(key.clone(), options).await.unwrap();
         assert!(!resp.kvs().is_empty(), "no key {key}");
         for kv in resp.kvs() {
@@ -165,7 +165,7 @@ async fn the_token_is_only_in_the_acquire_answer_and_its_hash_only_in_etcd() {
     let stored = client
         .get(
             "/snowkeep/v1/ns/secret/token/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
         )
         .await
         .unwrap();
@@ -206,7 +206,7 @@ async fn the_token_is_only_in_the_acquire_answer_and_its_hash_only_in_etcd() {
             .get(
                 format!("/snowkeep/v1/ns/secret/{prefix}/"),
                 Some(
-                    etcd_client::GetOptions::new()
+                    snowkeep_etcd::etcd_client::GetOptions::new()
                         .with_prefix()
                         .with_count_only(),
                 ),
@@ -344,7 +344,7 @@ async fn checks_carry_the_token_and_a_stolen_identity_cannot_check() {
     let stored = client
         .get(
             "/snowkeep/v1/ns/checked/token/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
         )
         .await
         .unwrap();
@@ -353,7 +353,7 @@ async fn checks_carry_the_token_and_a_stolen_identity_cannot_check() {
         .put(
             kv.key().to_vec(),
             "cd".repeat(32),
-            Some(etcd_client::PutOptions::new().with_lease(kv.lease())),
+            Some(snowkeep_etcd::etcd_client::PutOptions::new().with_lease(kv.lease())),
         )
         .await
         .unwrap();
@@ -395,7 +395,7 @@ async fn a_release_never_lowers_a_fence_below_the_servers_clock() {
     let after = layout_now();
     let mut client = etcd.client().await;
     let key = format!("/snowkeep/v1/ns/lower/fence/{id:05}");
-    let fence = |client: &mut etcd_client::Client| {
+    let fence = |client: &mut snowkeep_etcd::etcd_client::Client| {
         let mut client = client.clone();
         let key = key.clone();
         async move {

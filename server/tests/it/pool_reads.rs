@@ -7,8 +7,8 @@ use std::ops::Range;
 use std::time::Duration;
 
 use snowkeep_client::{Clock, Layout, Millis, SystemClock};
+use snowkeep_etcd::{EtcdSettings, EtcdStore};
 use snowkeep_proto::v1 as pb;
-use snowkeep_server::etcd::{EtcdSettings, EtcdStore};
 
 use crate::support::etcd::{claimer_settings, metrics_text, EtcdProcess};
 use crate::support::lease::{acquire, lease_client, release, renew, requester};
@@ -54,7 +54,7 @@ async fn claims_work_when_the_namespace_holds_more_than_one_response_can_carry()
     let whole = client
         .get(
             "/snowkeep/v1/ns/big/",
-            Some(etcd_client::GetOptions::new().with_prefix()),
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
         )
         .await;
     assert!(
@@ -105,10 +105,10 @@ async fn a_pool_of_more_keys_than_one_page_is_read_whole() {
     // 1,300 machine ids held by others: more holder keys than a page (1,024).
     let mut client = etcd.client().await;
     for chunk in (0..1_300u32).collect::<Vec<_>>().chunks(100) {
-        let ops: Vec<etcd_client::TxnOp> = chunk
+        let ops: Vec<snowkeep_etcd::etcd_client::TxnOp> = chunk
             .iter()
             .map(|id| {
-                etcd_client::TxnOp::put(
+                snowkeep_etcd::etcd_client::TxnOp::put(
                     format!("/snowkeep/v1/ns/paged/holder/{id:05}"),
                     format!("other:{id}"),
                     None,
@@ -116,7 +116,7 @@ async fn a_pool_of_more_keys_than_one_page_is_read_whole() {
             })
             .collect();
         client
-            .txn(etcd_client::Txn::new().and_then(ops))
+            .txn(snowkeep_etcd::etcd_client::Txn::new().and_then(ops))
             .await
             .unwrap();
     }
@@ -167,13 +167,13 @@ async fn fill_pool(
     for chunk in (0..4096u32).collect::<Vec<_>>().chunks(64) {
         let mut ops = Vec::new();
         for &id in chunk {
-            ops.push(etcd_client::TxnOp::put(
+            ops.push(snowkeep_etcd::etcd_client::TxnOp::put(
                 format!("/snowkeep/v1/ns/{namespace}/fence/{id:05}"),
                 fence(id).to_string(),
                 None,
             ));
             if !free(id) {
-                ops.push(etcd_client::TxnOp::put(
+                ops.push(snowkeep_etcd::etcd_client::TxnOp::put(
                     format!("/snowkeep/v1/ns/{namespace}/holder/{id:05}"),
                     format!("other:{id}"),
                     None,
@@ -181,7 +181,7 @@ async fn fill_pool(
             }
         }
         client
-            .txn(etcd_client::Txn::new().and_then(ops))
+            .txn(snowkeep_etcd::etcd_client::Txn::new().and_then(ops))
             .await
             .unwrap();
     }
@@ -245,7 +245,7 @@ async fn hold(etcd: &EtcdProcess, namespace: &str, ids: Range<u32>, lease: impl 
     for id in ids {
         let options = match lease(id) {
             0 => None,
-            l => Some(etcd_client::PutOptions::new().with_lease(l)),
+            l => Some(snowkeep_etcd::etcd_client::PutOptions::new().with_lease(l)),
         };
         client
             .put(
@@ -270,10 +270,10 @@ async fn a_full_range_finds_its_ending_lease_among_all_without_reading_the_pool_
     let mut store = store_of(&etcd, "ending", 0..64).await;
     let mut client = etcd.client().await;
     for lease in 1..=63 {
-        let options = etcd_client::LeaseGrantOptions::new().with_id(lease);
+        let options = snowkeep_etcd::etcd_client::LeaseGrantOptions::new().with_id(lease);
         client.lease_grant(3_600, Some(options)).await.unwrap();
     }
-    let options = etcd_client::LeaseGrantOptions::new().with_id(1_000);
+    let options = snowkeep_etcd::etcd_client::LeaseGrantOptions::new().with_id(1_000);
     client.lease_grant(3, Some(options)).await.unwrap();
     // Machine id 40 on lease 1000; the others on leases 1 to 63, in order.
     let lease = |id: u32| match id {
@@ -307,7 +307,7 @@ async fn a_full_range_of_live_long_leases_has_no_ending_lease() {
     let mut store = store_of(&etcd, "live", 0..64).await;
     let mut client = etcd.client().await;
     for lease in 1..=64 {
-        let options = etcd_client::LeaseGrantOptions::new().with_id(lease);
+        let options = snowkeep_etcd::etcd_client::LeaseGrantOptions::new().with_id(lease);
         client.lease_grant(3_600, Some(options)).await.unwrap();
     }
     hold(&etcd, "live", 0..64, |id| i64::from(id) + 1).await;
@@ -346,7 +346,7 @@ async fn a_lease_question_etcd_does_not_answer_is_an_error_not_nothing_ending() 
     let etcd = EtcdProcess::start().await;
     let mut store = store_of(&etcd, "frozen", 0..64).await;
     let mut client = etcd.client().await;
-    let options = etcd_client::LeaseGrantOptions::new().with_id(7);
+    let options = snowkeep_etcd::etcd_client::LeaseGrantOptions::new().with_id(7);
     client.lease_grant(3, Some(options)).await.unwrap();
     hold(&etcd, "frozen", 0..64, |_| 7).await;
     assert!(store.claim().await.is_err());
@@ -357,7 +357,7 @@ async fn a_lease_question_etcd_does_not_answer_is_an_error_not_nothing_ending() 
     assert!(
         matches!(
             err,
-            snowkeep_server::claim::StoreError::Timeout {
+            snowkeep_core::claim::StoreError::Timeout {
                 op: "lease ttl",
                 ..
             }

@@ -104,7 +104,7 @@ async fn marking_one_snapshot_on_two_hosts_at_once_gives_identical_files() {
         .await
         .get(
             format!("/snowkeep/v1/ns/{ns}/fence/"),
-            Some(etcd_client::GetOptions::new().with_prefix()),
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
         )
         .await
         .unwrap();

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::process::Command;
 
 use clap::Parser;
-use snowkeep_server::claim::StoreError;
+use snowkeep_core::claim::StoreError;
 use snowkeep_server::config::{Args, ServerConfig};
 use snowkeep_server::scale::{Claimer, ClaimerError};
 use snowkeep_server::ServeError;
@@ -85,8 +85,8 @@ async fn claimers_hold_distinct_machine_ids_and_take_them_back_after_release() {
     let mut kv = etcd.client().await;
     let holders = kv
         .get(
-            snowkeep_server::etcd::keys::holder_prefix("scale"),
-            Some(etcd_client::GetOptions::new().with_prefix()),
+            snowkeep_etcd::keys::holder_prefix("scale"),
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
         )
         .await
         .unwrap();

@@ -134,7 +134,10 @@ async fn no_fault_makes_two_equal_ids_or_keeps_a_server_down() {
     // Every fence must be in the log before ids are held against it.
     let mut etcd = nemesis.topo.etcd.client().await;
     let last = etcd
-        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+        .get(
+            prefix,
+            Some(snowkeep_etcd::etcd_client::GetOptions::new().with_prefix()),
+        )
         .await
         .unwrap()
         .kvs()

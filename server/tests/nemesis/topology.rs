@@ -26,7 +26,7 @@ pub const BUDGET: Duration = Duration::from_secs(60);
 /// (90 s). Every fence is raised to this lead once it is one budget or less
 /// ahead.
 pub fn lead() -> Duration {
-    snowkeep_server::claim::fence_lead(BUDGET)
+    snowkeep_core::claim::fence_lead(BUDGET)
 }
 
 /// A wall clock for a server process, through libfaketime.

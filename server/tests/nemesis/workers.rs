@@ -182,11 +182,12 @@ pub async fn watch_fences(
     rec: Arc<Recorder>,
     stop: CancellationToken,
 ) {
-    use etcd_client::{EventType, WatchOptions};
+    use snowkeep_etcd::etcd_client::{EventType, WatchOptions};
     while !stop.is_cancelled() {
         let next = rec.fences.lock().unwrap().revision + 1;
         let attempt = async {
-            let mut client = etcd_client::Client::connect(endpoints.clone(), None).await?;
+            let mut client =
+                snowkeep_etcd::etcd_client::Client::connect(endpoints.clone(), None).await?;
             let mut events = client
                 .watch(
                     prefix.clone(),
@@ -206,7 +207,7 @@ pub async fn watch_fences(
                     }
                 }
             }
-            Ok::<(), etcd_client::Error>(())
+            Ok::<(), snowkeep_etcd::etcd_client::Error>(())
         };
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -141,7 +141,7 @@ impl EtcdProcess {
     /// `snowkeep` may read and write only [`SNOWKEEP_PREFIX`], then enables
     /// etcd's authentication.
     async fn enable_auth(&mut self) {
-        use etcd_client::Permission;
+        use snowkeep_etcd::etcd_client::Permission;
         let mut c = self.client().await;
         c.user_add("root", ROOT_PASSWORD, None)
             .await
@@ -172,7 +172,7 @@ impl EtcdProcess {
     /// `permission`, as `etcdctl role add`, `role grant-permission` and
     /// `user grant-role` would.
     #[allow(dead_code)] // used by some test files only
-    pub async fn add_user(&self, user: &str, permission: etcd_client::Permission) {
+    pub async fn add_user(&self, user: &str, permission: snowkeep_etcd::etcd_client::Permission) {
         let mut c = self.client().await;
         c.role_add(user).await.expect("add role");
         c.role_grant_permission(user, permission)
@@ -245,19 +245,19 @@ impl EtcdProcess {
     /// Connect options of the test's own clients: TLS with the root client
     /// certificate on a secured cluster, and the `root` user once auth is
     /// enabled.
-    fn admin_options(&self) -> Option<etcd_client::ConnectOptions> {
+    fn admin_options(&self) -> Option<snowkeep_etcd::etcd_client::ConnectOptions> {
         let security = self.security.as_ref()?;
         let read = |p: std::path::PathBuf| std::fs::read(p).expect("read PEM");
         let root = security.pki.root_client();
-        let tls = etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(read(
+        let tls = snowkeep_etcd::etcd_client::TlsOptions::new()
+            .ca_certificate(snowkeep_etcd::etcd_client::Certificate::from_pem(read(
                 security.pki.ca_file(),
             )))
-            .identity(etcd_client::Identity::from_pem(
+            .identity(snowkeep_etcd::etcd_client::Identity::from_pem(
                 read(root.cert),
                 read(root.key),
             ));
-        let options = etcd_client::ConnectOptions::new().with_tls(tls);
+        let options = snowkeep_etcd::etcd_client::ConnectOptions::new().with_tls(tls);
         Some(match security.auth_enabled {
             true => options
                 .with_user("root", ROOT_PASSWORD)
@@ -424,9 +424,9 @@ impl EtcdProcess {
     }
 
     /// A client for assertions on etcd state (all members).
-    pub async fn client(&self) -> etcd_client::Client {
+    pub async fn client(&self) -> snowkeep_etcd::etcd_client::Client {
         let urls: Vec<String> = self.members.iter().map(Member::client_url).collect();
-        etcd_client::Client::connect(urls, self.admin_options())
+        snowkeep_etcd::etcd_client::Client::connect(urls, self.admin_options())
             .await
             .expect("connect etcd client")
     }
@@ -452,10 +452,12 @@ impl EtcdProcess {
             .await
             .and_then(|s| s.header().map(|h| h.member_id()))
             .expect("member id of the new leader");
-        let mut client =
-            etcd_client::Client::connect([self.member_url(avoid)], self.admin_options())
-                .await
-                .expect("connect to the leader");
+        let mut client = snowkeep_etcd::etcd_client::Client::connect(
+            [self.member_url(avoid)],
+            self.admin_options(),
+        )
+        .await
+        .expect("connect to the leader");
         client.move_leader(target_id).await.expect("move leader");
         eventually(
             "the leadership to move",
@@ -685,11 +687,11 @@ fn run_script(args: &[&std::ffi::OsStr]) {
 /// The member's answer to a Status request, `None` when it gives none in 500 ms.
 async fn status(
     url: &str,
-    options: Option<etcd_client::ConnectOptions>,
-) -> Option<etcd_client::StatusResponse> {
+    options: Option<snowkeep_etcd::etcd_client::ConnectOptions>,
+) -> Option<snowkeep_etcd::etcd_client::StatusResponse> {
     let mut client = tokio::time::timeout(
         Duration::from_millis(500),
-        etcd_client::Client::connect([url], options),
+        snowkeep_etcd::etcd_client::Client::connect([url], options),
     )
     .await
     .ok()?
@@ -725,8 +727,8 @@ pub fn claimer_settings(
     namespace: &str,
     instance_id: &str,
     range: std::ops::Range<u32>,
-) -> snowkeep_server::etcd::EtcdSettings {
-    snowkeep_server::etcd::EtcdSettings {
+) -> snowkeep_etcd::EtcdSettings {
+    snowkeep_etcd::EtcdSettings {
         endpoints: vec![etcd.endpoint()],
         access: Default::default(),
         namespace: namespace.into(),
@@ -739,7 +741,7 @@ pub fn claimer_settings(
         max_fence_wait: Duration::from_secs(10),
         request_timeout: Duration::from_secs(5),
         advertise_address: None,
-        namespace_setup: snowkeep_server::etcd::namespace::NamespaceSetup {
+        namespace_setup: snowkeep_etcd::namespace::NamespaceSetup {
             create: true,
             confirm_floor: None,
         },
