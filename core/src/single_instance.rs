@@ -451,4 +451,27 @@ mod tests {
             );
         }
     }
+
+    /// The [`ClaimStore`] contract (`crate::claim::conformance`), clause by
+    /// clause, each on a state dir of its own holding two machine ids.
+    #[tokio::test]
+    async fn keeps_the_claim_store_contract() {
+        use crate::claim::conformance as c;
+        let open = |dir: &tempfile::TempDir| {
+            SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(3..5)).unwrap()
+        };
+        let dirs: Vec<_> = (0..6).map(|_| tempfile::tempdir().unwrap()).collect();
+        c::claim_holds_distinct_machine_ids_fenced_at_their_floor(&mut open(&dirs[0]), 2).await;
+        c::persisted_fences_are_the_next_claims_floors(&mut open(&dirs[1])).await;
+        c::a_release_leaves_the_last_used_timestamps_as_floors(&mut open(&dirs[2])).await;
+        let mut holder = open(&dirs[3]);
+        // A second store on the same state dir is refused at open: the lock.
+        assert!(matches!(
+            SingleInstanceStore::open(dirs[3].path(), "ns", Layout::default(), &ids(3..5)),
+            Err(StoreError::StateLocked { .. })
+        ));
+        c::a_held_machine_id_is_not_claimed_by_another_store(&mut holder, None).await;
+        c::a_renewal_moves_the_deadline_ahead(&mut open(&dirs[4])).await;
+        c::a_store_that_claims_the_same_ids_says_so(&mut open(&dirs[5])).await;
+    }
 }

@@ -25,6 +25,7 @@
 pub mod candidates;
 pub mod capacity;
 mod claiming;
+pub mod conformance;
 mod error;
 mod hold;
 mod loss;

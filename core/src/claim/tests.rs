@@ -839,3 +839,30 @@ async fn a_range_full_past_the_ending_lease_ends_the_loop() {
     assert_eq!(h.elapsed_ms(), 0);
     assert_eq!(h.log(), vec![(0, Call::Claim), (0, Call::LeaseEnd)]);
 }
+
+/// The [`ClaimStore`] contract (`super::conformance`) on this double, for
+/// the clauses whose answers the double decides itself: the shape of a
+/// claim (distinct machine ids, fence = floor), a renewal's deadline and
+/// the same-machine-ids rule. What a store remembers between claims
+/// (persisted fences, released ones, another holder) is scripted by each
+/// test here, and held to the contract on the single-instance and etcd
+/// stores.
+#[tokio::test]
+async fn the_double_keeps_the_claim_store_contract_where_it_decides() {
+    use super::conformance as c;
+    let double = |claims: Vec<Vec<HeldId>>| FakeStore {
+        start: tokio::time::Instant::now(),
+        log: Log::default(),
+        claims: claims.into(),
+        refusals: VecDeque::new(),
+        lease_ends: VecDeque::new(),
+        own: Vec::new(),
+        up: Arc::new(AtomicBool::new(true)),
+        holder_watch: Mutex::new(None),
+        grants: Vec::new(),
+    };
+    let two = || vec![held(1, START_MS), held(2, START_MS)];
+    c::claim_holds_distinct_machine_ids_fenced_at_their_floor(&mut double(vec![two()]), 2).await;
+    c::a_renewal_moves_the_deadline_ahead(&mut double(vec![two()])).await;
+    c::a_store_that_claims_the_same_ids_says_so(&mut double(vec![two(), two()])).await;
+}

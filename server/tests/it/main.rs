@@ -50,6 +50,7 @@ mod single_instance;
 mod single_instance_ranges;
 mod starve;
 mod status_page;
+mod store_conformance;
 mod streams;
 mod support;
 mod tampering;
