@@ -10,7 +10,7 @@
 //! each with the same bit split that has used a machine id of its range (has
 //! a fence or holder key in it), and sets
 //! [`snowkeep_core::metrics::NAMESPACE_OVERLAPS`]. Namespaces on other etcd clusters
-//! cannot be seen; the README says so.
+//! cannot be seen; docs/operations.md ("Server lifecycle on etcd") says so.
 
 use std::ops::Range;
 use std::time::Duration;

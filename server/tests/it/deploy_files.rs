@@ -1,6 +1,6 @@
 //! deploy/ and the repository's own files, read as an operator gets them:
 //! the Grafana dashboards pick their datasource, job and cluster from
-//! template variables, the alert rules name no scrape job, the README states
+//! template variables, the alert rules name no scrape job, deploy/README.md states
 //! the number of alert rules the rules file holds, and LICENSE is the Apache
 //! License 2.0 the crates declare.
 
@@ -263,7 +263,7 @@ fn the_alert_rules_name_no_scrape_job_and_find_targets_by_one_label() {
 
 #[test]
 fn the_readme_states_the_number_of_alert_rules_the_rules_file_holds() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo().join("deploy/README.md")).unwrap();
     let (_, after) = readme
         .split_once("- `prometheus/`: the scrape config and ")
         .expect("the README's deploy/prometheus bullet");

@@ -144,7 +144,7 @@ fn buf_lints_every_proto_clean_and_builds_them_with_each_languages_package() {
         });
         assert_eq!(file["options"], expected, "{name}");
     }
-    // Spot-check one against the values documented in the README.
+    // Spot-check one against the values documented in docs/api.md.
     let id = files
         .iter()
         .find(|f| f["name"] == "snowkeep/v1/id.proto")
