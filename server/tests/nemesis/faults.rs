@@ -11,8 +11,8 @@ use snowkeep_client::{Clock, Layout, SystemClock};
 use tokio::time::sleep;
 
 use crate::checker::{Expect, FaultWindow, Outage, Recorder, Zombie};
-use crate::support::server::ServerProcess;
 use crate::topology::{self, lead, Topology, WallClock, BUDGET, NAMESPACE, TTL};
+use snowkeep_test_support::server::ServerProcess;
 
 /// Every kind of fault the nemesis injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

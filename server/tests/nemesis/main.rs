@@ -22,9 +22,6 @@
 mod checker;
 mod faults;
 mod proxy;
-#[allow(dead_code)]
-#[path = "../it/support/mod.rs"]
-mod support;
 mod topology;
 mod workers;
 
@@ -146,7 +143,7 @@ async fn no_fault_makes_two_equal_ids_or_keeps_a_server_down() {
         .max()
         .unwrap_or(0);
     let fences = &rec.fences;
-    support::eventually(
+    snowkeep_test_support::eventually(
         "the fence watch to catch up",
         Duration::from_secs(30),
         || async { fences.lock().unwrap().revision >= last },

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::support::free_port;
+use snowkeep_test_support::free_port;
 
 struct State {
     upstream: Mutex<SocketAddr>,

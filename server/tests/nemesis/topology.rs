@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::proxy::FaultProxy;
-use crate::support::etcd::EtcdProcess;
-use crate::support::server::ServerProcess;
 use crate::workers::Target;
+use snowkeep_test_support::etcd::EtcdProcess;
+use snowkeep_test_support::server::ServerProcess;
 
 /// The namespace every process works in.
 pub const NAMESPACE: &str = "nemesis";
@@ -201,7 +201,7 @@ pub fn spawn(args: &[&str], clock: &WallClock) -> ServerProcess {
         WallClock::Real => vec![],
         WallClock::Offset(offset) => vec![
             ("LD_PRELOAD", {
-                lib = crate::support::libfaketime();
+                lib = snowkeep_test_support::libfaketime();
                 &lib
             }),
             ("FAKETIME", offset),
@@ -209,7 +209,7 @@ pub fn spawn(args: &[&str], clock: &WallClock) -> ServerProcess {
         ],
         WallClock::File(path) => {
             file = path.to_string_lossy().into_owned();
-            lib = crate::support::libfaketime();
+            lib = snowkeep_test_support::libfaketime();
             vec![
                 ("LD_PRELOAD", &lib),
                 ("FAKETIME_TIMESTAMP_FILE", &file),

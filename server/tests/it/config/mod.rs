@@ -1,0 +1,8 @@
+//! Configuration and operator mistakes: flags refused at start, a changed layout,
+//! overlapping namespaces, duplicate instance ids, tampered etcd state.
+
+mod config_refusals;
+mod instance_ids;
+mod layout_change;
+mod namespace_overlap;
+mod tampering;

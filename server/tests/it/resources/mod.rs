@@ -1,0 +1,6 @@
+//! Bounded resources under hostile or broken clients: connection and message
+//! limits, CPU fairness for the lease loop, and callers that cannot starve others.
+
+mod fairness;
+mod limits;
+mod starve;

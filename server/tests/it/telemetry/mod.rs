@@ -1,0 +1,4 @@
+//! What operators see: the metrics catalog, clock-skew telemetry and the status page.
+
+mod observability;
+mod status_page;
