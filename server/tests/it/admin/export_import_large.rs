@@ -181,6 +181,7 @@ async fn fourteen_thousand_fences_round_trip_through_snowkeepctl_with_default_li
     );
     // Retried while the new server has not reached etcd yet.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut earlier = Vec::new();
     let out = loop {
         let (ok, out, err) = ctl(&restored, &["import", "--file", file]);
         if ok {
@@ -189,8 +190,9 @@ async fn fourteen_thousand_fences_round_trip_through_snowkeepctl_with_default_li
         assert!(
             tokio::time::Instant::now() < deadline
                 && (err.contains("UNAVAILABLE") || err.contains("connect")),
-            "snowkeepctl import: {err}"
+            "snowkeepctl import: {err}\nearlier attempts: {earlier:#?}"
         );
+        earlier.push(err);
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
