@@ -9,6 +9,7 @@
 //! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam, the fence lead, the capacity gauges, candidate ranking, `StoreError` |
 //! | [`single_instance`] | the single-instance store: one server, its claim in a state file |
 //! | [`lease`] | what the Lease API grants and keeps, as data and pure rules: requester records and tokens, the fence rules, the client clock-skew rule |
+//! | [`cluster_state`] | the [`cluster_state::ClusterState`] interface the administration service reads and changes the cluster's state through |
 //! | [`api_key`] | API keys as data: records, presented keys, verification, scopes, the bootstrap key |
 //! | [`namespace`] | namespace names: the rule and its check |
 //! | [`batch`] | the bounds of a batch of ids (`MAX_BATCH`, the default stream batch) |
@@ -21,6 +22,7 @@
 pub mod api_key;
 pub mod batch;
 pub mod claim;
+pub mod cluster_state;
 pub mod lease;
 pub mod metrics;
 pub mod namespace;

@@ -43,6 +43,7 @@
 //! | `apikeys` | API key records and their watch |
 //! | `auth_mode` | the cluster's security mode record and its watch |
 //! | `pool_read` | the pool read for a claim: a window of fence-count blocks, or the whole pool, at one revision |
+//! | `store_traits` | `snowkeep_core`'s store traits implemented by the types above (`ClusterState` by `admin::StateStore`) |
 //! | `witness` | the revision witness: the highest etcd revision seen, which shows a restore from a snapshot |
 //!
 //! No two of these modules import each other, directly or through others
@@ -70,6 +71,7 @@ pub mod requesters;
 mod restore_record;
 mod session;
 mod start_check;
+mod store_traits;
 mod tls_probe;
 mod watch;
 pub mod witness;

@@ -1,6 +1,7 @@
 //! `AdminService`: the administration RPCs snowkeepctl and the status page
 //! use. The handler only routes: the cluster's state (namespaces, machine
 //! ids, requesters, eviction, export and import) is [`state::StateAdmin`]'s,
+//! over the `snowkeep_core::cluster_state::ClusterState` trait,
 //! their streamed forms are in [`transfer`], API keys, the cluster's
 //! security mode and the audit trail are [`keys::KeyAdmin`]'s.
 
@@ -9,25 +10,29 @@ mod mode;
 pub mod state;
 pub mod transfer;
 
+use snowkeep_etcd::admin::StateStore;
 use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Serves `snowkeep.v1.AdminService`.
+use state::AdminStore;
+
+/// Serves `snowkeep.v1.AdminService`, the cluster state from the store `S`
+/// (etcd's [`StateStore`] unless a test names another).
 #[derive(Clone)]
-pub struct AdminHandler {
-    state: state::StateAdmin,
+pub struct AdminHandler<S = StateStore> {
+    state: state::StateAdmin<S>,
     keys: keys::KeyAdmin,
 }
 
-impl AdminHandler {
+impl<S: AdminStore> AdminHandler<S> {
     /// Creates the handler from its two halves.
-    pub fn new(state: state::StateAdmin, keys: keys::KeyAdmin) -> Self {
+    pub fn new(state: state::StateAdmin<S>, keys: keys::KeyAdmin) -> Self {
         Self { state, keys }
     }
 }
 
 #[tonic::async_trait]
-impl pb::admin_service_server::AdminService for AdminHandler {
+impl<S: AdminStore> pb::admin_service_server::AdminService for AdminHandler<S> {
     async fn list_namespaces(
         &self,
         request: Request<pb::ListNamespacesRequest>,

@@ -1,12 +1,16 @@
 //! The cluster-state half of `AdminService`: namespaces, machine ids,
 //! requesters, capacity, eviction, export and import, all read from etcd
 //! ([`snowkeep_etcd::admin`]), so every server of a cluster answers alike.
+//! [`StateAdmin`] reaches the store through the
+//! [`ClusterState`] trait: etcd's `StateStore` in the server, a double in
+//! the unit tests (`tests`).
 //!
 //! Statuses: FAILED_PRECONDITION on the single-instance store, UNAVAILABLE
 //! while etcd does not answer (or before this server reached it),
 //! INVALID_ARGUMENT for a malformed namespace name or document, NOT_FOUND for
 //! an unknown namespace or a machine id nobody holds.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use snowkeep_client::SharedClock;
@@ -16,17 +20,60 @@ use tonic::{Request, Response, Status};
 use crate::audit::{self, AuditEvent, Who};
 use crate::service::convert::{capacity_to_pb, layout_to_pb};
 use crate::service::status::ApiError;
-use crate::service::StoreAccess;
+use crate::service::{Reach, StoreAccess};
 use snowkeep_core::claim::StoreError;
-use snowkeep_etcd::admin::{ImportError, StateDocument, StateStore};
+use snowkeep_core::cluster_state::ClusterState;
+use snowkeep_etcd::admin::{
+    Evicted, ImportError, Imported, MachineIdRow, NamespaceInfo, RequesterRow, StateDocument,
+    StateStore,
+};
 
-/// Answers the cluster-state RPCs from the etcd store.
-#[derive(Clone)]
-pub struct StateAdmin {
-    access: StoreAccess,
+/// What [`StateAdmin`] asks of its store: a [`ClusterState`] whose rows,
+/// document and import outcome are etcd's data types, which the handler
+/// turns into protobuf messages.
+pub trait AdminStore:
+    ClusterState<
+    Namespace = NamespaceInfo,
+    MachineIdRow = MachineIdRow,
+    RequesterRow = RequesterRow,
+    Evicted = Evicted,
+    Document = StateDocument,
+    Imported = Imported,
+    ImportError = ImportError,
+>
+{
+}
+
+impl<S> AdminStore for S where
+    S: ClusterState<
+        Namespace = NamespaceInfo,
+        MachineIdRow = MachineIdRow,
+        RequesterRow = RequesterRow,
+        Evicted = Evicted,
+        Document = StateDocument,
+        Imported = Imported,
+        ImportError = ImportError,
+    >
+{
+}
+
+/// Answers the cluster-state RPCs from the store `S` (etcd's
+/// [`StateStore`] unless a test names another).
+pub struct StateAdmin<S = StateStore> {
+    access: Arc<dyn Reach<S>>,
     clock: SharedClock,
     /// The largest piece ExportStream sends, bytes.
     export_chunk: usize,
+}
+
+impl<S> Clone for StateAdmin<S> {
+    fn clone(&self) -> Self {
+        Self {
+            access: Arc::clone(&self.access),
+            clock: self.clock.clone(),
+            export_chunk: self.export_chunk,
+        }
+    }
 }
 
 fn store_status(e: StoreError) -> Status {
@@ -41,8 +88,16 @@ impl StateAdmin {
     /// Creates it on the server's store; `clock` stamps audit events and
     /// measures fences ahead of now.
     pub fn new(access: StoreAccess, clock: SharedClock) -> Self {
+        Self::reaching(access, clock)
+    }
+}
+
+impl<S: AdminStore> StateAdmin<S> {
+    /// Creates it on the store `access` reaches, as [`StateAdmin::new`]
+    /// does on the server's.
+    pub fn reaching(access: impl Reach<S> + 'static, clock: SharedClock) -> Self {
         Self {
-            access,
+            access: Arc::new(access),
             clock,
             export_chunk: super::transfer::export_chunk(usize::MAX),
         }
@@ -60,8 +115,8 @@ impl StateAdmin {
         self.export_chunk
     }
 
-    fn store(&self) -> Result<StateStore, Status> {
-        match self.access.state_store() {
+    fn store(&self) -> Result<S, Status> {
+        match self.access.reach() {
             Ok(Some(s)) => Ok(s),
             Ok(None) => Err(Status::failed_precondition(
                 "the single-instance store has no cluster state; run with --etcd-endpoints",
@@ -146,11 +201,8 @@ impl StateAdmin {
         let ns = request.into_inner().namespace;
         checked(&ns)?;
         let store = self.store()?;
-        let record = store.record(&ns).await.map_err(store_status)?;
-        let (capacity, range) = store
-            .capacity(&ns, &record.layout)
-            .await
-            .map_err(store_status)?;
+        let layout = store.layout(&ns).await.map_err(store_status)?;
+        let (capacity, range) = store.capacity(&ns, &layout).await.map_err(store_status)?;
         Ok(Response::new(pb::GetNamespaceCapacityResponse {
             capacity: Some(capacity_to_pb(&ns, capacity, range)),
         }))
@@ -185,8 +237,8 @@ impl StateAdmin {
 
     async fn evict_checked(&self, req: &pb::EvictRequest) -> Result<pb::EvictResponse, Status> {
         let store = self.store()?;
-        let record = store.record(&req.namespace).await.map_err(store_status)?;
-        let count = record.layout.machine_id_count();
+        let layout = store.layout(&req.namespace).await.map_err(store_status)?;
+        let count = layout.machine_id_count();
         let machine_id = u16::try_from(req.machine_id)
             .ok()
             .filter(|&m| u32::from(m) < count)
@@ -288,3 +340,8 @@ impl StateAdmin {
         })
     }
 }
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;

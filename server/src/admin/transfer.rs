@@ -9,7 +9,7 @@ use futures_util::Stream;
 use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::state::StateAdmin;
+use super::state::{AdminStore, StateAdmin};
 use crate::audit::Who;
 
 /// The largest document ImportStream assembles, bytes. A full default
@@ -79,7 +79,7 @@ async fn assemble(
     })
 }
 
-impl StateAdmin {
+impl<S: AdminStore> StateAdmin<S> {
     /// See `AdminService.ExportStream`.
     pub async fn export_stream(
         &self,

@@ -13,7 +13,8 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | `service` | the gRPC handler [`LeaseHandler`]: argument checks, the clock-skew policy applied, the skew book |
+//! | `service` | the gRPC handler [`LeaseHandler`], generic over its `LeaseStore`: argument checks, the clock-skew policy applied, the skew book |
+//! | `audited` | the audit wrapper: one audit event per Acquire and Release |
 //! | `convert` | the Lease API's protobuf conversions and field checks |
 //! | `config` | [`LeaseApiConfig`] |
 //!
@@ -24,6 +25,7 @@
 //! transactions, since only `etcd` touches etcd-client. The single-instance
 //! store has no Lease API.
 
+mod audited;
 mod config;
 pub(crate) mod convert;
 mod service;

@@ -1,5 +1,7 @@
 //! `LeaseService`: the Lease API's gRPC handler (Acquire, Renew, Release,
-//! Check, Capacity, Version) over a [`RequesterStore`].
+//! Check, Capacity, Version) over a [`RequesterStore`]: etcd's
+//! [`RequesterLeases`] in the server, a double of the trait in the unit
+//! tests (`tests`).
 //!
 //! Requesters appear in logs only as their tag (12 hex digits of the SHA-256
 //! of their identity) with the caller's network address; lease tokens never
@@ -23,12 +25,11 @@ use tracing::warn;
 
 use super::config::LeaseApiConfig;
 use super::convert;
-use crate::audit;
 use crate::auth::KeyScope;
 use crate::metrics as m;
 use crate::service::convert::capacity_to_pb;
 use crate::service::status::ApiError;
-use crate::service::StoreAccess;
+use crate::service::{Reach, StoreAccess};
 use snowkeep_core::claim::StoreError;
 use snowkeep_core::lease::records::{
     KeyQuota, Renewal, RequesterAbout, RequesterGrant, RequesterId, RequesterStore,
@@ -43,22 +44,51 @@ use snowkeep_etcd::requesters::RequesterLeases;
 /// counts), when no call does it first.
 const SKEW_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 
-/// Serves `snowkeep.v1.LeaseService`.
-#[derive(Clone)]
-pub struct LeaseHandler {
-    /// The store; the Lease API needs etcd.
-    access: StoreAccess,
+/// What the handler asks of its store: a [`RequesterStore`] it can clone
+/// for each call and share between the server's tasks.
+pub trait LeaseStore: RequesterStore + Clone + Send + Sync + 'static {}
+
+impl<S: RequesterStore + Clone + Send + Sync + 'static> LeaseStore for S {}
+
+/// Serves `snowkeep.v1.LeaseService` over the requester store `S`
+/// (etcd's [`RequesterLeases`] unless a test names another).
+pub struct LeaseHandler<S = RequesterLeases> {
+    /// Where the store is; the Lease API needs etcd.
+    access: Arc<dyn Reach<S>>,
     config: LeaseApiConfig,
     clock: SharedClock,
     /// The last skew of each known requester.
     skews: Arc<Mutex<SkewBook>>,
 }
 
+impl<S> Clone for LeaseHandler<S> {
+    fn clone(&self) -> Self {
+        Self {
+            access: Arc::clone(&self.access),
+            config: self.config,
+            clock: self.clock.clone(),
+            skews: Arc::clone(&self.skews),
+        }
+    }
+}
+
 impl LeaseHandler {
-    /// Creates the handler. Inside a tokio runtime it also starts the task
-    /// that drops ended leases from the skew counts every 30 s; the task
-    /// ends with the last clone of the handler.
+    /// Creates the handler on the server's store. Inside a tokio runtime it
+    /// also starts the task that drops ended leases from the skew counts
+    /// every 30 s; the task ends with the last clone of the handler.
     pub fn new(access: StoreAccess, config: LeaseApiConfig, clock: SharedClock) -> Self {
+        Self::reaching(access, config, clock)
+    }
+}
+
+impl<S: LeaseStore> LeaseHandler<S> {
+    /// Creates the handler on the store `access` reaches, as
+    /// [`LeaseHandler::new`] does on the server's.
+    pub fn reaching(
+        access: impl Reach<S> + 'static,
+        config: LeaseApiConfig,
+        clock: SharedClock,
+    ) -> Self {
         let skews = Arc::new(Mutex::new(SkewBook::new(SKEW_BOOK_CAPACITY)));
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let book = Arc::downgrade(&skews);
@@ -76,16 +106,21 @@ impl LeaseHandler {
             });
         }
         Self {
-            access,
+            access: Arc::new(access),
             config,
             clock,
             skews,
         }
     }
 
-    fn store(&self) -> Result<RequesterLeases, ApiError> {
-        match self.access.etcd_handles()? {
-            Some((_, store)) => Ok(store),
+    /// The clock that stamps answers and audit events.
+    pub(super) fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    fn store(&self) -> Result<S, ApiError> {
+        match self.access.reach()? {
+            Some(store) => Ok(store),
             None => Err(ApiError::LeaseApiNeedsEtcd),
         }
     }
@@ -98,7 +133,7 @@ impl LeaseHandler {
         &self,
         requester: Option<&pb::Requester>,
         namespace: &str,
-    ) -> Result<(RequesterId, RequesterLeases, Layout), ApiError> {
+    ) -> Result<(RequesterId, S, Layout), ApiError> {
         let requester = convert::requester_id(requester)?;
         convert::check_namespace(namespace)?;
         let mut store = self.store()?;
@@ -236,31 +271,12 @@ fn given_time(client_time_unix_ms: Option<u64>) -> Option<u64> {
 }
 
 #[tonic::async_trait]
-impl pb::lease_service_server::LeaseService for LeaseHandler {
+impl<S: LeaseStore> pb::lease_service_server::LeaseService for LeaseHandler<S> {
     async fn acquire(
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::LeaseGrant>, Status> {
-        // Checked before anything reaches the audit trail: a malformed
-        // request acts on nothing, and its strings are no one's to log.
-        let r = request.get_ref();
-        let requester = checked_fields(&r.namespace, r.requester.as_ref(), &r.lease_token)?;
-        let who = audit::Who::of(request.extensions());
-        let namespace = request.get_ref().namespace.clone();
-        let result = self.acquire_call(request).await;
-        audit::record(audit::AuditEvent {
-            unix_ms: self.clock.unix_ms(),
-            action: "lease.acquire",
-            who,
-            requester,
-            namespace,
-            subject: match &result {
-                Ok(grant) => machine_ids_subject(&ids_of(grant.get_ref())),
-                Err(_) => String::new(),
-            },
-            result: audit::result_of(&result),
-        });
-        result
+        self.audited(request, |r| self.acquire_call(r)).await
     }
 
     async fn renew(
@@ -275,24 +291,7 @@ impl pb::lease_service_server::LeaseService for LeaseHandler {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let r = request.get_ref();
-        let requester = checked_fields(&r.namespace, r.requester.as_ref(), &r.lease_token)?;
-        let who = audit::Who::of(request.extensions());
-        let namespace = request.get_ref().namespace.clone();
-        let result = self.release_call(request).await;
-        audit::record(audit::AuditEvent {
-            unix_ms: self.clock.unix_ms(),
-            action: "lease.release",
-            who,
-            requester,
-            namespace,
-            subject: match &result {
-                Ok(r) => format!("released {}", r.get_ref().released),
-                Err(_) => String::new(),
-            },
-            result: audit::result_of(&result),
-        });
-        result
+        self.audited(request, |r| self.release_call(r)).await
     }
 
     async fn capacity(
@@ -333,35 +332,9 @@ fn check_scope<T>(request: &Request<T>, namespace: &str) -> Result<(), Status> {
     })
 }
 
-/// Checks the fields Acquire and Release share (namespace, requester,
-/// lease token) before the call is audited: INVALID_ARGUMENT for any of
-/// them malformed. Returns the requester's tag for the audit trail (never
-/// its identity or nonce).
-fn checked_fields(
-    namespace: &str,
-    requester: Option<&pb::Requester>,
-    lease_token: &str,
-) -> Result<String, Status> {
-    convert::check_namespace(namespace)?;
-    let requester = convert::requester_id(requester)?;
-    convert::lease_token(lease_token)?;
-    Ok(requester.tag())
-}
-
-/// The machine ids of a grant.
-fn ids_of(grant: &pb::LeaseGrant) -> Vec<u32> {
-    grant.machine_ids.iter().map(|m| m.machine_id).collect()
-}
-
-/// Machine ids as the audit trail's subject: `machine_ids 3,7`.
-fn machine_ids_subject(ids: &[u32]) -> String {
-    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
-    format!("machine_ids {}", list.join(","))
-}
-
 // The calls themselves; the trait methods above add the key scope checks
 // and the audit trail.
-impl LeaseHandler {
+impl<S: LeaseStore> LeaseHandler<S> {
     async fn acquire_call(
         &self,
         request: Request<pb::AcquireRequest>,
@@ -568,3 +541,8 @@ impl LeaseHandler {
         Ok(Response::new(convert::check_to_pb(check)))
     }
 }
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,8 @@
 //! [`StoreAccess`]: what the API handlers (here, in `crate::lease_api` and
 //! in `crate::admin`) reach the lease store through, filled in as the
-//! server connects to etcd.
+//! server connects to etcd. The handlers ask for their store through
+//! [`Reach`], which `StoreAccess` implements for the etcd types and a unit
+//! test implements for a double of the store trait the handler uses.
 
 use std::sync::{Arc, OnceLock};
 
@@ -8,6 +10,13 @@ use super::status::ApiError;
 use snowkeep_etcd::admin::StateStore;
 use snowkeep_etcd::requesters::RequesterLeases;
 use snowkeep_etcd::{CapacityReader, EtcdStore};
+
+/// How a handler reaches its store of type `S` as each call arrives.
+pub trait Reach<S>: Send + Sync {
+    /// The store; `Ok(None)` on the single-instance store (no etcd),
+    /// [`ApiError::StoreNotConnected`] before etcd answered.
+    fn reach(&self) -> Result<Option<S>, ApiError>;
+}
 
 /// What the API handlers need from the lease store, once it is connected.
 #[derive(Clone)]
@@ -81,5 +90,19 @@ impl StoreAccess {
                 .map(Some)
                 .ok_or(ApiError::StoreNotConnected),
         }
+    }
+}
+
+impl Reach<RequesterLeases> for StoreAccess {
+    /// The Lease API's store, once the namespace opened.
+    fn reach(&self) -> Result<Option<RequesterLeases>, ApiError> {
+        Ok(self.etcd_handles()?.map(|(_, store)| store))
+    }
+}
+
+impl Reach<StateStore> for StoreAccess {
+    /// The administration service's store, once the etcd clients exist.
+    fn reach(&self) -> Result<Option<StateStore>, ApiError> {
+        self.state_store()
     }
 }

@@ -10,4 +10,4 @@ pub mod id;
 pub mod info;
 pub mod status;
 
-pub use access::StoreAccess;
+pub use access::{Reach, StoreAccess};

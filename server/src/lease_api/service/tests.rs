@@ -1,0 +1,375 @@
+//! The handler over a double of its store ([`fake::Requesters`]): the
+//! clock-skew refusal, token retries, key quotas and the audit trail, with
+//! the exact codes, messages and events a client and an operator see.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use snowkeep_client::ManualClock;
+use snowkeep_core::api_key::KeyScope;
+use snowkeep_core::lease::records::KeyQuota;
+use snowkeep_proto::v1 as pb;
+use snowkeep_proto::v1::lease_service_server::LeaseService;
+use tonic::{Code, Request};
+
+use super::fake::{Connected, Requesters, INCARNATION};
+use super::*;
+use crate::audit::{self, AuditEvent, CallerKey, Who};
+
+/// The server's wall clock in every test, ms since the Unix epoch.
+const NOW: u64 = 1_800_000_000_000;
+
+/// First lease 10 min, renewed 1 h, skew threshold 10 min.
+const CONFIG: LeaseApiConfig = LeaseApiConfig {
+    first_lease: Duration::from_secs(600),
+    renewed_lease: Duration::from_secs(3600),
+    skew_threshold: Duration::from_secs(600),
+};
+
+fn handler() -> (LeaseHandler<Requesters>, Requesters) {
+    let store = Requesters::default();
+    let handler = LeaseHandler::reaching(Connected(store.clone()), CONFIG, ManualClock::new(NOW));
+    (handler, store)
+}
+
+fn requester(nonce: &str) -> pb::Requester {
+    pb::Requester {
+        host_id: "host-1".into(),
+        pid: 42,
+        start_unix_ms: NOW - 1000,
+        nonce: nonce.into(),
+    }
+}
+
+const NONCE: &str = "00112233445566778899aabbccddeeff";
+
+fn acquire(namespace: &str, count: u32, token: &str, client: u64) -> Request<pb::AcquireRequest> {
+    Request::new(pb::AcquireRequest {
+        namespace: namespace.into(),
+        requester: Some(requester(NONCE)),
+        count,
+        lease_token: token.into(),
+        client_time_unix_ms: Some(client),
+    })
+}
+
+fn release(namespace: &str, token: &str) -> Request<pb::ReleaseRequest> {
+    Request::new(pb::ReleaseRequest {
+        namespace: namespace.into(),
+        requester: Some(requester(NONCE)),
+        lease_token: token.into(),
+        ..Default::default()
+    })
+}
+
+/// Audit events recorded for `namespace` since `rx` subscribed (other tests
+/// record too, each in its own namespace).
+fn events(
+    rx: &mut tokio::sync::broadcast::Receiver<AuditEvent>,
+    namespace: &str,
+) -> Vec<AuditEvent> {
+    std::iter::from_fn(|| rx.try_recv().ok())
+        .filter(|e| e.namespace == namespace)
+        .collect()
+}
+
+fn event(action: &'static str, namespace: &str, subject: &str, result: &str) -> AuditEvent {
+    let tag = convert::requester_id(Some(&requester(NONCE))).map(|r| r.tag());
+    AuditEvent {
+        unix_ms: NOW,
+        action,
+        who: Who::default(),
+        requester: tag.unwrap_or_default(),
+        namespace: namespace.into(),
+        subject: subject.into(),
+        result: result.into(),
+    }
+}
+
+#[tokio::test]
+async fn an_acquire_from_a_clock_behind_by_more_than_the_threshold_is_refused_before_claiming() {
+    let (h, store) = handler();
+    let mut rx = audit::subscribe();
+    let refused = h
+        .acquire(acquire("skew-behind", 1, "", NOW - 900_000))
+        .await
+        .err()
+        .map(|s| (s.code(), s.message().to_owned()));
+    assert_eq!(
+        refused,
+        Some((
+            Code::FailedPrecondition,
+            "client clock is 15m behind the server, over the 10m threshold: sync this host with NTP (chrony/ntpd), then retry".to_owned()
+        ))
+    );
+    assert_eq!(store.book().calls, ["layout", "admit"]);
+    assert_eq!(
+        events(&mut rx, "skew-behind"),
+        [event(
+            "lease.acquire",
+            "skew-behind",
+            "",
+            "FailedPrecondition"
+        )]
+    );
+}
+
+#[tokio::test]
+async fn an_acquire_from_a_clock_ahead_by_more_than_the_threshold_is_refused() {
+    let (h, store) = handler();
+    let refused = h
+        .acquire(acquire("skew-ahead", 1, "", NOW + 1_200_000))
+        .await
+        .err()
+        .map(|s| (s.code(), s.message().to_owned()));
+    assert_eq!(
+        refused,
+        Some((
+            Code::FailedPrecondition,
+            "client clock is 20m ahead of the server, over the 10m threshold: sync this host with NTP (chrony/ntpd), then retry".to_owned()
+        ))
+    );
+    assert_eq!(store.book().calls, ["layout", "admit"]);
+}
+
+#[tokio::test]
+async fn a_clock_within_the_threshold_is_served_and_its_skew_stored_with_the_requester() {
+    let (h, store) = handler();
+    let grant = h.acquire(acquire("skew-fine", 2, "", NOW - 599_000)).await;
+    assert_eq!(grant.map(|g| ids(g.get_ref())).ok(), Some(vec![0, 1]));
+    assert_eq!(store.book().calls, ["layout", "admit", "acquire"]);
+    assert_eq!(
+        store.book().about.as_ref().and_then(|a| a.skew_ms),
+        Some(599_000)
+    );
+}
+
+fn ids(grant: &pb::LeaseGrant) -> Vec<u32> {
+    grant.machine_ids.iter().map(|m| m.machine_id).collect()
+}
+
+#[tokio::test]
+async fn a_retry_with_the_token_gets_the_same_ids_and_only_then_is_its_clock_recorded() {
+    let (h, _store) = handler();
+    let client = NOW - 400_000; // over half the 10 min threshold
+    let first = h.acquire(acquire("retry", 2, "", client)).await.ok();
+    let first = first.map(Response::into_inner).unwrap_or_default();
+    assert_eq!(
+        (ids(&first), first.namespace_incarnation),
+        (vec![0, 1], INCARNATION)
+    );
+    assert_eq!(first.lease_token.len(), 64);
+    assert_eq!(
+        lock(&h.skews).count("retry", Duration::from_secs(600)),
+        (0, 0)
+    );
+    let again = h
+        .acquire(acquire("retry", 2, &first.lease_token, client))
+        .await
+        .ok();
+    let again = again.map(Response::into_inner).unwrap_or_default();
+    assert_eq!(
+        (ids(&again), again.lease_token),
+        (vec![0, 1], first.lease_token)
+    );
+    assert_eq!(
+        lock(&h.skews).count("retry", Duration::from_secs(600)),
+        (1, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_retry_without_the_token_is_refused_and_audited_as_refused() {
+    let (h, store) = handler();
+    let mut rx = audit::subscribe();
+    let _first = h.acquire(acquire("no-token", 1, "", NOW)).await.ok();
+    let refused = h
+        .acquire(acquire("no-token", 1, "", NOW))
+        .await
+        .err()
+        .map(|s| (s.code(), s.message().to_owned()));
+    assert_eq!(
+        refused,
+        Some((
+            Code::PermissionDenied,
+            "permission denied for this requester's lease: no lease_token was sent. Send the lease_token that this requester's Acquire returned; a process without it must start over as a new requester (a new nonce). Machine ids whose grant was lost free themselves when their lease ends".to_owned()
+        ))
+    );
+    assert_eq!(store.book().calls, ["layout", "admit", "acquire"].repeat(2));
+    assert_eq!(
+        events(&mut rx, "no-token"),
+        [
+            event("lease.acquire", "no-token", "machine_ids 0", "ok"),
+            event("lease.acquire", "no-token", "", "PermissionDenied"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_token_is_refused_before_the_store_and_the_audit_trail() {
+    let (h, store) = handler();
+    let mut rx = audit::subscribe();
+    let acquired = h.acquire(acquire("bad-token", 1, "xyz", NOW)).await;
+    let released = h.release(release("bad-token", "xyz")).await;
+    let message =
+        "invalid lease_token: send the 64 hex digits that Acquire returned, or leave it empty";
+    for refused in [acquired.err(), released.err()] {
+        let refused = refused.map(|s| (s.code(), s.message().to_owned()));
+        assert_eq!(refused, Some((Code::InvalidArgument, message.to_owned())));
+    }
+    assert!(store.book().calls.is_empty());
+    assert_eq!(events(&mut rx, "bad-token"), []);
+}
+
+/// An Acquire made with API key `k-quota` whose quota is `max`.
+fn with_key(mut request: Request<pb::AcquireRequest>, max: u32) -> Request<pb::AcquireRequest> {
+    request.extensions_mut().insert(CallerKey("k-quota".into()));
+    request.extensions_mut().insert(KeyScope {
+        key_id: "k-quota".into(),
+        namespaces: Vec::new(),
+        permissions: Vec::new(),
+        max_lease_machine_ids: max,
+    });
+    request
+}
+
+#[tokio::test]
+async fn an_acquire_over_the_keys_quota_is_refused_with_nothing_claimed() {
+    let (h, store) = handler();
+    let mut rx = audit::subscribe();
+    let first = h.acquire(with_key(acquire("quota", 2, "", NOW), 2)).await;
+    assert_eq!(first.map(|g| ids(g.get_ref())).ok(), Some(vec![0, 1]));
+    let quota = KeyQuota {
+        key_id: "k-quota".into(),
+        max: 2,
+    };
+    assert_eq!(store.book().quota.as_ref(), Some(&quota));
+    let mut other = acquire("quota", 1, "", NOW);
+    other.get_mut().requester = Some(requester("ffeeddccbbaa99887766554433221100"));
+    let refused = h
+        .acquire(with_key(other, 2))
+        .await
+        .err()
+        .map(|s| (s.code(), s.message().to_owned()));
+    assert_eq!(
+        refused,
+        Some((
+            Code::ResourceExhausted,
+            "key k-quota holds 2 of its 2 machine ids; asking for 1 would exceed its quota; release some, or use a key with a larger quota (snowkeepctl key create --max-lease-machine-ids N; a key's quota never changes)".to_owned()
+        ))
+    );
+    let results: Vec<(String, String)> = events(&mut rx, "quota")
+        .into_iter()
+        .map(|e| (e.who.key_id, e.result))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("k-quota".to_owned(), "ok".to_owned()),
+            ("k-quota".to_owned(), "ResourceExhausted".to_owned())
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_acquire_without_a_key_carries_no_quota() {
+    let (h, store) = handler();
+    let _grant = h.acquire(acquire("no-quota", 3, "", NOW)).await;
+    assert_eq!(store.book().quota, None);
+    assert_eq!(
+        store.book().about.as_ref().map(|a| a.key_id.as_str()),
+        Some("")
+    );
+}
+
+#[tokio::test]
+async fn acquire_and_release_are_audited_and_renew_check_and_capacity_are_not() {
+    let (h, store) = handler();
+    let mut rx = audit::subscribe();
+    let ns = "audited";
+    let grant = h.acquire(acquire(ns, 2, "", NOW)).await.ok();
+    let token = grant
+        .map(|g| g.into_inner().lease_token)
+        .unwrap_or_default();
+    let renewed = h
+        .renew(Request::new(pb::RenewRequest {
+            namespace: ns.into(),
+            requester: Some(requester(NONCE)),
+            lease_token: token.clone(),
+            ..Default::default()
+        }))
+        .await;
+    assert_eq!(renewed.map(|g| ids(g.get_ref())).ok(), Some(vec![0, 1]));
+    let checked = h
+        .check(Request::new(pb::CheckRequest {
+            namespace: ns.into(),
+            requester: Some(requester(NONCE)),
+            lease_token: token.clone(),
+            ..Default::default()
+        }))
+        .await;
+    assert!(checked.is_ok());
+    let capacity = h
+        .capacity(Request::new(pb::CapacityRequest {
+            namespace: ns.into(),
+        }))
+        .await;
+    assert!(capacity.is_ok());
+    let wrong = h.release(release(ns, &"0".repeat(64))).await;
+    assert_eq!(wrong.err().map(|s| s.code()), Some(Code::PermissionDenied));
+    let released = h.release(release(ns, &token)).await;
+    assert_eq!(released.map(|r| r.get_ref().released).ok(), Some(2));
+    assert_eq!(
+        store.book().calls,
+        ["layout", "admit", "acquire", "renew", "check", "capacity", "release", "release"]
+    );
+    assert_eq!(
+        events(&mut rx, ns),
+        [
+            event("lease.acquire", ns, "machine_ids 0,1", "ok"),
+            event("lease.release", ns, "", "PermissionDenied"),
+            event("lease.release", ns, "released 2", "ok"),
+        ]
+    );
+}
+
+/// Never connected: the store did not answer yet.
+struct NotConnected;
+
+impl Reach<Requesters> for NotConnected {
+    fn reach(&self) -> Result<Option<Requesters>, ApiError> {
+        Err(ApiError::StoreNotConnected)
+    }
+}
+
+/// The single-instance store: no Lease API.
+struct SingleInstance;
+
+impl Reach<Requesters> for SingleInstance {
+    fn reach(&self) -> Result<Option<Requesters>, ApiError> {
+        Ok(None)
+    }
+}
+
+#[tokio::test]
+async fn without_a_connected_etcd_store_calls_are_refused_as_the_store_says() {
+    let clock: SharedClock = ManualClock::new(NOW);
+    let unconnected = LeaseHandler::reaching(NotConnected, CONFIG, Arc::clone(&clock));
+    let single = LeaseHandler::reaching(SingleInstance, CONFIG, clock);
+    let codes = [
+        unconnected
+            .acquire(acquire("unreached", 1, "", NOW))
+            .await
+            .err()
+            .map(|s| s.code()),
+        single
+            .acquire(acquire("unreached", 1, "", NOW))
+            .await
+            .err()
+            .map(|s| s.code()),
+    ];
+    assert_eq!(
+        codes,
+        [Some(Code::Unavailable), Some(Code::FailedPrecondition)]
+    );
+}
