@@ -23,7 +23,7 @@
 //! | `lease_api` | the Lease API (`LeaseService`): its handler, its protobuf conversions, its settings |
 //! | [`auth`] | API keys in force: the tower layer, the servers' key cache, the cluster's security mode, revocation of open streams |
 //! | `audit` | the audit trail: one event per Lease API and administration change, logged, counted and broadcast |
-//! | `service` | gRPC adapters (IdService, InfoService), `StoreAccess`, status mapping, health |
+//! | `service` | gRPC adapters (IdService, InfoService), `StoreAccess` and `Reach` (how a handler reaches its store), status mapping, health |
 //! | `admin` | `AdminService`: the cluster's state, its export and import, API keys and the security mode, for snowkeepctl and the status page |
 //! | `router` | the gRPC routes: every service of the port under one message-size bound |
 //! | [`metrics`] | the Prometheus recorder and the per-call gRPC metrics layer; re-exports the catalog of `snowkeep_core::metrics` |
