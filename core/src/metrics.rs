@@ -1,11 +1,12 @@
 //! The metric catalog: every metric name snowkeep-server exports is a
-//! `const` here, described in `describe_all`. Dashboards and alert rules in
+//! `const` here, with its type, unit and help in the one table [`METRICS`],
+//! which [`CATALOG`] lists and [`describe_all`] describes. Dashboards and alert rules in
 //! `deploy/` use these names, so renaming one breaks them. Labels take
 //! bounded values only: `namespace` (configured), enums with `as_str`, never
 //! ids or text. The server installs the Prometheus recorder and serves the
 //! scrape; this crate only names and describes.
 
-use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics::Unit;
 
 /// Build information, gauge = 1; labels `version`.
 pub const BUILD_INFO: &str = "snowkeep_build_info";
@@ -112,44 +113,265 @@ pub const AUTH_REQUESTS_TOTAL: &str = "snowkeep_auth_requests_total";
 /// (`ok` or a gRPC code name).
 pub const AUDIT_EVENTS_TOTAL: &str = "snowkeep_audit_events_total";
 
+/// A metric's Prometheus type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up; `_total` names.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Observations in buckets (`_seconds` names, buckets set by the server).
+    Histogram,
+}
+
+impl Kind {
+    /// The type as a scrape's `# TYPE` line names it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric of the catalog: what `describe_all` tells the recorder and
+/// [`CATALOG`] lists.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// The full name, one of the `const`s above.
+    pub name: &'static str,
+    /// Its Prometheus type.
+    pub kind: Kind,
+    /// Its unit, `None` for a plain value (build info, readiness).
+    pub unit: Option<Unit>,
+    /// The `# HELP` text of the scrape.
+    pub help: &'static str,
+}
+
+/// Every metric of the catalog, in the catalog's order: the one table both
+/// [`CATALOG`] and [`describe_all`] read.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: BUILD_INFO,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "Build information of the running snowkeep-server; always 1.",
+    },
+    Metric {
+        name: GRPC_REQUESTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "gRPC calls by service, method and final status code.",
+    },
+    Metric {
+        name: GRPC_REQUEST_DURATION_SECONDS,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "gRPC call duration, until the last message of a stream.",
+    },
+    Metric {
+        name: GRPC_REQUESTS_IN_FLIGHT,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "gRPC calls in progress, open streams included.",
+    },
+    Metric {
+        name: IDS_ISSUED_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Ids issued, by namespace and gRPC method.",
+    },
+    Metric {
+        name: LEASE_RENEWALS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Lease renewals (etcd keepalives) by result.",
+    },
+    Metric {
+        name: LEASE_RENEWAL_DURATION_SECONDS,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Round-trip time of successful lease renewals.",
+    },
+    Metric {
+        name: LEASE_REMAINING_SECONDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Time left until the lease's local monotonic deadline; 0 when no lease is held.",
+    },
+    Metric {
+        name: LEASE_LOSSES_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Machine-id leases lost, by reason.",
+    },
+    Metric {
+        name: MACHINE_IDS_HELD,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Machine ids this instance holds with a valid grant.",
+    },
+    Metric {
+        name: NAMESPACE_MACHINE_IDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Machine ids of the namespace range by state (held or free); their sum is the capacity.",
+    },
+    Metric {
+        name: FENCE_HEADROOM_SECONDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Persisted fence minus the clock, minimum over held machine ids.",
+    },
+    Metric {
+        name: OUTAGE_BUDGET_SECONDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "The configured outage budget: how long issuance goes on with the store unreachable.",
+    },
+    Metric {
+        name: OUTAGE_BUDGET_REMAINING_SECONDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Outage budget left: the time from the clock to the lowest persisted fence (at least the budget while the store answers, counting down during an outage), 0 when not issuing.",
+    },
+    Metric {
+        name: FENCE_ADVANCES_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Fence advances in the store, by result.",
+    },
+    Metric {
+        name: FENCE_WAITS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Waits for the clock to pass a previous holder's fence before issuing.",
+    },
+    Metric {
+        name: FENCE_WAIT_DURATION_SECONDS,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Length of waits for the clock to pass a previous holder's fence.",
+    },
+    Metric {
+        name: SEQUENCE_EXHAUSTED_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Milliseconds whose sequence ran out, moving issuance to the next millisecond.",
+    },
+    Metric {
+        name: ISSUANCE_REFUSALS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "NextIds and StreamIds calls the generator refused, by reason; fence_reached means the clock reached a fence the lease loop did not raise in time.",
+    },
+    Metric {
+        name: CLOCK_BACKWARD_STEPS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Backwards wall-clock steps seen while issuing, by outcome (waited out or halted).",
+    },
+    Metric {
+        name: CLOCK_SKEW_SECONDS,
+        kind: Kind::Histogram,
+        unit: Some(Unit::Seconds),
+        help: "Absolute clock skew observed, by source: Lease API clients, NextIds callers that send their time, or peer servers.",
+    },
+    Metric {
+        name: CLOCK_SKEW_REJECTIONS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Lease API Acquires refused because the client clock was behind or ahead of the server by more than the threshold.",
+    },
+    Metric {
+        name: ISSUANCE_READY,
+        kind: Kind::Gauge,
+        unit: None,
+        help: "1 while this instance can issue ids, else 0.",
+    },
+    Metric {
+        name: PEER_CLOCK_OFFSET_MAX_SECONDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Largest absolute clock offset to a peer server in the last measuring round (NTP-style, half the round trip).",
+    },
+    Metric {
+        name: NAMESPACE_OVERLAPS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Other namespaces of this etcd with the same bit layout that have used machine ids of this server's range, so their ids can equal this namespace's (checked at start).",
+    },
+    Metric {
+        name: CLOCK_SKEW_CLAMPED_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Clock skews more than a day off, recorded in the skew histogram as one day.",
+    },
+    Metric {
+        name: CLIENT_CLOCK_SKEW_REQUESTERS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Count),
+        help: "Lease API requesters holding machine ids whose last reported clock was more than half the skew threshold, or the threshold, off this server's; 0 when the threshold is 0.",
+    },
+    Metric {
+        name: CORRUPT_KEYS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Unreadable etcd keys met, one per key per read, by kind; the log names each key. A machine id with an unreadable fence is never claimed.",
+    },
+    Metric {
+        name: CONNECTIONS_REFUSED_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Connections closed as soon as they were accepted because a limit was reached, by listener and reason (max_connections, max_connections_per_peer, allow_list: the budget of peers outside --allow-cidrs).",
+    },
+    Metric {
+        name: STREAM_SEND_STALLS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Connections closed because a response message on them waited --stream-send-timeout without its client taking it.",
+    },
+    Metric {
+        name: TLS_RELOADS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Reloads of the gRPC port's TLS certificate files after they changed, by result: ok (new connections use the new certificate) or error (they did not parse; the previous certificate keeps serving).",
+    },
+    Metric {
+        name: TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "notAfter of the certificate the gRPC port serves new connections with, as a Unix timestamp.",
+    },
+    Metric {
+        name: AUTH_REQUESTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "API key checks with --auth on, by key id (- for a missing, malformed or unknown key) and result.",
+    },
+    Metric {
+        name: AUDIT_EVENTS_TOTAL,
+        kind: Kind::Counter,
+        unit: Some(Unit::Count),
+        help: "Audit events (Lease API acquire and release, eviction, key changes, import), by action, key id and result.",
+    },
+];
+
 /// Every metric of the catalog with its Prometheus type, as scraped: the
 /// dashboards, the alert rules and the catalog test hold to this list.
-pub const CATALOG: &[(&str, &str)] = &[
-    (BUILD_INFO, "gauge"),
-    (GRPC_REQUESTS_TOTAL, "counter"),
-    (GRPC_REQUEST_DURATION_SECONDS, "histogram"),
-    (GRPC_REQUESTS_IN_FLIGHT, "gauge"),
-    (IDS_ISSUED_TOTAL, "counter"),
-    (LEASE_RENEWALS_TOTAL, "counter"),
-    (LEASE_RENEWAL_DURATION_SECONDS, "histogram"),
-    (LEASE_REMAINING_SECONDS, "gauge"),
-    (LEASE_LOSSES_TOTAL, "counter"),
-    (MACHINE_IDS_HELD, "gauge"),
-    (NAMESPACE_MACHINE_IDS, "gauge"),
-    (FENCE_HEADROOM_SECONDS, "gauge"),
-    (OUTAGE_BUDGET_SECONDS, "gauge"),
-    (OUTAGE_BUDGET_REMAINING_SECONDS, "gauge"),
-    (FENCE_ADVANCES_TOTAL, "counter"),
-    (FENCE_WAITS_TOTAL, "counter"),
-    (FENCE_WAIT_DURATION_SECONDS, "histogram"),
-    (SEQUENCE_EXHAUSTED_TOTAL, "counter"),
-    (ISSUANCE_REFUSALS_TOTAL, "counter"),
-    (CLOCK_BACKWARD_STEPS_TOTAL, "counter"),
-    (CLOCK_SKEW_SECONDS, "histogram"),
-    (CLOCK_SKEW_REJECTIONS_TOTAL, "counter"),
-    (ISSUANCE_READY, "gauge"),
-    (PEER_CLOCK_OFFSET_MAX_SECONDS, "gauge"),
-    (NAMESPACE_OVERLAPS, "gauge"),
-    (CLOCK_SKEW_CLAMPED_TOTAL, "counter"),
-    (CLIENT_CLOCK_SKEW_REQUESTERS, "gauge"),
-    (CORRUPT_KEYS_TOTAL, "counter"),
-    (CONNECTIONS_REFUSED_TOTAL, "counter"),
-    (STREAM_SEND_STALLS_TOTAL, "counter"),
-    (TLS_RELOADS_TOTAL, "counter"),
-    (TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS, "gauge"),
-    (AUTH_REQUESTS_TOTAL, "counter"),
-    (AUDIT_EVENTS_TOTAL, "counter"),
-];
+pub const CATALOG: &[(&str, &str)] = &name_and_kind::<{ METRICS.len() }>();
+
+/// `(name, type)` of each of the first `N` entries of [`METRICS`].
+const fn name_and_kind<const N: usize>() -> [(&'static str, &'static str); N] {
+    let mut pairs = [("", ""); N];
+    let mut i = 0;
+    while i < N {
+        pairs[i] = (METRICS[i].name, METRICS[i].kind.as_str());
+        i += 1;
+    }
+    pairs
+}
 
 /// Where a clock skew was observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,176 +479,19 @@ pub fn init_namespace(namespace: &str) {
     }
 }
 
-/// Describes every metric (unit and help) for the installed recorder.
+/// Describes every metric of [`METRICS`] (unit and help) for the installed
+/// recorder, and creates the unlabelled and enum-labelled series at 0.
 pub fn describe_all() {
-    describe_gauge!(
-        BUILD_INFO,
-        "Build information of the running snowkeep-server; always 1."
-    );
-    describe_counter!(
-        IDS_ISSUED_TOTAL,
-        Unit::Count,
-        "Ids issued, by namespace and gRPC method."
-    );
-    describe_counter!(
-        GRPC_REQUESTS_TOTAL,
-        Unit::Count,
-        "gRPC calls by service, method and final status code."
-    );
-    describe_histogram!(
-        GRPC_REQUEST_DURATION_SECONDS,
-        Unit::Seconds,
-        "gRPC call duration, until the last message of a stream."
-    );
-    describe_gauge!(
-        GRPC_REQUESTS_IN_FLIGHT,
-        Unit::Count,
-        "gRPC calls in progress, open streams included."
-    );
-    describe_counter!(
-        LEASE_RENEWALS_TOTAL,
-        Unit::Count,
-        "Lease renewals (etcd keepalives) by result."
-    );
-    describe_histogram!(
-        LEASE_RENEWAL_DURATION_SECONDS,
-        Unit::Seconds,
-        "Round-trip time of successful lease renewals."
-    );
-    describe_gauge!(
-        LEASE_REMAINING_SECONDS,
-        Unit::Seconds,
-        "Time left until the lease's local monotonic deadline; 0 when no lease is held."
-    );
-    describe_counter!(
-        LEASE_LOSSES_TOTAL,
-        Unit::Count,
-        "Machine-id leases lost, by reason."
-    );
-    describe_gauge!(
-        MACHINE_IDS_HELD,
-        Unit::Count,
-        "Machine ids this instance holds with a valid grant."
-    );
-    describe_gauge!(
-        NAMESPACE_MACHINE_IDS,
-        Unit::Count,
-        "Machine ids of the namespace range by state (held or free); their sum is the capacity."
-    );
-    describe_gauge!(
-        FENCE_HEADROOM_SECONDS,
-        Unit::Seconds,
-        "Persisted fence minus the clock, minimum over held machine ids."
-    );
-    describe_gauge!(
-        OUTAGE_BUDGET_SECONDS,
-        Unit::Seconds,
-        "The configured outage budget: how long issuance goes on with the store unreachable."
-    );
-    describe_gauge!(
-        OUTAGE_BUDGET_REMAINING_SECONDS,
-        Unit::Seconds,
-        "Outage budget left: the time from the clock to the lowest persisted fence (at least the budget while the store answers, counting down during an outage), 0 when not issuing."
-    );
-    describe_counter!(
-        FENCE_ADVANCES_TOTAL,
-        Unit::Count,
-        "Fence advances in the store, by result."
-    );
-    describe_counter!(
-        FENCE_WAITS_TOTAL,
-        Unit::Count,
-        "Waits for the clock to pass a previous holder's fence before issuing."
-    );
-    describe_histogram!(
-        FENCE_WAIT_DURATION_SECONDS,
-        Unit::Seconds,
-        "Length of waits for the clock to pass a previous holder's fence."
-    );
-    describe_counter!(
-        SEQUENCE_EXHAUSTED_TOTAL,
-        Unit::Count,
-        "Milliseconds whose sequence ran out, moving issuance to the next millisecond."
-    );
-    describe_counter!(
-        ISSUANCE_REFUSALS_TOTAL,
-        Unit::Count,
-        "NextIds and StreamIds calls the generator refused, by reason; fence_reached means the clock reached a fence the lease loop did not raise in time."
-    );
-    describe_counter!(
-        CLOCK_BACKWARD_STEPS_TOTAL,
-        Unit::Count,
-        "Backwards wall-clock steps seen while issuing, by outcome (waited out or halted)."
-    );
-    describe_gauge!(
-        ISSUANCE_READY,
-        "1 while this instance can issue ids, else 0."
-    );
-    describe_histogram!(
-        CLOCK_SKEW_SECONDS,
-        Unit::Seconds,
-        "Absolute clock skew observed, by source: Lease API clients, NextIds callers that send their time, or peer servers."
-    );
-    describe_gauge!(
-        PEER_CLOCK_OFFSET_MAX_SECONDS,
-        Unit::Seconds,
-        "Largest absolute clock offset to a peer server in the last measuring round (NTP-style, half the round trip)."
-    );
-    describe_gauge!(
-        NAMESPACE_OVERLAPS,
-        Unit::Count,
-        "Other namespaces of this etcd with the same bit layout that have used machine ids of this server's range, so their ids can equal this namespace's (checked at start)."
-    );
-    describe_counter!(
-        CLOCK_SKEW_REJECTIONS_TOTAL,
-        Unit::Count,
-        "Lease API Acquires refused because the client clock was behind or ahead of the server by more than the threshold."
-    );
-    describe_counter!(
-        CLOCK_SKEW_CLAMPED_TOTAL,
-        Unit::Count,
-        "Clock skews more than a day off, recorded in the skew histogram as one day."
-    );
-    describe_gauge!(
-        CLIENT_CLOCK_SKEW_REQUESTERS,
-        Unit::Count,
-        "Lease API requesters holding machine ids whose last reported clock was more than half the skew threshold, or the threshold, off this server's; 0 when the threshold is 0."
-    );
-    describe_counter!(
-        CORRUPT_KEYS_TOTAL,
-        Unit::Count,
-        "Unreadable etcd keys met, one per key per read, by kind; the log names each key. A machine id with an unreadable fence is never claimed."
-    );
-    describe_counter!(
-        CONNECTIONS_REFUSED_TOTAL,
-        Unit::Count,
-        "Connections closed as soon as they were accepted because a limit was reached, by listener and reason (max_connections, max_connections_per_peer, allow_list: the budget of peers outside --allow-cidrs)."
-    );
-    describe_counter!(
-        STREAM_SEND_STALLS_TOTAL,
-        Unit::Count,
-        "Connections closed because a response message on them waited --stream-send-timeout without its client taking it."
-    );
-    describe_counter!(
-        TLS_RELOADS_TOTAL,
-        Unit::Count,
-        "Reloads of the gRPC port's TLS certificate files after they changed, by result: ok (new connections use the new certificate) or error (they did not parse; the previous certificate keeps serving)."
-    );
-    describe_gauge!(
-        TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS,
-        Unit::Seconds,
-        "notAfter of the certificate the gRPC port serves new connections with, as a Unix timestamp."
-    );
-    describe_counter!(
-        AUTH_REQUESTS_TOTAL,
-        Unit::Count,
-        "API key checks with --auth on, by key id (- for a missing, malformed or unknown key) and result."
-    );
-    describe_counter!(
-        AUDIT_EVENTS_TOTAL,
-        Unit::Count,
-        "Audit events (Lease API acquire and release, eviction, key changes, import), by action, key id and result."
-    );
+    metrics::with_recorder(|recorder| {
+        for m in METRICS {
+            let (name, help) = (m.name.into(), m.help.into());
+            match m.kind {
+                Kind::Counter => recorder.describe_counter(name, m.unit, help),
+                Kind::Gauge => recorder.describe_gauge(name, m.unit, help),
+                Kind::Histogram => recorder.describe_histogram(name, m.unit, help),
+            }
+        }
+    });
     // Counters exist from the start (at 0) so rates and alerts see them.
     metrics::counter!(AUTH_REQUESTS_TOTAL, "key_id" => "-", "result" => "missing").increment(0);
     metrics::counter!(CLOCK_SKEW_REJECTIONS_TOTAL).increment(0);

@@ -33,35 +33,7 @@ impl PermissionArg {
 pub enum KeyCommand {
     /// Create an API key; its secret is printed once, here (or written to
     /// --secret-file).
-    Create {
-        /// What the key is for.
-        #[arg(long)]
-        description: String,
-        /// When it stops working: a duration from now (30d, 12h) or an RFC
-        /// 3339 time (2026-07-01T00:00:00Z); never when left out.
-        #[arg(long)]
-        expires: Option<String>,
-        /// A namespace it may use (repeat for more); all when left out.
-        #[arg(long = "namespace")]
-        namespaces: Vec<String>,
-        /// What it may call (repeat for more): ids, lease, admin.
-        #[arg(long = "permission", value_enum, required = true)]
-        permissions: Vec<PermissionArg>,
-        /// The most machine ids its requesters may hold at once through the
-        /// Lease API, cluster-wide.
-        #[arg(long, default_value_t = 0)]
-        max_lease_machine_ids: u32,
-        /// Write the key (`<id>.<secret>` and a newline) to this new file,
-        /// readable by its owner only (mode 0600), instead of printing the
-        /// secret; fails if the file exists.
-        #[arg(long)]
-        secret_file: Option<std::path::PathBuf>,
-        /// Create the key even when a --namespace does not exist in the
-        /// cluster (yet); warns on stderr. Without it, such a namespace is
-        /// refused: it is most often a typo.
-        #[arg(long)]
-        allow_missing_namespace: bool,
-    },
+    Create(CreateArgs),
     /// List API keys (never their secrets).
     List,
     /// Set a key's expiry: now, or at --at.
@@ -81,6 +53,38 @@ pub enum KeyCommand {
     /// content of a `--bootstrap-admin-key-file`. It is a key only once a
     /// server has written it to etcd.
     Generate,
+}
+
+/// `key create`.
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// What the key is for.
+    #[arg(long)]
+    description: String,
+    /// When it stops working: a duration from now (30d, 12h) or an RFC
+    /// 3339 time (2026-07-01T00:00:00Z); never when left out.
+    #[arg(long)]
+    expires: Option<String>,
+    /// A namespace it may use (repeat for more); all when left out.
+    #[arg(long = "namespace")]
+    namespaces: Vec<String>,
+    /// What it may call (repeat for more): ids, lease, admin.
+    #[arg(long = "permission", value_enum, required = true)]
+    permissions: Vec<PermissionArg>,
+    /// The most machine ids its requesters may hold at once through the
+    /// Lease API, cluster-wide.
+    #[arg(long, default_value_t = 0)]
+    max_lease_machine_ids: u32,
+    /// Write the key (`<id>.<secret>` and a newline) to this new file,
+    /// readable by its owner only (mode 0600), instead of printing the
+    /// secret; fails if the file exists.
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+    /// Create the key even when a --namespace does not exist in the
+    /// cluster (yet); warns on stderr. Without it, such a namespace is
+    /// refused: it is most often a typo.
+    #[arg(long)]
+    allow_missing_namespace: bool,
 }
 
 /// A time as given: a duration from `now_ms` or RFC 3339; ms since the epoch.
@@ -170,113 +174,134 @@ impl KeyCommand {
         let now = snowkeep_client::SystemClock.unix_ms();
         let mut admin = conn.admin().await?;
         match self {
-            KeyCommand::Create {
-                description,
-                expires,
-                namespaces,
-                permissions,
-                max_lease_machine_ids,
-                secret_file,
-                allow_missing_namespace,
-            } => {
-                check_namespaces(&mut admin, &namespaces, allow_missing_namespace).await?;
-                let expires_unix_ms = expires
-                    .as_deref()
-                    .map(|e| parse_when(e, now))
-                    .transpose()?
-                    .unwrap_or(0);
-                // Made before the key, so an existing file refuses before
-                // a key nobody can use exists.
-                let mut file = secret_file
-                    .as_deref()
-                    .map(|path| new_secret_file(path).map(|f| (path, f)))
-                    .transpose()?;
-                let r = admin
-                    .create_key(pb::CreateKeyRequest {
-                        description,
-                        expires_unix_ms,
-                        namespaces,
-                        permissions: permissions.iter().map(|p| p.to_pb() as i32).collect(),
-                        max_lease_machine_ids,
-                    })
-                    .await;
-                let r = match r {
-                    Ok(r) => r.into_inner(),
-                    Err(status) => {
-                        if let Some((path, _)) = file.take() {
-                            let _ = std::fs::remove_file(path);
-                        }
-                        return Err(status.into());
-                    }
-                };
-                let Some(key) = r.key else {
-                    bail!("the server answered without the key");
-                };
-                if let Some((path, mut f)) = file {
-                    use std::io::Write;
-                    f.write_all(format!("{}\n", r.secret).as_bytes())
-                        .and_then(|()| f.sync_all())
-                        .with_context(|| {
-                            format!(
-                                "writing the key to {} (key {} exists: revoke it)",
-                                path.display(),
-                                key.id
-                            )
-                        })?;
-                    let mut json = key_json(&key);
-                    json["secret_file"] = serde_json::Value::String(path.display().to_string());
-                    print(output, KEY_HEADER, vec![key_row(&key)], json)?;
-                    if output == Output::Table {
-                        crate::output::line(format_args!(
-                            "the key (<id>.<secret>) is in {} (mode 0600): give it to the client",
-                            path.display()
-                        ))?;
-                    }
-                    return Ok(());
-                }
-                let mut json = key_json(&key);
-                json["secret"] = serde_json::Value::String(r.secret.clone());
-                let mut row = key_row(&key);
-                row.push(r.secret);
-                let mut header = KEY_HEADER.to_vec();
-                header.push("SECRET (shown once: give it to the client now)");
-                print(output, &header, vec![row], json)?;
-            }
-            KeyCommand::List => {
-                let r = admin.list_keys(pb::ListKeysRequest {}).await?.into_inner();
-                let rows = r.keys.iter().map(key_row).collect();
-                let json = serde_json::json!(r.keys.iter().map(key_json).collect::<Vec<_>>());
-                print(output, KEY_HEADER, rows, json)?;
-            }
+            KeyCommand::Create(a) => create(a, &mut admin, now, output).await,
+            KeyCommand::List => list(&mut admin, output).await,
             KeyCommand::Expire { id, at } => {
                 let expires_unix_ms = at
                     .as_deref()
                     .map(|a| parse_when(a, now))
                     .transpose()?
                     .unwrap_or(0);
-                let r = admin
-                    .expire_key(pb::ExpireKeyRequest {
-                        id,
-                        expires_unix_ms,
-                    })
-                    .await?
-                    .into_inner();
-                let key = r.key.unwrap_or_default();
-                print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key))?;
+                let request = pb::ExpireKeyRequest {
+                    id,
+                    expires_unix_ms,
+                };
+                let r = admin.expire_key(request).await?.into_inner();
+                print_key(&r.key.unwrap_or_default(), output)
             }
             KeyCommand::Revoke { id } => {
-                let r = admin
-                    .revoke_key(pb::RevokeKeyRequest { id })
-                    .await?
-                    .into_inner();
-                let key = r.key.unwrap_or_default();
-                print(output, KEY_HEADER, vec![key_row(&key)], key_json(&key))?;
+                let request = pb::RevokeKeyRequest { id };
+                let r = admin.revoke_key(request).await?.into_inner();
+                print_key(&r.key.unwrap_or_default(), output)
             }
             // Answered above, without a server.
-            KeyCommand::Generate => {}
+            KeyCommand::Generate => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// `key create`: checks the namespaces, creates the key and prints it with
+/// its secret, or writes the secret to `--secret-file`.
+async fn create(
+    a: CreateArgs,
+    admin: &mut crate::conn::Admin,
+    now: u64,
+    output: Output,
+) -> anyhow::Result<()> {
+    check_namespaces(admin, &a.namespaces, a.allow_missing_namespace).await?;
+    let expires_unix_ms = a
+        .expires
+        .as_deref()
+        .map(|e| parse_when(e, now))
+        .transpose()?
+        .unwrap_or(0);
+    // Made before the key, so an existing file refuses before
+    // a key nobody can use exists.
+    let mut file = a
+        .secret_file
+        .as_deref()
+        .map(|path| new_secret_file(path).map(|f| (path, f)))
+        .transpose()?;
+    let r = admin
+        .create_key(pb::CreateKeyRequest {
+            description: a.description,
+            expires_unix_ms,
+            namespaces: a.namespaces,
+            permissions: a.permissions.iter().map(|p| p.to_pb() as i32).collect(),
+            max_lease_machine_ids: a.max_lease_machine_ids,
+        })
+        .await;
+    let r = match r {
+        Ok(r) => r.into_inner(),
+        Err(status) => {
+            if let Some((path, _)) = file.take() {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(status.into());
+        }
+    };
+    let Some(key) = r.key else {
+        bail!("the server answered without the key");
+    };
+    match file {
+        Some((path, f)) => write_secret_file(&key, &r.secret, path, f, output),
+        None => print_key_and_secret(&key, r.secret, output),
+    }
+}
+
+/// Writes the key `<id>.<secret>` to the new `file` at `path` and prints
+/// the key with where its secret went.
+fn write_secret_file(
+    key: &pb::ApiKey,
+    secret: &str,
+    path: &std::path::Path,
+    mut file: std::fs::File,
+    output: Output,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    file.write_all(format!("{secret}\n").as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| {
+            format!(
+                "writing the key to {} (key {} exists: revoke it)",
+                path.display(),
+                key.id
+            )
+        })?;
+    let mut json = key_json(key);
+    json["secret_file"] = serde_json::Value::String(path.display().to_string());
+    print(output, KEY_HEADER, vec![key_row(key)], json)?;
+    if output == Output::Table {
+        crate::output::line(format_args!(
+            "the key (<id>.<secret>) is in {} (mode 0600): give it to the client",
+            path.display()
+        ))?;
+    }
+    Ok(())
+}
+
+/// Prints the key with its secret, the one time it is shown.
+fn print_key_and_secret(key: &pb::ApiKey, secret: String, output: Output) -> anyhow::Result<()> {
+    let mut json = key_json(key);
+    json["secret"] = serde_json::Value::String(secret.clone());
+    let mut row = key_row(key);
+    row.push(secret);
+    let mut header = KEY_HEADER.to_vec();
+    header.push("SECRET (shown once: give it to the client now)");
+    print(output, &header, vec![row], json)
+}
+
+/// `key list`: every key, never a secret.
+async fn list(admin: &mut crate::conn::Admin, output: Output) -> anyhow::Result<()> {
+    let r = admin.list_keys(pb::ListKeysRequest {}).await?.into_inner();
+    let rows = r.keys.iter().map(key_row).collect();
+    let json = serde_json::json!(r.keys.iter().map(key_json).collect::<Vec<_>>());
+    print(output, KEY_HEADER, rows, json)
+}
+
+/// Prints one key as `key list` does.
+fn print_key(key: &pb::ApiKey, output: Output) -> anyhow::Result<()> {
+    print(output, KEY_HEADER, vec![key_row(key)], key_json(key))
 }
 
 /// Refuses a key for namespaces the cluster does not have (`snowkeepctl

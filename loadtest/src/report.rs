@@ -260,14 +260,11 @@ impl Report {
     /// Prometheus text exposition of the run's figures.
     pub fn to_prometheus(&self) -> String {
         let call = escape_label(&self.call);
-        let mut out = String::new();
-        let mut metric = |name: &str, kind: &str, help: &str, lines: Vec<String>| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for l in lines {
-                let _ = writeln!(out, "{l}");
-            }
+        let mut out = Exposition {
+            text: String::new(),
+            call: &call,
         };
-        metric(
+        out.family(
             "snowkeep_bench_calls_total",
             "counter",
             "Calls finished, by final gRPC status.",
@@ -278,33 +275,38 @@ impl Report {
                 })
                 .collect(),
         );
-        metric(
+        out.single(
             "snowkeep_bench_ids_total",
             "counter",
             "Ids received.",
-            vec![format!(
-                "snowkeep_bench_ids_total{{call=\"{call}\"}} {}",
-                self.ids
-            )],
+            self.ids,
         );
-        metric(
+        out.single(
             "snowkeep_bench_duration_seconds",
             "gauge",
             "Wall time of the run.",
-            vec![format!(
-                "snowkeep_bench_duration_seconds{{call=\"{call}\"}} {}",
-                self.total_seconds
-            )],
+            self.total_seconds,
         );
-        metric(
+        out.single(
             "snowkeep_bench_requests_per_second",
             "gauge",
             "Calls per second over the run.",
-            vec![format!(
-                "snowkeep_bench_requests_per_second{{call=\"{call}\"}} {}",
-                self.rps
-            )],
+            self.rps,
         );
+        out.family(
+            "snowkeep_bench_latency_seconds",
+            "summary",
+            "Per-call latency.",
+            self.latency_summary(&call),
+        );
+        if let Some(c) = &self.check {
+            out.check(c);
+        }
+        out.text
+    }
+
+    /// The lines of the latency summary: its quantiles, sum and count.
+    fn latency_summary(&self, call: &str) -> Vec<String> {
         let mut lines: Vec<String> = self
             .latency
             .quantiles()
@@ -324,51 +326,7 @@ impl Report {
             "snowkeep_bench_latency_seconds_count{{call=\"{call}\"}} {}",
             self.count
         ));
-        metric(
-            "snowkeep_bench_latency_seconds",
-            "summary",
-            "Per-call latency.",
-            lines,
-        );
-        if let Some(c) = &self.check {
-            metric(
-                "snowkeep_bench_check_duplicates",
-                "gauge",
-                "Duplicate ids found by the checker.",
-                vec![format!(
-                    "snowkeep_bench_check_duplicates{{call=\"{call}\"}} {}",
-                    c.duplicates
-                )],
-            );
-            metric(
-                "snowkeep_bench_check_order_violations",
-                "gauge",
-                "Ids not above the one before them in the same call.",
-                vec![format!(
-                    "snowkeep_bench_check_order_violations{{call=\"{call}\"}} {}",
-                    c.order_violations
-                )],
-            );
-            metric(
-                "snowkeep_bench_check_short_streams",
-                "gauge",
-                "Finite streams that delivered fewer ids than asked.",
-                vec![format!(
-                    "snowkeep_bench_check_short_streams{{call=\"{call}\"}} {}",
-                    c.short_streams
-                )],
-            );
-            metric(
-                "snowkeep_bench_check_missing_ids",
-                "gauge",
-                "Ids that short streams asked for and did not deliver.",
-                vec![format!(
-                    "snowkeep_bench_check_missing_ids{{call=\"{call}\"}} {}",
-                    c.missing_ids
-                )],
-            );
-        }
-        out
+        lines
     }
 
     /// A self-contained HTML page: the summary, the latency histogram as an
@@ -447,6 +405,56 @@ impl Report {
     }
 }
 
+/// Prometheus text being written, for the run's `call` label (escaped).
+struct Exposition<'a> {
+    text: String,
+    call: &'a str,
+}
+
+impl Exposition<'_> {
+    /// A metric family: its `# HELP` and `# TYPE` lines, then `lines`.
+    fn family(&mut self, name: &str, kind: &str, help: &str, lines: Vec<String>) {
+        let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for l in lines {
+            let _ = writeln!(self.text, "{l}");
+        }
+    }
+
+    /// A family of one series, labelled with the call only.
+    fn single(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+        let line = format!("{name}{{call=\"{}\"}} {value}", self.call);
+        self.family(name, kind, help, vec![line]);
+    }
+
+    /// The checker's figures, one gauge each.
+    fn check(&mut self, c: &CheckResult) {
+        self.single(
+            "snowkeep_bench_check_duplicates",
+            "gauge",
+            "Duplicate ids found by the checker.",
+            c.duplicates,
+        );
+        self.single(
+            "snowkeep_bench_check_order_violations",
+            "gauge",
+            "Ids not above the one before them in the same call.",
+            c.order_violations,
+        );
+        self.single(
+            "snowkeep_bench_check_short_streams",
+            "gauge",
+            "Finite streams that delivered fewer ids than asked.",
+            c.short_streams,
+        );
+        self.single(
+            "snowkeep_bench_check_missing_ids",
+            "gauge",
+            "Ids that short streams asked for and did not deliver.",
+            c.missing_ids,
+        );
+    }
+}
+
 /// Ten buckets between the fastest and the slowest call.
 fn buckets(h: &Histogram<u64>) -> Vec<Bucket> {
     if h.is_empty() {
@@ -492,204 +500,4 @@ fn escape_html(s: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report() -> Report {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-        for us in [100, 200, 300, 400, 1_000] {
-            h.record(us).unwrap();
-        }
-        let codes = BTreeMap::from([("Ok".to_owned(), 4u64), ("Unavailable".to_owned(), 1)]);
-        let errors = BTreeMap::from([("Unavailable: no lease <now>".to_owned(), 1u64)]);
-        let check = CheckResult {
-            ids: 400,
-            duplicates: 0,
-            order_violations: 0,
-            short_streams: 0,
-            missing_ids: 0,
-        };
-        let mut r = Report::new(
-            "snowkeep.v1.IdService/NextIds",
-            Duration::from_secs(2),
-            400,
-            &h,
-            codes,
-            errors,
-            Some(check),
-        );
-        r.details = vec![
-            CallRecord {
-                offset_ms: 0.0,
-                latency_us: 1_000,
-                code: "Ok".into(),
-            },
-            CallRecord {
-                offset_ms: 1.5,
-                latency_us: 10_000,
-                code: "Unavailable".into(),
-            },
-        ];
-        r
-    }
-
-    #[test]
-    fn summary_figures_are_exact() {
-        let r = report();
-        assert_eq!(r.count, 5);
-        assert_eq!(r.rps, 2.5);
-        assert_eq!(r.ids_per_second, 200.0);
-        assert_eq!(r.fastest_ms, 0.1);
-        assert_eq!(r.slowest_ms, 1.0);
-        assert_eq!(r.average_ms, 0.4);
-        assert_eq!(r.histogram.iter().map(|b| b.count).sum::<u64>(), 5);
-        assert_eq!(r.histogram.last().unwrap().mark_ms, 1.0);
-        assert!(!r.all_failed());
-    }
-
-    #[test]
-    fn the_average_never_exceeds_the_slowest_above_the_exact_range() {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-        h.record(979_460).unwrap();
-        let r = Report::new(
-            "s",
-            Duration::from_secs(1),
-            0,
-            &h,
-            BTreeMap::new(),
-            BTreeMap::new(),
-            None,
-        );
-        assert!(
-            r.average_ms <= r.slowest_ms,
-            "{} > {}",
-            r.average_ms,
-            r.slowest_ms
-        );
-        assert!(
-            r.fastest_ms <= r.average_ms,
-            "{} > {}",
-            r.fastest_ms,
-            r.average_ms
-        );
-    }
-
-    #[test]
-    fn text_names_every_section_and_the_verdict() {
-        let text = report().to_text();
-        for part in [
-            "Summary (snowkeep.v1.IdService/NextIds):",
-            "Requests/sec:\t2.50",
-            "Response time histogram:",
-            "Latency distribution:\n  10 % in 0.10 ms",
-            "99.9 % in 1.00 ms",
-            "[Ok]\t4 responses",
-            "[1]\tUnavailable: no lease <now>",
-            "Check: 400 ids, 0 duplicates, 0 order violations: PASS",
-        ] {
-            assert!(text.contains(part), "missing {part:?} in\n{text}");
-        }
-    }
-
-    #[test]
-    fn short_streams_show_in_every_format() {
-        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
-        h.record(1_000).unwrap();
-        let check = CheckResult {
-            ids: 2000,
-            duplicates: 0,
-            order_violations: 0,
-            short_streams: 1,
-            missing_ids: 3000,
-        };
-        let mut r = Report::new(
-            "stream",
-            Duration::from_secs(1),
-            2000,
-            &h,
-            BTreeMap::from([(SHORT_STREAM.to_owned(), 1u64)]),
-            BTreeMap::new(),
-            Some(check),
-        );
-        r.short_streams = 1;
-        r.missing_ids = 3000;
-        r.details = vec![CallRecord {
-            offset_ms: 0.0,
-            latency_us: 1_000,
-            code: SHORT_STREAM.into(),
-        }];
-        assert!(r.all_failed());
-        let text = r.to_text();
-        for part in [
-            "[ShortStream]\t1 responses",
-            "Short streams:\t1 (3000 ids missing)",
-            "Check: 2000 ids, 0 duplicates, 0 order violations, 1 short stream missing 3000 ids: FAIL",
-        ] {
-            assert!(text.contains(part), "missing {part:?} in\n{text}");
-        }
-        assert_eq!(
-            r.to_csv(),
-            "offset_ms,duration_ms,status\n0.000,1.000,ShortStream\n"
-        );
-        let prom = r.to_prometheus();
-        for line in [
-            "snowkeep_bench_calls_total{call=\"stream\",code=\"ShortStream\"} 1\n",
-            "snowkeep_bench_check_short_streams{call=\"stream\"} 1\n",
-            "snowkeep_bench_check_missing_ids{call=\"stream\"} 3000\n",
-        ] {
-            assert!(prom.contains(line), "missing {line:?} in\n{prom}");
-        }
-        let html = r.to_html();
-        assert!(html.contains("<tr><th>Short streams</th><td>1 (3000 ids missing)</td></tr>"));
-        assert!(html.contains("class=\"fail\""));
-    }
-
-    #[test]
-    fn csv_has_one_row_per_call() {
-        assert_eq!(
-            report().to_csv(),
-            "offset_ms,duration_ms,status\n0.000,1.000,Ok\n1.500,10.000,Unavailable\n"
-        );
-    }
-
-    #[test]
-    fn json_round_trips_the_figures() {
-        let v: serde_json::Value = serde_json::from_str(&report().to_json()).unwrap();
-        assert_eq!(v["count"], 5);
-        assert_eq!(v["status_codes"]["Unavailable"], 1);
-        assert_eq!(v["latency"]["p50_ms"], 0.3);
-        assert_eq!(v["check"]["duplicates"], 0);
-        assert!(v.get("details").is_none());
-    }
-
-    #[test]
-    fn prometheus_text_has_typed_series() {
-        let text = report().to_prometheus();
-        assert!(
-            text.contains("# TYPE snowkeep_bench_calls_total counter\n"),
-            "{text}"
-        );
-        assert!(text.contains(
-            "snowkeep_bench_calls_total{call=\"snowkeep.v1.IdService/NextIds\",code=\"Unavailable\"} 1\n"
-        ));
-        assert!(text.contains(
-            "snowkeep_bench_latency_seconds{call=\"snowkeep.v1.IdService/NextIds\",quantile=\"0.5\"} 0.0003\n"
-        ), "{text}");
-        assert!(text.contains(
-            "snowkeep_bench_latency_seconds_count{call=\"snowkeep.v1.IdService/NextIds\"} 5\n"
-        ));
-        assert!(text.contains(
-            "snowkeep_bench_check_duplicates{call=\"snowkeep.v1.IdService/NextIds\"} 0\n"
-        ));
-    }
-
-    #[test]
-    fn html_is_one_self_contained_page_with_the_histogram() {
-        let html = report().to_html();
-        assert!(html.starts_with("<!DOCTYPE html>"));
-        assert_eq!(html.matches("<rect ").count(), report().histogram.len());
-        assert!(html.contains("no lease &lt;now&gt;"));
-        assert!(!html.contains("<script") && !html.contains("src=") && !html.contains("href="));
-        assert!(html.contains("class=\"pass\""));
-    }
-}
+mod tests;

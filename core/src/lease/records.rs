@@ -257,6 +257,9 @@ pub struct KeyQuota {
     pub max: u32,
 }
 
+/// What a [`RequesterStore`] call answers: its value, or the store's error.
+pub type StoreResult<T> = Result<T, StoreError>;
+
 /// Where requesters' leases are kept: what the Lease API's handler asks of a
 /// store. Every call that acts on a requester's lease (Renew, Release,
 /// Check, an Acquire retry) checks the presented token with [`authorize`]
@@ -265,10 +268,7 @@ pub struct KeyQuota {
 pub trait RequesterStore {
     /// The namespace's layout; [`StoreError::UnknownNamespace`] when none is
     /// recorded, [`StoreError::CorruptNamespace`] when its record is unreadable.
-    fn layout(
-        &mut self,
-        namespace: &str,
-    ) -> impl Future<Output = Result<Layout, StoreError>> + Send;
+    fn layout(&mut self, namespace: &str) -> impl Future<Output = StoreResult<Layout>> + Send;
 
     /// Whether a new claim may be made in `namespace` now; returns its
     /// incarnation (0: a record an older version wrote). Refuses with
@@ -276,7 +276,7 @@ pub trait RequesterStore {
     /// (or found restored now), and with [`StoreError::NamespaceFloorAhead`]
     /// while its confirmed floor is further ahead of the clock than a claim
     /// waits.
-    fn admit(&mut self, namespace: &str) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn admit(&mut self, namespace: &str) -> impl Future<Output = StoreResult<u64>> + Send;
 
     /// Claims `count` machine ids (1 to [`MAX_REQUESTER_IDS`]) of `layout`
     /// for `requester` for `duration` and returns them with a new lease
@@ -302,7 +302,7 @@ pub trait RequesterStore {
         token: Option<&LeaseToken>,
         quota: Option<&KeyQuota>,
         about: &RequesterAbout,
-    ) -> impl Future<Output = Result<RequesterGrant, StoreError>> + Send;
+    ) -> impl Future<Output = StoreResult<RequesterGrant>> + Send;
 
     /// Extends the requester's lease to `duration` and raises its fences, all
     /// or nothing, for the caller presenting its `token`. [`Renewal::Gone`]
@@ -315,7 +315,7 @@ pub trait RequesterStore {
         duration: Duration,
         token: Option<&LeaseToken>,
         incarnation: u64,
-    ) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
+    ) -> impl Future<Output = StoreResult<Renewal>> + Send;
 
     /// Gives the requester's machine ids back for the caller presenting its
     /// `token`: each fence in `last_used` (layout ms) is lowered as
@@ -330,14 +330,14 @@ pub trait RequesterStore {
         requester: &RequesterId,
         last_used: &HashMap<MachineId, Millis>,
         token: Option<&LeaseToken>,
-    ) -> impl Future<Output = Result<u32, StoreError>> + Send;
+    ) -> impl Future<Output = StoreResult<u32>> + Send;
 
     /// Counts the machine ids of this deployment's range in `namespace`
     /// (the range cut to the layout); returns the counts and that range.
     fn capacity(
         &mut self,
         namespace: &str,
-    ) -> impl Future<Output = Result<(Capacity, Range<u32>), StoreError>> + Send;
+    ) -> impl Future<Output = StoreResult<(Capacity, Range<u32>)>> + Send;
 
     /// Whether `requester`'s lease still stands, for the caller presenting
     /// its `token`, by reads only. `incarnation` 0 and an empty
@@ -350,7 +350,7 @@ pub trait RequesterStore {
         token: Option<&LeaseToken>,
         incarnation: u64,
         machine_ids: &[u32],
-    ) -> impl Future<Output = Result<LeaseCheck, StoreError>> + Send;
+    ) -> impl Future<Output = StoreResult<LeaseCheck>> + Send;
 }
 
 #[cfg(test)]

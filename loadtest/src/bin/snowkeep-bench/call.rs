@@ -125,6 +125,8 @@ pub(crate) async fn drain<T>(
     Ok(())
 }
 
+/// The call itself, without the timeout: snowkeep's `NextIds`, its
+/// `StreamIds`, or the dynamic method, recording what it delivered.
 pub(crate) async fn call_inner(
     channel: &Channel,
     cx: CallContext<'_>,
@@ -132,110 +134,138 @@ pub(crate) async fn call_inner(
     log: &mut IdLog,
     progress: &mut Progress,
 ) -> Result<(), tonic::Status> {
-    let args = cx.args;
     match cx.call {
-        Call::Unary => {
-            let mut client = pb::id_service_client::IdServiceClient::new(channel.clone())
-                .max_decoding_message_size(64 * 1024 * 1024);
-            let req = with_metadata(
-                pb::NextIdsRequest {
-                    count: args.count,
-                    ..Default::default()
-                },
-                cx,
-            );
-            let ids = client.next_ids(req).await?.into_inner().ids;
-            log.record(None, &ids);
-            progress.delivered = ids.len() as u64;
-            Ok(())
+        Call::Unary => next_ids(channel, cx, log, progress).await,
+        Call::Stream => stream_ids(channel, cx, log, progress).await,
+        Call::Dynamic(d) => dynamic_call(d, channel, cx, n, log, progress).await,
+    }
+}
+
+/// An id-service client on `channel` that takes large batches.
+fn id_client(channel: &Channel) -> pb::id_service_client::IdServiceClient<Channel> {
+    pb::id_service_client::IdServiceClient::new(channel.clone())
+        .max_decoding_message_size(64 * 1024 * 1024)
+}
+
+/// `NextIds` for `--count` ids.
+async fn next_ids(
+    channel: &Channel,
+    cx: CallContext<'_>,
+    log: &mut IdLog,
+    progress: &mut Progress,
+) -> Result<(), tonic::Status> {
+    let req = with_metadata(
+        pb::NextIdsRequest {
+            count: cx.args.count,
+            ..Default::default()
+        },
+        cx,
+    );
+    let ids = id_client(channel).next_ids(req).await?.into_inner().ids;
+    log.record(None, &ids);
+    progress.delivered = ids.len() as u64;
+    Ok(())
+}
+
+/// `StreamIds` of `--count` ids (endless for 0) in `--batch-size` batches.
+async fn stream_ids(
+    channel: &Channel,
+    cx: CallContext<'_>,
+    log: &mut IdLog,
+    progress: &mut Progress,
+) -> Result<(), tonic::Status> {
+    let args = cx.args;
+    let req = with_metadata(
+        pb::StreamIdsRequest {
+            total: u64::from(args.count),
+            batch_size: args.batch_size,
+        },
+        cx,
+    );
+    progress.asked = (args.count > 0).then_some(u64::from(args.count));
+    let stream = id_client(channel).stream_ids(req).await?.into_inner();
+    drain(
+        stream,
+        cx.deadline,
+        |b: &pb::IdBatch| b.ids.clone(),
+        log,
+        progress,
+    )
+    .await
+}
+
+/// Call `n` of a dynamic method, in whichever of the four shapes it has.
+async fn dynamic_call(
+    d: &DynCall,
+    channel: &Channel,
+    cx: CallContext<'_>,
+    n: u64,
+    log: &mut IdLog,
+    progress: &mut Progress,
+) -> Result<(), tonic::Status> {
+    let messages = d.requests(n)?;
+    let mut grpc =
+        tonic::client::Grpc::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
+    let codec = DynamicCodec::new(d.method.output());
+    let path = d.path.clone();
+    let answer = match (
+        d.method.is_client_streaming(),
+        d.method.is_server_streaming(),
+    ) {
+        (false, false) => {
+            grpc.unary(with_metadata(d.first(messages), cx), path, codec)
+                .await?
         }
-        Call::Stream => {
-            let mut client = pb::id_service_client::IdServiceClient::new(channel.clone())
-                .max_decoding_message_size(64 * 1024 * 1024);
-            let req = with_metadata(
-                pb::StreamIdsRequest {
-                    total: u64::from(args.count),
-                    batch_size: args.batch_size,
-                },
-                cx,
-            );
-            progress.asked = (args.count > 0).then_some(u64::from(args.count));
-            let stream = client.stream_ids(req).await?.into_inner();
-            drain(
-                stream,
-                cx.deadline,
-                |b: &pb::IdBatch| b.ids.clone(),
-                log,
-                progress,
-            )
-            .await
+        (false, true) => {
+            let msg = d.first(messages);
+            progress.asked = dynamic::stream_total(&d.method, &msg);
+            let req = with_metadata(msg, cx);
+            let stream = grpc.server_streaming(req, path, codec).await?.into_inner();
+            return drain(stream, cx.deadline, dynamic::ids_of, log, progress).await;
         }
-        Call::Dynamic(d) => {
-            let messages = match &d.fixed {
-                Some(m) => m.clone(),
-                None => {
-                    let mut rng = rand::rngs::StdRng::seed_from_u64(n);
-                    let json = d.template.render(n, &mut rng);
-                    dynamic::messages_from_json(
-                        &d.method.input(),
-                        &json,
-                        d.method.is_client_streaming(),
-                    )
-                    .map_err(|e| tonic::Status::invalid_argument(format!("request {n}: {e:#}")))?
-                }
-            };
-            let mut grpc = tonic::client::Grpc::new(channel.clone())
-                .max_decoding_message_size(64 * 1024 * 1024);
-            grpc.ready()
-                .await
-                .map_err(|e| tonic::Status::unavailable(format!("connection not ready: {e}")))?;
-            let codec = DynamicCodec::new(d.method.output());
-            let path = d.path.clone();
-            match (
-                d.method.is_client_streaming(),
-                d.method.is_server_streaming(),
-            ) {
-                (false, false) => {
-                    let msg = messages
-                        .into_iter()
-                        .next()
-                        .unwrap_or_else(|| DynamicMessage::new(d.method.input()));
-                    let resp = grpc
-                        .unary(with_metadata(msg, cx), path, codec)
-                        .await?
-                        .into_inner();
-                    let ids = dynamic::ids_of(&resp);
-                    log.record(None, &ids);
-                    progress.delivered = ids.len() as u64;
-                    Ok(())
-                }
-                (false, true) => {
-                    let msg = messages
-                        .into_iter()
-                        .next()
-                        .unwrap_or_else(|| DynamicMessage::new(d.method.input()));
-                    progress.asked = dynamic::stream_total(&d.method, &msg);
-                    let stream = grpc
-                        .server_streaming(with_metadata(msg, cx), path, codec)
-                        .await?
-                        .into_inner();
-                    drain(stream, cx.deadline, dynamic::ids_of, log, progress).await
-                }
-                (true, false) => {
-                    let req = with_metadata(tokio_stream::iter(messages), cx);
-                    let resp = grpc.client_streaming(req, path, codec).await?.into_inner();
-                    let ids = dynamic::ids_of(&resp);
-                    log.record(None, &ids);
-                    progress.delivered = ids.len() as u64;
-                    Ok(())
-                }
-                (true, true) => {
-                    let req = with_metadata(tokio_stream::iter(messages), cx);
-                    let stream = grpc.streaming(req, path, codec).await?.into_inner();
-                    drain(stream, cx.deadline, dynamic::ids_of, log, progress).await
-                }
-            }
+        (true, false) => {
+            let req = with_metadata(tokio_stream::iter(messages), cx);
+            grpc.client_streaming(req, path, codec).await?
         }
+        (true, true) => {
+            let req = with_metadata(tokio_stream::iter(messages), cx);
+            let stream = grpc.streaming(req, path, codec).await?.into_inner();
+            return drain(stream, cx.deadline, dynamic::ids_of, log, progress).await;
+        }
+    };
+    let ids = dynamic::ids_of(&answer.into_inner());
+    log.record(None, &ids);
+    progress.delivered = ids.len() as u64;
+    Ok(())
+}
+
+impl DynCall {
+    /// The one request of a method without a client stream (an empty
+    /// message when the document held none).
+    fn first(&self, messages: Vec<DynamicMessage>) -> DynamicMessage {
+        messages
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| DynamicMessage::new(self.method.input()))
+    }
+
+    /// The request messages of call `n`: the fixed ones, or the template
+    /// rendered for `n`.
+    fn requests(&self, n: u64) -> Result<Vec<DynamicMessage>, tonic::Status> {
+        if let Some(m) = &self.fixed {
+            return Ok(m.clone());
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(n);
+        let json = self.template.render(n, &mut rng);
+        dynamic::messages_from_json(
+            &self.method.input(),
+            &json,
+            self.method.is_client_streaming(),
+        )
+        .map_err(|e| tonic::Status::invalid_argument(format!("request {n}: {e:#}")))
     }
 }
 

@@ -33,18 +33,80 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use snowkeep_bench::schedule::Schedule;
 use snowkeep_bench::IdLog;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tonic::transport::Channel;
 
 use args::{add_api_key, parse_metadata, schedule, Args, Shape, MAX_WORKERS, MIN_RATE};
 use call::{connect, endpoint, one_call, resolve_call};
 use report::progress_bar;
-use worker::{new_histogram, worker, Shared};
+use worker::{new_histogram, worker, Shared, WorkerResult};
 
 /// One run: checks the arguments, connects, waits for the server under
 /// `--wait-ready`, runs the workers and writes the report. `Ok(false)` when
 /// the id check failed (exit 2), an error on a usage or connection error or
 /// when every call failed (exit 1).
 async fn run(args: Args) -> anyhow::Result<bool> {
+    check_args(&args)?;
+    let ep = endpoint(&args)?;
+    let ready_started = Instant::now();
+    let mut channels = Vec::new();
+    for _ in 0..args.connections {
+        channels.push(connect(&ep, args.wait_ready).await?);
+    }
+    let call = resolve_call(&args, &channels[0]).await?;
+    let mut metadata = parse_metadata(args.metadata.as_deref())?;
+    add_api_key(
+        &mut metadata,
+        args.api_key.as_deref(),
+        args.api_key_file.as_deref(),
+    )?;
+    let (rate, concurrency) = schedules(&args);
+    let workers = worker_count(&concurrency, args.duration)?;
+    let (level_tx, level) =
+        tokio::sync::watch::channel(concurrency.at(Duration::ZERO).round() as u32);
+    let mut shared = Shared {
+        args,
+        call,
+        metadata,
+        started: AtomicU64::new(0),
+        done: AtomicU64::new(0),
+        t0: Instant::now(),
+        deadline: None,
+        rate,
+        concurrency,
+        next_slot: Mutex::new(0.0),
+        latency_us: Mutex::new(new_histogram()?),
+        level,
+    };
+    if let Some(wait) = shared.args.wait_ready {
+        wait_ready(&channels[0], &shared, ready_started + wait, wait).await?;
+        let _ = writeln!(
+            std::io::stderr(),
+            "{} answered after {:.1} ms",
+            ep.uri(),
+            ready_started.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+    shared.t0 = Instant::now();
+    shared.deadline = shared.args.duration.map(|d| shared.t0 + d);
+    let shared = Arc::new(shared);
+    let bar = progress_bar(&shared);
+    let ticker = spawn_level_ticker(&shared, level_tx);
+    let results = run_workers(workers, &channels, &shared).await?;
+    let elapsed = shared.t0.elapsed();
+    if let Some(bar) = bar {
+        bar.abort();
+    }
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    report::write(&shared, results, elapsed)
+}
+
+/// Refuses flag values no run can follow: no workers or connections, a
+/// rate that is negative, not a number or below one call a day.
+fn check_args(args: &Args) -> anyhow::Result<()> {
     if args.concurrency == 0 || args.connections == 0 {
         bail!("--concurrency and --connections must be at least 1");
     }
@@ -66,19 +128,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if args.concurrency_start == Some(0) {
         bail!("--concurrency-start must be at least 1");
     }
-    let ep = endpoint(&args)?;
-    let ready_started = Instant::now();
-    let mut channels = Vec::new();
-    for _ in 0..args.connections {
-        channels.push(connect(&ep, args.wait_ready).await?);
-    }
-    let call = resolve_call(&args, &channels[0]).await?;
-    let mut metadata = parse_metadata(args.metadata.as_deref())?;
-    add_api_key(
-        &mut metadata,
-        args.api_key.as_deref(),
-        args.api_key_file.as_deref(),
-    )?;
+    Ok(())
+}
+
+/// The rate schedule (none without `--rps` or a load schedule) and the
+/// concurrency schedule the flags describe.
+fn schedules(args: &Args) -> (Option<Schedule>, Schedule) {
     let rate = (args.load_schedule != Shape::Const || args.rps > 0.0).then(|| {
         schedule(
             args.load_schedule,
@@ -97,71 +152,63 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         args.concurrency_step_duration,
         args.concurrency_max_duration,
     );
-    let workers = match concurrency.peak(args.duration) {
+    (rate, concurrency)
+}
+
+/// The workers to start: the concurrency schedule's peak over the run, at
+/// most [`MAX_WORKERS`]; an error when the schedule has no bound.
+fn worker_count(concurrency: &Schedule, duration: Option<Duration>) -> anyhow::Result<u32> {
+    match concurrency.peak(duration) {
         Some(p) if p.round() > f64::from(MAX_WORKERS) => bail!(
             "the concurrency schedule reaches {p:.0} workers; at most {MAX_WORKERS} are allowed"
         ),
-        Some(p) => p.round().max(1.0) as u32,
+        Some(p) => Ok(p.round().max(1.0) as u32),
         None => bail!("an unbounded concurrency schedule needs --concurrency-end, --concurrency-max-duration or -z"),
-    };
-    let (level_tx, level) =
-        tokio::sync::watch::channel(concurrency.at(Duration::ZERO).round() as u32);
-    let mut shared = Shared {
-        args,
-        call,
-        metadata,
-        started: AtomicU64::new(0),
-        done: AtomicU64::new(0),
-        t0: Instant::now(),
-        deadline: None,
-        rate,
-        concurrency,
-        next_slot: Mutex::new(0.0),
-        latency_us: Mutex::new(new_histogram()?),
-        level,
-    };
-    if let Some(wait) = shared.args.wait_ready {
-        let until = ready_started + wait;
-        let mut log = IdLog::new(false);
-        loop {
-            match one_call(&channels[0], shared.call_context(), 0, &mut log)
-                .await
-                .1
-            {
-                Ok(()) => break,
-                // Any definite answer but "not now" means the server is up.
-                Err(e)
-                    if !matches!(
-                        e.code(),
-                        tonic::Code::Unavailable
-                            | tonic::Code::DeadlineExceeded
-                            | tonic::Code::Unknown
-                    ) =>
-                {
-                    break
-                }
-                Err(e) if Instant::now() >= until => {
-                    bail!(
-                        "no successful call within --wait-ready {}: {e}",
-                        humantime::format_duration(wait)
-                    )
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
-        }
-        let _ = writeln!(
-            std::io::stderr(),
-            "{} answered after {:.1} ms",
-            ep.uri(),
-            ready_started.elapsed().as_secs_f64() * 1000.0
-        );
     }
-    shared.t0 = Instant::now();
-    shared.deadline = shared.args.duration.map(|d| shared.t0 + d);
-    let shared = Arc::new(shared);
-    let bar = progress_bar(&shared);
-    // The concurrency schedule's value, for workers waiting their turn.
-    let ticker = (!matches!(shared.concurrency, Schedule::Const { .. })).then(|| {
+}
+
+/// `--wait-ready`: calls until the server gives a definite answer, or
+/// fails at `until` (`wait` after the first connection attempt).
+async fn wait_ready(
+    channel: &Channel,
+    shared: &Shared,
+    until: Instant,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let mut log = IdLog::new(false);
+    loop {
+        match one_call(channel, shared.call_context(), 0, &mut log)
+            .await
+            .1
+        {
+            Ok(()) => return Ok(()),
+            // Any definite answer but "not now" means the server is up.
+            Err(e)
+                if !matches!(
+                    e.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+                ) =>
+            {
+                return Ok(())
+            }
+            Err(e) if Instant::now() >= until => {
+                bail!(
+                    "no successful call within --wait-ready {}: {e}",
+                    humantime::format_duration(wait)
+                )
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// Keeps the concurrency schedule's value current for workers waiting
+/// their turn; none for a constant schedule.
+fn spawn_level_ticker(
+    shared: &Arc<Shared>,
+    level_tx: tokio::sync::watch::Sender<u32>,
+) -> Option<JoinHandle<()>> {
+    (!matches!(shared.concurrency, Schedule::Const { .. })).then(|| {
         let shared = shared.clone();
         tokio::spawn(async move {
             loop {
@@ -173,7 +220,16 @@ async fn run(args: Args) -> anyhow::Result<bool> {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
-    });
+    })
+}
+
+/// Starts `workers` workers, spread over the connections in turn, and
+/// collects what each measured.
+async fn run_workers(
+    workers: u32,
+    channels: &[Channel],
+    shared: &Arc<Shared>,
+) -> anyhow::Result<Vec<WorkerResult>> {
     let mut tasks = Vec::new();
     for i in 0..workers {
         let channel = channels[(i % shared.args.connections) as usize].clone();
@@ -183,14 +239,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     for t in tasks {
         results.push(t.await.context("worker panicked")?);
     }
-    let elapsed = shared.t0.elapsed();
-    if let Some(bar) = bar {
-        bar.abort();
-    }
-    if let Some(t) = ticker {
-        t.abort();
-    }
-    report::write(&shared, results, elapsed)
+    Ok(results)
 }
 
 fn main() -> ExitCode {

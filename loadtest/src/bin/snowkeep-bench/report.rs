@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use snowkeep_bench::{check, IdLog, Report};
+use snowkeep_bench::{check, CallRecord, CheckResult, IdLog, Report};
 
 use crate::args::Format;
 use crate::worker::{Shared, WorkerResult};
@@ -62,43 +62,72 @@ pub(crate) fn write(
     results: Vec<WorkerResult>,
     elapsed: Duration,
 ) -> anyhow::Result<bool> {
-    let mut logs = Vec::new();
-    let mut codes: BTreeMap<String, u64> = BTreeMap::new();
-    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-    let mut details = Vec::new();
-    let mut ids = 0;
-    for r in results {
-        for (code, n) in r.codes {
-            *codes.entry(code).or_default() += n;
-        }
-        for (error, n) in r.errors {
-            *errors.entry(error).or_default() += n;
-        }
-        ids += r.ids;
-        details.extend(r.details);
-        logs.push(r.log);
-    }
+    let mut merged = Merged::of(results);
     let latency = shared
         .latency_us
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let short_streams = logs.iter().map(IdLog::short_streams).sum();
-    let missing_ids = logs.iter().map(IdLog::missing_ids).sum();
-    let checked = shared.args.check.then(|| check(logs));
+    let short_streams = merged.logs.iter().map(IdLog::short_streams).sum();
+    let missing_ids = merged.logs.iter().map(IdLog::missing_ids).sum();
+    let checked = shared.args.check.then(|| check(merged.logs));
     let mut report = Report::new(
         &shared.args.call,
         elapsed,
-        ids,
+        merged.ids,
         &latency,
-        codes,
-        errors,
+        merged.codes,
+        merged.errors,
         checked,
     );
-    details.sort_by(|a, b| a.offset_ms.total_cmp(&b.offset_ms));
-    report.details = details;
+    merged
+        .details
+        .sort_by(|a, b| a.offset_ms.total_cmp(&b.offset_ms));
+    report.details = merged.details;
     report.short_streams = short_streams;
     report.missing_ids = missing_ids;
+    output(shared, &report)?;
+    verdict(&report, checked)
+}
+
+/// The workers' results added up.
+struct Merged {
+    logs: Vec<IdLog>,
+    codes: BTreeMap<String, u64>,
+    errors: BTreeMap<String, u64>,
+    details: Vec<CallRecord>,
+    ids: u64,
+}
+
+impl Merged {
+    /// Adds up `results`, keeping each worker's id log (in worker order).
+    fn of(results: Vec<WorkerResult>) -> Self {
+        let mut m = Merged {
+            logs: Vec::new(),
+            codes: BTreeMap::new(),
+            errors: BTreeMap::new(),
+            details: Vec::new(),
+            ids: 0,
+        };
+        for r in results {
+            for (code, n) in r.codes {
+                *m.codes.entry(code).or_default() += n;
+            }
+            for (error, n) in r.errors {
+                *m.errors.entry(error).or_default() += n;
+            }
+            m.ids += r.ids;
+            m.details.extend(r.details);
+            m.logs.push(r.log);
+        }
+        m
+    }
+}
+
+/// Writes the report in `--format` to `--output` or stdout, and the
+/// check's verdict to stderr when it failed or the format has no place
+/// for it.
+fn output(shared: &Shared, report: &Report) -> anyhow::Result<()> {
     let text = match shared.args.format {
         Format::Summary => report.to_text(),
         Format::Json => report.to_json(),
@@ -119,6 +148,12 @@ pub(crate) fn write(
             let _ = writeln!(std::io::stderr(), "check: {}", c.summary());
         }
     }
+    Ok(())
+}
+
+/// The run's outcome: `Ok(false)` for a failed check, an error when every
+/// call failed, else `Ok(true)`.
+fn verdict(report: &Report, checked: Option<CheckResult>) -> anyhow::Result<bool> {
     // Every call refused (a bad key, a missing permission): that is the
     // failure to report (exit 1), not a check of ids that never came.
     if report.all_failed() && checked.as_ref().is_none_or(|c| c.ids == 0) {

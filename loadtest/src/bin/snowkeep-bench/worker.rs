@@ -17,7 +17,7 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 use crate::args::{Args, Format};
-use crate::call::{one_call, Call, CallContext};
+use crate::call::{one_call, Call, CallContext, Progress};
 
 /// What the run shares between workers.
 pub(crate) struct Shared {
@@ -110,6 +110,8 @@ impl Shared {
     }
 }
 
+/// Worker `index`: calls on `channel` while the run lasts and its turn
+/// under the concurrency schedule holds, paced by the rate schedule.
 pub(crate) async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) -> WorkerResult {
     let mut result = WorkerResult {
         log: IdLog::new(shared.args.check),
@@ -127,18 +129,8 @@ pub(crate) async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) ->
         // A worker above the concurrency schedule's value waits for it to
         // rise, and stops when it never will.
         if index >= *level.borrow_and_update() {
-            if !shared.concurrency.rises() {
+            if !wait_for_turn(&shared, &mut level).await {
                 break;
-            }
-            let wake = async {
-                match shared.deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                changed = level.changed() => if changed.is_err() { break },
-                _ = wake => break,
             }
             continue;
         }
@@ -163,30 +155,7 @@ pub(crate) async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) ->
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .saturating_record(us);
-        result.ids += progress.delivered;
-        let short_of = progress.short_of();
-        if let Some(asked) = short_of {
-            result.log.record_stream_end(asked, progress.delivered);
-        }
-        let code = match (outcome, short_of) {
-            (Ok(()), None) => "Ok".to_owned(),
-            // A server that ends a stream early with OK (older snowkeep
-            // servers at shutdown) must not pass for a whole stream.
-            (Ok(()), Some(asked)) => {
-                let key = format!(
-                    "{SHORT_STREAM}: the server ended the stream with OK after {} of {asked} ids",
-                    progress.delivered
-                );
-                *result.errors.entry(key).or_default() += 1;
-                SHORT_STREAM.to_owned()
-            }
-            (Err(status), _) => {
-                let key = format!("{:?}: {}", status.code(), status.message());
-                *result.errors.entry(key).or_default() += 1;
-                format!("{:?}", status.code())
-            }
-        };
-        *result.codes.entry(code.clone()).or_default() += 1;
+        let code = result.count(&progress, outcome);
         if keep_details {
             result.details.push(CallRecord {
                 offset_ms: (t0 - shared.t0).as_secs_f64() * 1000.0,
@@ -197,4 +166,54 @@ pub(crate) async fn worker(index: u32, channel: Channel, shared: Arc<Shared>) ->
         shared.done.fetch_add(1, Ordering::Relaxed);
     }
     result
+}
+
+/// Waits for the concurrency schedule's value to change; false when the
+/// worker should stop: the schedule never rises, or the run ended.
+async fn wait_for_turn(shared: &Shared, level: &mut tokio::sync::watch::Receiver<u32>) -> bool {
+    if !shared.concurrency.rises() {
+        return false;
+    }
+    let wake = async {
+        match shared.deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        changed = level.changed() => changed.is_ok(),
+        _ = wake => false,
+    }
+}
+
+impl WorkerResult {
+    /// Counts one call's ids, its code and its error, if any; returns the
+    /// code (`Ok`, a gRPC code name or [`SHORT_STREAM`]).
+    fn count(&mut self, progress: &Progress, outcome: Result<(), tonic::Status>) -> String {
+        self.ids += progress.delivered;
+        let short_of = progress.short_of();
+        if let Some(asked) = short_of {
+            self.log.record_stream_end(asked, progress.delivered);
+        }
+        let code = match (outcome, short_of) {
+            (Ok(()), None) => "Ok".to_owned(),
+            // A server that ends a stream early with OK (older snowkeep
+            // servers at shutdown) must not pass for a whole stream.
+            (Ok(()), Some(asked)) => {
+                let key = format!(
+                    "{SHORT_STREAM}: the server ended the stream with OK after {} of {asked} ids",
+                    progress.delivered
+                );
+                *self.errors.entry(key).or_default() += 1;
+                SHORT_STREAM.to_owned()
+            }
+            (Err(status), _) => {
+                let key = format!("{:?}: {}", status.code(), status.message());
+                *self.errors.entry(key).or_default() += 1;
+                format!("{:?}", status.code())
+            }
+        };
+        *self.codes.entry(code.clone()).or_default() += 1;
+        code
+    }
 }
