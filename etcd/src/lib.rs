@@ -35,11 +35,11 @@
 //! | `watch` | the holder watch of a hold |
 //! | `directory` | the peer directory and the capacity reader |
 //! | [`keys`] | the key schema and the codecs of the values read back (fences, requester records) |
-//! | [`namespace`] | the namespace record: create, confirm a floor, the rollback rule |
+//! | [`namespace`] | the namespace record: create, confirm a floor, the rollback rule; `namespace::rollback` is the rollback check in etcd and the claims' guard, `namespace::setup` opens the namespace at start |
 //! | `instance` | one live process per instance id |
 //! | `overlap` | the advice about other namespaces sharing this range |
-//! | `requesters` | the Lease API's leases of embedded requesters, and API key quotas |
-//! | `admin` | the administration service's reads, eviction, export and import; `admin::import_checks` refuses an import that could issue an id twice |
+//! | `requesters` | the Lease API's leases of embedded requesters, and API key quotas; `requesters::grant` is a new grant, `requesters::renewal` a renewal, `requesters::store` the Lease API's calls |
+//! | `admin` | the administration service's reads and eviction; `admin::document` is the export document, `admin::export` and `admin::import` write and restore it, `admin::import_checks` refuses an import that could issue an id twice |
 //! | `apikeys` | API key records and their watch |
 //! | `auth_mode` | the cluster's security mode record and its watch |
 //! | `pool_read` | the pool read for a claim: a window of fence-count blocks, or the whole pool, at one revision |
