@@ -1,10 +1,11 @@
 //! Renewing a requester's lease: every key moved onto a new etcd lease in
 //! one guarded transaction, then its API key holding and description.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use snowkeep_client::Layout;
+use snowkeep_client::{Layout, MachineId, Millis};
 use tracing::warn;
 
 use super::super::keys::{self, encode_record};
@@ -70,64 +71,11 @@ impl RequesterLeases {
         let current = self.own_fences(namespace, &record.machine_ids()).await?;
         // A fence of its own that cannot be read cannot be kept from going
         // down: refuse (naming the key) before anything is granted or written.
-        for (&id, read) in &current {
-            if let FenceRead::Corrupt(value) = read {
-                return Err(StoreError::Corrupt {
-                    key: keys::fence(namespace, id),
-                    value: value.clone(),
-                });
-            }
-        }
+        refuse_corrupt_fence(namespace, &current)?;
         let new_lease = self.grant_lease(duration).await?;
         let fence = self.fence_for(&layout, duration);
-        let holder = keys::requester_holder(&requester.key());
-        let held: Vec<HeldId> = record
-            .ids
-            .iter()
-            .map(|&(machine_id, floor)| HeldId {
-                machine_id,
-                floor,
-                // Never lower a fence while it is held.
-                fence: match current.get(&machine_id) {
-                    Some(FenceRead::Value(f)) => fence.max(*f),
-                    _ => fence,
-                },
-            })
-            .collect();
-        let ns = namespace.to_owned();
-        let on_new_lease = || Some(PutOptions::new().with_lease(new_lease));
-        let guard = record.unchanged(&ns, &requester.key());
-        let mut ops = Vec::new();
-        for h in &held {
-            let hk = keys::holder(&ns, h.machine_id);
-            ops.push(TxnOp::put(hk, holder.clone(), on_new_lease()));
-            ops.push(TxnOp::put(
-                keys::fence(&ns, h.machine_id),
-                h.fence.get().to_string(),
-                None,
-            ));
-        }
-        let rk = keys::requester(&ns, &requester.key());
-        ops.push(TxnOp::put(
-            rk.clone(),
-            encode_record(&held, record.key_id.as_deref()),
-            on_new_lease(),
-        ));
-        ops.push(TxnOp::put(
-            keys::token(&ns, &requester.key()),
-            hex(&record.token.unwrap_or_default()),
-            on_new_lease(),
-        ));
-        // The description and key holding move in a transaction of their
-        // own (move_hold): with 63 machine ids this one has 128 operations.
-        // The failure branch reads the record: a transaction retried on
-        // another endpoint after its first attempt committed (and the answer
-        // was lost) finds the record already on the new lease, which only
-        // this renewal knows.
-        let txn = Txn::new()
-            .when(guard)
-            .and_then(ops)
-            .or_else([TxnOp::get(rk, None)]);
+        let held = renewed_held(record, &current, fence);
+        let txn = renewal_txn(namespace, requester, record, &held, new_lease);
         let resp = self
             .endpoints
             .txn("requester renew txn", self.timeout, txn)
@@ -256,4 +204,90 @@ impl RequesterLeases {
             .await
             .map(|_| ())
     }
+}
+
+/// [`StoreError::Corrupt`] naming the first unreadable fence of `current`
+/// (the requester's own fences in `namespace`).
+fn refuse_corrupt_fence(
+    namespace: &str,
+    current: &HashMap<MachineId, FenceRead>,
+) -> Result<(), StoreError> {
+    for (&id, read) in current {
+        if let FenceRead::Corrupt(value) = read {
+            return Err(StoreError::Corrupt {
+                key: keys::fence(namespace, id),
+                value: value.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `record`'s machine ids with their floors, each fence at `fence` or the
+/// `current` one when higher: a fence is never lowered while it is held.
+fn renewed_held(
+    record: &Record,
+    current: &HashMap<MachineId, FenceRead>,
+    fence: Millis,
+) -> Vec<HeldId> {
+    record
+        .ids
+        .iter()
+        .map(|&(machine_id, floor)| HeldId {
+            machine_id,
+            floor,
+            // Never lower a fence while it is held.
+            fence: match current.get(&machine_id) {
+                Some(FenceRead::Value(f)) => fence.max(*f),
+                _ => fence,
+            },
+        })
+        .collect()
+}
+
+/// The renewal of `record` as `held`: every holder key, the record and the
+/// token key put on `new_lease` and every fence raised, guarded by
+/// [`Record::unchanged`]; the failure branch reads the record.
+fn renewal_txn(
+    namespace: &str,
+    requester: &RequesterId,
+    record: &Record,
+    held: &[HeldId],
+    new_lease: i64,
+) -> Txn {
+    let holder = keys::requester_holder(&requester.key());
+    let ns = namespace.to_owned();
+    let on_new_lease = || Some(PutOptions::new().with_lease(new_lease));
+    let guard = record.unchanged(&ns, &requester.key());
+    let mut ops = Vec::new();
+    for h in held {
+        let hk = keys::holder(&ns, h.machine_id);
+        ops.push(TxnOp::put(hk, holder.clone(), on_new_lease()));
+        ops.push(TxnOp::put(
+            keys::fence(&ns, h.machine_id),
+            h.fence.get().to_string(),
+            None,
+        ));
+    }
+    let rk = keys::requester(&ns, &requester.key());
+    ops.push(TxnOp::put(
+        rk.clone(),
+        encode_record(held, record.key_id.as_deref()),
+        on_new_lease(),
+    ));
+    ops.push(TxnOp::put(
+        keys::token(&ns, &requester.key()),
+        hex(&record.token.unwrap_or_default()),
+        on_new_lease(),
+    ));
+    // The description and key holding move in a transaction of their
+    // own (move_hold): with 63 machine ids this one has 128 operations.
+    // The failure branch reads the record: a transaction retried on
+    // another endpoint after its first attempt committed (and the answer
+    // was lost) finds the record already on the new lease, which only
+    // this renewal knows.
+    Txn::new()
+        .when(guard)
+        .and_then(ops)
+        .or_else([TxnOp::get(rk, None)])
 }
