@@ -182,75 +182,10 @@ impl StateStore {
         // Fences, in batches, each guarded by the key as read, only raised;
         // a key created gets its creation marker.
         let wanted: Vec<(u16, Millis)> = wanted.into_iter().collect();
-        let contended = |what: &str| {
-            ImportError::Contended(format!(
-                "namespace {name:?}: {what} kept changing under the import ({IMPORT_ATTEMPTS} attempts); nothing was lowered, but not everything is raised yet: run the import again"
-            ))
-        };
         for chunk in wanted.chunks(IMPORT_BATCH) {
-            let mut raised = false;
-            for _attempt in 0..IMPORT_ATTEMPTS {
-                let gets: Vec<TxnOp> = chunk
-                    .iter()
-                    .map(|&(id, _)| TxnOp::get(keys::fence(name, MachineId(id)), None))
-                    .collect();
-                let resp = self
-                    .endpoints
-                    .txn("read fences", self.timeout, Txn::new().and_then(gets))
-                    .await?;
-                let current: Vec<Option<(Millis, i64)>> = resp
-                    .op_responses()
-                    .into_iter()
-                    .zip(chunk)
-                    .map(|(r, &(id, _))| match r {
-                        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
-                            let key = keys::fence(name, MachineId(id));
-                            // An unreadable fence is overwritten with the floor.
-                            let f = keys::decode_fence(&key, kv.value()).unwrap_or_default();
-                            (f, kv.mod_revision())
-                        }),
-                        _ => None,
-                    })
-                    .collect();
-                let (mut guard, mut ops) = (Vec::new(), Vec::new());
-                for (&(id, want), cur) in chunk.iter().zip(&current) {
-                    let key = keys::fence(name, MachineId(id));
-                    match cur {
-                        Some((have, _)) if *have >= want => {}
-                        Some((_, rev)) => {
-                            guard.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *rev));
-                            ops.push(TxnOp::put(key, want.get().to_string(), None));
-                        }
-                        None => {
-                            guard.push(Compare::version(key.clone(), CompareOp::Equal, 0));
-                            ops.push(TxnOp::put(key, want.get().to_string(), None));
-                            let block = keys::fence_count_block_of(MachineId(id));
-                            ops.push(TxnOp::put(keys::fence_count_marker(name, block), "", None));
-                        }
-                    }
-                }
-                if ops.is_empty() {
-                    raised = true;
-                    break;
-                }
-                let n = guard.len();
-                let resp = self
-                    .endpoints
-                    .txn(
-                        "import fences",
-                        self.timeout,
-                        Txn::new().when(guard).and_then(ops),
-                    )
-                    .await?;
-                if resp.succeeded() {
-                    written += u32::try_from(n).unwrap_or(u32::MAX);
-                    raised = true;
-                    break;
-                }
-                // A holder raised one meanwhile (replace): read again.
-            }
-            if !raised {
-                return Err(contended("a fence"));
+            match self.import_fences(name, chunk).await? {
+                Some(n) => written += n,
+                None => return Err(contended(name, "a fence")),
             }
         }
         // The counts: the root (created when absent, with nothing else under
@@ -266,85 +201,164 @@ impl StateStore {
         );
         let stored = namespace::read(&self.endpoints, self.timeout, name).await?;
         for key in counts {
-            let mut settled = false;
-            for _attempt in 0..IMPORT_ATTEMPTS {
-                let resp = self
-                    .endpoints
-                    .call("read fence count", self.timeout, |mut c| {
-                        let key = key.clone();
-                        async move { c.get(key, None).await }
-                    })
-                    .await?;
-                let (current, rev) = match resp.kvs().first() {
-                    Some(kv) => (Counter::decode(Some(kv.value())), kv.mod_revision()),
-                    None => (Counter::Absent, 0),
-                };
-                let new = match (&current, stored.is_some()) {
-                    (Counter::Read(c), _) => CountBase {
-                        base: c.base,
-                        absent_floor: c.absent_floor.max(floor),
-                    },
-                    // A namespace created here: every fence key it has got a
-                    // marker above, so base 0 counts them all.
-                    (Counter::Absent, false) => CountBase {
-                        base: 0,
-                        absent_floor: floor,
-                    },
-                    // An existing namespace without this count (or an
-                    // unreadable one): it does not vouch; leave it so.
-                    _ => {
-                        settled = true;
-                        break;
-                    }
-                };
-                let guard = if rev == 0 {
-                    Compare::version(key.clone(), CompareOp::Equal, 0)
-                } else {
-                    Compare::mod_revision(key.clone(), CompareOp::Equal, rev)
-                };
-                let txn = Txn::new().when([guard]).and_then([TxnOp::put(
-                    key.clone(),
-                    new.encode(),
-                    None,
-                )]);
-                if self
-                    .endpoints
-                    .txn("import fence count", self.timeout, txn)
-                    .await?
-                    .succeeded()
-                {
-                    settled = true;
-                    break;
-                }
-            }
-            if !settled {
-                return Err(contended("a fence count"));
+            if !self.import_count(&key, stored.is_some(), floor).await? {
+                return Err(contended(name, "a fence count"));
             }
         }
         // Last holders (only into a namespace created here).
         if stored.is_none() {
-            for chunk in ns.last_holders.chunks(IMPORT_BATCH) {
-                let ops: Vec<TxnOp> = chunk
-                    .iter()
-                    .map(|l| {
-                        TxnOp::put(
-                            keys::last_holder(name, MachineId(l.machine_id)),
-                            l.instance_id.clone(),
-                            None,
-                        )
-                    })
-                    .collect();
-                self.endpoints
-                    .txn(
-                        "import last holders",
-                        self.timeout,
-                        Txn::new().and_then(ops),
-                    )
-                    .await?;
-            }
+            self.import_last_holders(ns).await?;
         }
         // The record, last: a server waiting for the namespace starts only
         // on the whole of it.
+        self.import_record(name, &exported).await?;
+        Ok(written)
+    }
+
+    /// Raises the fences of one batch `chunk` of namespace `name` to the
+    /// wanted ones, reading them again when one changed meanwhile: the fence
+    /// keys written, or `None` when they kept changing.
+    async fn import_fences(
+        &self,
+        name: &str,
+        chunk: &[(u16, Millis)],
+    ) -> Result<Option<u32>, ImportError> {
+        for _attempt in 0..IMPORT_ATTEMPTS {
+            let gets: Vec<TxnOp> = chunk
+                .iter()
+                .map(|&(id, _)| TxnOp::get(keys::fence(name, MachineId(id)), None))
+                .collect();
+            let resp = self
+                .endpoints
+                .txn("read fences", self.timeout, Txn::new().and_then(gets))
+                .await?;
+            let current: Vec<Option<(Millis, i64)>> = resp
+                .op_responses()
+                .into_iter()
+                .zip(chunk)
+                .map(|(r, &(id, _))| match r {
+                    TxnOpResponse::Get(g) => g.kvs().first().map(|kv| {
+                        let key = keys::fence(name, MachineId(id));
+                        // An unreadable fence is overwritten with the floor.
+                        let f = keys::decode_fence(&key, kv.value()).unwrap_or_default();
+                        (f, kv.mod_revision())
+                    }),
+                    _ => None,
+                })
+                .collect();
+            let (guard, ops) = fence_raises(name, chunk, &current);
+            if ops.is_empty() {
+                return Ok(Some(0));
+            }
+            let n = guard.len();
+            let resp = self
+                .endpoints
+                .txn(
+                    "import fences",
+                    self.timeout,
+                    Txn::new().when(guard).and_then(ops),
+                )
+                .await?;
+            if resp.succeeded() {
+                return Ok(Some(u32::try_from(n).unwrap_or(u32::MAX)));
+            }
+            // A holder raised one meanwhile (replace): read again.
+        }
+        Ok(None)
+    }
+
+    /// Gives the fence count at `key` an absent floor of at least `floor`
+    /// (creates it when absent in a namespace created here, `!stored`),
+    /// guarded by the key as read: `false` when it kept changing.
+    async fn import_count(
+        &self,
+        key: &str,
+        stored: bool,
+        floor: Millis,
+    ) -> Result<bool, ImportError> {
+        let key = key.to_owned();
+        for _attempt in 0..IMPORT_ATTEMPTS {
+            let resp = self
+                .endpoints
+                .call("read fence count", self.timeout, |mut c| {
+                    let key = key.clone();
+                    async move { c.get(key, None).await }
+                })
+                .await?;
+            let (current, rev) = match resp.kvs().first() {
+                Some(kv) => (Counter::decode(Some(kv.value())), kv.mod_revision()),
+                None => (Counter::Absent, 0),
+            };
+            let new = match (&current, stored) {
+                (Counter::Read(c), _) => CountBase {
+                    base: c.base,
+                    absent_floor: c.absent_floor.max(floor),
+                },
+                // A namespace created here: every fence key it has got a
+                // marker above, so base 0 counts them all.
+                (Counter::Absent, false) => CountBase {
+                    base: 0,
+                    absent_floor: floor,
+                },
+                // An existing namespace without this count (or an
+                // unreadable one): it does not vouch; leave it so.
+                _ => return Ok(true),
+            };
+            let guard = if rev == 0 {
+                Compare::version(key.clone(), CompareOp::Equal, 0)
+            } else {
+                Compare::mod_revision(key.clone(), CompareOp::Equal, rev)
+            };
+            let txn =
+                Txn::new()
+                    .when([guard])
+                    .and_then([TxnOp::put(key.clone(), new.encode(), None)]);
+            if self
+                .endpoints
+                .txn("import fence count", self.timeout, txn)
+                .await?
+                .succeeded()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Writes `ns`'s last holders, in batches.
+    async fn import_last_holders(&self, ns: &NamespaceExport) -> Result<(), ImportError> {
+        for chunk in ns.last_holders.chunks(IMPORT_BATCH) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|l| {
+                    TxnOp::put(
+                        keys::last_holder(&ns.name, MachineId(l.machine_id)),
+                        l.instance_id.clone(),
+                        None,
+                    )
+                })
+                .collect();
+            self.endpoints
+                .txn(
+                    "import last holders",
+                    self.timeout,
+                    Txn::new().and_then(ops),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Writes namespace `name`'s record from the `exported` one: a new
+    /// record with a new incarnation and this etcd's own gap when there is
+    /// none, else the stored one with the exported floor when that is higher
+    /// (and a new incarnation), guarded by the record as read.
+    async fn import_record(
+        &self,
+        name: &str,
+        exported: &NamespaceRecord,
+    ) -> Result<(), ImportError> {
+        let layout_key = keys::layout(name);
         for attempt in 1..=IMPORT_ATTEMPTS {
             let current = namespace::read(&self.endpoints, self.timeout, name).await?;
             let (record, guard) = match current {
@@ -358,7 +372,7 @@ impl StateStore {
                         state: exported.state.clone(),
                         floor: exported.floor,
                         confirmed_at: exported.confirmed_at.clone(),
-                        ..NamespaceRecord::new(layout, gap)
+                        ..NamespaceRecord::new(exported.layout, gap)
                     };
                     (
                         record,
@@ -393,9 +407,45 @@ impl StateStore {
                 break;
             }
             if attempt == IMPORT_ATTEMPTS {
-                return Err(contended("the namespace record"));
+                return Err(contended(name, "the namespace record"));
             }
         }
-        Ok(written)
+        Ok(())
     }
+}
+
+/// The fence writes of one import batch `chunk` of namespace `name`, given
+/// the `current` fences (value and mod revision) as read: each fence below
+/// the wanted one is raised, guarded by its mod revision; a missing one is
+/// created, guarded by its absence, with its creation marker.
+fn fence_raises(
+    name: &str,
+    chunk: &[(u16, Millis)],
+    current: &[Option<(Millis, i64)>],
+) -> (Vec<Compare>, Vec<TxnOp>) {
+    let (mut guard, mut ops) = (Vec::new(), Vec::new());
+    for (&(id, want), cur) in chunk.iter().zip(current) {
+        let key = keys::fence(name, MachineId(id));
+        match cur {
+            Some((have, _)) if *have >= want => {}
+            Some((_, rev)) => {
+                guard.push(Compare::mod_revision(key.clone(), CompareOp::Equal, *rev));
+                ops.push(TxnOp::put(key, want.get().to_string(), None));
+            }
+            None => {
+                guard.push(Compare::version(key.clone(), CompareOp::Equal, 0));
+                ops.push(TxnOp::put(key, want.get().to_string(), None));
+                let block = keys::fence_count_block_of(MachineId(id));
+                ops.push(TxnOp::put(keys::fence_count_marker(name, block), "", None));
+            }
+        }
+    }
+    (guard, ops)
+}
+
+/// [`ImportError::Contended`] for namespace `name`: `what` kept changing.
+fn contended(name: &str, what: &str) -> ImportError {
+    ImportError::Contended(format!(
+        "namespace {name:?}: {what} kept changing under the import ({IMPORT_ATTEMPTS} attempts); nothing was lowered, but not everything is raised yet: run the import again"
+    ))
 }
