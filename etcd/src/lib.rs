@@ -25,11 +25,11 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | `endpoints` | the failover client: one client per endpoint, TLS and authentication, timeouts, which errors move on |
+//! | `endpoints` | the failover client: one client per endpoint, TLS and authentication, timeouts, which errors move on; the one single-key read (`get_key`) |
 //! | [`access`] | the TLS and authentication settings, and recognising etcd's refusals of them |
 //! | `tls_probe` | a TLS connection of our own at start that reads etcd's verdict on this server's certificates |
 //! | `start_check` | the access check before the first claim: the TLS probe, then read and write permission on the namespace's keys |
-//! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions; `pool::round` is one round of a claim |
+//! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions; `pool::round` is one round of a claim, `pool::candidate` one candidate's claim transaction and the floor it gives |
 //! | `fence_count` | the counts of fence keys created, per block of 64 machine ids, which tell a never-written fence key from a deleted one |
 //! | `session` | the server's own lease: grant and claim, fence writes, keepalive, peer registration, release and revoke |
 //! | `watch` | the holder watch of a hold |

@@ -278,14 +278,11 @@ impl StateStore {
     ) -> Result<bool, ImportError> {
         let key = key.to_owned();
         for _attempt in 0..IMPORT_ATTEMPTS {
-            let resp = self
+            let (kv, _) = self
                 .endpoints
-                .call("read fence count", self.timeout, |mut c| {
-                    let key = key.clone();
-                    async move { c.get(key, None).await }
-                })
+                .get_key("read fence count", self.timeout, &key)
                 .await?;
-            let (current, rev) = match resp.kvs().first() {
+            let (current, rev) = match kv {
                 Some(kv) => (Counter::decode(Some(kv.value())), kv.mod_revision()),
                 None => (Counter::Absent, 0),
             };

@@ -28,14 +28,10 @@ async fn read_at(
     namespace: &str,
 ) -> Result<(Option<(NamespaceRecord, i64)>, i64), StoreError> {
     let key = keys::layout(namespace);
-    let resp = endpoints
-        .call("read namespace record", timeout, |mut c| {
-            let key = key.clone();
-            async move { c.get(key, None).await }
-        })
+    let (kv, revision) = endpoints
+        .get_key("read namespace record", timeout, &key)
         .await?;
-    let revision = resp.header().map_or(0, |h| h.revision());
-    let found = match resp.kvs().first() {
+    let found = match kv {
         None => None,
         Some(kv) => Some((NamespaceRecord::parse(&key, kv.value())?, kv.mod_revision())),
     };

@@ -26,19 +26,13 @@ impl RequesterStore for RequesterLeases {
     /// The namespace's layout; [`StoreError::UnknownNamespace`] when none is recorded.
     async fn layout(&mut self, namespace: &str) -> Result<Layout, StoreError> {
         let key = keys::layout(namespace);
-        let resp = self
+        let (kv, _) = self
             .endpoints
-            .call("read layout", self.timeout, |mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
-            })
+            .get_key("read layout", self.timeout, &key)
             .await?;
-        let kv = resp
-            .kvs()
-            .first()
-            .ok_or_else(|| StoreError::UnknownNamespace {
-                namespace: namespace.to_owned(),
-            })?;
+        let kv = kv.ok_or_else(|| StoreError::UnknownNamespace {
+            namespace: namespace.to_owned(),
+        })?;
         Ok(namespace_record(namespace, &key, kv.value())?.layout)
     }
 
