@@ -43,19 +43,7 @@ async fn confirm_existing(
     let key = keys::layout(namespace);
     let holder_prefix = keys::holder_prefix(namespace);
     let requester_prefix = keys::requester(namespace, "");
-    let mut leases = std::collections::BTreeSet::new();
-    for prefix in [&holder_prefix, &requester_prefix] {
-        let resp = endpoints
-            .call("read holders", timeout, |mut c| {
-                let p = prefix.clone();
-                async move {
-                    c.get(p, Some(GetOptions::new().with_prefix().with_keys_only()))
-                        .await
-                }
-            })
-            .await?;
-        leases.extend(resp.kvs().iter().map(|kv| kv.lease()).filter(|&l| l != 0));
-    }
+    let leases = leases_under(endpoints, timeout, [&holder_prefix, &requester_prefix]).await?;
     let progress = progress(endpoints, timeout).await?;
     let was = record.state.clone();
     let record = record.with_incarnation();
@@ -112,6 +100,29 @@ async fn confirm_existing(
         cleared_keys,
         revoked_leases,
     }))
+}
+
+/// The etcd leases of the keys under `prefixes` (keys on no lease left
+/// out), each once, in order.
+async fn leases_under(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    prefixes: [&String; 2],
+) -> Result<std::collections::BTreeSet<i64>, StoreError> {
+    let mut leases = std::collections::BTreeSet::new();
+    for prefix in prefixes {
+        let resp = endpoints
+            .call("read holders", timeout, |mut c| {
+                let p = prefix.clone();
+                async move {
+                    c.get(p, Some(GetOptions::new().with_prefix().with_keys_only()))
+                        .await
+                }
+            })
+            .await?;
+        leases.extend(resp.kvs().iter().map(|kv| kv.lease()).filter(|&l| l != 0));
+    }
+    Ok(leases)
 }
 
 /// True when `resp` (a failed transaction whose `or_else` read one key)

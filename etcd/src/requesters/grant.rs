@@ -195,13 +195,30 @@ impl RequesterLeases {
         })
     }
 
+    /// The revision `quota`'s key's holdings were counted at, when they
+    /// leave room for `count` more machine ids;
+    /// [`StoreError::KeyQuotaExceeded`] otherwise.
+    pub(super) async fn room_for(
+        &mut self,
+        quota: &KeyQuota,
+        count: u32,
+    ) -> Result<i64, StoreError> {
+        let (held, revision) = self.key_holdings(quota).await?;
+        if held.saturating_add(count) > quota.max {
+            return Err(StoreError::KeyQuotaExceeded {
+                key_id: quota.key_id.clone(),
+                held,
+                max: quota.max,
+                asked: count,
+            });
+        }
+        Ok(revision)
+    }
+
     /// The machine ids `quota`'s key holds through the Lease API now,
     /// cluster-wide, and the revision they were counted at; an unreadable
     /// holding counts as [`MAX_REQUESTER_IDS`] (never under-counted).
-    pub(super) async fn key_holdings(
-        &mut self,
-        quota: &KeyQuota,
-    ) -> Result<(u32, i64), StoreError> {
+    async fn key_holdings(&mut self, quota: &KeyQuota) -> Result<(u32, i64), StoreError> {
         let prefix = keys::key_holds_prefix(&quota.key_id);
         let resp = self
             .endpoints

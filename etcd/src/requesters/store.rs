@@ -71,18 +71,7 @@ impl RequesterStore for RequesterLeases {
                     .await;
             }
             let counted = match quota {
-                Some(q) => {
-                    let (held, revision) = self.key_holdings(q).await?;
-                    if held.saturating_add(count) > q.max {
-                        return Err(StoreError::KeyQuotaExceeded {
-                            key_id: q.key_id.clone(),
-                            held,
-                            max: q.max,
-                            asked: count,
-                        });
-                    }
-                    Some((q, revision))
-                }
+                Some(q) => Some((q, self.room_for(q, count).await?)),
                 None => None,
             };
             match self
