@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::super::fence_count::CountBase;
 use super::super::{keys, restore_record, Endpoints, EtcdStore};
-use super::{check_floor, guard, progress, read, NamespaceRecord, NamespaceState};
+use super::{check_floor, guard, progress, read, NamespaceRecord, NamespaceSetup, NamespaceState};
 use snowkeep_core::claim::StoreError;
 use snowkeep_core::text::rfc3339;
 
@@ -228,7 +228,6 @@ impl EtcdStore {
         let timeout = self.settings.request_timeout;
         let setup = self.settings.namespace_setup.clone();
         let ns = self.settings.namespace.clone();
-        let key = keys::layout(&ns);
         if let Some(spec) = setup.confirm_floor {
             check_floor(spec, self.clock.unix_ms())?;
         }
@@ -238,33 +237,7 @@ impl EtcdStore {
                 .confirm_floor
                 .map(|f| self.layout_ms(f.resolve(unix_ms)));
             let Some((record, mod_revision)) = read(&self.endpoints, timeout, &ns).await? else {
-                if !setup.create {
-                    return Err(StoreError::NamespaceNotCreated {
-                        namespace: ns,
-                        endpoints: self.endpoint_list(),
-                    });
-                }
-                if floor.is_none() {
-                    let list = self.endpoint_list();
-                    restore_record::refuse_creation_without_floor(
-                        &self.endpoints,
-                        timeout,
-                        &ns,
-                        list,
-                    )
-                    .await?;
-                }
-                let gap = progress(&self.endpoints, timeout).await?.gap();
-                let mut record = NamespaceRecord::new(self.layout, gap);
-                if let Some(floor) = floor {
-                    record.floor = floor;
-                    record.confirmed_at = Some(rfc3339(unix_ms));
-                }
-                if let Some(counted) = create(&self.endpoints, timeout, &ns, &record).await? {
-                    info!(namespace = %ns, key = %key, layout = %self.layout, incarnation = %format!("{:016x}", record.incarnation), floor_ms = record.floor.get(), acknowledged_gap = gap, fence_counts = counted, "created the namespace");
-                    if !counted {
-                        warn!(namespace = %ns, prefix = %keys::namespace_prefix(&ns), "created the namespace over keys already stored under it: a fence key may have been deleted there, so in each fence-count block the first claim of a machine id without a fence key starts one fence lead ahead, and counts from then on");
-                    }
+                if self.create_namespace(&setup, floor, unix_ms).await? {
                     return Ok(());
                 }
                 continue; // created concurrently: check theirs
@@ -299,25 +272,11 @@ impl EtcdStore {
                 Some(refusal) => return Err(refusal),
                 None => guard(&self.endpoints, timeout, &ns, unix_ms).await?,
             };
-            if setup.create && record.incarnation == 0 {
-                let gap = progress(&self.endpoints, timeout).await?.gap();
-                let upgraded = NamespaceRecord::new(record.layout, gap);
-                let txn = Txn::new()
-                    .when([Compare::mod_revision(
-                        key.clone(),
-                        CompareOp::Equal,
-                        mod_revision,
-                    )])
-                    .and_then([TxnOp::put(key.clone(), upgraded.encode(), None)]);
-                if !self
-                    .endpoints
-                    .txn("upgrade namespace record", timeout, txn)
-                    .await?
-                    .succeeded()
-                {
-                    continue;
-                }
-                info!(namespace = %ns, incarnation = %format!("{:016x}", upgraded.incarnation), "gave the namespace record of an older version an incarnation and a state");
+            if setup.create
+                && record.incarnation == 0
+                && !self.upgrade_record(&record, mod_revision).await?
+            {
+                continue;
             }
             return Ok(());
         }
@@ -325,6 +284,79 @@ impl EtcdStore {
             op: "open namespace (the record kept changing)",
             after: timeout,
         })
+    }
+
+    /// The open of a namespace without a record: creates it as `setup`
+    /// says (with the confirmed `floor`, when one is asked, stamped at
+    /// `unix_ms`); `false` when another server created it meanwhile.
+    /// [`StoreError::NamespaceNotCreated`] without `create`, and the refusal
+    /// of a creation without a floor after a restore.
+    async fn create_namespace(
+        &self,
+        setup: &NamespaceSetup,
+        floor: Option<Millis>,
+        unix_ms: u64,
+    ) -> Result<bool, StoreError> {
+        let timeout = self.settings.request_timeout;
+        let ns = self.settings.namespace.as_str();
+        let key = keys::layout(ns);
+        if !setup.create {
+            return Err(StoreError::NamespaceNotCreated {
+                namespace: ns.to_owned(),
+                endpoints: self.endpoint_list(),
+            });
+        }
+        if floor.is_none() {
+            let list = self.endpoint_list();
+            restore_record::refuse_creation_without_floor(&self.endpoints, timeout, ns, list)
+                .await?;
+        }
+        let gap = progress(&self.endpoints, timeout).await?.gap();
+        let mut record = NamespaceRecord::new(self.layout, gap);
+        if let Some(floor) = floor {
+            record.floor = floor;
+            record.confirmed_at = Some(rfc3339(unix_ms));
+        }
+        if let Some(counted) = create(&self.endpoints, timeout, ns, &record).await? {
+            info!(namespace = %ns, key = %key, layout = %self.layout, incarnation = %format!("{:016x}", record.incarnation), floor_ms = record.floor.get(), acknowledged_gap = gap, fence_counts = counted, "created the namespace");
+            if !counted {
+                warn!(namespace = %ns, prefix = %keys::namespace_prefix(ns), "created the namespace over keys already stored under it: a fence key may have been deleted there, so in each fence-count block the first claim of a machine id without a fence key starts one fence lead ahead, and counts from then on");
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Gives an older version's `record` (read at `mod_revision`) an
+    /// incarnation and a state, guarded by it being unchanged: `false` when
+    /// it changed meanwhile.
+    async fn upgrade_record(
+        &self,
+        record: &NamespaceRecord,
+        mod_revision: i64,
+    ) -> Result<bool, StoreError> {
+        let timeout = self.settings.request_timeout;
+        let ns = self.settings.namespace.as_str();
+        let key = keys::layout(ns);
+        let gap = progress(&self.endpoints, timeout).await?.gap();
+        let upgraded = NamespaceRecord::new(record.layout, gap);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                mod_revision,
+            )])
+            .and_then([TxnOp::put(key.clone(), upgraded.encode(), None)]);
+        if !self
+            .endpoints
+            .txn("upgrade namespace record", timeout, txn)
+            .await?
+            .succeeded()
+        {
+            return Ok(false);
+        }
+        info!(namespace = %ns, incarnation = %format!("{:016x}", upgraded.incarnation), "gave the namespace record of an older version an incarnation and a state");
+        Ok(true)
     }
 
     /// The check before every claim and, while holding, on every renewal: the
