@@ -9,7 +9,7 @@ use super::import_checks;
 use super::{DOCUMENT_FORMAT, DOCUMENT_VERSION};
 use snowkeep_core::claim::StoreError;
 
-/// snowkeep's state as one JSON document ([`StateStore::export`]).
+/// snowkeep's state as one JSON document ([`super::StateStore::export`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateDocument {

@@ -40,6 +40,8 @@ pub(super) struct ClaimRequest<'a> {
     /// only when the namespace's fence count cannot vouch that the key was
     /// never written (see [`fence_count`]); otherwise the floor is the
     /// namespace floor.
+    ///
+    /// [`fence_count`]: super::fence_count
     pub(super) absent_floor: Millis,
     /// Machine ids whose fence is above this are skipped (`now + max_fence_wait`).
     pub(super) max_floor: Millis,
@@ -125,9 +127,11 @@ pub(super) struct ClaimReads {
 /// floor as value), with a creation marker of its fence-count block, guarded
 /// by the key still being absent; [`fence_count::missing_fence`] picks the
 /// floor, and the transaction counts the block again to confirm it
-/// ([`candidate::confirm_missing`]). A re-base is also guarded by the
+/// (`candidate::confirm_missing`). A re-base is also guarded by the
 /// block's key as read: one that fails because another re-base moved it
 /// reads the pool again.
+///
+/// [`fence_count::missing_fence`]: super::fence_count::missing_fence
 ///
 /// What the pool reads found goes to `reads`, a refusal's too.
 pub(super) async fn claim_ids(

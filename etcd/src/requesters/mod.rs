@@ -38,6 +38,8 @@
 //! lowered towards it ([`released_fence`]). The floor (previous holder's
 //! fence) is kept in the record so a repeated Acquire returns the same floors.
 //!
+//! [`released_fence`]: snowkeep_core::lease::records::released_fence
+//!
 //! **Acting on a lease.** Every call that acts on a requester's lease (Renew,
 //! Release, Check) reads its record (which carries the stored token hash) and
 //! calls `Record::authorize` with the presented token before it reads or
