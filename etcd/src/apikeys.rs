@@ -94,14 +94,11 @@ impl ApiKeyStore {
     /// One record; `None` when absent.
     pub async fn get(&self, id: &str) -> Result<Option<StoredKey>, StoreError> {
         let key = keys::apikey(id);
-        let resp = self
+        let (kv, _) = self
             .endpoints
-            .call("read api key", self.timeout, |mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
-            })
+            .get_key("read api key", self.timeout, &key)
             .await?;
-        Ok(resp.kvs().first().and_then(stored))
+        Ok(kv.as_ref().and_then(stored))
     }
 
     /// Writes `value` at `id` when no record has that id and, with a

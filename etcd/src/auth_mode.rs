@@ -62,14 +62,11 @@ impl AuthModeStore {
     /// The stored mode, and the etcd revision it was read at (a linearized
     /// read: a change committed before the call is seen).
     pub async fn read(&self) -> Result<(StoredMode, i64), StoreError> {
-        let resp = self
+        let (kv, revision) = self
             .endpoints
-            .call("read auth mode", self.timeout, |mut c| async move {
-                c.get(keys::AUTH_MODE, None).await
-            })
+            .get_key("read auth mode", self.timeout, keys::AUTH_MODE)
             .await?;
-        let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-        Ok((stored(resp.kvs().first()), revision))
+        Ok((stored(kv.as_ref()), revision))
     }
 
     /// Writes `value` if the key is still at `expected` (its mod revision,

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Certificate, Client, ConnectOptions, GetOptions, Identity, TlsOptions, Txn};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, GetOptions, Identity, KeyValue, TlsOptions, Txn,
+};
 use tracing::{debug, warn};
 
 use super::access::{refusal_of, EtcdAccess};
@@ -262,6 +264,25 @@ impl Endpoints {
             })
             .await?;
         Ok(resp.count())
+    }
+
+    /// Reads the one key `key` (a linearizable get, with failover like
+    /// [`Endpoints::call`]): its key-value when present (`None`: absent),
+    /// and the answer's header revision (0 when it has no header).
+    pub(super) async fn get_key(
+        &self,
+        op: &'static str,
+        after: Duration,
+        key: &str,
+    ) -> Result<(Option<KeyValue>, i64), StoreError> {
+        let mut resp = self
+            .call(op, after, |mut c| {
+                let key = key.to_owned();
+                async move { c.get(key, None).await }
+            })
+            .await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        Ok((resp.take_kvs().into_iter().next(), revision))
     }
 
     /// [`Endpoints::call`], also returning the position that answered.

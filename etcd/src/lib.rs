@@ -25,21 +25,21 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | `endpoints` | the failover client: one client per endpoint, TLS and authentication, timeouts, which errors move on |
+//! | `endpoints` | the failover client: one client per endpoint, TLS and authentication, timeouts, which errors move on; the one single-key read (`get_key`) |
 //! | [`access`] | the TLS and authentication settings, and recognising etcd's refusals of them |
 //! | `tls_probe` | a TLS connection of our own at start that reads etcd's verdict on this server's certificates |
 //! | `start_check` | the access check before the first claim: the TLS probe, then read and write permission on the namespace's keys |
-//! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions; `pool::round` is one round of a claim |
+//! | `pool` | reading a namespace's pool at one revision, in pages, and the claim transactions; `pool::round` is one round of a claim, `pool::candidate` one candidate's claim transaction and the floor it gives |
 //! | `fence_count` | the counts of fence keys created, per block of 64 machine ids, which tell a never-written fence key from a deleted one |
 //! | `session` | the server's own lease: grant and claim, fence writes, keepalive, peer registration, release and revoke |
 //! | `watch` | the holder watch of a hold |
 //! | `directory` | the peer directory and the capacity reader |
 //! | [`keys`] | the key schema and the codecs of the values read back (fences, requester records) |
-//! | [`namespace`] | the namespace record: create, confirm a floor, the rollback rule |
+//! | [`namespace`] | the namespace record: create, confirm a floor, the rollback rule; `namespace::rollback` is the rollback check in etcd and the claims' guard, `namespace::setup` opens the namespace at start |
 //! | `instance` | one live process per instance id |
 //! | `overlap` | the advice about other namespaces sharing this range |
-//! | `requesters` | the Lease API's leases of embedded requesters, and API key quotas |
-//! | `admin` | the administration service's reads, eviction, export and import; `admin::import_checks` refuses an import that could issue an id twice |
+//! | `requesters` | the Lease API's leases of embedded requesters, and API key quotas; `requesters::grant` is a new grant, `requesters::renewal` a renewal, `requesters::store` the Lease API's calls |
+//! | `admin` | the administration service's reads and eviction; `admin::document` is the export document, `admin::export` and `admin::import` write and restore it, `admin::import_checks` refuses an import that could issue an id twice |
 //! | `apikeys` | API key records and their watch |
 //! | `auth_mode` | the cluster's security mode record and its watch |
 //! | `pool_read` | the pool read for a claim: a window of fence-count blocks, or the whole pool, at one revision |

@@ -120,16 +120,13 @@ impl OverlapCheck {
     /// used machine ids of this range.
     async fn compare(&mut self, namespace: &str) -> Result<Option<Overlap>, StoreError> {
         let key = keys::layout(namespace);
-        let resp = self
+        let (kv, _) = self
             .endpoints
-            .call("read layout", self.timeout, |mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
-            })
+            .get_key("read layout", self.timeout, &key)
             .await?;
         // The namespace record (or an older version's plain layout); one
         // that does not parse is left to that namespace's own servers.
-        let Some(layout) = resp.kvs().first().and_then(|kv| {
+        let Some(layout) = kv.and_then(|kv| {
             super::namespace::NamespaceRecord::parse(&key, kv.value())
                 .ok()
                 .map(|record| record.layout)

@@ -51,12 +51,10 @@ pub(super) async fn refuse_creation_without_floor(
     namespace: &str,
     endpoint_list: String,
 ) -> Result<(), StoreError> {
-    let resp = endpoints
-        .call("read restore record", timeout, |mut c| async move {
-            c.get(keys::RESTORED, None).await
-        })
+    let (kv, _) = endpoints
+        .get_key("read restore record", timeout, keys::RESTORED)
         .await?;
-    match resp.kvs().first() {
+    match kv {
         None => Ok(()),
         Some(kv) => Err(StoreError::NamespaceNeedsFloor {
             namespace: namespace.to_owned(),

@@ -11,7 +11,7 @@ use tracing::{debug, error, info, warn};
 use super::endpoints::lease_not_found;
 use super::pool::{claim_ids, ClaimReads, ClaimRequest, Claimed};
 use super::{keys, Claim, EtcdLease, EtcdStore};
-use snowkeep_core::claim::{LossReason, StoreError};
+use snowkeep_core::claim::{HeldId, LossReason, StoreError};
 
 /// The most unanswered fence values remembered per machine id: about 12
 /// minutes of retries during an outage (one per request timeout plus the
@@ -221,23 +221,7 @@ impl EtcdStore {
     ) -> Result<bool, StoreError> {
         let ns = self.ns().to_owned();
         let lease_id = claim.lease.id;
-        let mut guard = self.ownership(claim);
-        let mut puts = Vec::with_capacity(claim.held.len());
-        let mut reads = Vec::with_capacity(claim.held.len() * 2);
-        for (h, f) in claim.held.iter().zip(fences) {
-            let key = keys::fence(&ns, h.machine_id);
-            if let Some(&revision) = self.fence_revisions.get(&h.machine_id) {
-                guard.push(Compare::mod_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    revision,
-                ));
-            }
-            puts.push(TxnOp::put(key.clone(), f.get().to_string(), None));
-            reads.push(TxnOp::get(keys::holder(&ns, h.machine_id), None));
-            reads.push(TxnOp::get(key, None));
-        }
-        let txn = Txn::new().when(guard).and_then(puts).or_else(reads);
+        let txn = self.fence_txn(claim, fences);
         let resp = self.txn("fence txn", txn).await?;
         if resp.succeeded() {
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
@@ -287,33 +271,62 @@ impl EtcdStore {
                     revisions.push((h.machine_id, kv.mod_revision()));
                     done = false;
                 }
-                _ => {
-                    // A fence key below the revision this holder wrote it at
-                    // can only be etcd gone back in time (a restore): mark it
-                    // at the next check, which comes before the claim again.
-                    let written = self.fence_revisions.get(&h.machine_id).copied();
-                    if let (Some(kv), Some(written)) = (fence, written) {
-                        if kv.mod_revision() < written {
-                            let key = keys::fence(&ns, h.machine_id);
-                            error!(namespace = %ns, machine_id = h.machine_id.get(), key = %key, mod_revision = kv.mod_revision(), written_at = written, "a fence key is at a revision below the one this holder wrote it at: etcd was restored from an older snapshot");
-                            self.endpoints.witness().key_went_back(
-                                &ns,
-                                &key,
-                                kv.mod_revision(),
-                                written,
-                            );
-                        }
-                    }
-                    let now = fence.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
-                    warn!(namespace = %ns, machine_id = h.machine_id.get(), fence_now = ?now, fence_written_ms = h.fence.get(), "a fence key changed under its holder, not by it; stopping issuance and claiming again");
-                    return Err(StoreError::LeaseLost {
-                        reason: LossReason::HolderChanged,
-                    });
-                }
+                _ => return Err(self.fence_changed(h, fence)),
             }
         }
         self.fence_revisions.extend(revisions);
         Ok(done)
+    }
+
+    /// The fence transaction of `claim` writing `fences`: every fence put,
+    /// guarded by the holder keys being on the claim's lease and each fence
+    /// key still at the revision this holder last wrote it at; the failure
+    /// branch reads each holder key and fence key, in turn.
+    fn fence_txn(&self, claim: &Claim, fences: &[Millis]) -> Txn {
+        let ns = self.ns();
+        let mut guard = self.ownership(claim);
+        let mut puts = Vec::with_capacity(claim.held.len());
+        let mut reads = Vec::with_capacity(claim.held.len() * 2);
+        for (h, f) in claim.held.iter().zip(fences) {
+            let key = keys::fence(ns, h.machine_id);
+            if let Some(&revision) = self.fence_revisions.get(&h.machine_id) {
+                guard.push(Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                ));
+            }
+            puts.push(TxnOp::put(key.clone(), f.get().to_string(), None));
+            reads.push(TxnOp::get(keys::holder(ns, h.machine_id), None));
+            reads.push(TxnOp::get(key, None));
+        }
+        Txn::new().when(guard).and_then(puts).or_else(reads)
+    }
+
+    /// The loss of a claim whose fence key of `h` changed under it, not by
+    /// it (`fence`: the key as the failed fence transaction read it),
+    /// logged; a key found below the revision this holder wrote it at is
+    /// reported to the revision witness as etcd gone back.
+    fn fence_changed(&self, h: &HeldId, fence: Option<&etcd_client::KeyValue>) -> StoreError {
+        let ns = self.ns();
+        // A fence key below the revision this holder wrote it at
+        // can only be etcd gone back in time (a restore): mark it
+        // at the next check, which comes before the claim again.
+        let written = self.fence_revisions.get(&h.machine_id).copied();
+        if let (Some(kv), Some(written)) = (fence, written) {
+            if kv.mod_revision() < written {
+                let key = keys::fence(ns, h.machine_id);
+                error!(namespace = %ns, machine_id = h.machine_id.get(), key = %key, mod_revision = kv.mod_revision(), written_at = written, "a fence key is at a revision below the one this holder wrote it at: etcd was restored from an older snapshot");
+                self.endpoints
+                    .witness()
+                    .key_went_back(ns, &key, kv.mod_revision(), written);
+            }
+        }
+        let now = fence.map(|kv| String::from_utf8_lossy(kv.value()).into_owned());
+        warn!(namespace = %ns, machine_id = h.machine_id.get(), fence_now = ?now, fence_written_ms = h.fence.get(), "a fence key changed under its holder, not by it; stopping issuance and claiming again");
+        StoreError::LeaseLost {
+            reason: LossReason::HolderChanged,
+        }
     }
 
     /// Compares that hold while every holder key of `claim` is bound to its lease.

@@ -8,6 +8,7 @@ use snowkeep_client::MachineId;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 
+use super::endpoints::Endpoints;
 use super::{keys, Claim, EtcdStore};
 use snowkeep_core::claim::{LossReason, StoreError};
 
@@ -47,37 +48,22 @@ impl EtcdStore {
         &self,
         claim: &Claim,
     ) -> AbortOnDropHandle<Result<LossReason, StoreError>> {
-        let prefix = keys::holder_prefix(self.ns());
-        let ours: Vec<MachineId> = claim.held.iter().map(|h| h.machine_id).collect();
-        // The holder value of this server's keys: its instance id. The same
-        // value on another etcd lease is a second live process with it.
-        let own_instance_id = self.settings.instance_id.clone();
-        let holder_value = own_instance_id.clone();
-        let lease_id = claim.lease.id;
+        let watched = Watched {
+            prefix: keys::holder_prefix(self.ns()),
+            ours: claim.held.iter().map(|h| h.machine_id).collect(),
+            instance_id: self.settings.instance_id.clone(),
+            lease_id: claim.lease.id,
+        };
         let endpoints = self.endpoints.clone();
         let timeout = self.settings.request_timeout;
         let mut next_revision = claim.lease.revision + 1;
-        let is_ours = move |kv: &etcd_client::KeyValue| {
-            kv.value() == holder_value.as_bytes() && kv.lease() == lease_id
-        };
         AbortOnDropHandle::new(tokio::spawn(async move {
+            let prefix = &watched.prefix;
             loop {
-                let opts = WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(next_revision);
-                let opened = endpoints
-                    .call_at("watch holders", timeout, |mut c| {
-                        let (key, opts) = (prefix.clone(), opts.clone());
-                        async move { c.watch(key, Some(opts)).await }
-                    })
-                    .await;
-                let (mut stream, position) = match opened {
-                    Ok(opened) => opened,
-                    Err(e) => {
-                        debug!(error = %snowkeep_core::DisplayChain(&e), "holder watch failed to open on every endpoint; retrying");
-                        tokio::time::sleep(WATCH_RETRY).await;
-                        continue;
-                    }
+                let Some((mut stream, position)) =
+                    open(&endpoints, timeout, prefix, next_revision).await
+                else {
+                    continue;
                 };
                 loop {
                     let message = match next_message(&mut stream, timeout).await {
@@ -101,13 +87,7 @@ impl EtcdStore {
                                 .await;
                             match now {
                                 Ok(get) => {
-                                    let intact = ours.iter().all(|id| {
-                                        get.kvs().iter().any(|kv| {
-                                            keys::machine_id_of(kv.key(), &prefix) == Some(*id)
-                                                && is_ours(kv)
-                                        })
-                                    });
-                                    if !intact {
+                                    if !watched.intact(&get) {
                                         return Ok(LossReason::HolderChanged);
                                     }
                                     next_revision =
@@ -118,30 +98,8 @@ impl EtcdStore {
                             break;
                         }
                         Ok(Some(resp)) => {
-                            for event in resp.events() {
-                                let Some(kv) = event.kv() else { continue };
-                                next_revision = next_revision.max(kv.mod_revision() + 1);
-                                let Some(id) = keys::machine_id_of(kv.key(), &prefix) else {
-                                    continue;
-                                };
-                                if !ours.contains(&id) {
-                                    continue;
-                                }
-                                if event.event_type() == EventType::Put
-                                    && kv.value() == own_instance_id.as_bytes()
-                                    && kv.lease() != lease_id
-                                {
-                                    // Our instance id, another lease: a second live
-                                    // process with our --instance-id. Stop rather
-                                    // than take it back and forth forever.
-                                    return Err(StoreError::DuplicateInstance {
-                                        instance_id: own_instance_id,
-                                        machine_id: id,
-                                    });
-                                }
-                                if event.event_type() != EventType::Put || !is_ours(kv) {
-                                    return Ok(LossReason::HolderChanged);
-                                }
+                            if let Some(loss) = watched.judge(&resp, &mut next_revision)? {
+                                return Ok(loss);
                             }
                         }
                         Ok(None) | Err(_) => {
@@ -157,5 +115,98 @@ impl EtcdStore {
                 }
             }
         }))
+    }
+}
+
+/// Opens the holder watch on `prefix` from `next_revision`, failing over:
+/// the stream and the endpoint position it is on, or `None` (after a pause)
+/// when no endpoint opened it.
+async fn open(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    prefix: &str,
+    next_revision: i64,
+) -> Option<(etcd_client::WatchStream, usize)> {
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(next_revision);
+    let opened = endpoints
+        .call_at("watch holders", timeout, |mut c| {
+            let (key, opts) = (prefix.to_owned(), opts.clone());
+            async move { c.watch(key, Some(opts)).await }
+        })
+        .await;
+    match opened {
+        Ok(opened) => Some(opened),
+        Err(e) => {
+            debug!(error = %snowkeep_core::DisplayChain(&e), "holder watch failed to open on every endpoint; retrying");
+            tokio::time::sleep(WATCH_RETRY).await;
+            None
+        }
+    }
+}
+
+/// What a holder watch watches: the claim's machine ids under the holder
+/// prefix, held with this server's instance id on the claim's lease.
+struct Watched {
+    prefix: String,
+    ours: Vec<MachineId>,
+    /// The holder value of this server's keys: its instance id. The same
+    /// value on another etcd lease is a second live process with it.
+    instance_id: String,
+    lease_id: i64,
+}
+
+impl Watched {
+    /// Whether `kv` is a holder key of this claim: our value, our lease.
+    fn is_ours(&self, kv: &etcd_client::KeyValue) -> bool {
+        kv.value() == self.instance_id.as_bytes() && kv.lease() == self.lease_id
+    }
+
+    /// Whether every machine id of the claim is still held by it in `get`
+    /// (a read of the whole holder prefix).
+    fn intact(&self, get: &etcd_client::GetResponse) -> bool {
+        self.ours.iter().all(|id| {
+            get.kvs().iter().any(|kv| {
+                keys::machine_id_of(kv.key(), &self.prefix) == Some(*id) && self.is_ours(kv)
+            })
+        })
+    }
+
+    /// Reads the events of `resp`, moving `next_revision` past each:
+    /// `Some(HolderChanged)` when one of our keys was deleted or rewritten,
+    /// [`StoreError::DuplicateInstance`] when it was put with our instance
+    /// id on another lease, `None` when the claim stands.
+    fn judge(
+        &self,
+        resp: &etcd_client::WatchResponse,
+        next_revision: &mut i64,
+    ) -> Result<Option<LossReason>, StoreError> {
+        for event in resp.events() {
+            let Some(kv) = event.kv() else { continue };
+            *next_revision = (*next_revision).max(kv.mod_revision() + 1);
+            let Some(id) = keys::machine_id_of(kv.key(), &self.prefix) else {
+                continue;
+            };
+            if !self.ours.contains(&id) {
+                continue;
+            }
+            if event.event_type() == EventType::Put
+                && kv.value() == self.instance_id.as_bytes()
+                && kv.lease() != self.lease_id
+            {
+                // Our instance id, another lease: a second live
+                // process with our --instance-id. Stop rather
+                // than take it back and forth forever.
+                return Err(StoreError::DuplicateInstance {
+                    instance_id: self.instance_id.clone(),
+                    machine_id: id,
+                });
+            }
+            if event.event_type() != EventType::Put || !self.is_ours(kv) {
+                return Ok(Some(LossReason::HolderChanged));
+            }
+        }
+        Ok(None)
     }
 }

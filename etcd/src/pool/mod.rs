@@ -2,19 +2,19 @@
 //! window of it, or all of it), one guarded transaction per candidate.
 //! Shared by the server's own claims and the Lease API's.
 
+mod candidate;
 mod round;
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use snowkeep_client::{MachineId, Millis};
-use tracing::{debug, error, warn};
 
 use super::endpoints::Endpoints;
-use super::fence_count::{self, Counter, MissingFence};
+use super::namespace;
 use super::pool_read::Pool;
-use super::{keys, namespace};
+use candidate::{answer, claim_txn, floor_after_commit, Answer, Attempt};
 use round::{range_leases, read_round};
 use snowkeep_core::claim::candidates::CandidateKind;
 use snowkeep_core::claim::{HeldId, StoreError};
@@ -40,6 +40,8 @@ pub(super) struct ClaimRequest<'a> {
     /// only when the namespace's fence count cannot vouch that the key was
     /// never written (see [`fence_count`]); otherwise the floor is the
     /// namespace floor.
+    ///
+    /// [`fence_count`]: super::fence_count
     pub(super) absent_floor: Millis,
     /// Machine ids whose fence is above this are skipped (`now + max_fence_wait`).
     pub(super) max_floor: Millis,
@@ -125,9 +127,11 @@ pub(super) struct ClaimReads {
 /// floor as value), with a creation marker of its fence-count block, guarded
 /// by the key still being absent; [`fence_count::missing_fence`] picks the
 /// floor, and the transaction counts the block again to confirm it
-/// ([`confirm_missing`]). A re-base is also guarded by the block's key as
-/// read: one that fails because another re-base moved it reads the pool
-/// again.
+/// (`candidate::confirm_missing`). A re-base is also guarded by the
+/// block's key as read: one that fails because another re-base moved it
+/// reads the pool again.
+///
+/// [`fence_count::missing_fence`]: super::fence_count::missing_fence
 ///
 /// What the pool reads found goes to `reads`, a refusal's too.
 pub(super) async fn claim_ids(
@@ -137,10 +141,7 @@ pub(super) async fn claim_ids(
     reads: &mut ClaimReads,
 ) -> Result<Claimed, StoreError> {
     let ns = want.namespace;
-    let mut held: Vec<HeldId> = Vec::with_capacity(want.count);
-    let mut fence_revisions = Vec::with_capacity(want.count);
-    let mut revision = 0;
-    let mut own = Vec::new();
+    let mut claimed = Claimed::none(want.count);
     // Set once a window had no candidate: the rest of the claim reads the
     // whole pool.
     let mut whole = false;
@@ -150,8 +151,15 @@ pub(super) async fn claim_ids(
         // at least the namespace floor an operator confirmed.
         let record = namespace::ClaimGuard::read(endpoints, timeout, ns).await?;
         let absent_floor = want.absent_floor.max(record.floor);
-        let (pool, candidates, too_far) =
-            read_round(endpoints, timeout, &want, record.floor, &held, &mut whole).await?;
+        let (pool, candidates, too_far) = read_round(
+            endpoints,
+            timeout,
+            &want,
+            record.floor,
+            &claimed.held,
+            &mut whole,
+        )
+        .await?;
         reads.keys_read += pool.keys_read;
         let Pool {
             view,
@@ -160,226 +168,42 @@ pub(super) async fn claim_ids(
             holder_leases,
             ..
         } = pool;
-        if let (true, Some((machine_id, fence))) = (candidates.is_empty(), too_far) {
-            let ahead = Duration::from_millis(fence.get().saturating_sub(want.now.get()));
-            let max = Duration::from_millis(want.max_floor.get().saturating_sub(want.now.get()));
-            return Err(StoreError::FenceTooFarAhead {
-                machine_id,
-                fence,
-                ahead,
-                max,
-            });
-        }
         if candidates.is_empty() {
-            reads.full_range_leases = range_leases(&holder_leases, &want.range, want.lease_id);
-            return Err(StoreError::NoFreeMachineId {
-                namespace: ns.to_owned(),
-                capacity: want.range.end - want.range.start,
-                start: want.range.start,
-                end: want.range.end,
-            });
+            return Err(refusal(&want, too_far, &holder_leases, reads));
         }
         // Blocks this claim changed since the read: no second re-base of one.
         let mut rebased = Vec::new();
         for candidate in candidates.into_iter().take(CANDIDATES_PER_ROUND) {
             let machine_id = candidate.machine_id;
-            let holder = keys::holder(ns, machine_id);
-            let fence = keys::fence(ns, machine_id);
-            let block_no = keys::fence_count_block_of(machine_id);
-            let block = blocks.get(&block_no).cloned().unwrap_or_default();
-            let block_key = keys::fence_count_block(ns, block_no);
-            // No fence key in the pool: this claim creates it.
-            let missing = (!view.fences.contains_key(&machine_id))
-                .then(|| fence_count::missing_fence(&block, &root, record.floor, absent_floor));
-            if missing.is_some_and(|m| m.rebase.is_some()) && rebased.contains(&block_no) {
+            let fence_present = view.fences.contains_key(&machine_id);
+            let floors = (record.floor, absent_floor);
+            let attempt = Attempt::new(ns, candidate, &blocks, &root, fence_present, floors);
+            if attempt.rebases() && rebased.contains(&attempt.block_no) {
                 continue;
             }
-            let holder_guard = match candidate.kind {
-                CandidateKind::Own => Compare::value(holder.clone(), CompareOp::Equal, want.holder),
-                CandidateKind::Free => {
-                    Compare::create_revision(holder.clone(), CompareOp::Equal, 0)
-                }
-            };
-            let mut when = vec![holder_guard, record.compare()];
-            let mut then = vec![TxnOp::put(
-                holder.clone(),
-                want.holder,
-                Some(PutOptions::new().with_lease(want.lease_id)),
-            )];
-            match &missing {
-                // The success branch answers the fence second.
-                None => then.push(TxnOp::get(fence.clone(), None)),
-                Some(m) => {
-                    when.push(Compare::version(fence.clone(), CompareOp::Equal, 0));
-                    then.push(TxnOp::put(fence.clone(), m.floor.get().to_string(), None));
-                    then.push(TxnOp::put(keys::fence_count_marker(ns, block_no), "", None));
-                    if let Some(base) = m.rebase {
-                        when.push(match block.own {
-                            Counter::Absent => {
-                                Compare::create_revision(block_key.clone(), CompareOp::Equal, 0)
-                            }
-                            _ => Compare::mod_revision(
-                                block_key.clone(),
-                                CompareOp::Equal,
-                                block.own_revision,
-                            ),
-                        });
-                        then.push(TxnOp::put(block_key.clone(), base.encode(), None));
-                    } else if m.distrust.is_none() {
-                        // Counted again after the creation, at this revision.
-                        then.extend(confirm_reads(ns, block_no));
-                    }
-                }
-            }
-            if want.index {
-                // Not bound to the lease: it outlives the claim, so a restart
-                // finds the machine id it released last (see `instance`).
-                // Last, after the reads the code below finds by position.
-                then.push(TxnOp::put(
-                    keys::instance_claim(ns, want.holder, machine_id),
-                    "",
-                    None,
-                ));
-            }
-            // The failure branch reads the holder key first: a transaction
-            // retried on another endpoint after its first attempt committed
-            // (and the answer was lost) finds the key already ours, under our
-            // lease. It answers the fence second, reads the namespace record
-            // third, to tell a changed record from a lost race, and the
-            // block's key fourth, to tell a re-base that lost to another.
-            let txn = Txn::new().when(when).and_then(then).or_else([
-                TxnOp::get(holder, None),
-                TxnOp::get(fence.clone(), None),
-                TxnOp::get(record.key.clone(), None),
-                TxnOp::get(block_key, None),
-            ]);
+            let txn = claim_txn(&want, &record, &attempt);
             let resp = endpoints.txn("claim txn", timeout, txn).await?;
-            let got = |i: usize| match resp.op_responses().get(i) {
-                Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
-                _ => None,
-            };
-            // Our lease is this claim's own, and only this transaction puts
-            // it on a holder key, guarded by the record: a key already ours is
-            // this claim's earlier commit, made while the record was unchanged.
-            let already_ours = !resp.succeeded()
-                && got(0).is_some_and(|kv| {
-                    kv.value() == want.holder.as_bytes() && kv.lease() == want.lease_id
-                });
-            if !resp.succeeded() && !already_ours {
-                if record.changed(&resp, 2) {
-                    debug!(
-                        round,
-                        "the namespace record changed during the claim; reading it again"
-                    );
-                    continue 'rounds;
-                }
-                let holder_free = match (candidate.kind, got(0)) {
-                    (CandidateKind::Free, kv) => kv.is_none(),
-                    (CandidateKind::Own, kv) => {
-                        kv.is_some_and(|kv| kv.value() == want.holder.as_bytes())
-                    }
-                };
-                let block_moved = got(3).map_or(0, |kv| kv.mod_revision()) != block.own_revision;
-                if holder_free && missing.is_some_and(|m| m.rebase.is_some()) && block_moved {
-                    debug!(
-                        machine_id = machine_id.get(),
-                        block = block_no,
-                        round,
-                        "another claim re-based this fence-count block; reading the pool again"
-                    );
-                    continue 'rounds;
-                }
-                debug!(
-                    machine_id = machine_id.get(),
-                    round, "claim lost a race, trying the next candidate"
-                );
-                continue;
+            match answer(&want, &record, &attempt, &resp, round) {
+                Answer::Committed => {}
+                Answer::ReadPoolAgain => continue 'rounds,
+                Answer::NextCandidate => continue,
             }
             let txn_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let (floor, fence_revision) = match (missing, resp.succeeded()) {
-                (Some(m), true) => {
-                    if m.rebase.is_some() {
-                        rebased.push(block_no);
-                    }
-                    let check = match m.distrust {
-                        Some(why) => Err(why),
-                        None => confirm_missing(&resp, 3),
-                    };
-                    match check {
-                        Ok(()) => {
-                            debug!(
-                                namespace = ns,
-                                machine_id = machine_id.get(),
-                                floor_ms = m.floor.get(),
-                                "claimed a never-used machine id at the namespace floor"
-                            );
-                            (m.floor, txn_revision)
-                        }
-                        Err(why) if m.distrust.is_some() => {
-                            note_distrust(ns, machine_id, block_no, why, m.floor, &m, "");
-                            (m.floor, txn_revision)
-                        }
-                        Err(why) => {
-                            // Something changed the block between the read
-                            // and the claim: fall back to the conservative
-                            // floor, on the key too.
-                            let floor = absent_floor.max(m.floor);
-                            let raised = raise_created_fence(
-                                endpoints,
-                                timeout,
-                                &fence,
-                                txn_revision,
-                                floor,
-                            )
-                            .await?;
-                            note_distrust(ns, machine_id, block_no, why, floor, &m, " (found by the claim transaction after the pool read vouched for the count)");
-                            (floor, raised)
-                        }
-                    }
-                }
-                (Some(m), false) if m.distrust.is_none() => {
-                    // An earlier attempt of this claim created the key, and
-                    // its confirmation was lost with its answer: take the
-                    // conservative floor rather than count again.
-                    let Some(created) = got(1).map(|kv| kv.mod_revision()) else {
-                        // Gone already: someone else deletes keys here.
-                        return Err(StoreError::LeaseLost {
-                            reason: snowkeep_core::claim::LossReason::HolderChanged,
-                        });
-                    };
-                    let floor = absent_floor.max(m.floor);
-                    let raised =
-                        raise_created_fence(endpoints, timeout, &fence, created, floor).await?;
-                    (floor, raised)
-                }
-                // The fence as the transaction read it: in the success
-                // branch, or in the failure branch of a retry that found its
-                // earlier attempt committed.
-                _ => match got(1) {
-                    Some(kv) => (
-                        keys::decode_fence(&fence, kv.value())?.max(record.floor),
-                        kv.mod_revision(),
-                    ),
-                    None => (absent_floor, 0),
-                },
-            };
-            revision = revision.max(txn_revision);
-            if candidate.kind == CandidateKind::Own || want.prefer.contains(&machine_id) {
-                own.push(machine_id);
-            }
-            held.push(HeldId {
-                machine_id,
-                floor,
-                fence: floor,
-            });
-            fence_revisions.push(fence_revision);
-            if held.len() == want.count {
-                return Ok(Claimed {
-                    held,
-                    revision,
-                    fence_revisions,
-                    own,
-                });
+            let (floor, fence_revision) = floor_after_commit(
+                endpoints,
+                timeout,
+                ns,
+                &record,
+                absent_floor,
+                &attempt,
+                &resp,
+                &mut rebased,
+            )
+            .await?;
+            let own = candidate.kind == CandidateKind::Own || want.prefer.contains(&machine_id);
+            claimed.add(machine_id, floor, fence_revision, txn_revision, own);
+            if claimed.held.len() == want.count {
+                return Ok(claimed);
             }
         }
     }
@@ -389,107 +213,66 @@ pub(super) async fn claim_ids(
     })
 }
 
-/// The reads that count a block again inside the claim transaction that
-/// created one of its fence keys, after the creation: the block's key, the
-/// namespace's root, its fence keys and its creation markers (counts only).
-fn confirm_reads(namespace: &str, block: u16) -> [TxnOp; 4] {
-    let (start, end) = keys::block_fences(namespace, block);
-    [
-        TxnOp::get(keys::fence_count_block(namespace, block), None),
-        TxnOp::get(keys::fence_count_root(namespace), None),
-        TxnOp::get(
-            start,
-            Some(GetOptions::new().with_range(end).with_count_only()),
-        ),
-        TxnOp::get(
-            keys::fence_count_markers(namespace, block),
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        ),
-    ]
-}
+impl Claimed {
+    /// Nothing claimed yet, of `count` machine ids to claim.
+    fn none(count: usize) -> Self {
+        Self {
+            held: Vec::with_capacity(count),
+            revision: 0,
+            fence_revisions: Vec::with_capacity(count),
+            own: Vec::new(),
+        }
+    }
 
-/// Whether the [`confirm_reads`] answered from operation `at` on of `resp`
-/// still vouch that no fence key of the block was deleted (see
-/// [`fence_count::vouches`]): `Err` with why not.
-fn confirm_missing(
-    resp: &etcd_client::TxnResponse,
-    at: usize,
-) -> Result<(), fence_count::Distrust> {
-    let ops = resp.op_responses();
-    let get = |i: usize| match ops.get(at + i) {
-        Some(TxnOpResponse::Get(get)) => Some(get.clone()),
-        _ => None,
-    };
-    let (Some(own), Some(now_root), Some(fences), Some(markers)) = (get(0), get(1), get(2), get(3))
-    else {
-        return Err(fence_count::Distrust::Absent);
-    };
-    let own = Counter::decode(own.kvs().first().map(|kv| kv.value()));
-    let now_root = Counter::decode(now_root.kvs().first().map(|kv| kv.value()));
-    let count = |g: &etcd_client::GetResponse| u64::try_from(g.count()).unwrap_or(0);
-    match fence_count::vouches(own.or(&now_root), count(&markers), count(&fences)) {
-        None => Ok(()),
-        Some(why) => Err(why),
+    /// Records `machine_id` claimed at `floor` by a transaction that
+    /// committed at `txn_revision` and left its fence key at
+    /// `fence_revision`; `own` when this holder held it before.
+    fn add(
+        &mut self,
+        machine_id: MachineId,
+        floor: Millis,
+        fence_revision: i64,
+        txn_revision: i64,
+        own: bool,
+    ) {
+        self.revision = self.revision.max(txn_revision);
+        if own {
+            self.own.push(machine_id);
+        }
+        self.held.push(HeldId {
+            machine_id,
+            floor,
+            fence: floor,
+        });
+        self.fence_revisions.push(fence_revision);
     }
 }
 
-/// Raises the fence key this claim created (at mod revision `created`) to
-/// `floor`, guarded by it being unchanged; returns the new mod revision.
-/// [`StoreError::LeaseLost`] when someone else wrote it meanwhile (the
-/// caller revokes the claim's lease and claims again).
-async fn raise_created_fence(
-    endpoints: &Endpoints,
-    timeout: Duration,
-    fence: &str,
-    created: i64,
-    floor: Millis,
-) -> Result<i64, StoreError> {
-    let txn = Txn::new()
-        .when([Compare::mod_revision(fence, CompareOp::Equal, created)])
-        .and_then([TxnOp::put(fence, floor.get().to_string(), None)])
-        .or_else([TxnOp::get(fence, None)]);
-    let resp = endpoints.txn("raise created fence", timeout, txn).await?;
-    if resp.succeeded() {
-        return Ok(resp.header().map(|h| h.revision()).unwrap_or(0));
+/// Why a round found no candidate: [`StoreError::FenceTooFarAhead`] when
+/// the read found a free machine id only beyond the floor bound (`too_far`),
+/// else [`StoreError::NoFreeMachineId`], for which the range's holder
+/// leases go to `reads`.
+fn refusal(
+    want: &ClaimRequest<'_>,
+    too_far: Option<(MachineId, Millis)>,
+    holder_leases: &BTreeMap<MachineId, i64>,
+    reads: &mut ClaimReads,
+) -> StoreError {
+    if let Some((machine_id, fence)) = too_far {
+        let ahead = Duration::from_millis(fence.get().saturating_sub(want.now.get()));
+        let max = Duration::from_millis(want.max_floor.get().saturating_sub(want.now.get()));
+        return StoreError::FenceTooFarAhead {
+            machine_id,
+            fence,
+            ahead,
+            max,
+        };
     }
-    // A retry that finds its own earlier attempt committed.
-    match resp.op_responses().first() {
-        Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
-            Some(kv) if kv.value() == floor.get().to_string().as_bytes() => Ok(kv.mod_revision()),
-            _ => Err(StoreError::LeaseLost {
-                reason: snowkeep_core::claim::LossReason::HolderChanged,
-            }),
-        },
-        _ => Err(StoreError::LeaseLost {
-            reason: snowkeep_core::claim::LossReason::HolderChanged,
-        }),
-    }
-}
-
-/// Logs a claim of `machine_id` (fence-count block `block`) at `floor`
-/// whose missing fence key the count did not vouch for, `why`, `how` it was
-/// found (`m` as the pool read predicted): at error when fence keys were
-/// deleted, else at warn.
-fn note_distrust(
-    namespace: &str,
-    machine_id: MachineId,
-    block: u16,
-    why: fence_count::Distrust,
-    floor: Millis,
-    m: &MissingFence,
-    how: &str,
-) {
-    let then = if m.rebase.is_some() {
-        "the block is counted again from the keys present; its machine ids without a fence key start at this floor or later from now on"
-    } else if m.distrust.is_some() {
-        "the block stays untrusted while a held machine id of it lacks its fence key"
-    } else {
-        "the next claim in the block re-bases it"
-    };
-    let floor_ms = floor.get();
-    if matches!(why, fence_count::Distrust::Deleted { .. }) {
-        error!(namespace, machine_id = machine_id.get(), block, floor_ms, "{why}{how}: a missing fence key may have been deleted under a live holder, so this claim of machine id {} starts one fence lead ahead; {then}", machine_id.get());
-    } else {
-        warn!(namespace, machine_id = machine_id.get(), block, floor_ms, "{why}{how}: this claim of machine id {} without a fence key starts one fence lead ahead; {then}", machine_id.get());
+    reads.full_range_leases = range_leases(holder_leases, &want.range, want.lease_id);
+    StoreError::NoFreeMachineId {
+        namespace: want.namespace.to_owned(),
+        capacity: want.range.end - want.range.start,
+        start: want.range.start,
+        end: want.range.end,
     }
 }
