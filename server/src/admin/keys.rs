@@ -119,53 +119,7 @@ impl KeyAdmin {
         req: pb::CreateKeyRequest,
         guard: Option<i64>,
     ) -> Result<Response<pb::CreateKeyResponse>, Status> {
-        if req.description.chars().count() > MAX_DESCRIPTION
-            || req.description.chars().any(char::is_control)
-        {
-            return Err(Status::invalid_argument(format!(
-                "a description is at most {MAX_DESCRIPTION} characters without control characters"
-            )));
-        }
-        if req.namespaces.len() > MAX_NAMESPACES {
-            return Err(Status::invalid_argument(format!(
-                "a key names at most {MAX_NAMESPACES} namespaces (none: all)"
-            )));
-        }
-        if let Some(bad) = req
-            .namespaces
-            .iter()
-            .find(|n| !snowkeep_core::namespace::is_valid_namespace(n))
-        {
-            return Err(Status::invalid_argument(format!(
-                "invalid namespace {bad:?}: a namespace is {}",
-                snowkeep_core::namespace::NAMESPACE_RULE
-            )));
-        }
-        let mut permissions = Vec::new();
-        for &p in &req.permissions {
-            let p = permission_from_pb(p).ok_or_else(|| {
-                Status::invalid_argument(format!(
-                    "unknown permission {p}: use PERMISSION_IDS, PERMISSION_LEASE or PERMISSION_ADMIN"
-                ))
-            })?;
-            if !permissions.contains(&p) {
-                permissions.push(p);
-            }
-        }
-        if permissions.is_empty() {
-            return Err(Status::invalid_argument(
-                "a key needs at least one permission (ids, lease, admin)",
-            ));
-        }
-        permissions.sort();
-        if permissions.contains(&Permission::Admin) && !req.namespaces.is_empty() {
-            // Administration acts on the whole cluster (keys, export,
-            // import, every namespace's holders): a scoped admin key would
-            // only look scoped.
-            return Err(Status::invalid_argument(
-                "an admin key cannot be limited to namespaces: administration acts on the whole cluster (keys, export, import); create it without --namespace, or give the key only ids and lease",
-            ));
-        }
+        let permissions = checked_key_request(&req)?;
         let now = self.clock.unix_ms();
         if req.expires_unix_ms != 0 && req.expires_unix_ms <= now {
             return Err(Status::invalid_argument(format!(
@@ -439,4 +393,58 @@ fn key_to_pb(record: &KeyRecord) -> pb::ApiKey {
             .collect(),
         max_lease_machine_ids: record.max_lease_machine_ids,
     }
+}
+
+/// The permissions of a CreateKey request, sorted and without repeats, once
+/// its description, namespaces and permissions are checked, in that order:
+/// INVALID_ARGUMENT with what to change for the first that is not right.
+fn checked_key_request(req: &pb::CreateKeyRequest) -> Result<Vec<Permission>, Status> {
+    if req.description.chars().count() > MAX_DESCRIPTION
+        || req.description.chars().any(char::is_control)
+    {
+        return Err(Status::invalid_argument(format!(
+            "a description is at most {MAX_DESCRIPTION} characters without control characters"
+        )));
+    }
+    if req.namespaces.len() > MAX_NAMESPACES {
+        return Err(Status::invalid_argument(format!(
+            "a key names at most {MAX_NAMESPACES} namespaces (none: all)"
+        )));
+    }
+    if let Some(bad) = req
+        .namespaces
+        .iter()
+        .find(|n| !snowkeep_core::namespace::is_valid_namespace(n))
+    {
+        return Err(Status::invalid_argument(format!(
+            "invalid namespace {bad:?}: a namespace is {}",
+            snowkeep_core::namespace::NAMESPACE_RULE
+        )));
+    }
+    let mut permissions = Vec::new();
+    for &p in &req.permissions {
+        let p = permission_from_pb(p).ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "unknown permission {p}: use PERMISSION_IDS, PERMISSION_LEASE or PERMISSION_ADMIN"
+            ))
+        })?;
+        if !permissions.contains(&p) {
+            permissions.push(p);
+        }
+    }
+    if permissions.is_empty() {
+        return Err(Status::invalid_argument(
+            "a key needs at least one permission (ids, lease, admin)",
+        ));
+    }
+    permissions.sort();
+    if permissions.contains(&Permission::Admin) && !req.namespaces.is_empty() {
+        // Administration acts on the whole cluster (keys, export,
+        // import, every namespace's holders): a scoped admin key would
+        // only look scoped.
+        return Err(Status::invalid_argument(
+            "an admin key cannot be limited to namespaces: administration acts on the whole cluster (keys, export, import); create it without --namespace, or give the key only ids and lease",
+        ));
+    }
+    Ok(permissions)
 }
