@@ -42,9 +42,12 @@ fn main() -> ExitCode {
         }
     };
     // The OTLP exporter runs on the runtime, so telemetry starts inside it.
-    let telemetry = match runtime
-        .block_on(async { telemetry::init(args.log_format, args.otlp_endpoint.as_deref()) })
-    {
+    let telemetry = match runtime.block_on(async {
+        telemetry::init(
+            args.telemetry.log_format,
+            args.telemetry.otlp_endpoint.as_deref(),
+        )
+    }) {
         Ok(t) => t,
         Err(e) => {
             let _ = writeln!(
@@ -54,7 +57,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let (listen, metrics_listen) = (args.listen, args.metrics_listen);
+    let (listen, metrics_listen) = (args.listening.listen, args.listening.metrics_listen);
     let config = match ServerConfig::try_from(args) {
         Ok(c) => c,
         Err(e) => {
