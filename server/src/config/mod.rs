@@ -13,7 +13,7 @@
 //! | `listen` | [`ListenArgs`]: addresses, gRPC TLS, allow-list | [`TlsSettings`], allowed networks |
 //! | `namespace` | [`NamespaceArgs`]: namespace, layout, instance id, machine ids, one-shots | [`Layout`], [`NamespaceSetup`] |
 //! | `timing` | [`TimingArgs`]: lease TTL, outage budget, waits, drain, loss policy | checked durations, [`OnLeaseLost`] |
-//! | `lease_api` | [`LeaseApiArgs`]: embedded requesters' leases | [`LeaseApiConfig`] |
+//! | `lease_api` | [`LeaseApiArgs`]: embedded requesters' leases | `LeaseApiConfig` |
 //! | `peers` | [`PeerArgs`]: advertised address, peer clock check | [`PeerSkewConfig`] |
 //! | `auth` | [`AuthArgs`]: cluster mode, bootstrap admin key | [`AuthConfig`] |
 //! | `limits` | [`LimitArgs`]: connections, calls, memory, HTTP/2 | [`Limits`] |
