@@ -16,7 +16,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`config`] | `Args` (flags + `SNOWKEEP_*` env) → validated `ServerConfig` |
+//! | [`config`] | `Args` (flags + `SNOWKEEP_*` env, one group per `--help` heading) → validated `ServerConfig` |
 //! | [`run`](mod@run) | wiring and the ordered shutdown |
 //! | [`shutdown`] | SIGTERM/SIGINT → cancellation token |
 //! | `connect` | connecting a server to etcd: the security mode, the administration handle, the key cache, the namespace, each retried |

@@ -1,7 +1,9 @@
 //! snowkeep-server binary: parse → log → metrics → bind → run → exit code
 //! (0 after a clean release, 64 for bad configuration, 1 for a runtime failure).
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use std::io::Write;
@@ -42,9 +44,8 @@ fn main() -> ExitCode {
         }
     };
     // The OTLP exporter runs on the runtime, so telemetry starts inside it.
-    let telemetry = match runtime
-        .block_on(async { telemetry::init(args.log_format, args.otlp_endpoint.as_deref()) })
-    {
+    let (log_format, otlp) = (args.telemetry.log_format, &args.telemetry.otlp_endpoint);
+    let telemetry = match runtime.block_on(async { telemetry::init(log_format, otlp.as_deref()) }) {
         Ok(t) => t,
         Err(e) => {
             let _ = writeln!(
@@ -54,7 +55,7 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let (listen, metrics_listen) = (args.listen, args.metrics_listen);
+    let (listen, metrics_listen) = (args.listening.listen, args.listening.metrics_listen);
     let config = match ServerConfig::try_from(args) {
         Ok(c) => c,
         Err(e) => {
@@ -62,63 +63,77 @@ fn main() -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    if config.setup_only {
-        let code = runtime.block_on(setup_only(config));
-        telemetry.shutdown();
-        return code;
-    }
-    let code = runtime.block_on(async move {
-        let handle = match metrics::install_recorder() {
-            Ok(h) => h,
-            Err(e) => {
-                error!(error = %DisplayChain(&e), "cannot install the metrics recorder");
-                return ExitCode::FAILURE;
-            }
-        };
-        match tokio::net::TcpListener::bind(metrics_listen).await {
-            // Never cancelled: metrics stay up through the drain.
-            Ok(l) => drop(tokio::spawn(metrics_http::serve(
-                l,
-                handle,
-                config.limits.idle_timeout,
-                CancellationToken::new(),
-            ))),
-            Err(e) => {
-                error!(address = %metrics_listen, error = %e, "cannot serve metrics");
-                return ExitCode::FAILURE;
-            }
-        }
-        let listener = match tokio::net::TcpListener::bind(listen).await {
-            Ok(l) => l,
-            Err(e) => {
-                error!(address = %listen, error = %e, "cannot bind the gRPC listener");
-                return ExitCode::FAILURE;
-            }
-        };
-        let token = CancellationToken::new();
-        if let Err(e) = shutdown::cancel_on_signal(token.clone()) {
-            error!(error = %e, "cannot install signal handlers");
-            return ExitCode::FAILURE;
-        }
-        info!(grpc = %listen, metrics = %metrics_listen, "listening");
-        match run(config, listener, token).await {
-            Ok(()) => {
-                info!("stopped cleanly");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                error!(error = %DisplayChain(&e), "snowkeep-server stopped");
-                if e.is_usage() {
-                    ExitCode::from(EX_USAGE)
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-        }
-    });
+    let code = match config.setup_only {
+        true => runtime.block_on(setup_only(config)),
+        false => runtime.block_on(serve(config, listen, metrics_listen)),
+    };
     // Flush spans while the runtime the exporter runs on still lives.
     telemetry.shutdown();
     code
+}
+
+/// Serves: metrics on `metrics_listen` (up through the drain), gRPC on
+/// `listen` until a signal; 0 after a clean release, 64 for bad
+/// configuration, 1 otherwise.
+async fn serve(config: ServerConfig, listen: SocketAddr, metrics_listen: SocketAddr) -> ExitCode {
+    if let Err(code) = serve_metrics(metrics_listen, config.limits.idle_timeout).await {
+        return code;
+    }
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            error!(address = %listen, error = %e, "cannot bind the gRPC listener");
+            return ExitCode::FAILURE;
+        }
+    };
+    let token = CancellationToken::new();
+    if let Err(e) = shutdown::cancel_on_signal(token.clone()) {
+        error!(error = %e, "cannot install signal handlers");
+        return ExitCode::FAILURE;
+    }
+    info!(grpc = %listen, metrics = %metrics_listen, "listening");
+    match run(config, listener, token).await {
+        Ok(()) => {
+            info!("stopped cleanly");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!(error = %DisplayChain(&e), "snowkeep-server stopped");
+            if e.is_usage() {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Installs the metrics recorder and serves it on `address`, never
+/// cancelled: metrics stay up through the drain.
+async fn serve_metrics(address: SocketAddr, idle_timeout: Duration) -> Result<(), ExitCode> {
+    let handle = match metrics::install_recorder() {
+        Ok(h) => h,
+        Err(e) => {
+            error!(error = %DisplayChain(&e), "cannot install the metrics recorder");
+            return Err(ExitCode::FAILURE);
+        }
+    };
+    match tokio::net::TcpListener::bind(address).await {
+        Ok(l) => {
+            let token = CancellationToken::new();
+            drop(tokio::spawn(metrics_http::serve(
+                l,
+                handle,
+                idle_timeout,
+                token,
+            )));
+            Ok(())
+        }
+        Err(e) => {
+            error!(address = %address, error = %e, "cannot serve metrics");
+            Err(ExitCode::FAILURE)
+        }
+    }
 }
 
 /// `--create-namespace-only` / `--confirm-namespace-floor`: no listener, no

@@ -100,6 +100,55 @@ async fn measure(channel: Channel, clock: &SharedClock) -> Option<i64> {
     Some(offset_ms(t0, resp.into_inner().server_time_unix_ms, t1))
 }
 
+/// One lazily connected channel per peer address, kept across rounds.
+struct Channels {
+    /// By address.
+    by_address: HashMap<String, Channel>,
+    /// TLS towards peers (`--peer-tls-ca-file`), if any.
+    tls: Option<PeerTls>,
+    /// A peer that cannot be reached for a reason of ours (a TLS file) is
+    /// warned about once; it is retried every round.
+    warned: bool,
+}
+
+impl Channels {
+    fn new(tls: Option<PeerTls>) -> Self {
+        Channels {
+            by_address: HashMap::new(),
+            tls,
+            warned: false,
+        }
+    }
+
+    /// Drops the channels of addresses no peer has any more.
+    fn keep_only(&mut self, peers: &[(String, String)]) {
+        self.by_address
+            .retain(|address, _| peers.iter().any(|(_, a)| a == address));
+    }
+
+    /// The channel to `address` (peer `instance`), made on first use;
+    /// `None` when no endpoint can be built for it.
+    fn get(&mut self, instance: &str, address: &str) -> Option<Channel> {
+        if let Some(c) = self.by_address.get(address) {
+            return Some(c.clone());
+        }
+        match peer_endpoint(address, self.tls.as_ref()) {
+            Ok(e) => {
+                let c = e.connect_timeout(CALL_TIMEOUT).connect_lazy();
+                self.by_address.insert(address.to_owned(), c.clone());
+                Some(c)
+            }
+            Err(problem) => {
+                if !self.warned {
+                    warn!(peer = %Escaped(instance), address = %Escaped(address), %problem, "cannot reach a peer for the clock check");
+                    self.warned = true;
+                }
+                None
+            }
+        }
+    }
+}
+
 /// Runs the check every `config.interval` until `shutdown`, once `directory`
 /// is set (the store connected), keeping each round's results in `clocks`.
 /// Does nothing when the interval is zero.
@@ -116,10 +165,7 @@ pub async fn run(
     }
     let max_gauge =
         metrics::gauge!(m::PEER_CLOCK_OFFSET_MAX_SECONDS, "namespace" => namespace.clone());
-    let mut channels: HashMap<String, Channel> = HashMap::new();
-    // A peer that cannot be reached for a reason of ours (a TLS file) is
-    // warned about once; it is retried every round.
-    let mut warned = false;
+    let mut channels = Channels::new(config.tls.clone());
     let mut tick = tokio::time::interval(config.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -137,27 +183,13 @@ pub async fn run(
                 continue;
             }
         };
-        channels.retain(|address, _| peers.iter().any(|(_, a)| a == address));
+        channels.keep_only(&peers);
         let mut largest: i64 = 0;
         let mut answered = 0;
         let mut round = Vec::with_capacity(peers.len());
         for (instance, address) in &peers {
-            let channel = match channels.get(address) {
-                Some(c) => c.clone(),
-                None => match peer_endpoint(address, config.tls.as_ref()) {
-                    Ok(e) => {
-                        let c = e.connect_timeout(CALL_TIMEOUT).connect_lazy();
-                        channels.insert(address.clone(), c.clone());
-                        c
-                    }
-                    Err(problem) => {
-                        if !warned {
-                            warn!(peer = %Escaped(instance), address = %Escaped(address), %problem, "cannot reach a peer for the clock check");
-                            warned = true;
-                        }
-                        continue;
-                    }
-                },
+            let Some(channel) = channels.get(instance, address) else {
+                continue;
             };
             let measured = measure(channel, &clock).await;
             round.push(PeerClock {

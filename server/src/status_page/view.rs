@@ -249,12 +249,31 @@ async fn namespace_view(
 /// Gathers the page's data now.
 pub(crate) async fn gather(sources: &StatusSources) -> StatusView {
     let now_unix_ms = sources.clock.unix_ms();
+    let server = server_view(sources, now_unix_ms).await;
+    let peers = peer_views(sources);
+    let (namespaces_error, namespaces) = namespace_views(sources).await;
+    StatusView {
+        refresh_s: super::REFRESH_SECONDS,
+        generated: rfc3339(now_unix_ms),
+        server,
+        peer_check: sources.peer_check,
+        peers,
+        namespaces_error,
+        namespaces,
+        audit_capacity: super::RECENT_EVENTS,
+        audit: audit_views(sources),
+    }
+}
+
+/// This server: its identity, security mode, readiness and the machine ids
+/// it holds with their fences (from its own `GetInfo`).
+async fn server_view(sources: &StatusSources, now_unix_ms: u64) -> ServerView {
     let info = call(sources.info.get_info(Request::new(pb::GetInfoRequest {})))
         .await
         .unwrap_or_default();
     let layout = sources.generators.layout();
     let now_layout_ms = layout.to_layout_ms(now_unix_ms).map_or(0, |m| m.get());
-    let server = ServerView {
+    ServerView {
         instance_id: sources.instance_id.clone(),
         namespace: sources.namespace.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -284,9 +303,14 @@ pub(crate) async fn gather(sources: &StatusSources) -> StatusView {
                 },
             })
             .collect(),
-    };
+    }
+}
+
+/// The peer clock check's last round, each peer marked when over the
+/// warning threshold.
+fn peer_views(sources: &StatusSources) -> Vec<PeerView> {
     let warn_ms = i64::try_from(sources.peer_warn.as_millis()).unwrap_or(i64::MAX);
-    let peers = sources
+    sources
         .peers
         .snapshot()
         .into_iter()
@@ -296,9 +320,14 @@ pub(crate) async fn gather(sources: &StatusSources) -> StatusView {
             address: p.address,
             offset_ms: p.offset_ms,
         })
-        .collect();
+        .collect()
+}
+
+/// The cluster's namespaces (at most `MAX_NAMESPACES`), or why they could
+/// not be listed.
+async fn namespace_views(sources: &StatusSources) -> (Option<String>, Vec<NamespaceView>) {
     let mut namespaces = Vec::new();
-    let namespaces_error = match call(
+    let error = match call(
         sources
             .admin
             .list_namespaces(Request::new(pb::ListNamespacesRequest {})),
@@ -313,7 +342,12 @@ pub(crate) async fn gather(sources: &StatusSources) -> StatusView {
         }
         Err(e) => Some(e),
     };
-    let audit = sources
+    (error, namespaces)
+}
+
+/// The recent audit events, in the order the ring keeps them.
+fn audit_views(sources: &StatusSources) -> Vec<AuditView> {
+    sources
         .audit
         .recent()
         .into_iter()
@@ -327,18 +361,7 @@ pub(crate) async fn gather(sources: &StatusSources) -> StatusView {
             requester: e.requester,
             peer: e.who.peer,
         })
-        .collect();
-    StatusView {
-        refresh_s: super::REFRESH_SECONDS,
-        generated: rfc3339(now_unix_ms),
-        server,
-        peer_check: sources.peer_check,
-        peers,
-        namespaces_error,
-        namespaces,
-        audit_capacity: super::RECENT_EVENTS,
-        audit,
-    }
+        .collect()
 }
 
 #[cfg(test)]
