@@ -12,6 +12,8 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::layout::{Layout, Millis};
+
 /// A source of wall and monotonic time.
 pub trait Clock: Send + Sync + 'static {
     /// Wall time in milliseconds since the Unix epoch (may step backwards).
@@ -30,6 +32,12 @@ pub trait Clock: Send + Sync + 'static {
     /// and did not go back, and it stops trusting it as soon as a reading is
     /// not above the one before; otherwise every id reads the exact clocks.
     fn monotonic_ns(&self) -> u64;
+
+    /// Wall time in `layout`'s milliseconds (since its epoch); 0 before the
+    /// epoch, which no stamp can reach ([`Layout::to_layout_ms`]).
+    fn layout_ms(&self, layout: &Layout) -> Millis {
+        layout.to_layout_ms(self.unix_ms()).unwrap_or_default()
+    }
 }
 
 /// `d` in whole nanoseconds, saturating at `u64::MAX` (584 years).
@@ -56,7 +64,7 @@ impl Clock for SystemClock {
     fn unix_ms(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .map(|d| Millis::of(d).get())
             .unwrap_or(0)
     }
 
@@ -123,7 +131,7 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn unix_ms(&self) -> u64 {
-        u64::try_from(self.state().0.as_millis()).unwrap_or(u64::MAX)
+        Millis::of(self.state().0).get()
     }
     fn now(&self) -> Instant {
         self.base + self.state().1
@@ -172,7 +180,7 @@ impl TokioClock {
 
 impl Clock for TokioClock {
     fn unix_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let elapsed = Millis::of(self.base.elapsed()).get();
         let stepped = *self
             .stepped_ms
             .lock()

@@ -6,13 +6,16 @@
 //! (1024 ids per ms per machine id).
 
 use std::fmt;
+use std::time::Duration;
 
 use thiserror::Error;
 
 /// 2026-01-01T00:00:00Z in milliseconds since the Unix epoch: the default epoch.
 pub const DEFAULT_EPOCH_UNIX_MS: u64 = 1_767_225_600_000;
 
-/// A timestamp in layout milliseconds: ms since the layout's epoch.
+/// A count of milliseconds: a timestamp in layout ms (ms since the layout's
+/// epoch), or a span read from a [`Duration`] with [`Millis::of`]. The
+/// arithmetic saturates: a `Duration` holds more ms than a `u64`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Millis(pub u64);
 
@@ -20,6 +23,18 @@ impl Millis {
     /// Returns the raw millisecond count.
     pub fn get(self) -> u64 {
         self.0
+    }
+
+    /// The whole milliseconds of `span`, rounded down, saturating at
+    /// `u64::MAX` (about 584 million years).
+    pub fn of(span: Duration) -> Millis {
+        Millis(u64::try_from(span.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// `self` moved `span` later, saturating at `u64::MAX`.
+    #[must_use]
+    pub fn saturating_add(self, span: Duration) -> Millis {
+        Millis(self.0.saturating_add(Millis::of(span).0))
     }
 }
 
@@ -307,5 +322,31 @@ mod tests {
             prop_assert_eq!(id >> 63, 0);
             prop_assert_eq!(layout.decode(id), Some(DecodedId { timestamp: ts, machine_id: mid, sequence: seq }));
         }
+    }
+
+    #[test]
+    fn millis_of_a_span_rounds_down_and_saturates() {
+        use std::time::Duration;
+        assert_eq!(Millis::of(Duration::from_micros(1_999)), Millis(1));
+        assert_eq!(Millis::of(Duration::from_secs(3)), Millis(3_000));
+        assert_eq!(Millis::of(Duration::MAX), Millis(u64::MAX));
+        assert_eq!(
+            Millis(10).saturating_add(Duration::from_millis(5)),
+            Millis(15)
+        );
+        assert_eq!(
+            Millis(u64::MAX - 1).saturating_add(Duration::from_millis(5)),
+            Millis(u64::MAX)
+        );
+    }
+
+    #[test]
+    fn a_clocks_layout_ms_count_from_the_epoch_and_are_0_before_it() {
+        use crate::clock::{Clock, ManualClock};
+        let layout = Layout::default();
+        let clock = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1_234);
+        assert_eq!(clock.layout_ms(&layout), Millis(1_234));
+        let before = ManualClock::new(DEFAULT_EPOCH_UNIX_MS - 1);
+        assert_eq!(before.layout_ms(&layout), Millis(0));
     }
 }

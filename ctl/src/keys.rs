@@ -1,7 +1,7 @@
 //! Commands on API keys and the audit trail.
 
 use anyhow::{bail, Context};
-use snowkeep_client::Clock;
+use snowkeep_client::{Clock, Millis};
 use snowkeep_proto::v1 as pb;
 
 use crate::conn::ConnArgs;
@@ -90,18 +90,17 @@ pub struct CreateArgs {
 /// A time as given: a duration from `now_ms` or RFC 3339; ms since the epoch.
 fn parse_when(text: &str, now_ms: u64) -> anyhow::Result<u64> {
     if let Ok(d) = humantime::parse_duration(text) {
-        return Ok(now_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
+        return Ok(Millis(now_ms).saturating_add(d).get());
     }
     let t = humantime::parse_rfc3339_weak(text).with_context(|| {
         format!(
             "{text:?} is neither a duration (30d, 12h) nor an RFC 3339 time (2026-07-01T00:00:00Z)"
         )
     })?;
-    let ms = t
+    let since_epoch = t
         .duration_since(std::time::UNIX_EPOCH)
-        .context("a time before 1970")?
-        .as_millis();
-    Ok(u64::try_from(ms).unwrap_or(u64::MAX))
+        .context("a time before 1970")?;
+    Ok(Millis::of(since_epoch).get())
 }
 
 fn time(unix_ms: u64) -> String {

@@ -463,9 +463,7 @@ async fn export(a: ExportArgs, conn: &ConnArgs) -> anyhow::Result<()> {
 async fn import(a: ImportArgs, conn: &ConnArgs, output: Output) -> anyhow::Result<()> {
     let document = read_document(&a.file)?;
     let mut admin = conn.admin_for_transfer().await?;
-    let lead_ms = a
-        .lead
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let lead_ms = a.lead.map_or(0, |d| snowkeep_client::Millis::of(d).get());
     let r = crate::transfer::import(&mut admin, document, a.replace, lead_ms).await?;
     print(
         output,

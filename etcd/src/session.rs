@@ -115,10 +115,7 @@ impl EtcdStore {
         prefer: &[MachineId],
         known: &[MachineId],
     ) -> Result<Claimed, StoreError> {
-        let now = self
-            .layout
-            .to_layout_ms(self.clock.unix_ms())
-            .unwrap_or_default();
+        let now = self.clock.layout_ms(&self.layout);
         let (absent_floor, max_floor) = ClaimRequest::floors(
             now,
             self.settings.fence_horizon,

@@ -115,9 +115,7 @@ impl<S: ClaimStore> ClaimManager<S> {
     }
 
     fn now_ms(&self) -> Millis {
-        self.layout
-            .to_layout_ms(self.clock.unix_ms())
-            .unwrap_or_default()
+        self.clock.layout_ms(&self.layout)
     }
 
     /// Claims, issues and renews until `release` is cancelled, then drains and
@@ -232,7 +230,7 @@ impl<S: ClaimStore> ClaimManager<S> {
         let until = far
             .1
             .get()
-            .saturating_sub(millis(self.timing.max_fence_wait));
+            .saturating_sub(Millis::of(self.timing.max_fence_wait).get());
         let wait = Duration::from_millis(until.saturating_sub(self.now_ms().get()));
         warn!(namespace = %self.namespace, claims = far.0, wait = ?wait, "every machine id claimed in a row is fenced too far ahead (as after an import or a confirmed floor): waiting for the fence instead of claiming more");
         *far = (0, Millis(u64::MAX));
@@ -354,7 +352,7 @@ impl<S: ClaimStore> ClaimManager<S> {
             self.wait_for_floor(hold, now, now_ms, floor);
             return None;
         }
-        let budget_ms = millis(self.timing.outage_budget);
+        let budget_ms = Millis::of(self.timing.outage_budget).get();
         let ahead = min_fence(&hold.claim).get().saturating_sub(now_ms.get());
         if hold.phase == Phase::WaitingForFloor || ahead <= budget_ms {
             return self.raise_fences(hold, now_ms).await;
@@ -391,7 +389,7 @@ impl<S: ClaimStore> ClaimManager<S> {
     /// lower than it is) in one store request, and only then publishes the
     /// grants carrying them.
     async fn raise_fences(&mut self, hold: &mut Hold<S::Lease>, now_ms: Millis) -> Option<Held> {
-        let lead_ms = millis(fence_lead(self.timing.outage_budget));
+        let lead_ms = Millis::of(fence_lead(self.timing.outage_budget)).get();
         let target = Millis(now_ms.get().saturating_add(lead_ms));
         // Never lower a fence while holding it (a clock stepped back).
         let fences: Vec<Millis> = hold
@@ -422,7 +420,7 @@ impl<S: ClaimStore> ClaimManager<S> {
                 self.publish(&hold.claim);
                 // Looked at again once the fences are one budget ahead.
                 hold.timers.fence = self.clock.now()
-                    + Duration::from_millis(lead_ms - millis(self.timing.outage_budget));
+                    + Duration::from_millis(lead_ms - Millis::of(self.timing.outage_budget).get());
                 None
             }
             Err(StoreError::LeaseLost { reason }) => Some(Held::Lost(reason)),
@@ -582,11 +580,6 @@ fn retried_after_a_hold(e: &StoreError) -> bool {
             | StoreError::NamespaceRolledBack { .. }
             | StoreError::NamespaceFloorAhead { .. }
     )
-}
-
-/// `d` in whole ms, saturating.
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The lowest fence of `claim` (layout ms).

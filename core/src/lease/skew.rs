@@ -27,6 +27,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use snowkeep_client::Millis;
+
 /// The Lease API call a skew is judged for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SkewCall {
@@ -92,7 +94,7 @@ pub enum SkewVerdict {
 /// `call`: [`SkewVerdict::Reject`] only for Acquire with `|skew|` over a
 /// non-zero threshold, [`SkewVerdict::Warn`] over half of it.
 pub fn judge(skew_ms: i64, threshold: Duration, call: SkewCall) -> SkewVerdict {
-    let threshold_ms = u64::try_from(threshold.as_millis()).unwrap_or(u64::MAX);
+    let threshold_ms = Millis::of(threshold).get();
     let off = skew_ms.unsigned_abs();
     if call == SkewCall::Acquire && threshold_ms > 0 && off > threshold_ms {
         SkewVerdict::Reject
@@ -202,7 +204,7 @@ impl SkewBook {
     /// `threshold`, and by more than `threshold`, either way; `(0, 0)` for a
     /// threshold of 0 (skew checks off).
     pub fn count(&self, namespace: &str, threshold: Duration) -> (usize, usize) {
-        let threshold_ms = u64::try_from(threshold.as_millis()).unwrap_or(u64::MAX);
+        let threshold_ms = Millis::of(threshold).get();
         if threshold_ms == 0 {
             return (0, 0);
         }

@@ -89,7 +89,7 @@ impl StateStore {
                 }
             }
         }
-        let lead_ms = u64::try_from(lead.as_millis()).unwrap_or(u64::MAX);
+        let lead_ms = Millis::of(lead).get();
         // Every layout must agree, and hold the lead, before anything is written.
         for ns in &doc.namespaces {
             let record = NamespaceRecord::parse(&keys::layout(&ns.name), ns.record.as_bytes())
@@ -171,7 +171,7 @@ impl StateStore {
         let exported = NamespaceRecord::parse(&layout_key, ns.record.as_bytes())
             .map_err(|e| ImportError::Invalid(e.to_string()))?;
         let layout = exported.layout;
-        let lead_ms = u64::try_from(lead.as_millis()).unwrap_or(u64::MAX);
+        let lead_ms = Millis::of(lead).get();
         let floor = Millis(self.now(&layout).get().saturating_add(lead_ms));
         let wanted: BTreeMap<u16, Millis> = ns
             .fences

@@ -164,9 +164,7 @@ fn ms_between(a: Millis, b: Millis) -> i64 {
 
 impl StateStore {
     fn now(&self, layout: &Layout) -> Millis {
-        layout
-            .to_layout_ms(self.clock.unix_ms())
-            .unwrap_or_default()
+        self.clock.layout_ms(layout)
     }
 
     async fn get_prefix(

@@ -316,9 +316,7 @@ impl FloorSpec {
     pub fn resolve(self, now_unix_ms: u64) -> u64 {
         match self {
             FloorSpec::At(t) => t,
-            FloorSpec::After(d) => {
-                now_unix_ms.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            }
+            FloorSpec::After(d) => Millis(now_unix_ms).saturating_add(d).get(),
         }
     }
 }
@@ -334,7 +332,7 @@ pub fn check_floor(spec: FloorSpec, now_unix_ms: u64) -> Result<(), StoreError> 
     let floor = spec.resolve(now_unix_ms);
     let problem = if floor < now_unix_ms {
         format!("it is before the clock ({})", rfc3339(now_unix_ms))
-    } else if floor - now_unix_ms > u64::try_from(MAX_FLOOR_LEAD.as_millis()).unwrap_or(u64::MAX) {
+    } else if floor - now_unix_ms > Millis::of(MAX_FLOOR_LEAD).get() {
         "it is more than 31 days ahead, further than any holder's fence can run (the longest renewed lease, 30 days, plus 60 s)".to_owned()
     } else {
         return Ok(());

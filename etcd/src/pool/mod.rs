@@ -77,12 +77,7 @@ impl ClaimRequest<'_> {
         fence_horizon: Duration,
         max_fence_wait: Duration,
     ) -> (Millis, Millis) {
-        let after = |d: Duration| {
-            Millis(
-                now.get()
-                    .saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            )
-        };
+        let after = |d: Duration| now.saturating_add(d);
         (after(fence_horizon), after(max_fence_wait))
     }
 }

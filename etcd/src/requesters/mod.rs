@@ -350,14 +350,11 @@ impl RequesterLeases {
     }
 
     fn now(&self, layout: &Layout) -> Millis {
-        layout
-            .to_layout_ms(self.clock.unix_ms())
-            .unwrap_or_default()
+        self.clock.layout_ms(layout)
     }
 
     fn fence_for(&self, layout: &Layout, duration: Duration) -> Millis {
-        let ahead = u64::try_from((duration + FENCE_MARGIN).as_millis()).unwrap_or(u64::MAX);
-        Millis(self.now(layout).get().saturating_add(ahead))
+        self.now(layout).saturating_add(duration + FENCE_MARGIN)
     }
 
     /// This deployment's range, cut to the machine ids `layout` has.
@@ -417,10 +414,7 @@ impl RequesterLeases {
         namespace: &str,
         record: &super::namespace::NamespaceRecord,
     ) -> Result<(), StoreError> {
-        let now = record
-            .layout
-            .to_layout_ms(self.clock.unix_ms())
-            .unwrap_or_default();
+        let now = self.clock.layout_ms(&record.layout);
         let ahead = Duration::from_millis(record.floor.get().saturating_sub(now.get()));
         if ahead > self.max_fence_wait {
             return Err(StoreError::NamespaceFloorAhead {

@@ -1,7 +1,7 @@
 //! Conversions between the Lease API's protobuf messages and its records,
 //! and the checks of a request's fields (INVALID_ARGUMENT when malformed).
 
-use snowkeep_client::Layout;
+use snowkeep_client::{Layout, Millis};
 use snowkeep_proto::v1 as pb;
 
 use crate::service::convert::layout_to_pb;
@@ -60,7 +60,7 @@ pub fn check_namespace(namespace: &str) -> Result<(), ApiError> {
 
 /// A requester's grant as its protobuf message.
 pub fn grant_to_pb(grant: RequesterGrant, server_time_unix_ms: u64) -> pb::LeaseGrant {
-    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let ms = |d: std::time::Duration| Millis::of(d).get();
     pb::LeaseGrant {
         machine_ids: grant
             .held
@@ -107,7 +107,7 @@ pub fn check_reason(check: LeaseCheck) -> pb::LeaseCheckReason {
 pub fn check_to_pb(check: LeaseCheck) -> pb::CheckResponse {
     let (remaining_ms, detail) = match check {
         LeaseCheck::Valid { remaining } => (
-            u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX),
+            Millis::of(remaining).get(),
             "the lease stands",
         ),
         LeaseCheck::LeaseGone => (

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use snowkeep_client::{GeneratorSet, SharedClock};
+use snowkeep_client::{GeneratorSet, Millis, SharedClock};
 use snowkeep_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -75,10 +75,7 @@ impl pb::info_service_server::InfoService for InfoHandler {
                 fence_ms: g.fence.get(),
                 lease_remaining_ms: g
                     .deadline
-                    .map(|d| {
-                        u64::try_from(d.saturating_duration_since(now).as_millis())
-                            .unwrap_or(u64::MAX)
-                    })
+                    .map(|d| Millis::of(d.saturating_duration_since(now)).get())
                     .unwrap_or(0),
             })
             .collect();

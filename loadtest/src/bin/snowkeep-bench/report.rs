@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use snowkeep_bench::{check, CallRecord, CheckResult, IdLog, Report};
+use snowkeep_client::Millis;
 
 use crate::args::Format;
 use crate::worker::{Shared, WorkerResult};
@@ -26,7 +27,7 @@ pub(crate) fn progress_bar(shared: &Arc<Shared>) -> Option<tokio::task::JoinHand
         return None;
     }
     let (len, by_time) = match shared.args.duration {
-        Some(d) => (d.as_millis() as u64, true),
+        Some(d) => (Millis::of(d).get(), true),
         None => (shared.args.total, false),
     };
     let bar = indicatif::ProgressBar::new(len);
@@ -39,7 +40,7 @@ pub(crate) fn progress_bar(shared: &Arc<Shared>) -> Option<tokio::task::JoinHand
         loop {
             let done = shared.done.load(Ordering::Relaxed);
             bar.set_position(if by_time {
-                shared.t0.elapsed().as_millis() as u64
+                Millis::of(shared.t0.elapsed()).get()
             } else {
                 done
             });
