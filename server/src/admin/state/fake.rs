@@ -1,6 +1,6 @@
 //! A double of [`ClusterState`] for the handler's unit tests: one
 //! namespace (`orders`, the default layout), a scripted eviction and
-//! import, and a log of the calls the handler made.
+//! import, and a log of every call the handler made with its arguments.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,6 +16,47 @@ use snowkeep_etcd::admin::{
 use crate::service::status::ApiError;
 use crate::service::Reach;
 
+/// One call the handler made, with the arguments it passed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    /// `namespaces()`.
+    Namespaces,
+    /// `machine_ids(namespace)`.
+    MachineIds(String),
+    /// `requesters(namespace)`.
+    Requesters(String),
+    /// `layout(namespace)`.
+    Layout(String),
+    /// `capacity(namespace, layout)`.
+    Capacity(String, Layout),
+    /// `evict(namespace, machine_id)`.
+    Evict { namespace: String, machine_id: u16 },
+    /// `export()`.
+    Export,
+    /// `import(document, replace, lead)`.
+    Import {
+        document: StateDocument,
+        replace: bool,
+        lead: Duration,
+    },
+}
+
+impl Call {
+    /// The method's name.
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Namespaces => "namespaces",
+            Self::MachineIds(_) => "machine_ids",
+            Self::Requesters(_) => "requesters",
+            Self::Layout(_) => "layout",
+            Self::Capacity(..) => "capacity",
+            Self::Evict { .. } => "evict",
+            Self::Export => "export",
+            Self::Import { .. } => "import",
+        }
+    }
+}
+
 /// The double's state.
 #[derive(Default)]
 pub struct Book {
@@ -23,8 +64,15 @@ pub struct Book {
     pub evicted: Option<Evicted>,
     /// What the next import answers (taken by it): `None`, nothing written.
     pub import: Option<Result<Imported, ImportError>>,
-    /// The calls the handler made, in order.
-    pub calls: Vec<&'static str>,
+    /// The calls the handler made, in order, with their arguments.
+    pub received: Vec<Call>,
+}
+
+impl Book {
+    /// The names of the calls the handler made, in order.
+    pub fn calls(&self) -> Vec<&'static str> {
+        self.received.iter().map(Call::name).collect()
+    }
 }
 
 /// The double; clones share one [`Book`].
@@ -35,6 +83,11 @@ impl States {
     /// The book, to script the store and read what the handler did.
     pub fn book(&self) -> MutexGuard<'_, Book> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Logs `call`.
+    fn log(&self, call: Call) {
+        self.book().received.push(call);
     }
 }
 
@@ -57,22 +110,22 @@ impl ClusterState for States {
     type ImportError = ImportError;
 
     async fn namespaces(&self) -> Result<Vec<NamespaceInfo>, StoreError> {
-        self.book().calls.push("namespaces");
+        self.log(Call::Namespaces);
         Ok(Vec::new())
     }
 
-    async fn machine_ids(&self, _namespace: &str) -> Result<Vec<MachineIdRow>, StoreError> {
-        self.book().calls.push("machine_ids");
+    async fn machine_ids(&self, namespace: &str) -> Result<Vec<MachineIdRow>, StoreError> {
+        self.log(Call::MachineIds(namespace.to_owned()));
         Ok(Vec::new())
     }
 
-    async fn requesters(&self, _namespace: &str) -> Result<Vec<RequesterRow>, StoreError> {
-        self.book().calls.push("requesters");
+    async fn requesters(&self, namespace: &str) -> Result<Vec<RequesterRow>, StoreError> {
+        self.log(Call::Requesters(namespace.to_owned()));
         Ok(Vec::new())
     }
 
     async fn layout(&self, namespace: &str) -> Result<Layout, StoreError> {
-        self.book().calls.push("layout");
+        self.log(Call::Layout(namespace.to_owned()));
         match namespace {
             "orders" => Ok(Layout::default()),
             other => Err(StoreError::UnknownNamespace {
@@ -83,26 +136,24 @@ impl ClusterState for States {
 
     async fn capacity(
         &self,
-        _namespace: &str,
+        namespace: &str,
         layout: &Layout,
     ) -> Result<(Capacity, Range<u32>), StoreError> {
-        self.book().calls.push("capacity");
+        self.log(Call::Capacity(namespace.to_owned(), *layout));
         let total = layout.machine_id_count();
         Ok((Capacity { total, held: 0 }, 0..total))
     }
 
-    async fn evict(
-        &self,
-        _namespace: &str,
-        _machine_id: u16,
-    ) -> Result<Option<Evicted>, StoreError> {
-        let mut book = self.book();
-        book.calls.push("evict");
-        Ok(book.evicted.clone())
+    async fn evict(&self, namespace: &str, machine_id: u16) -> Result<Option<Evicted>, StoreError> {
+        self.log(Call::Evict {
+            namespace: namespace.to_owned(),
+            machine_id,
+        });
+        Ok(self.book().evicted.clone())
     }
 
     async fn export(&self) -> Result<StateDocument, StoreError> {
-        self.book().calls.push("export");
+        self.log(Call::Export);
         Err(StoreError::Timeout {
             op: "export",
             after: Duration::from_secs(5),
@@ -111,12 +162,15 @@ impl ClusterState for States {
 
     async fn import(
         &self,
-        _document: &StateDocument,
-        _replace: bool,
-        _lead: Duration,
+        document: &StateDocument,
+        replace: bool,
+        lead: Duration,
     ) -> Result<Imported, ImportError> {
-        let mut book = self.book();
-        book.calls.push("import");
-        book.import.take().unwrap_or(Ok(Imported::default()))
+        self.log(Call::Import {
+            document: document.clone(),
+            replace,
+            lead,
+        });
+        self.book().import.take().unwrap_or(Ok(Imported::default()))
     }
 }

@@ -4,9 +4,10 @@
 
 use snowkeep_client::ManualClock;
 use snowkeep_etcd::admin::{DOCUMENT_FORMAT, DOCUMENT_VERSION};
+use tokio::sync::broadcast::error::TryRecvError;
 use tonic::Code;
 
-use super::fake::{Connected, States};
+use super::fake::{Call, Connected, States};
 use super::*;
 use crate::audit::CallerKey;
 
@@ -29,11 +30,24 @@ fn by<T>(key: &str, message: T) -> Request<T> {
 }
 
 /// The audit events of `key` since `rx` subscribed (other tests record
-/// too, each with its own key).
+/// too, each with its own key). Panics when the receiver lagged: events
+/// were lost, so what is left proves nothing.
 fn events(rx: &mut tokio::sync::broadcast::Receiver<AuditEvent>, key: &str) -> Vec<AuditEvent> {
-    std::iter::from_fn(|| rx.try_recv().ok())
-        .filter(|e| e.who.key_id == key)
-        .collect()
+    std::iter::from_fn(|| match rx.try_recv() {
+        Ok(e) => Some(e),
+        Err(TryRecvError::Lagged(lost)) => panic!("the audit receiver lagged: {lost} events lost"),
+        Err(TryRecvError::Empty | TryRecvError::Closed) => None,
+    })
+    .filter(|e| e.who.key_id == key)
+    .collect()
+}
+
+/// `evict(namespace, machine_id)` as the store receives it.
+fn evicted(namespace: &str, machine_id: u16) -> Call {
+    Call::Evict {
+        namespace: namespace.into(),
+        machine_id,
+    }
 }
 
 fn event(
@@ -83,7 +97,7 @@ async fn an_eviction_outside_the_layout_is_refused_before_the_store_evicts() {
                 .to_owned()
         ))
     );
-    assert_eq!(store.book().calls, ["layout"]);
+    assert_eq!(store.book().received, [Call::Layout("orders".into())]);
     assert_eq!(
         events(&mut rx, "k-evict-range"),
         [event(
@@ -108,7 +122,10 @@ async fn evicting_a_machine_id_nobody_holds_is_not_found() {
             "machine id 5 of namespace \"orders\" has no holder: nothing to evict".to_owned()
         ))
     );
-    assert_eq!(store.book().calls, ["layout", "evict"]);
+    assert_eq!(
+        store.book().received,
+        [Call::Layout("orders".into()), evicted("orders", 5)]
+    );
     assert_eq!(
         events(&mut rx, "k-evict-free"),
         [event(
@@ -138,7 +155,7 @@ async fn evicting_in_an_unknown_namespace_is_not_found_and_a_malformed_name_is_n
         malformed.err().map(|s| s.code()),
         Some(Code::InvalidArgument)
     );
-    assert_eq!(store.book().calls, ["layout"]);
+    assert_eq!(store.book().received, [Call::Layout("billing".into())]);
     assert_eq!(
         events(&mut rx, "k-evict-ns"),
         [event(
@@ -168,6 +185,10 @@ async fn an_eviction_answers_and_audits_the_holder_and_every_machine_id_of_its_l
         successor_wait_ms: 1500,
     };
     assert_eq!(got, Some(want));
+    assert_eq!(
+        store.book().received,
+        [Call::Layout("orders".into()), evicted("orders", 3)]
+    );
     assert_eq!(
         events(&mut rx, "k-evict-ok"),
         [event(
@@ -206,16 +227,30 @@ async fn on_the_single_instance_store_evict_and_import_are_failed_precondition()
 
 /// An empty state document, as an export of an etcd without snowkeep
 /// state writes it.
-fn document() -> String {
-    let doc = StateDocument {
+fn empty_state() -> StateDocument {
+    StateDocument {
         format: DOCUMENT_FORMAT.into(),
         version: DOCUMENT_VERSION,
         exported_unix_ms: NOW,
         exported_at: "2027-01-15T08:00:00Z".into(),
         namespaces: Vec::new(),
         api_keys: Vec::new(),
-    };
-    serde_json::to_string(&doc).unwrap_or_default()
+    }
+}
+
+/// [`empty_state`] as JSON.
+fn document() -> String {
+    serde_json::to_string(&empty_state()).unwrap_or_default()
+}
+
+/// `import` of [`empty_state`] as the store receives it, with the
+/// [`import`] request's 5000 ms lead.
+fn imported(replace: bool) -> Call {
+    Call::Import {
+        document: empty_state(),
+        replace,
+        lead: Duration::from_millis(5000),
+    }
 }
 
 fn import(document: &str, replace: bool) -> pb::ImportRequest {
@@ -232,7 +267,7 @@ async fn a_document_that_does_not_parse_is_refused_before_the_store_imports() {
     let mut rx = audit::subscribe();
     let got = admin.import(by("k-import-bad", import("{", false))).await;
     assert_eq!(got.err().map(|s| s.code()), Some(Code::InvalidArgument));
-    assert!(store.book().calls.is_empty());
+    assert!(store.book().calls().is_empty());
     assert_eq!(
         events(&mut rx, "k-import-bad"),
         [event(
@@ -269,7 +304,7 @@ async fn each_import_refusal_of_the_store_has_its_code_and_message() {
             .import(by("k-import-refused", import(&document(), true)))
             .await;
         assert_eq!(refusal(got), Some((code, message)));
-        assert_eq!(store.book().calls, ["import"]);
+        assert_eq!(store.book().received, [imported(true)]);
     }
     let (admin, store) = admin();
     store.book().import = Some(Err(ImportError::Store(StoreError::Timeout {
@@ -318,6 +353,7 @@ async fn an_import_is_audited_with_what_it_wrote_or_with_its_refusal() {
         lead_ms: 5000,
     };
     assert_eq!(done.map(Response::into_inner).ok(), Some(want));
+    assert_eq!(store.book().received, [imported(false), imported(true)]);
     assert_eq!(
         events(&mut rx, "k-import-audit"),
         [

@@ -1,6 +1,9 @@
 //! A double of [`RequesterStore`] for the handler's unit tests: requesters'
-//! holdings in memory, the token rule of `snowkeep_core::lease::records`
-//! (`authorize`), a key quota, and a log of the calls the handler made.
+//! holdings in memory, answering as etcd's `RequesterLeases` does (the token
+//! rule of `snowkeep_core::lease::records::authorize`, checked only when the
+//! requester holds something; a retry's count must match; the stored
+//! description is kept), a key quota, and a log of every call the handler
+//! made with its arguments.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -20,11 +23,76 @@ use crate::service::Reach;
 /// The incarnation every namespace of the double has.
 pub const INCARNATION: u64 = 7;
 
+/// One call the handler made, with the arguments it passed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    /// `layout(namespace)`.
+    Layout(String),
+    /// `admit(namespace)`.
+    Admit(String),
+    /// `acquire(…)`.
+    Acquire {
+        namespace: String,
+        layout: Layout,
+        requester: RequesterId,
+        count: u32,
+        duration: Duration,
+        token: Option<LeaseToken>,
+        quota: Option<KeyQuota>,
+        about: RequesterAbout,
+    },
+    /// `renew(…)`.
+    Renew {
+        namespace: String,
+        requester: RequesterId,
+        duration: Duration,
+        token: Option<LeaseToken>,
+        incarnation: u64,
+    },
+    /// `release(…)`.
+    Release {
+        namespace: String,
+        layout: Option<Layout>,
+        requester: RequesterId,
+        last_used: HashMap<MachineId, Millis>,
+        token: Option<LeaseToken>,
+    },
+    /// `capacity(namespace)`.
+    Capacity(String),
+    /// `check(…)`.
+    Check {
+        namespace: String,
+        requester: RequesterId,
+        token: Option<LeaseToken>,
+        incarnation: u64,
+        machine_ids: Vec<u32>,
+    },
+}
+
+impl Call {
+    /// The method's name.
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Layout(_) => "layout",
+            Self::Admit(_) => "admit",
+            Self::Acquire { .. } => "acquire",
+            Self::Renew { .. } => "renew",
+            Self::Release { .. } => "release",
+            Self::Capacity(_) => "capacity",
+            Self::Check { .. } => "check",
+        }
+    }
+}
+
 /// What one requester holds.
 struct Holding {
     token: [u8; 32],
     ids: Vec<u16>,
+    /// The lease's duration: what a check reports as remaining.
+    duration: Duration,
     key_id: Option<String>,
+    /// The description its first Acquire stored.
+    about: RequesterAbout,
 }
 
 /// The double's state.
@@ -32,12 +100,36 @@ struct Holding {
 pub struct Book {
     held: HashMap<[u8; 32], Holding>,
     next_id: u16,
-    /// The calls the handler made, in order.
-    pub calls: Vec<&'static str>,
-    /// The quota of the last Acquire.
-    pub quota: Option<KeyQuota>,
-    /// The description of the last Acquire.
-    pub about: Option<RequesterAbout>,
+    /// The calls the handler made, in order, with their arguments.
+    pub received: Vec<Call>,
+}
+
+impl Book {
+    /// The names of the calls the handler made, in order.
+    pub fn calls(&self) -> Vec<&'static str> {
+        self.received.iter().map(Call::name).collect()
+    }
+
+    /// Every machine id held, by any requester, in order.
+    pub fn held_ids(&self) -> Vec<u16> {
+        let mut ids: Vec<u16> = self.held.values().flat_map(|h| h.ids.clone()).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The description stored for `requester`, when it holds machine ids.
+    pub fn about(&self, requester: &RequesterId) -> Option<&RequesterAbout> {
+        self.held.get(&requester.digest()).map(|h| &h.about)
+    }
+
+    /// The machine ids `quota`'s key holds.
+    fn key_holdings(&self, quota: &KeyQuota) -> u32 {
+        self.held
+            .values()
+            .filter(|h| h.key_id.as_deref() == Some(quota.key_id.as_str()))
+            .map(|h| u32::try_from(h.ids.len()).unwrap_or(u32::MAX))
+            .sum()
+    }
 }
 
 /// The double; clones share one [`Book`].
@@ -50,7 +142,13 @@ impl Requesters {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn grant(ids: &[u16], duration: Duration, token: LeaseToken, known: bool) -> RequesterGrant {
+    /// Logs `call`.
+    fn log(&self, call: Call) {
+        self.book().received.push(call);
+    }
+
+    /// A grant of `ids` (floors and fences 0) in the default layout.
+    fn grant(ids: &[u16], duration: Duration, token: Option<LeaseToken>) -> RequesterGrant {
         RequesterGrant {
             held: ids
                 .iter()
@@ -62,8 +160,8 @@ impl Requesters {
                 .collect(),
             duration,
             layout: Layout::default(),
-            token: Some(token),
-            known,
+            token,
+            known: !ids.is_empty(),
         }
     }
 }
@@ -77,21 +175,36 @@ impl Reach<Requesters> for Connected {
     }
 }
 
+/// Whether a call of `incarnation` finds the namespace standing (0 skips
+/// the comparison, as in etcd); `NamespaceGone` otherwise.
+fn standing(incarnation: u64) -> Result<(), LeaseCheck> {
+    if incarnation == 0 || incarnation == INCARNATION {
+        Ok(())
+    } else {
+        Err(LeaseCheck::NamespaceGone)
+    }
+}
+
 impl RequesterStore for Requesters {
-    async fn layout(&mut self, _namespace: &str) -> Result<Layout, StoreError> {
-        self.book().calls.push("layout");
+    async fn layout(&mut self, namespace: &str) -> Result<Layout, StoreError> {
+        self.log(Call::Layout(namespace.to_owned()));
         Ok(Layout::default())
     }
 
-    async fn admit(&mut self, _namespace: &str) -> Result<u64, StoreError> {
-        self.book().calls.push("admit");
+    async fn admit(&mut self, namespace: &str) -> Result<u64, StoreError> {
+        self.log(Call::Admit(namespace.to_owned()));
         Ok(INCARNATION)
     }
 
+    /// As etcd: a requester that holds machine ids gets them back for its
+    /// token (the same token, the lease never shortened, its stored
+    /// description kept), `TokenRefused` without it and `CountMismatch` for
+    /// another count; a new one is refused over its key's quota with
+    /// nothing claimed.
     async fn acquire(
         &mut self,
-        _namespace: &str,
-        _layout: Layout,
+        namespace: &str,
+        layout: Layout,
         requester: &RequesterId,
         count: u32,
         duration: Duration,
@@ -99,26 +212,31 @@ impl RequesterStore for Requesters {
         quota: Option<&KeyQuota>,
         about: &RequesterAbout,
     ) -> Result<RequesterGrant, StoreError> {
+        self.log(Call::Acquire {
+            namespace: namespace.to_owned(),
+            layout,
+            requester: *requester,
+            count,
+            duration,
+            token: token.cloned(),
+            quota: quota.cloned(),
+            about: about.clone(),
+        });
         let mut book = self.book();
-        book.calls.push("acquire");
-        book.quota = quota.cloned();
-        book.about = Some(about.clone());
-        if let Some(h) = book.held.get(&requester.digest()) {
+        if let Some(h) = book.held.get_mut(&requester.digest()) {
             authorize(Some(&h.token), token)?;
-            let (ids, token) = (
-                h.ids.clone(),
-                token.cloned().unwrap_or_else(LeaseToken::generate),
-            );
-            return Ok(Self::grant(&ids, duration, token, true));
+            if h.ids.len() != count as usize {
+                return Err(StoreError::CountMismatch {
+                    held: h.ids.len(),
+                    asked: count,
+                });
+            }
+            h.duration = h.duration.max(duration);
+            return Ok(Self::grant(&h.ids, h.duration, token.cloned()));
         }
         if let Some(q) = quota {
-            let held = book
-                .held
-                .values()
-                .filter(|h| h.key_id.as_deref() == Some(q.key_id.as_str()))
-                .map(|h| u32::try_from(h.ids.len()).unwrap_or(u32::MAX))
-                .sum::<u32>();
-            if held + count > q.max {
+            let held = book.key_holdings(q);
+            if held.saturating_add(count) > q.max {
                 return Err(StoreError::KeyQuotaExceeded {
                     key_id: q.key_id.clone(),
                     held,
@@ -128,49 +246,73 @@ impl RequesterStore for Requesters {
             }
         }
         let start = book.next_id;
-        let ids: Vec<u16> = (start..start + u16::try_from(count).unwrap_or(0)).collect();
         book.next_id = start + u16::try_from(count).unwrap_or(0);
+        let ids: Vec<u16> = (start..book.next_id).collect();
         let new = LeaseToken::generate();
         let holding = Holding {
             token: new.digest(),
             ids: ids.clone(),
+            duration,
             key_id: quota.map(|q| q.key_id.clone()),
+            about: about.clone(),
         };
         book.held.insert(requester.digest(), holding);
-        Ok(Self::grant(&ids, duration, new, false))
+        let mut grant = Self::grant(&ids, duration, Some(new));
+        grant.known = false;
+        Ok(grant)
     }
 
+    /// As etcd: the token is checked only when the requester holds machine
+    /// ids; one that holds nothing gets an empty grant.
     async fn renew(
         &mut self,
-        _namespace: &str,
+        namespace: &str,
         requester: &RequesterId,
         duration: Duration,
         token: Option<&LeaseToken>,
-        _incarnation: u64,
+        incarnation: u64,
     ) -> Result<Renewal, StoreError> {
+        self.log(Call::Renew {
+            namespace: namespace.to_owned(),
+            requester: *requester,
+            duration,
+            token: token.cloned(),
+            incarnation,
+        });
         let mut book = self.book();
-        book.calls.push("renew");
-        let h = book.held.get(&requester.digest());
-        authorize(h.map(|h| &h.token), token)?;
-        let ids = h.map(|h| h.ids.clone()).unwrap_or_default();
-        let mut grant = Self::grant(&ids, duration, LeaseToken::generate(), true);
-        grant.token = None;
+        let held = book.held.get_mut(&requester.digest());
+        if let Some(h) = &held {
+            authorize(Some(&h.token), token)?;
+        }
+        if let Err(gone) = standing(incarnation) {
+            return Ok(Renewal::Gone(gone));
+        }
+        let ids = held.map_or_else(Vec::new, |h| {
+            h.duration = duration;
+            h.ids.clone()
+        });
         Ok(Renewal::Granted {
-            grant,
+            grant: Self::grant(&ids, duration, None),
             incarnation: INCARNATION,
         })
     }
 
     async fn release(
         &mut self,
-        _namespace: &str,
-        _layout: Option<Layout>,
+        namespace: &str,
+        layout: Option<Layout>,
         requester: &RequesterId,
-        _last_used: &HashMap<MachineId, Millis>,
+        last_used: &HashMap<MachineId, Millis>,
         token: Option<&LeaseToken>,
     ) -> Result<u32, StoreError> {
+        self.log(Call::Release {
+            namespace: namespace.to_owned(),
+            layout,
+            requester: *requester,
+            last_used: last_used.clone(),
+            token: token.cloned(),
+        });
         let mut book = self.book();
-        book.calls.push("release");
         let Some(h) = book.held.get(&requester.digest()) else {
             return Ok(0);
         };
@@ -179,20 +321,50 @@ impl RequesterStore for Requesters {
         Ok(h.map_or(0, |h| u32::try_from(h.ids.len()).unwrap_or(u32::MAX)))
     }
 
-    async fn capacity(&mut self, _namespace: &str) -> Result<(Capacity, Range<u32>), StoreError> {
-        self.book().calls.push("capacity");
+    async fn capacity(&mut self, namespace: &str) -> Result<(Capacity, Range<u32>), StoreError> {
+        self.log(Call::Capacity(namespace.to_owned()));
         Ok((Capacity { total: 0, held: 0 }, 0..0))
     }
 
+    /// As etcd: the token first (when it holds machine ids), then the
+    /// namespace's incarnation, then `LeaseGone` when it holds nothing or
+    /// other machine ids than `machine_ids` (empty: not compared); else
+    /// `Valid` with its lease's duration remaining.
     async fn check(
         &mut self,
-        _namespace: &str,
-        _requester: &RequesterId,
-        _token: Option<&LeaseToken>,
-        _incarnation: u64,
-        _machine_ids: &[u32],
+        namespace: &str,
+        requester: &RequesterId,
+        token: Option<&LeaseToken>,
+        incarnation: u64,
+        machine_ids: &[u32],
     ) -> Result<LeaseCheck, StoreError> {
-        self.book().calls.push("check");
-        Ok(LeaseCheck::LeaseGone)
+        self.log(Call::Check {
+            namespace: namespace.to_owned(),
+            requester: *requester,
+            token: token.cloned(),
+            incarnation,
+            machine_ids: machine_ids.to_vec(),
+        });
+        let book = self.book();
+        let held = book.held.get(&requester.digest());
+        if let Some(h) = held {
+            authorize(Some(&h.token), token)?;
+        }
+        if let Err(gone) = standing(incarnation) {
+            return Ok(gone);
+        }
+        let Some(h) = held else {
+            return Ok(LeaseCheck::LeaseGone);
+        };
+        let mut asked = machine_ids.to_vec();
+        let mut have: Vec<u32> = h.ids.iter().map(|&id| u32::from(id)).collect();
+        asked.sort_unstable();
+        have.sort_unstable();
+        if !asked.is_empty() && asked != have {
+            return Ok(LeaseCheck::LeaseGone);
+        }
+        Ok(LeaseCheck::Valid {
+            remaining: h.duration,
+        })
     }
 }

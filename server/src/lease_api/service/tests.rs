@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use snowkeep_client::ManualClock;
 use snowkeep_core::api_key::KeyScope;
-use snowkeep_core::lease::records::KeyQuota;
+use snowkeep_core::lease::records::{KeyQuota, LeaseToken, RequesterAbout, RequesterId};
 use snowkeep_proto::v1 as pb;
 use snowkeep_proto::v1::lease_service_server::LeaseService;
+use tokio::sync::broadcast::error::TryRecvError;
 use tonic::{Code, Request};
 
-use super::fake::{Connected, Requesters, INCARNATION};
+use super::fake::{Call, Connected, Requesters, INCARNATION};
 use super::*;
 use crate::audit::{self, AuditEvent, CallerKey, Who};
 
@@ -43,6 +44,19 @@ fn requester(nonce: &str) -> pb::Requester {
 
 const NONCE: &str = "00112233445566778899aabbccddeeff";
 
+/// The id of the requester with [`NONCE`].
+fn id() -> RequesterId {
+    match convert::requester_id(Some(&requester(NONCE))) {
+        Ok(id) => id,
+        Err(e) => panic!("the test requester is refused: {e}"),
+    }
+}
+
+/// The token whose 64 hex digits are `hex`; `None` for any other text.
+fn token(hex: &str) -> Option<LeaseToken> {
+    convert::lease_token(hex).ok().flatten()
+}
+
 fn acquire(namespace: &str, count: u32, token: &str, client: u64) -> Request<pb::AcquireRequest> {
     Request::new(pb::AcquireRequest {
         namespace: namespace.into(),
@@ -63,14 +77,19 @@ fn release(namespace: &str, token: &str) -> Request<pb::ReleaseRequest> {
 }
 
 /// Audit events recorded for `namespace` since `rx` subscribed (other tests
-/// record too, each in its own namespace).
+/// record too, each in its own namespace). Panics when the receiver lagged:
+/// events were lost, so what is left proves nothing.
 fn events(
     rx: &mut tokio::sync::broadcast::Receiver<AuditEvent>,
     namespace: &str,
 ) -> Vec<AuditEvent> {
-    std::iter::from_fn(|| rx.try_recv().ok())
-        .filter(|e| e.namespace == namespace)
-        .collect()
+    std::iter::from_fn(|| match rx.try_recv() {
+        Ok(e) => Some(e),
+        Err(TryRecvError::Lagged(lost)) => panic!("the audit receiver lagged: {lost} events lost"),
+        Err(TryRecvError::Empty | TryRecvError::Closed) => None,
+    })
+    .filter(|e| e.namespace == namespace)
+    .collect()
 }
 
 fn event(action: &'static str, namespace: &str, subject: &str, result: &str) -> AuditEvent {
@@ -102,7 +121,7 @@ async fn an_acquire_from_a_clock_behind_by_more_than_the_threshold_is_refused_be
             "client clock is 15m behind the server, over the 10m threshold: sync this host with NTP (chrony/ntpd), then retry".to_owned()
         ))
     );
-    assert_eq!(store.book().calls, ["layout", "admit"]);
+    assert_eq!(store.book().calls(), ["layout", "admit"]);
     assert_eq!(
         events(&mut rx, "skew-behind"),
         [event(
@@ -129,7 +148,7 @@ async fn an_acquire_from_a_clock_ahead_by_more_than_the_threshold_is_refused() {
             "client clock is 20m ahead of the server, over the 10m threshold: sync this host with NTP (chrony/ntpd), then retry".to_owned()
         ))
     );
-    assert_eq!(store.book().calls, ["layout", "admit"]);
+    assert_eq!(store.book().calls(), ["layout", "admit"]);
 }
 
 #[tokio::test]
@@ -137,9 +156,9 @@ async fn a_clock_within_the_threshold_is_served_and_its_skew_stored_with_the_req
     let (h, store) = handler();
     let grant = h.acquire(acquire("skew-fine", 2, "", NOW - 599_000)).await;
     assert_eq!(grant.map(|g| ids(g.get_ref())).ok(), Some(vec![0, 1]));
-    assert_eq!(store.book().calls, ["layout", "admit", "acquire"]);
+    assert_eq!(store.book().calls(), ["layout", "admit", "acquire"]);
     assert_eq!(
-        store.book().about.as_ref().and_then(|a| a.skew_ms),
+        store.book().about(&id()).and_then(|a| a.skew_ms),
         Some(599_000)
     );
 }
@@ -195,7 +214,10 @@ async fn a_retry_without_the_token_is_refused_and_audited_as_refused() {
             "permission denied for this requester's lease: no lease_token was sent. Send the lease_token that this requester's Acquire returned; a process without it must start over as a new requester (a new nonce). Machine ids whose grant was lost free themselves when their lease ends".to_owned()
         ))
     );
-    assert_eq!(store.book().calls, ["layout", "admit", "acquire"].repeat(2));
+    assert_eq!(
+        store.book().calls(),
+        ["layout", "admit", "acquire"].repeat(2)
+    );
     assert_eq!(
         events(&mut rx, "no-token"),
         [
@@ -217,7 +239,7 @@ async fn a_malformed_token_is_refused_before_the_store_and_the_audit_trail() {
         let refused = refused.map(|s| (s.code(), s.message().to_owned()));
         assert_eq!(refused, Some((Code::InvalidArgument, message.to_owned())));
     }
-    assert!(store.book().calls.is_empty());
+    assert!(store.book().calls().is_empty());
     assert_eq!(events(&mut rx, "bad-token"), []);
 }
 
@@ -233,6 +255,16 @@ fn with_key(mut request: Request<pb::AcquireRequest>, max: u32) -> Request<pb::A
     request
 }
 
+/// The quota each Acquire passed to the store, in order.
+fn quotas(store: &Requesters) -> Vec<Option<KeyQuota>> {
+    let book = store.book();
+    let quota = |call: &Call| match call {
+        Call::Acquire { quota, .. } => Some(quota.clone()),
+        _ => None,
+    };
+    book.received.iter().filter_map(quota).collect()
+}
+
 #[tokio::test]
 async fn an_acquire_over_the_keys_quota_is_refused_with_nothing_claimed() {
     let (h, store) = handler();
@@ -243,7 +275,6 @@ async fn an_acquire_over_the_keys_quota_is_refused_with_nothing_claimed() {
         key_id: "k-quota".into(),
         max: 2,
     };
-    assert_eq!(store.book().quota.as_ref(), Some(&quota));
     let mut other = acquire("quota", 1, "", NOW);
     other.get_mut().requester = Some(requester("ffeeddccbbaa99887766554433221100"));
     let refused = h
@@ -258,6 +289,8 @@ async fn an_acquire_over_the_keys_quota_is_refused_with_nothing_claimed() {
             "key k-quota holds 2 of its 2 machine ids; asking for 1 would exceed its quota; release some, or use a key with a larger quota (snowkeepctl key create --max-lease-machine-ids N; a key's quota never changes)".to_owned()
         ))
     );
+    assert_eq!(quotas(&store), [Some(quota.clone()), Some(quota)]);
+    assert_eq!(store.book().held_ids(), [0, 1]);
     let results: Vec<(String, String)> = events(&mut rx, "quota")
         .into_iter()
         .map(|e| (e.who.key_id, e.result))
@@ -275,11 +308,41 @@ async fn an_acquire_over_the_keys_quota_is_refused_with_nothing_claimed() {
 async fn an_acquire_without_a_key_carries_no_quota() {
     let (h, store) = handler();
     let _grant = h.acquire(acquire("no-quota", 3, "", NOW)).await;
-    assert_eq!(store.book().quota, None);
+    assert_eq!(quotas(&store), [None]);
     assert_eq!(
-        store.book().about.as_ref().map(|a| a.key_id.as_str()),
+        store.book().about(&id()).map(|a| a.key_id.as_str()),
         Some("")
     );
+}
+
+fn renew(namespace: &str, token: &str) -> Request<pb::RenewRequest> {
+    Request::new(pb::RenewRequest {
+        namespace: namespace.into(),
+        requester: Some(requester(NONCE)),
+        lease_token: token.into(),
+        namespace_incarnation: INCARNATION,
+        ..Default::default()
+    })
+}
+
+fn check(namespace: &str, token: &str, machine_ids: Vec<u32>) -> Request<pb::CheckRequest> {
+    Request::new(pb::CheckRequest {
+        namespace: namespace.into(),
+        requester: Some(requester(NONCE)),
+        lease_token: token.into(),
+        namespace_incarnation: INCARNATION,
+        machine_ids,
+    })
+}
+
+/// Check's answer for a lease that stands with `remaining_ms` left.
+fn valid(remaining_ms: u64) -> pb::CheckResponse {
+    pb::CheckResponse {
+        valid: true,
+        reason: pb::LeaseCheckReason::Valid as i32,
+        remaining_ms,
+        detail: "the lease stands".into(),
+    }
 }
 
 #[tokio::test]
@@ -291,24 +354,13 @@ async fn acquire_and_release_are_audited_and_renew_check_and_capacity_are_not() 
     let token = grant
         .map(|g| g.into_inner().lease_token)
         .unwrap_or_default();
-    let renewed = h
-        .renew(Request::new(pb::RenewRequest {
-            namespace: ns.into(),
-            requester: Some(requester(NONCE)),
-            lease_token: token.clone(),
-            ..Default::default()
-        }))
-        .await;
+    let renewed = h.renew(renew(ns, &token)).await;
     assert_eq!(renewed.map(|g| ids(g.get_ref())).ok(), Some(vec![0, 1]));
-    let checked = h
-        .check(Request::new(pb::CheckRequest {
-            namespace: ns.into(),
-            requester: Some(requester(NONCE)),
-            lease_token: token.clone(),
-            ..Default::default()
-        }))
-        .await;
-    assert!(checked.is_ok());
+    let checked = h.check(check(ns, &token, vec![0, 1])).await;
+    assert_eq!(
+        checked.map(Response::into_inner).ok(),
+        Some(valid(3_600_000))
+    );
     let capacity = h
         .capacity(Request::new(pb::CapacityRequest {
             namespace: ns.into(),
@@ -320,9 +372,10 @@ async fn acquire_and_release_are_audited_and_renew_check_and_capacity_are_not() 
     let released = h.release(release(ns, &token)).await;
     assert_eq!(released.map(|r| r.get_ref().released).ok(), Some(2));
     assert_eq!(
-        store.book().calls,
+        store.book().calls(),
         ["layout", "admit", "acquire", "renew", "check", "capacity", "release", "release"]
     );
+    assert_eq!(store.book().received[3..], passed(ns, &token));
     assert_eq!(
         events(&mut rx, ns),
         [
@@ -330,6 +383,133 @@ async fn acquire_and_release_are_audited_and_renew_check_and_capacity_are_not() 
             event("lease.release", ns, "", "PermissionDenied"),
             event("lease.release", ns, "released 2", "ok"),
         ]
+    );
+}
+
+/// What the calls after the Acquire of
+/// `acquire_and_release_are_audited_and_renew_check_and_capacity_are_not`
+/// pass to the store: the namespace, requester, token (the wrong one, then
+/// the grant's), incarnation and machine ids each was given.
+fn passed(ns: &str, granted: &str) -> [Call; 5] {
+    let release = |token: Option<LeaseToken>| Call::Release {
+        namespace: ns.into(),
+        layout: None,
+        requester: id(),
+        last_used: std::collections::HashMap::new(),
+        token,
+    };
+    [
+        Call::Renew {
+            namespace: ns.into(),
+            requester: id(),
+            duration: CONFIG.renewed_lease,
+            token: token(granted),
+            incarnation: INCARNATION,
+        },
+        Call::Check {
+            namespace: ns.into(),
+            requester: id(),
+            token: token(granted),
+            incarnation: INCARNATION,
+            machine_ids: vec![0, 1],
+        },
+        Call::Capacity(ns.into()),
+        release(token(&"0".repeat(64))),
+        release(token(granted)),
+    ]
+}
+
+#[tokio::test]
+async fn an_acquire_passes_the_store_its_namespace_requester_count_and_description() {
+    let (h, store) = handler();
+    let _grant = h.acquire(acquire("passed", 3, "", NOW - 2000)).await;
+    let about = RequesterAbout {
+        host_id: "host-1".into(),
+        pid: 42,
+        start_unix_ms: NOW - 1000,
+        skew_ms: Some(2000),
+        key_id: String::new(),
+    };
+    let want = [
+        Call::Layout("passed".into()),
+        Call::Admit("passed".into()),
+        Call::Acquire {
+            namespace: "passed".into(),
+            layout: snowkeep_client::Layout::default(),
+            requester: id(),
+            count: 3,
+            duration: CONFIG.first_lease,
+            token: None,
+            quota: None,
+            about,
+        },
+    ];
+    assert_eq!(store.book().received, want);
+}
+
+#[tokio::test]
+async fn a_check_answers_valid_for_the_live_lease_and_refuses_a_wrong_token() {
+    let (h, _store) = handler();
+    let ns = "checked";
+    let grant = h.acquire(acquire(ns, 2, "", NOW)).await.ok();
+    let token = grant
+        .map(|g| g.into_inner().lease_token)
+        .unwrap_or_default();
+    let live = h.check(check(ns, &token, vec![1, 0])).await;
+    assert_eq!(live.map(Response::into_inner).ok(), Some(valid(600_000)));
+    let wrong = h.check(check(ns, &"0".repeat(64), vec![0, 1])).await;
+    assert_eq!(
+        wrong.err().map(|s| (s.code(), s.message().to_owned())),
+        Some((
+            Code::PermissionDenied,
+            "permission denied for this requester's lease: the lease_token does not match. Send the lease_token that this requester's Acquire returned; a process without it must start over as a new requester (a new nonce). Machine ids whose grant was lost free themselves when their lease ends".to_owned()
+        ))
+    );
+}
+
+#[tokio::test]
+async fn a_renew_of_a_requester_holding_nothing_is_an_empty_grant_whatever_its_token() {
+    let (h, store) = handler();
+    let renewed = h.renew(renew("renew-nothing", &"0".repeat(64))).await;
+    let grant = renewed.map(Response::into_inner).ok();
+    let answer = grant.map(|g| {
+        let gone = g.gone_reason == pb::LeaseCheckReason::LeaseGone as i32;
+        (ids(&g), g.lease_token, gone, g.namespace_incarnation)
+    });
+    assert_eq!(answer, Some((vec![], String::new(), true, INCARNATION)));
+    assert_eq!(store.book().calls(), ["renew"]);
+    assert_eq!(
+        lock(&h.skews).count("renew-nothing", Duration::from_secs(600)),
+        (0, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_retry_with_another_count_is_already_exists_and_keeps_the_first_grant() {
+    let (h, store) = handler();
+    let first = h.acquire(acquire("recount", 2, "", NOW - 1000)).await.ok();
+    let token = first
+        .map(|g| g.into_inner().lease_token)
+        .unwrap_or_default();
+    let refused = h
+        .acquire(acquire("recount", 3, &token, NOW - 2000))
+        .await
+        .err()
+        .map(|s| (s.code(), s.message().to_owned()));
+    assert_eq!(
+        refused,
+        Some((
+            Code::AlreadyExists,
+            "requester already holds 2 machine ids but asked for 3; Release them first or Acquire 2".to_owned()
+        ))
+    );
+    let again = h.acquire(acquire("recount", 2, &token, NOW - 3000)).await;
+    assert_eq!(again.map(|g| ids(g.get_ref())).ok(), Some(vec![0, 1]));
+    assert_eq!(store.book().held_ids(), [0, 1]);
+    // The description stored by the first Acquire is kept, as in etcd.
+    assert_eq!(
+        store.book().about(&id()).and_then(|a| a.skew_ms),
+        Some(1000)
     );
 }
 

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
+/// Open connections per source IP address; an address with none has no
 /// entry, so the map holds at most `max_connections` entries.
 pub(super) type PerPeer = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
