@@ -6,7 +6,7 @@
 use std::sync::{Arc, OnceLock};
 
 use snowkeep_client::{FenceDemand, Generator, GeneratorMetrics, Grant, Layout, SharedClock};
-use snowkeep_core::claim::{capacity, ClaimManager, ClaimTiming, Slot, StoreError};
+use snowkeep_core::claim::{capacity, ClaimManager, ClaimStore, ClaimTiming, Slot, StoreError};
 use snowkeep_core::single_instance::{SingleInstanceCapacity, SingleInstanceStore};
 use snowkeep_etcd::{EtcdSettings, PeerDirectory};
 use tokio::sync::watch;
@@ -138,18 +138,7 @@ impl ClaimTask {
     async fn on_single_instance(self, local: SingleInstanceStore) -> Result<(), StoreError> {
         let source = SingleInstanceCapacity::new(&local, self.grant_rxs.clone());
         self.follow_capacity(source);
-        let (ns, clock) = (self.shared.namespace, self.shared.clock);
-        ClaimManager::new(
-            local,
-            self.layout,
-            ns,
-            clock,
-            self.timing,
-            self.slots,
-            self.demand,
-        )
-        .run(self.release)
-        .await
+        self.hold(local).await
     }
 
     async fn on_etcd(self, settings: EtcdSettings) -> Result<(), StoreError> {
@@ -175,6 +164,11 @@ impl ClaimTask {
         // Advice only, so it neither delays nor stops the claim.
         tokio::spawn(store.overlap_check().warn_once());
         self.follow_capacity(store.capacity_reader());
+        self.hold(store).await
+    }
+
+    /// The claim loop on `store`, until `release` or a failure.
+    async fn hold<S: ClaimStore>(self, store: S) -> Result<(), StoreError> {
         let (ns, clock) = (self.shared.namespace, self.shared.clock);
         ClaimManager::new(
             store,
