@@ -1,4 +1,6 @@
-//! Keeps every crate's top-level modules free of import cycles.
+//! Keeps the workspace's structure: every crate's top-level modules free of
+//! import cycles, and production files and functions within their sizes
+//! (below, *Sizes*).
 //!
 //! For each workspace member's `src/` (and each binary folder
 //! `src/bin/<name>/`), a file `x.rs` or a folder `x/` is module `x`; the
@@ -486,4 +488,230 @@ fn describe(krate: &str, graph: &Graph, cycle: &[String]) -> String {
         }
     }
     text
+}
+
+// Sizes. Production code in pieces a reader can hold: no `.rs` file under a
+// workspace member's `src/` over MAX_FILE_LINES lines, no function over
+// MAX_FN_LINES, except the named exceptions of `docs/design.md` (section
+// *Code layout*, *Sizes*), each with its reason. Test code does not count: files named
+// `tests.rs`, `*_tests.rs` or `tests_*.rs` or in a `tests/` folder, inline `#[cfg(test)] mod … { … }`
+// modules, and the harness crate `test-support`. A function runs from its
+// `fn` line to the closing brace at the same indentation (the layout
+// `rustfmt` writes; CI checks it with `cargo fmt --check`). An exception that
+// no longer exceeds its limit fails the test too, so the list cannot rot.
+
+/// The most lines a production file may have, its in-file tests included.
+const MAX_FILE_LINES: usize = 600;
+/// The most lines a production function may have, `fn` line to `}`.
+const MAX_FN_LINES: usize = 80;
+/// Members whose `src/` is not production code (for the size limits).
+const NOT_PRODUCTION: &[&str] = &["test-support"];
+
+#[test]
+fn production_files_and_functions_stay_within_their_limits_or_are_named_exceptions() {
+    let workspace = workspace_root();
+    let design = fs::read_to_string(workspace.join("docs/design.md")).unwrap();
+    let allowed = exceptions(&design);
+    let mut found = BTreeSet::new();
+    for member in members(&workspace) {
+        if NOT_PRODUCTION.contains(&member.as_str()) {
+            continue;
+        }
+        for file in rust_files(&workspace.join(&member).join("src")) {
+            let rel = file.strip_prefix(&workspace).unwrap().display().to_string();
+            if is_test_file(&file) {
+                continue;
+            }
+            let text = fs::read_to_string(&file).unwrap();
+            let lines = text.lines().count();
+            if lines > MAX_FILE_LINES {
+                found.insert((rel.clone(), String::new(), lines));
+            }
+            for (name, length) in long_functions(&text) {
+                found.insert((rel.clone(), name, length));
+            }
+        }
+    }
+    let unlisted: Vec<String> = found
+        .iter()
+        .filter(|(file, name, _)| !allowed.contains(&(file.clone(), name.clone())))
+        .map(|(file, name, lines)| describe_size(file, name, *lines))
+        .collect();
+    let stale: Vec<String> = allowed
+        .iter()
+        .filter(|(file, name)| !found.iter().any(|(f, n, _)| f == file && n == name))
+        .map(|(file, name)| describe_size(file, name, 0))
+        .collect();
+    assert!(
+        unlisted.is_empty() && stale.is_empty(),
+        "over {MAX_FILE_LINES} lines per file or {MAX_FN_LINES} per function (split them, or \
+         name them with a reason in docs/design.md, section Sizes):\n{}\n\nnamed exceptions \
+         that are within the limits now (remove them from the list):\n{}",
+        unlisted.join("\n"),
+        stale.join("\n")
+    );
+}
+
+#[test]
+fn functions_are_measured_from_fn_to_their_closing_brace_outside_tests() {
+    let body = "        x += 1;\n".repeat(MAX_FN_LINES - 2);
+    let text = format!(
+        "pub fn short() {{}}\n\
+         trait T {{\n    fn declared(\n        &self,\n    ) -> u8;\n}}\n\
+         impl S {{\n    pub(crate) async fn long(&self) {{\n{body}        y\n    }}\n}}\n\
+         fn exact() {{\n{}}}\n\
+         #[cfg(test)]\nmod tests {{\n    fn in_a_test() {{\n{body}{body}    }}\n}}\n",
+        "    x += 1;\n".repeat(MAX_FN_LINES - 2),
+    );
+    // `long` is its line, MAX_FN_LINES - 2 body lines, `y` and `}`.
+    assert_eq!(
+        long_functions(&text),
+        vec![("long".to_owned(), MAX_FN_LINES + 1)]
+    );
+    assert!(is_test_file(Path::new("a/src/claim/tests.rs")));
+    assert!(is_test_file(Path::new("a/src/embedded/loop_tests.rs")));
+    assert!(is_test_file(Path::new("a/src/claim/tests_wait.rs")));
+    assert!(is_test_file(Path::new("a/src/config/tests/etcd.rs")));
+    assert!(!is_test_file(Path::new("a/src/claim/conformance.rs")));
+}
+
+#[test]
+fn exceptions_are_read_from_the_sizes_table() {
+    let design = "# x\n### Sizes\n\ntext\n\n| file | function | why |\n| --- | --- | --- |\n\
+                  | `a/src/x.rs` | `run` | a reason |\n| `a/src/y.rs` | — | a table |\n\n\
+                  ## Next\n| `b/src/z.rs` | `f` | not here |\n";
+    let want: BTreeSet<(String, String)> = [
+        ("a/src/x.rs".to_owned(), "run".to_owned()),
+        ("a/src/y.rs".to_owned(), String::new()),
+    ]
+    .into();
+    assert_eq!(exceptions(design), want);
+}
+
+fn describe_size(file: &str, name: &str, lines: usize) -> String {
+    let what = if name.is_empty() {
+        format!("  {file}")
+    } else {
+        format!("  {file}: fn {name}")
+    };
+    if lines == 0 {
+        what
+    } else {
+        format!("{what} ({lines} lines)")
+    }
+}
+
+/// The rows of the table under `### Sizes` (to the next heading): (file, function), the function
+/// empty for a file exception (`—` or `-` in its column).
+fn exceptions(design: &str) -> BTreeSet<(String, String)> {
+    let Some(start) = design.find("\n### Sizes\n") else {
+        return BTreeSet::new();
+    };
+    let section = &design[start + "\n### Sizes\n".len()..];
+    let section = section.find("\n#").map_or(section, |end| &section[..end]);
+    section
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.trim().strip_prefix('|')?.split('|').collect();
+            let file = cells.first()?.trim().strip_prefix('`')?.strip_suffix('`')?;
+            let name = cells.get(1)?.trim().trim_matches('`');
+            let name = if name == "—" || name == "-" {
+                ""
+            } else {
+                name
+            };
+            Some((file.to_owned(), name.to_owned()))
+        })
+        .collect()
+}
+
+/// Functions of `text` over [`MAX_FN_LINES`] lines, with their lengths,
+/// outside inline `#[cfg(test)]` modules.
+fn long_functions(text: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let indent = &line[..line.len() - line.trim_start().len()];
+        if line.trim() == "#[cfg(test)]"
+            && lines
+                .get(i + 1)
+                .is_some_and(|l| l.trim_start().starts_with("mod ") && l.ends_with('{'))
+        {
+            i = closing(&lines, i + 1, indent).map_or(lines.len(), |end| end + 1);
+            continue;
+        }
+        if let Some(name) = fn_name(line) {
+            if let Some(end) = body_end(&lines, i, indent) {
+                let length = end - i + 1;
+                if length > MAX_FN_LINES {
+                    out.push((name, length));
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The name of the function `line` starts, if it does.
+fn fn_name(line: &str) -> Option<String> {
+    let mut rest = line.trim_start();
+    for qualifier in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
+        rest = rest.strip_prefix(qualifier).unwrap_or(rest);
+    }
+    for qualifier in ["const ", "async ", "unsafe "] {
+        rest = rest.strip_prefix(qualifier).unwrap_or(rest);
+    }
+    let rest = rest.strip_prefix("fn ")?;
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The line of the closing brace of the function starting at `start`, or
+/// `None` for a declaration without a body or a body on one line.
+fn body_end(lines: &[&str], start: usize, indent: &str) -> Option<usize> {
+    for (at, line) in lines.iter().enumerate().skip(start) {
+        let line = line.trim_end();
+        if line.ends_with('}') && at == start {
+            return None;
+        }
+        if line.ends_with(';') && (at == start || line.trim_start().starts_with(')')) {
+            return None;
+        }
+        if line.ends_with('{') {
+            return closing(lines, at, indent);
+        }
+    }
+    None
+}
+
+/// The first line after `from` that is `indent` and a closing brace.
+fn closing(lines: &[&str], from: usize, indent: &str) -> Option<usize> {
+    (from + 1..lines.len()).find(|&at| {
+        lines[at]
+            .strip_prefix(indent)
+            .is_some_and(|rest| rest.starts_with('}'))
+    })
+}
+
+/// A file of tests: `tests.rs`, `*_tests.rs`, `tests_*.rs`, or any file in
+/// a `tests/` folder (the submodules of a `tests.rs`).
+fn is_test_file(path: &Path) -> bool {
+    let stem = path.file_stem().unwrap().to_string_lossy();
+    let in_tests = path
+        .parent()
+        .is_some_and(|p| p.components().any(|c| c.as_os_str() == "tests"));
+    stem == "tests" || stem.ends_with("_tests") || stem.starts_with("tests_") || in_tests
 }
