@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | [`claim`] | the claim lifecycle: `ClaimManager` over the `ClaimStore` seam, the fence lead, the capacity gauges, candidate ranking, `StoreError` |
 //! | [`single_instance`] | the single-instance store: one server, its claim in a state file |
-//! | [`lease`] | what the Lease API grants and keeps, as data and pure rules: requester records and tokens, the fence rules, the client clock-skew rule |
+//! | [`lease`] | what the Lease API grants and keeps, as data and pure rules: requester records and tokens, the fence rules, the client clock-skew rule, and the `RequesterStore` trait with its conformance clauses |
 //! | [`cluster_state`] | the [`cluster_state::ClusterState`] interface the administration service reads and changes the cluster's state through |
 //! | [`api_key`] | API keys as data: records, presented keys, verification, scopes, the bootstrap key |
 //! | [`namespace`] | namespace names: the rule and its check |

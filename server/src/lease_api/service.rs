@@ -543,6 +543,8 @@ impl<S: LeaseStore> LeaseHandler<S> {
 }
 
 #[cfg(test)]
+mod conformance;
+#[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod tests;

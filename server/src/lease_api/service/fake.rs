@@ -2,19 +2,22 @@
 //! holdings in memory, answering as etcd's `RequesterLeases` does (the token
 //! rule of `snowkeep_core::lease::records::authorize`, checked only when the
 //! requester holds something; a retry's count must match; the stored
-//! description is kept), a key quota, and a log of every call the handler
-//! made with its arguments.
+//! description is kept; machine ids come from a range, lowest free first,
+//! fenced at the lease's expiry plus `FENCE_MARGIN` by the system clock and
+//! never lowered while held), a key quota, and a log of every call the
+//! handler made with its arguments. It keeps the store contract
+//! (`snowkeep_core::lease::conformance`, run in `conformance.rs`).
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use snowkeep_client::{Layout, MachineId, Millis};
+use snowkeep_client::{Clock, Layout, MachineId, Millis, SystemClock};
 use snowkeep_core::claim::{Capacity, HeldId, StoreError};
 use snowkeep_core::lease::records::{
     authorize, KeyQuota, LeaseCheck, LeaseToken, Renewal, RequesterAbout, RequesterGrant,
-    RequesterId, RequesterStore,
+    RequesterId, RequesterStore, FENCE_MARGIN,
 };
 
 use crate::service::status::ApiError;
@@ -90,18 +93,31 @@ struct Holding {
     ids: Vec<u16>,
     /// The lease's duration: what a check reports as remaining.
     duration: Duration,
+    /// The fence of every machine id it holds, layout ms.
+    fence: Millis,
     key_id: Option<String>,
     /// The description its first Acquire stored.
     about: RequesterAbout,
 }
 
 /// The double's state.
-#[derive(Default)]
 pub struct Book {
     held: HashMap<[u8; 32], Holding>,
-    next_id: u16,
+    /// The machine ids it grants, lowest free first.
+    range: Range<u16>,
     /// The calls the handler made, in order, with their arguments.
     pub received: Vec<Call>,
+}
+
+impl Default for Book {
+    /// Machine ids `0..u16::MAX`, none held, no calls.
+    fn default() -> Self {
+        Self {
+            held: HashMap::new(),
+            range: 0..u16::MAX,
+            received: Vec::new(),
+        }
+    }
 }
 
 impl Book {
@@ -122,6 +138,28 @@ impl Book {
         self.held.get(&requester.digest()).map(|h| &h.about)
     }
 
+    /// The lowest `count` machine ids of the range nobody holds;
+    /// `NoFreeMachineId` (as etcd words it) when fewer are free.
+    fn free_ids(&self, namespace: &str, count: u32) -> Result<Vec<u16>, StoreError> {
+        let held = self.held_ids();
+        let free: Vec<u16> = self
+            .range
+            .clone()
+            .filter(|id| !held.contains(id))
+            .take(count as usize)
+            .collect();
+        if free.len() < count as usize {
+            let (start, end) = (u32::from(self.range.start), u32::from(self.range.end));
+            return Err(StoreError::NoFreeMachineId {
+                namespace: namespace.to_owned(),
+                capacity: end - start,
+                start,
+                end,
+            });
+        }
+        Ok(free)
+    }
+
     /// The machine ids `quota`'s key holds.
     fn key_holdings(&self, quota: &KeyQuota) -> u32 {
         self.held
@@ -137,6 +175,15 @@ impl Book {
 pub struct Requesters(Arc<Mutex<Book>>);
 
 impl Requesters {
+    /// A double granting machine ids of `range` only.
+    pub fn with_range(range: Range<u16>) -> Self {
+        let book = Book {
+            range,
+            ..Book::default()
+        };
+        Self(Arc::new(Mutex::new(book)))
+    }
+
     /// The book, to read what the handler did.
     pub fn book(&self) -> MutexGuard<'_, Book> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
@@ -147,15 +194,20 @@ impl Requesters {
         self.book().received.push(call);
     }
 
-    /// A grant of `ids` (floors and fences 0) in the default layout.
-    fn grant(ids: &[u16], duration: Duration, token: Option<LeaseToken>) -> RequesterGrant {
+    /// A grant of `ids` (floors 0, fences at `fence`) in the default layout.
+    fn grant(
+        ids: &[u16],
+        fence: Millis,
+        duration: Duration,
+        token: Option<LeaseToken>,
+    ) -> RequesterGrant {
         RequesterGrant {
             held: ids
                 .iter()
                 .map(|&id| HeldId {
                     machine_id: MachineId(id),
                     floor: Millis(0),
-                    fence: Millis(0),
+                    fence,
                 })
                 .collect(),
             duration,
@@ -173,6 +225,14 @@ impl Reach<Requesters> for Connected {
     fn reach(&self) -> Result<Option<Requesters>, ApiError> {
         Ok(Some(self.0.clone()))
     }
+}
+
+/// The fence of a lease of `duration` granted now, as etcd sets it: the
+/// lease's expiry plus [`FENCE_MARGIN`], in the default layout's ms, never
+/// below the `current` fence.
+fn fence_for(duration: Duration, current: Millis) -> Millis {
+    let now = SystemClock.layout_ms(&Layout::default());
+    now.saturating_add(duration + FENCE_MARGIN).max(current)
 }
 
 /// Whether a call of `incarnation` finds the namespace standing (0 skips
@@ -232,7 +292,8 @@ impl RequesterStore for Requesters {
                 });
             }
             h.duration = h.duration.max(duration);
-            return Ok(Self::grant(&h.ids, h.duration, token.cloned()));
+            h.fence = fence_for(h.duration, h.fence);
+            return Ok(Self::grant(&h.ids, h.fence, h.duration, token.cloned()));
         }
         if let Some(q) = quota {
             let held = book.key_holdings(q);
@@ -245,19 +306,19 @@ impl RequesterStore for Requesters {
                 });
             }
         }
-        let start = book.next_id;
-        book.next_id = start + u16::try_from(count).unwrap_or(0);
-        let ids: Vec<u16> = (start..book.next_id).collect();
+        let ids = book.free_ids(namespace, count)?;
         let new = LeaseToken::generate();
+        let fence = fence_for(duration, Millis(0));
         let holding = Holding {
             token: new.digest(),
             ids: ids.clone(),
             duration,
+            fence,
             key_id: quota.map(|q| q.key_id.clone()),
             about: about.clone(),
         };
         book.held.insert(requester.digest(), holding);
-        let mut grant = Self::grant(&ids, duration, Some(new));
+        let mut grant = Self::grant(&ids, fence, duration, Some(new));
         grant.known = false;
         Ok(grant)
     }
@@ -287,12 +348,16 @@ impl RequesterStore for Requesters {
         if let Err(gone) = standing(incarnation) {
             return Ok(Renewal::Gone(gone));
         }
-        let ids = held.map_or_else(Vec::new, |h| {
-            h.duration = duration;
-            h.ids.clone()
-        });
+        let (ids, fence) = held.map_or_else(
+            || (Vec::new(), Millis(0)),
+            |h| {
+                h.duration = duration;
+                h.fence = fence_for(duration, h.fence);
+                (h.ids.clone(), h.fence)
+            },
+        );
         Ok(Renewal::Granted {
-            grant: Self::grant(&ids, duration, None),
+            grant: Self::grant(&ids, fence, duration, None),
             incarnation: INCARNATION,
         })
     }
@@ -323,7 +388,11 @@ impl RequesterStore for Requesters {
 
     async fn capacity(&mut self, namespace: &str) -> Result<(Capacity, Range<u32>), StoreError> {
         self.log(Call::Capacity(namespace.to_owned()));
-        Ok((Capacity { total: 0, held: 0 }, 0..0))
+        let book = self.book();
+        let range = u32::from(book.range.start)..u32::from(book.range.end);
+        let held = u32::try_from(book.held_ids().len()).unwrap_or(u32::MAX);
+        let total = range.end - range.start;
+        Ok((Capacity { total, held }, range))
     }
 
     /// As etcd: the token first (when it holds machine ids), then the
