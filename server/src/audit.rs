@@ -21,10 +21,9 @@ pub const TARGET: &str = "snowkeep::audit";
 /// misses some (it is told how many).
 const FOLLOWER_BACKLOG: usize = 1024;
 
-/// The API key id of an authenticated call, put into the request's
-/// extensions by the authentication layer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CallerKey(pub String);
+/// The API key id of an authenticated call (defined by the guard, whose call
+/// limits share the pools by it).
+pub use snowkeep_guard::limits::calls::CallerKey;
 
 /// Who made a call: API key id (empty when authentication is off) and peer
 /// address (empty when unknown).

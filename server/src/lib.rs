@@ -11,8 +11,9 @@
 //! namespace names, the metric catalog, the single-instance store) and
 //! `snowkeep-etcd` (every etcd implementation of those traits; the only
 //! crate that depends on `etcd-client`). This crate is the network side:
-//! the gRPC handlers, the guards in front of them, configuration and
-//! start-up.
+//! the gRPC handlers, configuration and start-up. The guards in front of
+//! the handlers (limits, the allow-list, TLS) are `snowkeep-guard`'s; its
+//! modules are re-exported at the paths below.
 //!
 //! | module | owns |
 //! | --- | --- |
@@ -23,16 +24,16 @@
 //! | `lease_api` | the Lease API (`LeaseService`): its handler, its protobuf conversions, its settings |
 //! | [`auth`] | API keys in force: the tower layer, the servers' key cache, the cluster's security mode, revocation of open streams |
 //! | `audit` | the audit trail: one event per Lease API and administration change, logged, counted and broadcast |
-//! | `service` | gRPC adapters (IdService, InfoService), `StoreAccess` and `Reach` (how a handler reaches its store), status mapping, health |
+//! | `service` | gRPC adapters (IdService, InfoService), `StoreAccess` and `Reach` (how a handler reaches its store), status mapping, health, the weight of IdService's calls (`IdWeight`, the `Weigh` the call limits take) |
 //! | `admin` | `AdminService`: the cluster's state, its export and import, API keys and the security mode, for snowkeepctl and the status page |
 //! | `router` | the gRPC routes: every service of the port under one message-size bound |
 //! | [`metrics`] | the Prometheus recorder and the per-call gRPC metrics layer; re-exports the catalog of `snowkeep_core::metrics` |
 //! | [`metrics_http`] | the `/metrics` listener, and the HTTP/1.1 loop the status page shares |
 //! | [`telemetry`] | logs and traces: `tracing` to stderr, plain or JSON, and OTLP span export |
-//! | `conn_info` | what a connection shares with its calls (`ConnInfo`, `ConnState`) |
-//! | `limits` | bounds on connections, calls, memory and messages under hostile or broken clients; `Limits` |
-//! | [`tls`] | TLS on the gRPC port: the files, their reload, the acceptor new connections take |
-//! | `allow` | the `--allow-cidrs` allow-list layer (PERMISSION_DENIED for other peers) |
+//! | `conn_info` | re-export of `snowkeep_guard::conn_info`: what a connection shares with its calls |
+//! | `limits` | re-export of `snowkeep_guard::limits`: bounds on connections, calls, memory and messages; `Limits` |
+//! | [`tls`] | re-export of `snowkeep_guard::tls`: TLS on the gRPC port, the files and their reload |
+//! | `allow` | re-export of `snowkeep_guard::allow`: the `--allow-cidrs` allow-list layer |
 //! | `peers` | the peer clock check: registering this server, measuring its offset to the others |
 //! | `status_page` | the read-only HTML status page (`--admin-listen`) |
 //! | `scale` (hidden) | the scale benchmark's claimer (`snowkeep-scale`): the claim loop on the etcd store, built as `run` builds it, without the gRPC server |
@@ -64,14 +65,11 @@
 //!   every key to a new etcd lease at once.
 
 pub(crate) mod admin;
-pub(crate) mod allow;
 pub(crate) mod audit;
 pub mod auth;
 pub mod config;
-pub(crate) mod conn_info;
 pub(crate) mod connect;
 pub(crate) mod lease_api;
-pub(crate) mod limits;
 pub mod metrics;
 pub mod metrics_http;
 pub(crate) mod peers;
@@ -83,6 +81,10 @@ pub(crate) mod service;
 pub mod shutdown;
 pub(crate) mod status_page;
 pub mod telemetry;
-pub mod tls;
 
 pub use run::{run, ServeError};
+
+// The guard's modules, at the paths the server's code has always named them
+// by (`crate::limits::…`, `crate::tls::…`).
+pub use snowkeep_guard::tls;
+pub(crate) use snowkeep_guard::{allow, conn_info, limits};

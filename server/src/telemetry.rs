@@ -78,10 +78,13 @@ pub fn init(
         )
         .build();
     // The per-call spans are DEBUG so the logs never pay for them; traces
-    // take them whatever SNOWKEEP_LOG says.
+    // take them, and the debug events of the guards inside them (target
+    // `snowkeep_guard`, a crate of its own), whatever SNOWKEEP_LOG says.
     let traces = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("snowkeep-server"))
-        .with_filter(EnvFilter::new("info,snowkeep_server=debug"));
+        .with_filter(EnvFilter::new(
+            "info,snowkeep_server=debug,snowkeep_guard=debug",
+        ));
     tracing_subscriber::registry()
         .with(logs)
         .with(traces)

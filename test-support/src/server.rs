@@ -60,7 +60,10 @@ impl ServerProcess {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
             .args(args)
-            .env("SNOWKEEP_LOG", "info,snowkeep_server=debug")
+            .env(
+                "SNOWKEEP_LOG",
+                "info,snowkeep_server=debug,snowkeep_guard=debug",
+            )
             .envs(env.iter().copied())
             .current_dir(dir.path())
             .stdout(Stdio::null())

@@ -85,8 +85,8 @@ fn grpc_status(headers: &http::HeaderMap) -> Option<Code> {
 }
 
 /// The `grpc-status` header's name, parsed once (a `&str` name is parsed on
-/// every lookup).
-pub(crate) const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+/// every lookup); the guard's status rewriting reads it too.
+pub(crate) use snowkeep_guard::limits::wire::GRPC_STATUS;
 
 /// The gRPC status codes, 0 to 16.
 const CODES: usize = 17;

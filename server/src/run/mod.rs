@@ -252,7 +252,7 @@ pub async fn run(
         &tracker,
     )?;
     grpc::warn_if_few_descriptors(&config);
-    let call_limits = CallLimits::new(&config.limits);
+    let call_limits = CallLimits::new(&config.limits, Arc::new(crate::service::weight::IdWeight));
     let listener = grpc::grpc_listener(&config, listener, tls, &tracker, &shutdown);
     let open_connections = listener.open_connections();
     let server = tracker.spawn(grpc::serve_grpc(

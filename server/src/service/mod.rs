@@ -9,5 +9,6 @@ pub mod health;
 pub mod id;
 pub mod info;
 pub mod status;
+pub mod weight;
 
 pub use access::{Reach, StoreAccess};

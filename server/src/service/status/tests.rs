@@ -338,3 +338,26 @@ fn count_error_names_the_allowed_range() {
     let s = Status::from(ApiError::count(0));
     assert_eq!(s.message(), "count must be between 1 and 100000, got 0");
 }
+
+/// Moved from the guard's `limits::error`: the guard's `From<LimitError> for
+/// Status` and this module's `ApiError::Limit` read the same.
+#[test]
+fn a_refusal_reads_the_same_from_the_layers_and_from_a_handler() {
+    let refusals = [
+        LimitError::Busy {
+            calls: "streams",
+            max: 1,
+            flag: "--max-open-streams",
+        },
+        LimitError::RequestTimeout {
+            after: Duration::from_secs(1),
+        },
+        LimitError::TruncatedMessage,
+    ];
+    for refusal in refusals {
+        let layer = Status::from(refusal.clone());
+        let handler = Status::from(ApiError::from(refusal));
+        assert_eq!(layer.code(), handler.code());
+        assert_eq!(layer.message(), handler.message());
+    }
+}

@@ -4,50 +4,11 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use tonic::Status;
 
-use prost::Message;
-use snowkeep_proto::v1 as pb;
 use tonic::Code;
 use tower::ServiceExt;
 
 use super::*;
-use crate::limits::test_frame as frame;
-
-/// Every server-streaming method the server serves is in the streams
-/// pool, and no other.
-#[test]
-fn streaming_methods_are_exactly_the_server_streaming_ones() {
-    let sets = [
-        snowkeep_proto::FILE_DESCRIPTOR_SET,
-        tonic_health::pb::FILE_DESCRIPTOR_SET,
-        tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
-        tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
-    ];
-    let mut streaming = Vec::new();
-    let mut methods = 0;
-    for bytes in sets {
-        let set = prost_types::FileDescriptorSet::decode(bytes).unwrap();
-        for file in set.file {
-            for service in &file.service {
-                for m in &service.method {
-                    methods += 1;
-                    let path = format!("/{}.{}/{}", file.package(), service.name(), m.name());
-                    let kind = CallKind::of(&path);
-                    if m.server_streaming() || m.client_streaming() {
-                        assert_eq!(kind, CallKind::Stream, "{path}");
-                        streaming.push(path);
-                    } else {
-                        assert_eq!(kind, CallKind::Unary, "{path}");
-                    }
-                }
-            }
-        }
-    }
-    assert!(methods >= 14, "{methods} methods");
-    streaming.sort();
-    let mut expected: Vec<String> = STREAMING_METHODS.iter().map(|s| (*s).to_owned()).collect();
-    expected.sort();
-    assert_eq!(streaming, expected);
-}
+use crate::limits::weight::Small;
 
 fn request(path: &str, body: Vec<u8>) -> http::Request<tonic::body::Body> {
     http::Request::post(path)
@@ -83,10 +44,13 @@ fn status_of(resp: &http::Response<tonic::body::Body>) -> Option<Status> {
 /// and every call on it fails).
 #[tokio::test(start_paused = true)]
 async fn a_shed_call_is_answered_after_its_request_ends_or_a_second() {
-    let limits = CallLimits::new(&Limits {
-        max_concurrent_calls: 1,
-        ..Limits::default()
-    });
+    let limits = CallLimits::new(
+        &Limits {
+            max_concurrent_calls: 1,
+            ..Limits::default()
+        },
+        Arc::new(Small),
+    );
     let svc = limits.layer().layer(answering());
     let path = "/snowkeep.v1.InfoService/GetInfo";
     let held = svc.clone().oneshot(request(path, vec![])).await.unwrap();
@@ -128,10 +92,13 @@ async fn a_shed_call_is_answered_after_its_request_ends_or_a_second() {
 
 #[tokio::test]
 async fn a_full_pool_sheds_until_the_response_chunks_are_dropped() {
-    let limits = CallLimits::new(&Limits {
-        max_concurrent_calls: 2,
-        ..Limits::default()
-    });
+    let limits = CallLimits::new(
+        &Limits {
+            max_concurrent_calls: 2,
+            ..Limits::default()
+        },
+        Arc::new(Small),
+    );
     let svc = limits.layer().layer(answering());
     let path = "/snowkeep.v1.InfoService/GetInfo";
     let mut bodies = Vec::new();
@@ -187,7 +154,7 @@ fn answering_twice() -> Answering {
 #[tokio::test]
 async fn a_stream_body_hands_over_a_chunk_only_after_the_last_is_written() {
     use futures_util::FutureExt;
-    let limits = CallLimits::new(&Limits::default());
+    let limits = CallLimits::new(&Limits::default(), Arc::new(Small));
     let svc = limits.layer().layer(answering_twice());
     let stream = svc
         .clone()
@@ -226,67 +193,15 @@ async fn a_stream_body_hands_over_a_chunk_only_after_the_last_is_written() {
 }
 
 #[tokio::test]
-async fn memory_is_reserved_by_weight_and_refused_when_full() {
-    // 4 MiB: 1 MiB for unary calls; a NextIds(50000) weighs ~800 KB.
-    let limits = CallLimits::new(&Limits {
-        max_call_memory: 4 << 20,
-        ..Limits::default()
-    });
-    let svc = limits.layer().layer(answering());
-    let big = || {
-        request(
-            NEXT_IDS,
-            frame(&pb::NextIdsRequest {
-                count: 50_000,
-                ..Default::default()
-            }),
-        )
-    };
-    let first = svc.clone().oneshot(big()).await.unwrap();
-    assert!(status_of(&first).is_none());
-    let second = svc.clone().oneshot(big()).await.unwrap();
-    let status = status_of(&second).expect("a status");
-    assert_eq!(status.code(), Code::ResourceExhausted);
-    assert!(
-        status
-            .message()
-            .starts_with("this server's memory for unary calls is in use: "),
-        "{}",
-        status.message()
-    );
-    drop(first);
-    let third = svc.clone().oneshot(big()).await.unwrap();
-    assert!(status_of(&third).is_none());
-    // More than the whole pool can ever give: says so.
-    let huge = svc
-        .clone()
-        .oneshot(request(
-            NEXT_IDS,
-            frame(&pb::NextIdsRequest {
-                count: 100_000,
-                ..Default::default()
-            }),
-        ))
-        .await
-        .unwrap();
-    let status = status_of(&huge).expect("a status");
-    assert_eq!(status.code(), Code::ResourceExhausted);
-    assert!(
-        status
-            .message()
-            .ends_with("a share of --max-call-memory); ask for fewer ids per call"),
-        "{}",
-        status.message()
-    );
-}
-
-#[tokio::test]
 async fn an_oversized_request_is_refused_from_its_length_prefix() {
-    let limits = CallLimits::new(&Limits::default());
+    let limits = CallLimits::new(&Limits::default(), Arc::new(Small));
     let svc = limits.layer().layer(answering());
     let mut body = vec![0u8, 0, 1, 0, 0]; // promises 65536 bytes
     body.extend_from_slice(&[1, 2, 3]);
-    let resp = svc.oneshot(request(NEXT_IDS, body)).await.unwrap();
+    let resp = svc
+        .oneshot(request("/snowkeep.v1.IdService/NextIds", body))
+        .await
+        .unwrap();
     let status = status_of(&resp).expect("a status");
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(

@@ -1,7 +1,8 @@
 //! Why a call was refused at a limit, or its message could not be read, and
 //! the gRPC status a client gets for it. The codes are mapped here, beside
-//! the variants, so the layers of `limits` answer without importing
-//! `service`; `service::status` gives `ApiError::Limit` the same codes.
+//! the variants, so the layers of `limits` answer without the server's
+//! `service`; the server's `service::status` gives `ApiError::Limit` the
+//! same codes.
 
 use thiserror::Error;
 use tonic::{Code, Status};
@@ -161,42 +162,14 @@ impl LimitError {
 }
 
 impl From<LimitError> for Status {
-    /// The status of [`LimitError::code`] with the error's text, as
-    /// `service::status` builds every other status (logged at debug only:
-    /// refusals under load would flood the logs; metrics count them).
+    /// The status of [`LimitError::code`] with the error's text, as the
+    /// server's `service::status` builds every other status (logged at
+    /// debug only: refusals under load would flood the logs; metrics count
+    /// them).
     fn from(err: LimitError) -> Self {
         let code = err.code();
-        let message = snowkeep_core::DisplayChain(&err).to_string();
-        debug!(code = ?code, error = %snowkeep_core::DisplayChain(&err), "request refused");
+        let message = crate::chain::DisplayChain(&err).to_string();
+        debug!(code = ?code, error = %crate::chain::DisplayChain(&err), "request refused");
         Status::new(code, message)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::service::status::ApiError;
-
-    #[test]
-    fn a_refusal_reads_the_same_from_the_layers_and_from_a_handler() {
-        let refusals = [
-            LimitError::Busy {
-                calls: "streams",
-                max: 1,
-                flag: "--max-open-streams",
-            },
-            LimitError::RequestTimeout {
-                after: Duration::from_secs(1),
-            },
-            LimitError::TruncatedMessage,
-        ];
-        for refusal in refusals {
-            let layer = Status::from(refusal.clone());
-            let handler = Status::from(ApiError::from(refusal));
-            assert_eq!(layer.code(), handler.code());
-            assert_eq!(layer.message(), handler.message());
-        }
     }
 }

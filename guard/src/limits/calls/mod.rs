@@ -41,9 +41,8 @@ use tracing::warn;
 
 use super::admission::{read_request, receive, KeySlot, Keyless, PerKey};
 use super::throttle::Throttle;
-use super::weight::{weigh, GRPC_HEADER, NEXT_IDS, SMALL_RESPONSE, STREAM_IDS};
+use super::weight::{Weigh, GRPC_HEADER, SMALL_RESPONSE};
 use super::{status, LimitError, Limits};
-use crate::audit::CallerKey;
 use crate::conn_info::{ConnCall, ConnInfo, Unsent};
 
 mod body;
@@ -61,7 +60,7 @@ const UNIT: usize = 1024;
 /// Every method whose request or response is a stream: they take from the
 /// streams pool.
 pub const STREAMING_METHODS: &[&str] = &[
-    STREAM_IDS,
+    "/snowkeep.v1.IdService/StreamIds",
     "/snowkeep.v1.AdminService/TailAudit",
     "/snowkeep.v1.AdminService/ExportStream",
     "/snowkeep.v1.AdminService/ImportStream",
@@ -69,6 +68,12 @@ pub const STREAMING_METHODS: &[&str] = &[
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 ];
+
+/// The API key id of an authenticated call, put into the request's
+/// extensions by the authentication layer; the call takes from that key's
+/// share of the pools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallerKey(pub String);
 
 /// Which pool a call takes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +185,8 @@ struct Inner {
     request_timeout: std::time::Duration,
     max_recv: usize,
     max_send: usize,
+    /// Weighs each call's response from its request.
+    weigh: Arc<dyn Weigh>,
     /// Weight every call takes on admission: its request (at most one
     /// message of `max_recv`), its headers and [`CALL_OVERHEAD`].
     base: usize,
@@ -191,8 +198,9 @@ struct Inner {
 pub struct CallLimits(Arc<Inner>);
 
 impl CallLimits {
-    /// Pools sized by `limits`.
-    pub fn new(limits: &Limits) -> Self {
+    /// Pools sized by `limits`; `weigh` weighs each call's response from
+    /// its request.
+    pub fn new(limits: &Limits, weigh: Arc<dyn Weigh>) -> Self {
         let unary_memory = limits.max_call_memory / 4;
         let base = limits.max_recv_message_size
             + GRPC_HEADER
@@ -246,6 +254,7 @@ impl CallLimits {
             request_timeout: limits.request_timeout,
             max_recv: limits.max_recv_message_size,
             max_send: limits.max_send_message_size,
+            weigh,
             base,
             shed_log: Mutex::new(Throttle::new(std::time::Duration::from_secs(10))),
         }))
@@ -435,7 +444,7 @@ where
         Ok(received) => received,
         Err(status) => return Ok(status.into_http()),
     };
-    let weight = match response_weight(path, &frame, limits.0.max_send) {
+    let weight = match limits.0.weigh.weigh(path, &frame, limits.0.max_send) {
         Ok(weight) => weight,
         Err(error) => return Ok(status(error).into_http()),
     };
@@ -484,16 +493,6 @@ async fn shed_after_request(
     let read = read_request(&mut body, limits.0.max_recv, false);
     let _ = tokio::time::timeout(SHED_BODY_WAIT, read).await;
     limits.shed(path, error)
-}
-
-/// The memory a call's response may hold, in bytes: weighed from the
-/// request `frame` for the id methods, [`SMALL_RESPONSE`] for the others.
-fn response_weight(path: &str, frame: &[u8], max_send: usize) -> Result<usize, LimitError> {
-    if path == NEXT_IDS || path == STREAM_IDS {
-        weigh(path, frame, max_send)
-    } else {
-        Ok(SMALL_RESPONSE)
-    }
 }
 
 /// `response` with its body's chunks holding `hold`; a stream's body is

@@ -3,8 +3,8 @@
 //! carries (calls in progress, when the client was last heard from, whether
 //! the allow-list denied it, the clocks of unsent responses). The listener
 //! of `crate::limits::conn` creates and watches it; the allow-list layer
-//! (`crate::allow`), the call limits and the audit log read it. It imports
-//! nothing of the crate, so all of them can.
+//! (`crate::allow`), the call limits and the server's audit log read it.
+//! It imports nothing of the crate, so all of them can.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -48,7 +48,7 @@ impl ConnState {
     }
 
     fn ms_since_opened(&self) -> u64 {
-        snowkeep_client::Millis::of(self.opened.elapsed()).get()
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// A new clock of a call's unsent response message, watched by this

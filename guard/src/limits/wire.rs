@@ -59,6 +59,9 @@ pub fn fixed(status: &Status) -> Option<LimitError> {
     }
 }
 
+/// The header (or trailer) of a response's gRPC status code.
+pub const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+
 /// The two numbers of tonic's "found N bytes, the limit is: M bytes".
 fn found_and_limit(msg: &str) -> Option<(usize, usize)> {
     let (_, rest) = msg.split_once("found ")?;
@@ -72,7 +75,7 @@ fn found_and_limit(msg: &str) -> Option<(usize, usize)> {
 /// is passed on without parsing its status (this runs on every call).
 fn may_need_fixing(headers: &HeaderMap) -> bool {
     headers
-        .get(&crate::metrics::grpc_layer::GRPC_STATUS)
+        .get(&GRPC_STATUS)
         .is_some_and(|v| matches!(v.as_bytes(), b"13" | b"11"))
 }
 

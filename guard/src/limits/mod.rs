@@ -7,12 +7,13 @@
 //! | [`conn`] | accept errors back off; open connections; silent and idle connections; connections that hold shutdown |
 //! | [`calls`] | unary calls and streams in progress, and the memory they hold, until their responses have left the process |
 //! | [`admission`] | keyless calls in pools of their own; each key's share of the pools; how long a request may take to arrive |
-//! | [`weight`] | how much memory a call reserves |
+//! | [`weight`] | how much memory a call reserves: the [`Weigh`] its builder hands in |
 //! | [`wire`] | statuses of malformed and oversized messages |
 //! | [`settings`] | [`Limits`], the flags' defaults and the size parser |
 //! | [`LimitError`] | what a client is told when a limit refuses its call, and its status |
-//! | tonic's builder (in [`crate::run`]) | HTTP/2 streams per connection, keepalive pings, header list size, flow-control windows |
-//! | the generated services (in [`crate::router`]) | message sizes |
+//! | [`Throttle`] | at most one log line per period for a repeated event |
+//! | tonic's builder (in the server's `run`) | HTTP/2 streams per connection, keepalive pings, header list size, flow-control windows |
+//! | the generated services (in the server's `router`) | message sizes |
 
 pub mod admission;
 mod alarm;
@@ -26,21 +27,12 @@ pub mod wire;
 
 pub use error::LimitError;
 pub use settings::Limits;
-pub(crate) use throttle::Throttle;
+pub use throttle::Throttle;
+pub use weight::Weigh;
 
 /// The status a client gets for `error`: its code is mapped beside the
-/// variants ([`LimitError::code`]), the same one `service::status` gives.
+/// variants ([`LimitError::code`]), the same one the server's
+/// `service::status` gives.
 fn status(error: LimitError) -> tonic::Status {
     error.into()
-}
-
-/// `msg` as one uncompressed gRPC message: flag, 4-byte big-endian length,
-/// body. For the tests of this module's layers.
-#[cfg(test)]
-fn test_frame(msg: &impl prost::Message) -> Vec<u8> {
-    let body = msg.encode_to_vec();
-    let mut out = vec![0];
-    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    out.extend_from_slice(&body);
-    out
 }

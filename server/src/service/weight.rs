@@ -1,27 +1,36 @@
 //! The weight of a call: the most memory its response can make the server
-//! hold at once, read from its request before it runs, so that
-//! [`super::calls`] can reserve it. Only IdService's responses grow with
-//! the request (8 bytes per id); every other answer is a few KiB.
+//! hold at once, read from its request before it runs, so that the guard's
+//! call limits (`snowkeep_guard::limits::calls`) can reserve it. Only
+//! IdService's responses grow with the request (8 bytes per id); every other
+//! answer is a few KiB. [`IdWeight`] is the [`Weigh`] the server hands the
+//! call limits.
 
 use prost::Message;
+use snowkeep_guard::limits::weight::{Weigh, GRPC_HEADER, SMALL_RESPONSE};
+use snowkeep_guard::limits::LimitError;
 use snowkeep_proto::v1 as pb;
 
-use super::LimitError;
 use snowkeep_core::batch::{DEFAULT_STREAM_BATCH, MAX_BATCH};
 
-/// gRPC's length-prefix of every message, bytes.
-pub(super) const GRPC_HEADER: usize = 5;
 /// tonic encodes response messages into chunks of at least this many bytes
 /// before handing them to hyper (its `yield_threshold`).
-pub(super) const ENCODE_CHUNK: usize = 32 * 1024;
-/// Weight of the responses of methods other than IdService's: health,
-/// info, Lease API and reflection answers are a few KiB.
-pub(super) const SMALL_RESPONSE: usize = 64 * 1024;
+const ENCODE_CHUNK: usize = 32 * 1024;
 
 /// `NextIds`: its weight grows with `count`.
-pub(super) const NEXT_IDS: &str = "/snowkeep.v1.IdService/NextIds";
+const NEXT_IDS: &str = "/snowkeep.v1.IdService/NextIds";
 /// `StreamIds`: its weight grows with `batch_size`.
-pub(super) const STREAM_IDS: &str = "/snowkeep.v1.IdService/StreamIds";
+const STREAM_IDS: &str = "/snowkeep.v1.IdService/StreamIds";
+
+/// Weighs IdService's calls by the ids they ask for (see [`weigh`]), every
+/// other call at [`SMALL_RESPONSE`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IdWeight;
+
+impl Weigh for IdWeight {
+    fn weigh(&self, path: &str, frame: &[u8], max_send: usize) -> Result<usize, LimitError> {
+        weigh(path, frame, max_send)
+    }
+}
 
 /// Weight in bytes of a call's response, from its request `frame` (one
 /// length-prefixed gRPC message): what the call can make the server hold at
@@ -119,9 +128,57 @@ fn ids_fitting(max: usize) -> usize {
 mod tests {
     use tonic::Code;
 
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use snowkeep_guard::limits::calls::{CallKind, CallLimits, STREAMING_METHODS};
+    use snowkeep_guard::limits::Limits;
+    use tonic::Status;
+    use tower::{Layer, ServiceExt};
+
     use super::*;
-    use crate::limits::status;
-    use crate::limits::test_frame as frame;
+
+    /// The status a client gets for `error`, as the guard's layers give it.
+    fn status(error: LimitError) -> Status {
+        error.into()
+    }
+
+    /// `msg` as one uncompressed gRPC message: flag, 4-byte big-endian
+    /// length, body.
+    fn frame(msg: &impl prost::Message) -> Vec<u8> {
+        let body = msg.encode_to_vec();
+        let mut out = vec![0];
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn request(path: &str, body: Vec<u8>) -> http::Request<tonic::body::Body> {
+        http::Request::post(path)
+            .body(tonic::body::Body::new(http_body_util::Full::new(
+                Bytes::from(body),
+            )))
+            .unwrap()
+    }
+
+    /// An inner service answering every call with one 1000-byte chunk.
+    fn answering() -> tower::util::BoxCloneService<
+        http::Request<tonic::body::Body>,
+        http::Response<tonic::body::Body>,
+        std::convert::Infallible,
+    > {
+        tower::util::BoxCloneService::new(tower::service_fn(
+            |_req: http::Request<tonic::body::Body>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::new(
+                    http_body_util::Full::new(Bytes::from(vec![7u8; 1000])),
+                )))
+            },
+        ))
+    }
+
+    fn status_of(resp: &http::Response<tonic::body::Body>) -> Option<Status> {
+        Status::from_header_map(resp.headers())
+    }
 
     #[test]
     fn ids_message_len_matches_prost() {
@@ -195,6 +252,101 @@ mod tests {
         assert_eq!(
             s.message(),
             "batch_size 10000 makes 80004-byte messages, over this server's limit of 65536 bytes (--max-send-message-size); use a batch_size of at most 8191"
+        );
+    }
+
+    /// Every server-streaming method the server serves is in the streams
+    /// pool, and no other.
+    #[test]
+    fn streaming_methods_are_exactly_the_server_streaming_ones() {
+        let sets = [
+            snowkeep_proto::FILE_DESCRIPTOR_SET,
+            tonic_health::pb::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ];
+        let mut streaming = Vec::new();
+        let mut methods = 0;
+        for bytes in sets {
+            let set = prost_types::FileDescriptorSet::decode(bytes).unwrap();
+            for file in set.file {
+                for service in &file.service {
+                    for m in &service.method {
+                        methods += 1;
+                        let path = format!("/{}.{}/{}", file.package(), service.name(), m.name());
+                        let kind = CallKind::of(&path);
+                        if m.server_streaming() || m.client_streaming() {
+                            assert_eq!(kind, CallKind::Stream, "{path}");
+                            streaming.push(path);
+                        } else {
+                            assert_eq!(kind, CallKind::Unary, "{path}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(methods >= 14, "{methods} methods");
+        streaming.sort();
+        let mut expected: Vec<String> = STREAMING_METHODS.iter().map(|s| (*s).to_owned()).collect();
+        expected.sort();
+        assert_eq!(streaming, expected);
+    }
+
+    #[tokio::test]
+    async fn memory_is_reserved_by_weight_and_refused_when_full() {
+        // 4 MiB: 1 MiB for unary calls; a NextIds(50000) weighs ~800 KB.
+        let limits = CallLimits::new(
+            &Limits {
+                max_call_memory: 4 << 20,
+                ..Limits::default()
+            },
+            Arc::new(IdWeight),
+        );
+        let svc = limits.layer().layer(answering());
+        let big = || {
+            request(
+                NEXT_IDS,
+                frame(&pb::NextIdsRequest {
+                    count: 50_000,
+                    ..Default::default()
+                }),
+            )
+        };
+        let first = svc.clone().oneshot(big()).await.unwrap();
+        assert!(status_of(&first).is_none());
+        let second = svc.clone().oneshot(big()).await.unwrap();
+        let status = status_of(&second).expect("a status");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(
+            status
+                .message()
+                .starts_with("this server's memory for unary calls is in use: "),
+            "{}",
+            status.message()
+        );
+        drop(first);
+        let third = svc.clone().oneshot(big()).await.unwrap();
+        assert!(status_of(&third).is_none());
+        // More than the whole pool can ever give: says so.
+        let huge = svc
+            .clone()
+            .oneshot(request(
+                NEXT_IDS,
+                frame(&pb::NextIdsRequest {
+                    count: 100_000,
+                    ..Default::default()
+                }),
+            ))
+            .await
+            .unwrap();
+        let status = status_of(&huge).expect("a status");
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(
+            status
+                .message()
+                .ends_with("a share of --max-call-memory); ask for fewer ids per call"),
+            "{}",
+            status.message()
         );
     }
 }

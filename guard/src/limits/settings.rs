@@ -1,6 +1,6 @@
 //! [`Limits`]: the bounds on connections, calls, memory and messages that
 //! the `--max-*`, `--*-timeout`, `--http2-*` and `--tcp-keepalive` flags set
-//! (`crate::config` parses them), and the flags' defaults, which make
+//! (the server's `config` parses them), and the flags' defaults, which make
 //! `Limits::default()`.
 
 use std::time::Duration;

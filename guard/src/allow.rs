@@ -2,7 +2,7 @@
 //! outside every configured range is answered PERMISSION_DENIED before any
 //! handler (or the call limits) runs, whatever its method: health and
 //! reflection too (the status page answers such a peer 403; the metrics
-//! port serves every peer, see `crate::metrics_http`), so probes must come from an allowed address (an `exec`
+//! port serves every peer, see the server's `metrics_http`), so probes must come from an allowed address (an `exec`
 //! probe in the pod calls from 127.0.0.1). An IPv4 client reaching an IPv6
 //! socket (an IPv4-mapped address, `::ffff:10.1.2.3`) is matched against the
 //! IPv4 ranges. An empty list allows every peer.
