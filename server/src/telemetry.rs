@@ -78,12 +78,14 @@ pub fn init(
         )
         .build();
     // The per-call spans are DEBUG so the logs never pay for them; traces
-    // take them, and the debug events of the guards inside them (target
-    // `snowkeep_guard`, a crate of its own), whatever SNOWKEEP_LOG says.
+    // take them, and the debug events inside them of the crates a call runs
+    // through (the guards, the etcd store, the claim loop: targets
+    // `snowkeep_guard`, `snowkeep_etcd`, `snowkeep_core`), whatever
+    // SNOWKEEP_LOG says.
     let traces = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("snowkeep-server"))
         .with_filter(EnvFilter::new(
-            "info,snowkeep_server=debug,snowkeep_guard=debug",
+            "info,snowkeep_server=debug,snowkeep_guard=debug,snowkeep_etcd=debug,snowkeep_core=debug",
         ));
     tracing_subscriber::registry()
         .with(logs)

@@ -62,7 +62,7 @@ impl ServerProcess {
             .args(args)
             .env(
                 "SNOWKEEP_LOG",
-                "info,snowkeep_server=debug,snowkeep_guard=debug",
+                "info,snowkeep_server=debug,snowkeep_guard=debug,snowkeep_etcd=debug,snowkeep_core=debug",
             )
             .envs(env.iter().copied())
             .current_dir(dir.path())
