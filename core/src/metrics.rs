@@ -264,7 +264,7 @@ pub const METRICS: &[Metric] = &[
         name: ISSUANCE_REFUSALS_TOTAL,
         kind: Kind::Counter,
         unit: Some(Unit::Count),
-        help: "NextIds and StreamIds calls the generator refused, by reason; fence_reached means the clock reached a fence the lease loop did not raise in time.",
+        help: "NextIds and StreamIds calls the generator refused, by reason; fence_reached means the clock reached a fence the claim loop did not raise in time.",
     },
     Metric {
         name: CLOCK_BACKWARD_STEPS_TOTAL,

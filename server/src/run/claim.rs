@@ -191,7 +191,7 @@ impl ClaimTask {
     }
 }
 
-/// The runtime the lease loop runs on: one worker thread of its own,
+/// The runtime the claim loop runs on: one worker thread of its own,
 /// `snowkeep-lease`, with its own timers and IO. Request work (thousands of
 /// streams, each always ready to send) keeps the server runtime's workers
 /// and queues busy; a task queued behind it waits its turn there, and a lease

@@ -73,8 +73,8 @@ pub enum ServeError {
     /// A background task panicked.
     #[error("a background task panicked")]
     Panic(#[from] tokio::task::JoinError),
-    /// The lease loop's own runtime (a thread) could not be started.
-    #[error("cannot start the lease loop's runtime")]
+    /// The claim loop's own runtime (a thread) could not be started.
+    #[error("cannot start the claim loop's runtime")]
     LeaseRuntime(#[source] std::io::Error),
     /// The TLS files cannot serve (they were checked at start and changed
     /// since, or `ServerConfig` was built without the check).
@@ -234,7 +234,7 @@ pub async fn run(
     let tracker = TaskTracker::new();
     let (peers, peer_clocks) = (Arc::new(OnceLock::new()), PeerClocks::default());
     let peer_check = start_peer_check(&config, &shared, &tracker, peers.clone(), &peer_clocks);
-    // The lease loop gets a runtime of its own (see `lease_runtime`); the
+    // The claim loop gets a runtime of its own (see `lease_runtime`); the
     // etcd clients are made inside it, so their connection tasks and the
     // holder watch run there too, never queued behind request work.
     let lease_runtime = claim::lease_runtime().map_err(ServeError::LeaseRuntime)?;

@@ -1,4 +1,4 @@
-//! Request load must not take the CPU that the lease loop needs: many
+//! Request load must not take the CPU that the claim loop needs: many
 //! unbounded one-id-per-message streams, read as fast as the client can, run
 //! for three short fence leads while the server keeps raising its fence, renewing
 //! its lease and answering a small `NextIds` with exactly the ids asked for.
@@ -17,7 +17,7 @@ use snowkeep_test_support::server::ServerProcess;
 const STREAMS: usize = 150;
 const CONNECTIONS: usize = 3;
 /// A short fence lead (1.5 × a 1 s outage budget, raised once per 0.5 s
-/// while busy), so three of them pass quickly and a lease loop held up for
+/// while busy), so three of them pass quickly and a claim loop held up for
 /// a fraction of one lets issuance reach the fence.
 const HORIZON: Duration = Duration::from_millis(1_500);
 
@@ -79,7 +79,7 @@ async fn the_lease_loop_keeps_its_fences_ahead_under_150_one_id_streams() {
     }
 
     // The load itself: it must run for three horizons, the time a stalled
-    // lease loop needs to let issuance reach a fence it did not raise.
+    // claim loop needs to let issuance reach a fence it did not raise.
     let before = received.load(Ordering::Relaxed);
     tokio::time::sleep(3 * HORIZON).await;
     let during = received.load(Ordering::Relaxed) - before;

@@ -1,5 +1,5 @@
 //! Bounded resources under hostile or broken clients: connection and message
-//! limits, CPU fairness for the lease loop, and callers that cannot starve others.
+//! limits, CPU fairness for the claim loop, and callers that cannot starve others.
 
 mod fairness;
 mod limits;

@@ -353,7 +353,7 @@ async fn a_member_killed_under_each_position_costs_no_call_no_lease_and_no_relea
         renewals_before.push(renewed(server).await);
     }
     etcd.kill_member(victim);
-    // Right after the kill, before the lease loops may have noticed it.
+    // Right after the kill, before the claim loops may have noticed it.
     for (i, server) in servers.iter().enumerate() {
         lease_api_round_trip(server, ns, &requester(i as u64)).await;
     }
