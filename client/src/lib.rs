@@ -11,6 +11,8 @@
 //! | [`embedded`] | `EmbeddedGenerator`: ids in process from machine ids leased through the Lease API |
 //! | [`remote`] | `RemoteClient` (several servers, retries) and `IdPool` (prefetch) |
 //! | [`error`] | `GenerateError`, `ClientError`, `StopReason` |
+//! | [`api_key`] | `ApiKey`: the key a client sends as `authorization: Bearer <id>.<secret>` on every call |
+//! | `tls` (feature `tls`) | `ClientTls`: TLS and mTLS to the servers |
 //!
 //! The generator never talks to etcd or gRPC: a lease source publishes a
 //! [`generator::Grant`] through a `tokio::sync::watch` channel and the generator

@@ -44,6 +44,7 @@
 //! | `auth_mode` | the cluster's security mode record and its watch |
 //! | `pool_read` | the pool read for a claim: a window of fence-count blocks, or the whole pool, at one revision |
 //! | `store_traits` | `snowkeep_core`'s store traits implemented by the types above (`ClusterState` by `admin::StateStore`) |
+//! | `restore_record` | the restore record `/snowkeep/v1/restored` that `scripts/etcd-snapshot restore` writes: while it stands, a namespace is created only with an operator's floor |
 //! | `witness` | the revision witness: the highest etcd revision seen, which shows a restore from a snapshot |
 //!
 //! No two of these modules import each other, directly or through others
