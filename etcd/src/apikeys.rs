@@ -154,7 +154,7 @@ impl ApiKeyStore {
 
     /// Follows the records from `from_revision` on, calling `apply` for
     /// each change in order, until the watch fails or etcd compacted past
-    /// `from_revision` ([`follow_key`]).
+    /// `from_revision` (`follow_key`).
     pub async fn follow(&self, from_revision: i64, mut apply: impl FnMut(KeyChange)) -> FollowEnd {
         let opts = WatchOptions::new()
             .with_prefix()

@@ -302,7 +302,7 @@ impl EtcdStore {
     ///
     /// Asks about every lease the refused claim's read found (one per
     /// holder at most, so never more than the range has machine ids),
-    /// [`LEASES_IN_FLIGHT`] at a time, and answers with the first found
+    /// `LEASES_IN_FLIGHT` at a time, and answers with the first found
     /// ending that soon: a bound on when a machine id frees, whichever lease
     /// it is. Reads no key: the leases come from the claim's own read of the
     /// range. `Ok(None)` when none ends that soon (or the range's holders

@@ -7,7 +7,7 @@
 //! | `/snowkeep/v1/ns/{namespace}/fence/{machine_id:05}` | fence, decimal layout ms | no: it outlives holders |
 //! | `/snowkeep/v1/ns/{namespace}/last/{machine_id:05}` | instance id of the last clean release | no |
 //! | `/snowkeep/v1/ns/{namespace}/instance/{instance_id}/{machine_id:05}` | empty: a stable instance id claimed this machine id (its claims find by key what it holds or released last; entries of neither are pruned) | no |
-//! | `/snowkeep/v1/ns/{namespace}/fence-count` | `base 0` and `absent_floor_ms 0`: fence keys are counted since the namespace was created ([`super::fence_count`]) | no |
+//! | `/snowkeep/v1/ns/{namespace}/fence-count` | `base 0` and `absent_floor_ms 0`: fence keys are counted since the namespace was created (`super::fence_count`) | no |
 //! | `/snowkeep/v1/ns/{namespace}/fence-count/{block:04}` | the block's own `base` and `absent_floor_ms`, once re-based | no |
 //! | `/snowkeep/v1/ns/{namespace}/fence-count/{block:04}/{nonce}` | empty: one per fence key created in the block (machine ids `64 × block` to `64 × block + 63`) | no |
 //! | `/snowkeep/v1/ns/{namespace}/requester/{requester}` | `id:floor,…` of an embedded requester's machine ids | yes, the requester's |
@@ -297,7 +297,7 @@ const APIKEYS: &str = "/snowkeep/v1/apikeys/";
 pub const AUTH_MODE: &str = "/snowkeep/v1/auth-mode";
 
 /// The restore record: the snapshot (sha256, revision) etcd was restored
-/// from by `scripts/etcd-snapshot restore`; see [`super::restore_record`].
+/// from by `scripts/etcd-snapshot restore`; see `super::restore_record`.
 pub const RESTORED: &str = "/snowkeep/v1/restored";
 const KEYHOLDS: &str = "/snowkeep/v1/keyholds/";
 
@@ -403,7 +403,7 @@ pub fn decode_record(key: &str, value: &[u8]) -> Result<Vec<(MachineId, Millis)>
 }
 
 /// A stored `value` as text for logs and errors, cut to
-/// [`QUOTED_VALUE_CHARS`] characters.
+/// `QUOTED_VALUE_CHARS` characters.
 pub fn quoted(value: &[u8]) -> String {
     let text = String::from_utf8_lossy(value);
     match text.char_indices().nth(QUOTED_VALUE_CHARS) {

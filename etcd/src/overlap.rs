@@ -74,7 +74,7 @@ impl EtcdStore {
 impl OverlapCheck {
     /// Every other namespace of the etcd with this namespace's bit split that
     /// has a fence or holder key in this server's machine-id range, in name
-    /// order (at most [`MAX_NAMESPACES`] namespaces are looked at).
+    /// order (at most `MAX_NAMESPACES` namespaces are looked at).
     pub async fn find(&mut self) -> Result<Vec<Overlap>, StoreError> {
         let root = keys::namespaces_root();
         let end = keys::prefix_end(root);

@@ -146,7 +146,7 @@ impl StateDocument {
     /// Parses and checks a document: INVALID ([`ImportError::Invalid`]) with
     /// the parse error's line and column, an unknown format or version, a bad
     /// namespace name, record, fence (outside the layout, or above its last
-    /// timestamp) or key (see [`import_checks`]), or anything named
+    /// timestamp) or key (see `import_checks`), or anything named
     /// twice.
     pub fn parse(text: &str) -> Result<Self, ImportError> {
         let doc: StateDocument = serde_json::from_str(text).map_err(|e| {

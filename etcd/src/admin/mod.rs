@@ -2,7 +2,7 @@
 //! in etcd: the inventory of namespaces, machine ids and Lease API
 //! requesters, eviction, and the export and import of snowkeep's state.
 //! Every value is decoded with the codecs of [`super::keys`],
-//! [`super::namespace`] and [`super::fence_count`], never by hand.
+//! `super::namespace` and `super::fence_count`, never by hand.
 //!
 //! **Eviction** revokes the etcd lease a holder key is bound to. etcd deletes
 //! every key of that lease (all the holder's machine ids; a requester's

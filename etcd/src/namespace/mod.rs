@@ -40,7 +40,7 @@
 //! snapshot taken within about `ROLLBACK_SLACK` revisions of the acknowledged
 //! gap is never seen, nor one whose gap non-writing entries closed before a
 //! check. The runbook's restore (`scripts/etcd-snapshot restore`) marks every
-//! record rolled-back itself, and [`guard`] first asks the revision witness
+//! record rolled-back itself, and `guard` first asks the revision witness
 //! ([`super::witness`]), which sees a restore a running server lived through.
 
 mod rollback;
