@@ -5,7 +5,7 @@
 //! takes the [`ServerTls`] configuration current at that moment
 //! ([`ServerTls::acceptor`]) and `limits::conn::GuardedIo` runs the
 //! handshake on the connection's own task, under the listener's handshake
-//! timeout. [`ServerTls::reload`] re-reads the files every
+//! timeout. `ServerTls::reload` re-reads the files every
 //! `--tls-reload-interval`; when their content changed and parses, the new
 //! certificate, key and client CA serve every connection accepted from then
 //! on. Connections already open keep the session they negotiated, and the

@@ -13,10 +13,10 @@
 //!   probes and the peers' clock checks need.
 //! * **Per key**: one API key has at most `--max-calls-per-key` unary calls
 //!   and `--max-streams-per-key` streams in progress on a server
-//!   ([`PerKey`]), so one key cannot take every slot of its pool.
+//!   (`PerKey`), so one key cannot take every slot of its pool.
 //! * **Request deadline**: a call whose request message has not fully
 //!   arrived `--request-timeout` after its headers is answered
-//!   DEADLINE_EXCEEDED and frees its slot ([`receive`]). For the methods
+//!   DEADLINE_EXCEEDED and frees its slot (`receive`). For the methods
 //!   whose request is a stream (reflection, the streamed import) the
 //!   deadline holds for its first message, and each later message is due
 //!   within `--request-timeout` of the one before: a stream that pauses

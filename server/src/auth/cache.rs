@@ -20,7 +20,7 @@
 //! knows the revision through which it has applied every change (the
 //! list's, then each watch event's). Nothing replaces a record with an older
 //! one, and no older write brings back a deleted key: a server's own write,
-//! noted at once ([`KeyCache::note`]), may reach the cache after the watch
+//! noted at once (`KeyCache::note`), may reach the cache after the watch
 //! delivered a later change (a revocation through another server), and the
 //! watch then delivers the noted write again.
 

@@ -4,7 +4,7 @@
 //!
 //! **At start** a server on etcd reads the stored mode before its
 //! administration service gets etcd access or it claims a machine id
-//! ([`ClusterAuth::settle`]):
+//! (`ClusterAuth::settle`):
 //!
 //! | `--auth` | stored absent | stored `off` | stored `on` |
 //! | --- | --- | --- | --- |
@@ -24,7 +24,7 @@
 //! keys, so it serves only health, reflection and an anonymous GetInfo
 //! (version and clock); every other call gets UNAVAILABLE. With `--auth on`
 //! keys are checked from the start. Calls admitted without a key check end
-//! when the mode turns on ([`ClusterAuth::turned_on`]).
+//! when the mode turns on (`ClusterAuth::turned_on`).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -146,7 +146,7 @@ fn encode(e: Enforcement) -> u8 {
 
 impl ClusterAuth {
     /// A server on etcd with `--auth` `flag`: checks keys from the start
-    /// with `--auth on`, else waits for [`ClusterAuth::settle`].
+    /// with `--auth on`, else waits for `ClusterAuth::settle`.
     pub fn on_etcd(flag: Option<AuthMode>) -> Self {
         let start = match flag {
             Some(AuthMode::On) => Enforcement::On,

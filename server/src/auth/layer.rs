@@ -1,7 +1,7 @@
 //! The authentication layer: checks each call's API key before any handler
 //! runs (see [`super`] for the rules), counts the result in
 //! `snowkeep_auth_requests_total`, and hands the handler the key's id
-//! (`audit::CallerKey`) and scope ([`KeyScope`]) in the request's
+//! (`audit::CallerKey`) and scope (`KeyScope`) in the request's
 //! extensions.
 
 use std::collections::HashMap;
