@@ -48,7 +48,7 @@ impl ConnState {
     }
 
     fn ms_since_opened(&self) -> u64 {
-        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
+        snowkeep_client::Millis::of(self.opened.elapsed()).get()
     }
 
     /// A new clock of a call's unsent response message, watched by this

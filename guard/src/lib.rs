@@ -5,14 +5,12 @@
 //!
 //! It knows none of snowkeep's protobuf messages: the server hands the call
 //! limits a [`limits::Weigh`] that reads how much memory a call's response
-//! can hold from its request. It depends on no other snowkeep crate (they all
-//! sit above the protos): the names of its metrics are spelled again in
-//! [`metric_names`], checked against the catalog by the server's tests.
+//! can hold from its request. From the crates below it takes the
+//! metric names of the catalog and `DisplayChain` (`snowkeep-core`) and
+//! `Backoff` and `Millis` (`snowkeep-client`).
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`metric_names`] | the names of the metrics it records (entries of `snowkeep_core::metrics`) |
-//! | `chain` | an error with its sources, for logs and statuses |
 //! | [`conn_info`] | what a connection shares with its calls (`ConnInfo`, `ConnState`) |
 //! | [`allow`] | the `--allow-cidrs` allow-list layer (PERMISSION_DENIED for other peers) |
 //! | [`tls`] | TLS on the gRPC port: the files, their reload, the acceptor new connections take |
@@ -20,11 +18,9 @@
 //!
 //! No two of these modules import each other, directly or through others
 //! (the server's `tests/layering.rs` checks it): `limits` uses the others,
-//! `allow` uses `conn_info`, `tls` uses `metric_names` and `chain`.
+//! `allow` uses `conn_info`.
 
 pub mod allow;
-mod chain;
 pub mod conn_info;
 pub mod limits;
-pub mod metric_names;
 pub mod tls;

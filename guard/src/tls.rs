@@ -29,7 +29,7 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::metric_names as m;
+use snowkeep_core::metrics as m;
 
 /// The TLS flags, validated: which files to serve and how often to re-read
 /// them.
@@ -291,7 +291,7 @@ impl Reloader {
     /// `Some(true)` when it swapped, `Some(false)` when a change was refused,
     /// `None` when nothing changed since the last look.
     fn look(&mut self) -> Option<bool> {
-        let now = read_all(&self.settings).map_err(|e| crate::chain::DisplayChain(&e).to_string());
+        let now = read_all(&self.settings).map_err(|e| snowkeep_core::DisplayChain(&e).to_string());
         if now == self.seen {
             return None;
         }
@@ -317,7 +317,7 @@ impl Reloader {
                 Some(true)
             }
             Err(e) => {
-                warn!(error = %crate::chain::DisplayChain(&e), "TLS files changed but do not parse; new connections keep the previous certificate until they are fixed");
+                warn!(error = %snowkeep_core::DisplayChain(&e), "TLS files changed but do not parse; new connections keep the previous certificate until they are fixed");
                 reloads("error").increment(1);
                 Some(false)
             }

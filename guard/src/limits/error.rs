@@ -168,8 +168,8 @@ impl From<LimitError> for Status {
     /// them).
     fn from(err: LimitError) -> Self {
         let code = err.code();
-        let message = crate::chain::DisplayChain(&err).to_string();
-        debug!(code = ?code, error = %crate::chain::DisplayChain(&err), "request refused");
+        let message = snowkeep_core::DisplayChain(&err).to_string();
+        debug!(code = ?code, error = %snowkeep_core::DisplayChain(&err), "request refused");
         Status::new(code, message)
     }
 }

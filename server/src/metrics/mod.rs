@@ -39,32 +39,3 @@ pub fn install_recorder() -> Result<PrometheusHandle, BuildError> {
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     Ok(handle)
 }
-
-#[cfg(test)]
-mod tests {
-    use snowkeep_guard::metric_names as guard;
-
-    /// The guard spells the names of its metrics again (it cannot depend
-    /// on `snowkeep_core`): each must be the catalog's.
-    #[test]
-    fn the_guards_metric_names_are_the_catalogs() {
-        let pairs = [
-            (
-                guard::CONNECTIONS_REFUSED_TOTAL,
-                super::CONNECTIONS_REFUSED_TOTAL,
-            ),
-            (
-                guard::STREAM_SEND_STALLS_TOTAL,
-                super::STREAM_SEND_STALLS_TOTAL,
-            ),
-            (guard::TLS_RELOADS_TOTAL, super::TLS_RELOADS_TOTAL),
-            (
-                guard::TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS,
-                super::TLS_CERTIFICATE_EXPIRY_TIMESTAMP_SECONDS,
-            ),
-        ];
-        for (guard, catalog) in pairs {
-            assert_eq!(guard, catalog);
-        }
-    }
-}

@@ -59,7 +59,7 @@ pub(super) struct Stalls {
 impl Default for Stalls {
     fn default() -> Self {
         Self {
-            total: metrics::counter!(crate::metric_names::STREAM_SEND_STALLS_TOTAL),
+            total: metrics::counter!(snowkeep_core::metrics::STREAM_SEND_STALLS_TOTAL),
             log: Arc::new(Mutex::new(Throttle::new(WARN_PERIOD))),
         }
     }
@@ -78,7 +78,7 @@ impl Accepting {
         } = from;
         // Registered at 0, so the series exist before the first refusal.
         let refused = |reason: &'static str| {
-            let c = metrics::counter!(crate::metric_names::CONNECTIONS_REFUSED_TOTAL, "listener" => limits.name, "reason" => reason);
+            let c = metrics::counter!(snowkeep_core::metrics::CONNECTIONS_REFUSED_TOTAL, "listener" => limits.name, "reason" => reason);
             c.increment(0);
             c
         };
@@ -110,9 +110,7 @@ impl Accepting {
     /// The next connection admitted; connections refused are closed and
     /// accept errors backed off from on the way.
     pub(super) async fn next(&mut self) -> GuardedIo {
-        // Doubles from the least to the most delay, without jitter (the
-        // schedule of `snowkeep_client::Backoff`, which this crate cannot reach).
-        let mut next_delay = ACCEPT_BACKOFF_MIN.min(ACCEPT_BACKOFF_MAX);
+        let mut backoff = snowkeep_client::Backoff::new(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX);
         loop {
             match self.incoming.next().await {
                 Some(Ok(stream)) => {
@@ -121,8 +119,7 @@ impl Accepting {
                     }
                 }
                 Some(Err(error)) => {
-                    let delay = next_delay;
-                    next_delay = delay.saturating_mul(2).min(ACCEPT_BACKOFF_MAX);
+                    let delay = backoff.next_delay();
                     if let Some(held_back) = self.accept_errors.hit(Instant::now()) {
                         warn!(
                             listener = self.limits.name,
