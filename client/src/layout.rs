@@ -165,6 +165,25 @@ impl Layout {
     pub fn max_timestamp(&self) -> Millis {
         Millis((1u64 << self.timestamp_bits) - 1)
     }
+    /// Bits of the whole id: `timestamp_bits + machine_bits + sequence_bits`,
+    /// 32 to 63. Ids are below `2^total_bits`.
+    pub fn total_bits(&self) -> u8 {
+        self.timestamp_bits + self.machine_bits + self.sequence_bits
+    }
+    /// The largest id the layout can express: `2^total_bits - 1`
+    /// (`2^53 - 1` for a JavaScript-safe layout).
+    pub fn max_id(&self) -> u64 {
+        (1u64 << self.total_bits()) - 1
+    }
+    /// The time unit of the timestamp field, in ms: 1, 10, 100 or 1000.
+    pub fn time_unit_ms(&self) -> u64 {
+        1
+    }
+    /// The Unix time (ms) at which the timestamp field runs out: the first
+    /// ms no id of this layout can carry, `epoch + max_timestamp + 1`.
+    pub fn end_unix_ms(&self) -> u64 {
+        self.to_unix_ms(self.max_timestamp()).saturating_add(1)
+    }
     /// True when `machine_id` fits in `machine_bits`.
     pub fn contains(&self, machine_id: MachineId) -> bool {
         u32::from(machine_id.0) < self.machine_id_count()
