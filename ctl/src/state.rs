@@ -51,7 +51,8 @@ pub struct NamespaceArg {
 pub struct DecodeArgs {
     /// The id (decimal).
     id: u64,
-    /// The layout, as the server's --layout: `T/M/S` or `T/M/S@EPOCH_MS`.
+    /// The layout, as the server's --layout: `T/M/S`, `T/M/S@EPOCH_MS`,
+    /// either with `/UNIT` (10ms, 100ms, 1s), or `js53`.
     #[arg(long, env = "SNOWKEEP_LAYOUT", default_value = "41/12/10")]
     layout: String,
     /// The layout's epoch, ms since the Unix epoch or an RFC 3339 UTC time
@@ -100,17 +101,21 @@ fn layout_json(l: Option<&pb::Layout>) -> serde_json::Value {
             "machine_bits": l.machine_bits,
             "sequence_bits": l.sequence_bits,
             "epoch_unix_ms": l.epoch_unix_ms,
+            "time_unit_ms": l.time_unit_ms.max(1),
         }),
         None => serde_json::Value::Null,
     }
 }
 
+/// The layout in the `--layout` grammar (`41/12/10@1767225600000`, with
+/// `/10ms` for a coarser unit); a layout no server should send, raw.
 fn layout_text(l: Option<&pb::Layout>) -> String {
-    l.map(|l| {
-        format!(
-            "{}/{}/{}@{}",
+    l.map(|l| match Layout::try_from(l) {
+        Ok(layout) => layout.to_string(),
+        Err(e) => format!(
+            "{}/{}/{}@{} ({e})",
             l.timestamp_bits, l.machine_bits, l.sequence_bits, l.epoch_unix_ms
-        )
+        ),
     })
     .unwrap_or_default()
 }
@@ -136,7 +141,11 @@ fn utc(unix_ms: u64) -> String {
 /// The fields of `id` under `layout`, as JSON.
 fn decode(id: u64, layout: &Layout) -> anyhow::Result<serde_json::Value> {
     let Some(d) = layout.decode(id) else {
-        bail!("id {id} has its top bit set; snowkeep ids are 63-bit");
+        bail!(
+            "id {id} is above {}, the largest id of layout {layout} ({} bits)",
+            layout.max_id(),
+            layout.total_bits()
+        );
     };
     let unix_ms = layout.to_unix_ms(d.timestamp);
     // A string: JSON numbers lose 64-bit precision in JavaScript.
@@ -152,7 +161,7 @@ fn decode(id: u64, layout: &Layout) -> anyhow::Result<serde_json::Value> {
 }
 
 fn parse_layout(spec: &str, epoch: Option<&str>) -> anyhow::Result<Layout> {
-    let mut spec = spec.trim().to_owned();
+    let spec = spec.trim();
     if let Some(epoch) = epoch {
         let ms = match epoch.parse::<u64>() {
             Ok(ms) => ms,
@@ -165,8 +174,8 @@ fn parse_layout(spec: &str, epoch: Option<&str>) -> anyhow::Result<Layout> {
                 u64::try_from(t.duration_since(UNIX_EPOCH)?.as_millis())?
             }
         };
-        let bits = spec.split('@').next().unwrap_or_default().to_owned();
-        spec = format!("{bits}@{ms}");
+        let layout = parse_layout(spec, None)?;
+        return Ok(layout.with_epoch(ms));
     }
     spec.parse::<Layout>()
         .map_err(|e| anyhow::anyhow!("--layout {spec:?}: {e}"))
@@ -531,5 +540,24 @@ mod tests {
         assert_eq!(rfc, layout);
         assert!(decode(1 << 63, &layout).is_err());
         assert!(parse_layout("41/12", None).is_err());
+    }
+
+    #[test]
+    fn a_js53_id_decodes_in_10ms_ticks() {
+        let layout = parse_layout("js53", None).unwrap();
+        // tick 100 (1,000 ms), machine id 5, sequence 7: (100 << 14) | (5 << 8) | 7.
+        let d = decode(1_639_687, &layout).unwrap();
+        assert_eq!(d["layout"], "39/6/8@1767225600000/10ms");
+        assert_eq!(d["timestamp_ms"], 1000);
+        assert_eq!(d["utc"], "2026-01-01T00:00:01.000Z");
+        assert_eq!(d["machine_id"], 5);
+        assert_eq!(d["sequence"], 7);
+        let moved = parse_layout("js53", Some("0")).unwrap();
+        assert_eq!(moved.to_string(), "39/6/8@0/10ms");
+        let err = decode(1 << 53, &layout).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "id 9007199254740992 is above 9007199254740991, the largest id of layout 39/6/8@1767225600000/10ms (53 bits)"
+        );
     }
 }

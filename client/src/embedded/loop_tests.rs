@@ -79,12 +79,7 @@ fn grant(expires_in_ms: u64) -> pb::LeaseGrant {
         }],
         lease_duration_ms: expires_in_ms,
         expires_in_ms,
-        layout: Some(pb::Layout {
-            timestamp_bits: u32::from(layout.timestamp_bits()),
-            machine_bits: u32::from(layout.machine_bits()),
-            sequence_bits: u32::from(layout.sequence_bits()),
-            epoch_unix_ms: layout.epoch_unix_ms(),
-        }),
+        layout: Some(pb::Layout::from(&layout)),
         lease_token: "ab".repeat(32),
         ..Default::default()
     }

@@ -257,16 +257,10 @@ fn check_grant(grant: &pb::LeaseGrant, asked: u32) -> Result<Layout, ClientError
     let l = grant
         .layout
         .ok_or(ClientError::BadLayout(crate::layout::LayoutError::Parse {
-            text: "missing".into(),
+            text: String::new(),
+            field: "shape",
         }))?;
-    let bits = |b: u32| u8::try_from(b).unwrap_or(u8::MAX);
-    let layout = Layout::new(
-        bits(l.timestamp_bits),
-        bits(l.machine_bits),
-        bits(l.sequence_bits),
-        l.epoch_unix_ms,
-    )
-    .map_err(ClientError::BadLayout)?;
+    let layout = Layout::try_from(&l).map_err(ClientError::BadLayout)?;
     if grant.machine_ids.len() != asked as usize {
         return Err(ClientError::GrantCount {
             asked,

@@ -148,7 +148,7 @@ pub struct Generator {
     state: Mutex<Issuer>,
     max_backward_wait: Duration,
     metrics: GeneratorMetrics,
-    /// Ids per step: `sequences_per_ms / STEP_SHARE`, at least 1.
+    /// Ids per step: `sequences_per_tick / STEP_SHARE`, at least 1.
     step: u64,
     /// Callers queued for `turn` (or holding it); while any are, new calls
     /// queue too instead of taking ahead of them.
@@ -268,7 +268,7 @@ impl Generator {
             grant,
             max_backward_wait,
             metrics,
-            step: (layout.sequences_per_ms() / STEP_SHARE).max(1),
+            step: (layout.sequences_per_tick() / STEP_SHARE).max(1),
             queued: AtomicUsize::new(0),
             turn: tokio::sync::Mutex::new(()),
             ticker,
@@ -348,7 +348,7 @@ impl Generator {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now_ns = self.clock.monotonic_ns();
         if state.same_grant() {
-            let per_ms = self.layout.sequences_per_ms();
+            let per_ms = self.layout.sequences_per_tick();
             if let Some(t) = state.sequence.take_again(now_ns, want, per_ms) {
                 drop(state);
                 self.count_issued(&t);
@@ -549,5 +549,7 @@ impl Drop for Queued<'_> {
     }
 }
 
+#[cfg(test)]
+mod shape_tests;
 #[cfg(test)]
 mod tests;

@@ -76,7 +76,7 @@ struct Cursor {
     machine_id: MachineId,
     /// The last timestamp stamped, or the grant floor before any stamp.
     last: Millis,
-    /// The next free sequence at `last`; `sequences_per_ms` when used up.
+    /// The next free sequence at `last`; `sequences_per_tick` when used up.
     next_seq: u64,
 }
 
@@ -186,7 +186,7 @@ impl SequenceState {
         now_mono: Instant,
         max_backward_wait: Duration,
     ) -> Result<Admit, GenerateError> {
-        let last = self.cursor_for(grant, layout.sequences_per_ms()).last;
+        let last = self.cursor_for(grant, layout.sequences_per_tick()).last;
         admit(layout, grant, last, now_unix, now_mono, max_backward_wait)
     }
 
@@ -207,7 +207,7 @@ impl SequenceState {
         max_backward_wait: Duration,
     ) -> Result<Step, GenerateError> {
         let span = self.window_span(grant, now_ns, now_mono);
-        let per_ms = layout.sequences_per_ms();
+        let per_ms = layout.sequences_per_tick();
         let cursor = self.cursor_for(grant, per_ms);
         let admitted = admit(
             layout,
@@ -233,7 +233,7 @@ impl SequenceState {
         };
         if now > cursor.last {
             cursor.last = now;
-            cursor.next_seq = 0;
+            cursor.next_seq = first_sequence(cursor.next_seq, per_ms);
         } else if cursor.next_seq >= per_ms {
             return Ok(Step::SequenceExhausted);
         }
@@ -263,6 +263,28 @@ impl Cursor {
     }
 }
 
+/// The sequence a new tick starts at, given where the last tick left off
+/// (`left_off`, its next free sequence; `per_tick` when used up or when
+/// nothing was stamped yet): `left_off` while it is below half the range,
+/// else 0.
+///
+/// Why: restarting at 0 in every tick makes the low bits of ids taken at low
+/// traffic all 0 (at one id per ms, `id % 16` is always 0 and a table
+/// sharded by `id % 16` fills one shard). Going on from where the last tick
+/// left off spreads them over the whole range. Resetting once the last tick
+/// passed half the range (CosId's `sequenceResetThreshold` rule) keeps at
+/// least half of a tick's sequences usable when traffic rises, and a
+/// saturated machine id (every tick used up) starts each tick at 0, so it
+/// still reaches the layout's limit. Ids stay strictly ascending: a later
+/// tick is a larger timestamp field, whatever its first sequence.
+pub(super) fn first_sequence(left_off: u64, per_tick: u64) -> u64 {
+    if left_off < per_tick / 2 {
+        left_off
+    } else {
+        0
+    }
+}
+
 /// What the clock allows under a grant, before any sequence is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Admit {
@@ -285,11 +307,16 @@ pub(super) enum Admit {
 ///
 /// 1. the monotonic clock is before the grant's deadline, if any;
 /// 2. the wall clock is at or after the layout's epoch;
-/// 3. it is above the floor (the previous holders' fences);
+/// 3. the first ms of its tick ([`Layout::tick_start`], the ms itself at
+///    1 ms units) is above the floor (the previous holders' fences), so a
+///    tick the previous holder could stamp is never stamped again;
 /// 4. it is at or below the fence persisted for this holder;
 /// 5. it is at or below the layout's last timestamp;
-/// 6. it has not stepped back from `last` further than `max_backward_wait`
-///    (a smaller step is [`Admit::Backward`], waited out).
+/// 6. its tick has not stepped back from `last` further than
+///    `max_backward_wait` (a smaller step is [`Admit::Backward`], waited out).
+///
+/// What it admits is the tick's first ms: every reading within one tick
+/// stamps the same value.
 ///
 /// The fence comes before the backwards step: a clock past the fence is
 /// refused at once, not after waiting out a step.
@@ -307,9 +334,12 @@ pub(super) fn admit(
     let now = layout
         .to_layout_ms(now_unix)
         .ok_or(GenerateError::ClockBeforeEpoch)?;
-    if now <= grant.floor {
+    let stamp = layout.tick_start(now);
+    if stamp <= grant.floor {
+        // The first ms of the tick after the floor's.
+        let above = layout.tick_start(grant.floor).0 + layout.time_unit_ms();
         return Err(GenerateError::ClockBehindFloor {
-            wait: Duration::from_millis(grant.floor.0 - now.0 + 1),
+            wait: Duration::from_millis(above - now.0),
         });
     }
     if now > grant.fence {
@@ -320,7 +350,7 @@ pub(super) fn admit(
             max: layout.max_timestamp(),
         });
     }
-    if now < last {
+    if stamp < last {
         let by = Duration::from_millis(last.0 - now.0);
         if by <= max_backward_wait {
             return Ok(Admit::Backward { wait: by });
@@ -330,5 +360,5 @@ pub(super) fn admit(
             max: max_backward_wait,
         });
     }
-    Ok(Admit::Now(now))
+    Ok(Admit::Now(stamp))
 }

@@ -83,7 +83,7 @@ impl GeneratorSet {
     pub async fn next_ids(&self, count: u64) -> Result<Vec<u64>, GenerateError> {
         // Small batches (the common case) go to one machine id: decide that
         // before checking every generator's readiness, which reads the clock.
-        if self.generators.len() == 1 || count <= self.layout().sequences_per_ms() {
+        if self.generators.len() == 1 || count <= self.layout().sequences_per_tick() {
             return self.pick_ref().next_ids(count).await;
         }
         let ready: Vec<&Arc<Generator>> = self.generators.iter().filter(|g| g.is_ready()).collect();

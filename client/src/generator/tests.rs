@@ -249,14 +249,15 @@ fn a_wall_step_inside_the_last_readings_millisecond_is_seen_by_the_next_reading(
             wait: Duration::from_millis(39)
         })
     );
-    // Forward to 4000 (inside the fence): 4000 from the next reading on.
+    // Forward to 4000 (inside the fence): 4000 from the next reading on,
+    // its sequence going on from where ms 1000 left off (4).
     clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 4000);
-    assert_eq!(ids(g.try_take(1).unwrap()), vec![at(4000, 0)]);
+    assert_eq!(ids(g.try_take(1).unwrap()), vec![at(4000, 4)]);
     // Forward past the fence (5000) inside the millisecond: the stamp stays
     // 4000 (at or below the fence); the next reading refuses.
     clock.set_unix_ms(DEFAULT_EPOCH_UNIX_MS + 6000);
     clock.advance(us(1));
-    assert_eq!(ids(g.try_take(1).unwrap()), vec![at(4000, 1)]);
+    assert_eq!(ids(g.try_take(1).unwrap()), vec![at(4000, 5)]);
     clock.advance(us(999));
     assert_eq!(
         g.try_take(1),
@@ -697,9 +698,9 @@ async fn an_id_reads_one_clock_and_the_wall_clock_is_read_once_per_millisecond()
     }
     assert_eq!(clock.counts(), [1, 1, 101]);
     // 1 ms of monotonic time after the reading the clocks are read again,
-    // once.
+    // once; ms 1001 goes on from sequence 100, where ms 1000 left off.
     manual.advance(Duration::from_micros(900));
-    let next = ((1001u64 << 12) | 5) << 10;
+    let next = (((1001u64 << 12) | 5) << 10) + 100;
     for seq in 0..100 {
         assert_eq!(g.next_id().await, Ok(next + seq));
         manual.advance(Duration::from_micros(1));
@@ -707,6 +708,8 @@ async fn an_id_reads_one_clock_and_the_wall_clock_is_read_once_per_millisecond()
     assert_eq!(clock.counts(), [2, 2, 201]);
     // A batch is one step: one cheap read for 28 ids.
     assert_eq!(g.next_ids(28).await, Ok((next + 100..next + 128).collect()));
+    // The sequence went on to 228 in ms 1001.
+    assert_eq!(next + 128, (((1001u64 << 12) | 5) << 10) + 228);
     assert_eq!(clock.counts(), [2, 2, 202]);
     manual.advance(Duration::from_micros(1));
     // A new grant (here an equal one, sent again) is read with the clocks.

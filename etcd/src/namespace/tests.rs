@@ -76,6 +76,31 @@ fn a_record_round_trips_and_stays_readable() {
 }
 
 #[test]
+fn a_record_keeps_a_coarser_unit_and_a_shorter_layout() {
+    let record = NamespaceRecord {
+        floor: Millis(1_005),
+        ..NamespaceRecord::new(Layout::js53(), 0)
+    };
+    let text = record.encode();
+    assert!(
+        text.starts_with("layout 39/6/8@1767225600000/10ms\nincarnation "),
+        "{text}"
+    );
+    let read = NamespaceRecord::parse(KEY, text.as_bytes()).unwrap();
+    assert_eq!(read.layout.time_unit_ms(), 10);
+    assert_eq!(read.layout.total_bits(), 53);
+    assert_eq!(read, record);
+    // An unknown unit (a newer version's, say) is refused, not read as 1 ms.
+    let newer = text.replace("/10ms", "/5ms");
+    let err = NamespaceRecord::parse(KEY, newer.as_bytes()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("time unit \"5ms\" is not supported"),
+        "{err}"
+    );
+}
+
+#[test]
 fn an_older_versions_plain_layout_reads_as_ok_without_incarnation() {
     let record = NamespaceRecord::parse(KEY, b"41/12/10@1767225600000").unwrap();
     assert_eq!(record.layout, Layout::default());

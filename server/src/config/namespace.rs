@@ -20,7 +20,10 @@ pub struct NamespaceArgs {
     /// characters of A-Z a-z 0-9 . _ -, starting with a letter or a digit.
     #[arg(long, env = "SNOWKEEP_NAMESPACE", default_value = DEFAULT_NAMESPACE)]
     pub namespace: String,
-    /// Id layout TIMESTAMP/MACHINE/SEQUENCE bits (sum 63), optional @EPOCH_UNIX_MS.
+    /// Id layout TIMESTAMP/MACHINE/SEQUENCE bits (sum 32 to 63), optional
+    /// @EPOCH_UNIX_MS, optional /UNIT (1ms, 10ms, 100ms, 1s); or js53, the
+    /// JavaScript-safe 39/6/8@1767225600000/10ms. A namespace keeps the layout
+    /// it was created with.
     #[arg(long, env = "SNOWKEEP_LAYOUT", default_value = DEFAULT_LAYOUT)]
     pub layout: String,
     /// Instance id. Setting it marks a stable instance that gets its machine id

@@ -96,7 +96,12 @@ impl pb::info_service_server::InfoService for InfoHandler {
     ) -> Result<Response<pb::DecodeIdResponse>, Status> {
         let id = request.into_inner().id;
         let layout = self.generators.layout();
-        let d = layout.decode(id).ok_or(ApiError::InvalidId { id })?;
+        let d = layout.decode(id).ok_or_else(|| ApiError::InvalidId {
+            id,
+            max: layout.max_id(),
+            layout: layout.to_string(),
+            bits: layout.total_bits(),
+        })?;
         Ok(Response::new(pb::DecodeIdResponse {
             timestamp_ms: d.timestamp.get(),
             unix_ms: layout.to_unix_ms(d.timestamp),

@@ -71,9 +71,19 @@ pub enum ApiError {
         /// Machine bits of the namespace's layout.
         machine_bits: u8,
     },
-    /// An id with the sign bit set.
-    #[error("id {id} has its top bit set; snowkeep ids are 63-bit")]
-    InvalidId { id: u64 },
+    /// An id above the layout's largest (for 63 bits: the sign bit set).
+    #[error(
+        "id {id} is above {max}, the largest id of the namespace's layout {layout} ({bits} bits)"
+    )]
+    InvalidId {
+        id: u64,
+        /// `2^bits - 1`.
+        max: u64,
+        /// The layout, as `--layout` reads it.
+        layout: String,
+        /// The layout's bits in all.
+        bits: u8,
+    },
     /// A `StreamIds` call ended before it sent `total` ids (or, for an
     /// unbounded stream, ended at all). The message names the ids sent, the
     /// ids asked for and what to do; the code is the cause's.

@@ -137,10 +137,11 @@ fn layout_text(layout: Option<&pb::Layout>) -> String {
     match layout {
         None => "unknown".to_owned(),
         Some(l) => format!(
-            "{} timestamp + {} machine + {} sequence bits, epoch {}",
+            "{} timestamp + {} machine + {} sequence bits, {} ms ticks, epoch {}",
             l.timestamp_bits,
             l.machine_bits,
             l.sequence_bits,
+            l.time_unit_ms.max(1),
             rfc3339(l.epoch_unix_ms)
         ),
     }

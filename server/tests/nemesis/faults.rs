@@ -505,7 +505,7 @@ impl Nemesis {
         // the replacement may wait that out, and serves once its clock is
         // past it.
         let wait = lead() + Duration::from_secs(10);
-        let mut args = Topology::args(&self.topo.etcd.endpoints(), &id);
+        let mut args = self.topo.args(&self.topo.etcd.endpoints(), &id);
         args.extend([
             "--machine-id-range".to_owned(),
             range,
@@ -606,7 +606,7 @@ impl Nemesis {
         let mut burst = Vec::new();
         for _ in 0..50 {
             let id = self.next_extra("burst");
-            let args = Topology::args(&endpoints, &id);
+            let args = self.topo.args(&endpoints, &id);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             burst.push((id, topology::spawn(&args, &WallClock::Real)));
         }

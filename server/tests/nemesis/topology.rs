@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use snowkeep_client::Layout;
 use tokio::sync::watch;
 
 use crate::proxy::FaultProxy;
@@ -61,11 +62,13 @@ pub struct Topology {
     pub slots: Vec<Slot>,
     /// Follows slot 0: the embedded generator's Lease API endpoint.
     pub embedded_proxy: FaultProxy,
+    /// The namespace's layout, every server's `--layout`.
+    pub layout: Layout,
 }
 
 impl Topology {
-    /// Starts etcd and three serving servers.
-    pub async fn start() -> Self {
+    /// Starts etcd and three serving servers on a namespace of `layout`.
+    pub async fn start(layout: Layout) -> Self {
         let etcd = EtcdProcess::cluster(3).await;
         let mut slots = Vec::new();
         for i in 0..3 {
@@ -86,6 +89,7 @@ impl Topology {
             etcd,
             slots,
             embedded_proxy,
+            layout,
         };
         for i in 0..3 {
             topo.spawn(i, false, &WallClock::Real);
@@ -112,9 +116,12 @@ impl Topology {
     }
 
     /// Server arguments shared by every process of the run.
-    pub fn args(etcd_endpoints: &str, instance_id: &str) -> Vec<String> {
+    pub fn args(&self, etcd_endpoints: &str, instance_id: &str) -> Vec<String> {
         let budget = format!("{}s", BUDGET.as_secs());
+        let layout = self.layout.to_string();
         [
+            "--layout",
+            &layout,
             "--etcd-endpoints",
             etcd_endpoints,
             "--namespace",
@@ -147,7 +154,7 @@ impl Topology {
             self.slots[i].generation += 1;
             self.slots[i].instance_id = format!("s{i}-g{}", self.slots[i].generation);
         }
-        let args = Self::args(&self.etcd_endpoints(i), &self.slots[i].instance_id);
+        let args = self.args(&self.etcd_endpoints(i), &self.slots[i].instance_id);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let process = spawn(&args, clock);
         let target = Target {

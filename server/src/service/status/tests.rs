@@ -13,7 +13,15 @@ fn each_error_maps_to_its_code() {
             ApiError::InvalidBatchSize { got: 1, max: 1 },
             Code::InvalidArgument,
         ),
-        (ApiError::InvalidId { id: 1 << 63 }, Code::InvalidArgument),
+        (
+            ApiError::InvalidId {
+                id: 1 << 63,
+                max: (1 << 63) - 1,
+                layout: "41/12/10@1767225600000".into(),
+                bits: 63,
+            },
+            Code::InvalidArgument,
+        ),
         (
             ApiError::Store(StoreError::Timeout {
                 op: "x",

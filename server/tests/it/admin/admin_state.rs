@@ -76,6 +76,7 @@ async fn inventories_are_exact_for_two_servers_and_a_requester() {
             machine_bits: 12,
             sequence_bits: 10,
             epoch_unix_ms: 1_767_225_600_000,
+            time_unit_ms: 1,
         })
     );
     let c = list[0].capacity.clone().unwrap();

@@ -2,6 +2,7 @@
 //! overlapping namespaces, duplicate instance ids, tampered etcd state.
 
 mod config_refusals;
+mod id_shapes;
 mod instance_ids;
 mod layout_change;
 mod namespace_overlap;
