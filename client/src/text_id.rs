@@ -27,8 +27,8 @@ const BITS_PER_CHAR: u8 = 5;
 
 /// The number of characters of every id text of a `total_bits`-bit layout:
 /// `ceil(total_bits / 5)` (13 for 63 bits, 11 for 53).
-pub fn width(total_bits: u8) -> usize {
-    usize::from(total_bits.div_ceil(BITS_PER_CHAR))
+pub const fn width(total_bits: u8) -> usize {
+    total_bits.div_ceil(BITS_PER_CHAR) as usize
 }
 
 /// Why a text is not an id of the layout.

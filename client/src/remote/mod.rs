@@ -200,8 +200,12 @@ impl RemoteClient {
     pub async fn stream_ids(&self, total: u64, batch_size: u32) -> Result<IdStream, ClientError> {
         let batches = self
             .with_retries(|mut c| async move {
-                c.stream_ids(pb::StreamIdsRequest { total, batch_size })
-                    .await
+                c.stream_ids(pb::StreamIdsRequest {
+                    total,
+                    batch_size,
+                    ..Default::default()
+                })
+                .await
             })
             .await?;
         Ok(IdStream::new(batches, total))
@@ -236,6 +240,7 @@ mod tests {
                 Some(code) => Err(Status::new(code, "refused")),
                 None => Ok(Response::new(pb::NextIdsResponse {
                     ids: (1..=u64::from(request.into_inner().count)).collect(),
+                    ..Default::default()
                 })),
             }
         }

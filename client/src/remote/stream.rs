@@ -115,7 +115,10 @@ mod tests {
     use super::*;
 
     fn batch(ids: std::ops::Range<u64>) -> Result<pb::IdBatch, Status> {
-        Ok(pb::IdBatch { ids: ids.collect() })
+        Ok(pb::IdBatch {
+            ids: ids.collect(),
+            ..Default::default()
+        })
     }
 
     #[tokio::test]
