@@ -1,11 +1,12 @@
 //! Ids as text (`IdFormat::CrockfordBase32`) from a real single-instance
 //! server: unary batches and streams carry texts parallel to the ids that
 //! decode to exactly those ids and sort like them, and DecodeId reads a
-//! text like the number, refusing a bad one with INVALID_ARGUMENT.
+//! text like the number, refusing a bad one with INVALID_ARGUMENT; the Rust
+//! remote client asks for texts.
 
 use std::time::Duration;
 
-use snowkeep_client::text_id;
+use snowkeep_client::{text_id, RemoteClient, RemoteConfig};
 use snowkeep_proto::v1 as pb;
 use tonic::Code;
 
@@ -202,4 +203,24 @@ async fn decode_id_reads_a_text_like_the_number_and_names_a_bad_character() {
              text \"{text}\""
         )
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_remote_client_asks_for_texts() {
+    let (server, _state) = serving().await;
+    let client = RemoteClient::new(&[server.url()], RemoteConfig::default()).unwrap();
+    let pairs = client.next_ids_with_texts(100).await.unwrap();
+    let (ids, texts): (Vec<u64>, Vec<String>) = pairs.into_iter().unzip();
+    assert_eq!(ids.len(), 100);
+    assert_texts_are_the_ids(&ids, &texts);
+
+    let mut stream = client.stream_ids_with_texts(1500, 1000).await.unwrap();
+    let (mut all_ids, mut all_texts) = (Vec::new(), Vec::new());
+    while let Some(batch) = stream.message().await.unwrap() {
+        all_ids.extend(batch.ids);
+        all_texts.extend(batch.texts);
+    }
+    assert_eq!(all_ids.len(), 1500);
+    assert!(all_ids[0] > ids[99]);
+    assert_texts_are_the_ids(&all_ids, &all_texts);
 }
