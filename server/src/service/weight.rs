@@ -311,6 +311,35 @@ mod tests {
             s.message(),
             "batch_size 10000 makes 80004-byte messages, over this server's limit of 65536 bytes (--max-send-message-size); use a batch_size of at most 8191"
         );
+        // With texts, 15 more bytes per id: 3000 ids fit without, not with.
+        let texts = |count| {
+            frame(&pb::NextIdsRequest {
+                count,
+                format: pb::IdFormat::CrockfordBase32.into(),
+                ..Default::default()
+            })
+        };
+        let numbers = frame(&pb::NextIdsRequest {
+            count: 3000,
+            ..Default::default()
+        });
+        assert!(weigh(NEXT_IDS, &numbers, 64 * 1024).is_ok());
+        let s = status(weigh(NEXT_IDS, &texts(3000), 64 * 1024).unwrap_err());
+        assert_eq!(
+            s.message(),
+            "3000 ids make a 69004-byte response message, over this server's limit of 65536 bytes (--max-send-message-size); ask for at most 2849 ids per call"
+        );
+        let held = weigh(NEXT_IDS, &texts(2849), 64 * 1024).unwrap();
+        let plain = weigh(
+            NEXT_IDS,
+            &frame(&pb::NextIdsRequest {
+                count: 2849,
+                ..Default::default()
+            }),
+            64 * 1024,
+        )
+        .unwrap();
+        assert_eq!(held - plain, 2849 * (15 + 24 + 16));
     }
 
     /// Every server-streaming method the server serves is in the streams
