@@ -155,6 +155,18 @@ pub enum ClientError {
         /// Ids asked for.
         total: u64,
     },
+    /// A call that asked for the ids as text (`IdFormat` Crockford base32)
+    /// got a different number of texts than ids: the server predates texts
+    /// and ignored the request's `format`. Another (upgraded) server may
+    /// answer; or encode the ids with [`crate::text_id::encode`] under the
+    /// namespace's layout.
+    #[error("asked for ids as text, the server returned {ids} ids and {texts} texts: it predates IdFormat; upgrade it, or encode the ids with snowkeep_client::text_id under the namespace's layout")]
+    NoTexts {
+        /// Ids received.
+        ids: usize,
+        /// Texts received.
+        texts: usize,
+    },
 }
 
 impl ClientError {
@@ -164,7 +176,8 @@ impl ClientError {
             ClientError::Status(s) => is_retryable_code(s.code()),
             ClientError::Resolve { .. }
             | ClientError::PoolEmpty { .. }
-            | ClientError::ShortStream { .. } => true,
+            | ClientError::ShortStream { .. }
+            | ClientError::NoTexts { .. } => true,
             ClientError::InvalidEndpoint { .. }
             | ClientError::Tls { .. }
             | ClientError::NoServers

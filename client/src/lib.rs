@@ -10,6 +10,7 @@
 //! | [`generator`] | `Generator` and `Grant`: stamping under a fence and a lease deadline |
 //! | [`embedded`] | `EmbeddedGenerator`: ids in process from machine ids leased through the Lease API |
 //! | [`remote`] | `RemoteClient` (several servers, retries) and `IdPool` (prefetch) |
+//! | [`text_id`] | the text form of ids: fixed-width Crockford base32 that sorts like the ids |
 //! | [`error`] | `GenerateError`, `ClientError`, `StopReason` |
 //! | [`api_key`] | `ApiKey`: the key a client sends as `authorization: Bearer <id>.<secret>` on every call |
 //! | `tls` (feature `tls`) | `ClientTls`: TLS and mTLS to the servers |
@@ -26,6 +27,7 @@ pub mod error;
 pub mod generator;
 pub mod layout;
 pub mod remote;
+pub mod text_id;
 #[cfg(feature = "tls")]
 pub mod tls;
 
@@ -37,5 +39,6 @@ pub use error::{ClientError, GenerateError, StopReason};
 pub use generator::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, Grant, Taken};
 pub use layout::{DecodedId, Layout, LayoutError, MachineId, Millis};
 pub use remote::{IdPool, PoolConfig, RemoteClient, RemoteConfig};
+pub use text_id::TextIdError;
 #[cfg(feature = "tls")]
 pub use tls::ClientTls;

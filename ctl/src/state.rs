@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use serde_json::json;
-use snowkeep_client::Layout;
+use snowkeep_client::{text_id, Layout};
 use snowkeep_proto::v1 as pb;
 
 use crate::conn::ConnArgs;
@@ -27,7 +27,8 @@ pub enum StateCommand {
     Requesters(NamespaceArg),
     /// Show a namespace's capacity.
     Capacity(NamespaceArg),
-    /// Decode an id offline (no server): timestamp, machine id, sequence.
+    /// Decode an id offline (no server), given as a number or as its
+    /// Crockford base32 text: timestamp, machine id, sequence, both forms.
     Decode(DecodeArgs),
     /// Take a machine id from its holder (revokes the holder's etcd lease:
     /// it loses every machine id of that lease; the fence stays).
@@ -49,8 +50,15 @@ pub struct NamespaceArg {
 /// `decode`.
 #[derive(clap::Args)]
 pub struct DecodeArgs {
-    /// The id (decimal).
-    id: u64,
+    /// The id: decimal digits, or its fixed-width Crockford base32 text (as
+    /// IdService returns with ID_FORMAT_CROCKFORD_BASE32; 13 characters for
+    /// 63-bit layouts, any case, I and L read as 1, O as 0). An argument of
+    /// digits only is the number unless --text is given.
+    id: String,
+    /// Read the id as text even when it is digits only (a text can be, e.g.
+    /// 0000000000001).
+    #[arg(long)]
+    text: bool,
     /// The layout, as the server's --layout: `T/M/S`, `T/M/S@EPOCH_MS`,
     /// either with `/UNIT` (10ms, 100ms, 1s), or `js53`.
     #[arg(long, env = "SNOWKEEP_LAYOUT", default_value = "41/12/10")]
@@ -138,6 +146,19 @@ fn utc(unix_ms: u64) -> String {
     crate::output::utc(unix_ms, true)
 }
 
+/// The id `arg` names under `layout`: decimal digits are the number (unless
+/// `as_text`), anything else its Crockford base32 text
+/// (`snowkeep_client::text_id`).
+fn parse_id(arg: &str, as_text: bool, layout: &Layout) -> anyhow::Result<u64> {
+    let arg = arg.trim();
+    if !as_text && !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_digit()) {
+        return arg
+            .parse()
+            .with_context(|| format!("id {arg} does not fit 64 bits"));
+    }
+    Ok(text_id::decode(arg, layout.total_bits())?)
+}
+
 /// The fields of `id` under `layout`, as JSON.
 fn decode(id: u64, layout: &Layout) -> anyhow::Result<serde_json::Value> {
     let Some(d) = layout.decode(id) else {
@@ -151,6 +172,7 @@ fn decode(id: u64, layout: &Layout) -> anyhow::Result<serde_json::Value> {
     // A string: JSON numbers lose 64-bit precision in JavaScript.
     Ok(json!({
         "id": id.to_string(),
+        "text": text_id::encode(id, layout.total_bits()),
         "layout": layout.to_string(),
         "timestamp_ms": d.timestamp.get(),
         "unix_ms": unix_ms,
@@ -380,9 +402,11 @@ async fn show_capacity(ns: NamespaceArg, conn: &ConnArgs, output: Output) -> any
 /// `decode`: the id's fields under the given layout, offline.
 fn print_decoded(a: &DecodeArgs, output: Output) -> anyhow::Result<()> {
     let layout = parse_layout(&a.layout, a.epoch.as_deref())?;
-    let d = decode(a.id, &layout)?;
+    let id = parse_id(&a.id, a.text, &layout)?;
+    let d = decode(id, &layout)?;
     let rows = vec![vec![
-        a.id.to_string(),
+        id.to_string(),
+        d["text"].as_str().unwrap_or_default().to_owned(),
         d["timestamp_ms"].to_string(),
         d["utc"].as_str().unwrap_or_default().to_owned(),
         d["machine_id"].to_string(),
@@ -392,6 +416,7 @@ fn print_decoded(a: &DecodeArgs, output: Output) -> anyhow::Result<()> {
         output,
         &[
             "ID",
+            "TEXT",
             "TIMESTAMP (LAYOUT MS)",
             "UTC",
             "MACHINE ID",
@@ -540,6 +565,40 @@ mod tests {
         assert_eq!(rfc, layout);
         assert!(decode(1 << 63, &layout).is_err());
         assert!(parse_layout("41/12", None).is_err());
+        assert_eq!(d["text"], "0000003X00505");
+    }
+
+    #[test]
+    fn an_id_is_read_as_a_number_or_as_its_text() {
+        let layout = Layout::default();
+        assert_eq!(
+            parse_id("4194309125", false, &layout).unwrap(),
+            4_194_309_125
+        );
+        assert_eq!(
+            parse_id("0000003X00505", false, &layout).unwrap(),
+            4_194_309_125
+        );
+        assert_eq!(
+            parse_id("0000003x00505", false, &layout).unwrap(),
+            4_194_309_125
+        );
+        // Digits only: the number, unless --text.
+        assert_eq!(parse_id("0000000000010", false, &layout).unwrap(), 10);
+        assert_eq!(parse_id("0000000000010", true, &layout).unwrap(), 32);
+        assert_eq!(
+            parse_id("0000003U00505", false, &layout)
+                .unwrap_err()
+                .to_string(),
+            "id text \"0000003U00505\" has 'U' at position 8, which is not a Crockford base32 \
+             digit (0-9 and A-Z except U; I and L read as 1, O as 0)"
+        );
+        assert_eq!(
+            parse_id("99999999999999999999", false, &layout)
+                .unwrap_err()
+                .to_string(),
+            "id 99999999999999999999 does not fit 64 bits"
+        );
     }
 
     #[test]

@@ -191,6 +191,55 @@ impl RemoteClient {
         .map(|r| r.ids)
     }
 
+    /// `n` ids like [`RemoteClient::next_ids`], each with its text: the
+    /// fixed-width Crockford base32 form that sorts like the ids
+    /// ([`crate::text_id`]), written by the server for its layout.
+    ///
+    /// # Errors
+    /// As [`RemoteClient::next_ids`], and [`ClientError::NoTexts`] when the
+    /// server predates texts.
+    pub async fn next_ids_with_texts(&self, n: u32) -> Result<Vec<(u64, String)>, ClientError> {
+        let r = self
+            .with_retries(|mut c| async move {
+                c.next_ids(pb::NextIdsRequest {
+                    count: n,
+                    format: pb::IdFormat::CrockfordBase32.into(),
+                    ..Default::default()
+                })
+                .await
+            })
+            .await?;
+        if r.texts.len() != r.ids.len() {
+            return Err(ClientError::NoTexts {
+                ids: r.ids.len(),
+                texts: r.texts.len(),
+            });
+        }
+        Ok(r.ids.into_iter().zip(r.texts).collect())
+    }
+
+    /// A stream like [`RemoteClient::stream_ids`] whose batches carry each
+    /// id's text too (`IdBatch::texts`, parallel to `ids`; see
+    /// [`RemoteClient::next_ids_with_texts`]). A batch without them ends the
+    /// stream with [`ClientError::NoTexts`].
+    pub async fn stream_ids_with_texts(
+        &self,
+        total: u64,
+        batch_size: u32,
+    ) -> Result<IdStream, ClientError> {
+        let batches = self
+            .with_retries(|mut c| async move {
+                c.stream_ids(pb::StreamIdsRequest {
+                    total,
+                    batch_size,
+                    format: pb::IdFormat::CrockfordBase32.into(),
+                })
+                .await
+            })
+            .await?;
+        Ok(IdStream::new(batches, total).expecting_texts())
+    }
+
     /// A stream of ascending batches from one server (`total` 0 = until
     /// dropped; `batch_size` ids per batch, 1 to 100000, 0 = 1000). Opening
     /// it is retried like any call. A stream that ends before `total` ids
@@ -200,8 +249,12 @@ impl RemoteClient {
     pub async fn stream_ids(&self, total: u64, batch_size: u32) -> Result<IdStream, ClientError> {
         let batches = self
             .with_retries(|mut c| async move {
-                c.stream_ids(pb::StreamIdsRequest { total, batch_size })
-                    .await
+                c.stream_ids(pb::StreamIdsRequest {
+                    total,
+                    batch_size,
+                    ..Default::default()
+                })
+                .await
             })
             .await?;
         Ok(IdStream::new(batches, total))
@@ -236,6 +289,7 @@ mod tests {
                 Some(code) => Err(Status::new(code, "refused")),
                 None => Ok(Response::new(pb::NextIdsResponse {
                     ids: (1..=u64::from(request.into_inner().count)).collect(),
+                    ..Default::default()
                 })),
             }
         }

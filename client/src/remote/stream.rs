@@ -34,6 +34,8 @@ pub struct IdStream {
     total: u64,
     received: u64,
     ended: bool,
+    /// True when every batch must carry a text per id.
+    texts: bool,
 }
 
 impl std::fmt::Debug for IdStream {
@@ -58,7 +60,15 @@ impl IdStream {
             total,
             received: 0,
             ended: false,
+            texts: false,
         }
+    }
+
+    /// The same stream, ending with [`ClientError::NoTexts`] at a batch
+    /// whose texts do not match its ids one for one.
+    pub(crate) fn expecting_texts(mut self) -> Self {
+        self.texts = true;
+        self
     }
 
     /// The next batch, `Ok(None)` at a whole stream's end, or the error that
@@ -86,6 +96,13 @@ impl Stream for IdStream {
             return Poll::Ready(None);
         }
         let item = match futures_util::ready!(self.batches.as_mut().poll_next(cx)) {
+            Some(Ok(batch)) if self.texts && batch.texts.len() != batch.ids.len() => {
+                self.ended = true;
+                Some(Err(ClientError::NoTexts {
+                    ids: batch.ids.len(),
+                    texts: batch.texts.len(),
+                }))
+            }
             Some(Ok(batch)) => {
                 self.received += batch.ids.len() as u64;
                 Some(Ok(batch))
@@ -115,7 +132,10 @@ mod tests {
     use super::*;
 
     fn batch(ids: std::ops::Range<u64>) -> Result<pb::IdBatch, Status> {
-        Ok(pb::IdBatch { ids: ids.collect() })
+        Ok(pb::IdBatch {
+            ids: ids.collect(),
+            ..Default::default()
+        })
     }
 
     #[tokio::test]
@@ -167,6 +187,31 @@ mod tests {
     async fn an_unbounded_stream_ended_with_ok_just_ends() {
         let mut s = IdStream::new(futures_util::stream::iter([batch(1..3)]), 0);
         s.message().await.unwrap();
+        assert!(s.message().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_expecting_texts_ends_at_a_batch_without_them() {
+        let with_texts = Ok(pb::IdBatch {
+            ids: vec![1, 2],
+            texts: vec!["0000000000001".into(), "0000000000002".into()],
+        });
+        let mut s = IdStream::new(futures_util::stream::iter([with_texts, batch(3..5)]), 4)
+            .expecting_texts();
+        let first = s.message().await.unwrap().unwrap();
+        assert_eq!(first.texts, ["0000000000001", "0000000000002"]);
+        let err = s.message().await.unwrap_err();
+        assert!(
+            matches!(err, ClientError::NoTexts { ids: 2, texts: 0 }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "asked for ids as text, the server returned 2 ids and 0 texts: it predates IdFormat; \
+             upgrade it, or encode the ids with snowkeep_client::text_id under the namespace's \
+             layout"
+        );
+        assert_eq!(s.received(), 2);
         assert!(s.message().await.unwrap().is_none());
     }
 }

@@ -96,7 +96,10 @@ impl pb::id_service_server::IdService for Floor {
         request: Request<pb::NextIdsRequest>,
     ) -> Result<Response<pb::NextIdsResponse>, Status> {
         let ids = self.batch(request.into_inner().count)?;
-        Ok(Response::new(pb::NextIdsResponse { ids }))
+        Ok(Response::new(pb::NextIdsResponse {
+            ids,
+            ..Default::default()
+        }))
     }
 
     type StreamIdsStream = IdStream;
@@ -152,7 +155,10 @@ impl floor_pb::floor_service_server::FloorService for Floor {
             total = total.saturating_add(r.count);
         }
         let ids = self.batch(total)?;
-        Ok(Response::new(pb::NextIdsResponse { ids }))
+        Ok(Response::new(pb::NextIdsResponse {
+            ids,
+            ..Default::default()
+        }))
     }
 
     type EchoIdsStream = IdStream;
@@ -172,6 +178,7 @@ impl floor_pb::floor_service_server::FloorService for Floor {
             }
             Ok(pb::IdBatch {
                 ids: ids[..count as usize].to_vec(),
+                ..Default::default()
             })
         });
         Ok(Response::new(Box::pin(stream)))
@@ -189,6 +196,7 @@ fn async_stream_batches(
         std::task::Poll::Ready((n > 0).then(|| {
             Ok(pb::IdBatch {
                 ids: ids[..n as usize].to_vec(),
+                ..Default::default()
             })
         }))
     })

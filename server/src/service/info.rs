@@ -94,8 +94,8 @@ impl pb::info_service_server::InfoService for InfoHandler {
         &self,
         request: Request<pb::DecodeIdRequest>,
     ) -> Result<Response<pb::DecodeIdResponse>, Status> {
-        let id = request.into_inner().id;
         let layout = self.generators.layout();
+        let id = super::text::requested_id(&request.into_inner(), &layout)?;
         let d = layout.decode(id).ok_or_else(|| ApiError::InvalidId {
             id,
             max: layout.max_id(),

@@ -9,6 +9,7 @@ pub mod health;
 pub mod id;
 pub mod info;
 pub mod status;
+pub mod text;
 pub mod weight;
 
 pub use access::{Reach, StoreAccess};

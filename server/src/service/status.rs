@@ -84,6 +84,16 @@ pub enum ApiError {
         /// The layout's bits in all.
         bits: u8,
     },
+    /// A `DecodeIdRequest.text` that is not an id of the layout; the
+    /// codec's message names the width, or the character and its position.
+    #[error("{0}")]
+    InvalidIdText(snowkeep_client::TextIdError),
+    /// A `DecodeIdRequest` with both a nonzero `id` and a `text`.
+    #[error("send the id either as a number (id) or as text (text), not both: got id {id} and text {text:?}")]
+    IdAndText { id: u64, text: String },
+    /// A `format` that `snowkeep.v1.IdFormat` does not have.
+    #[error("format {got} is not an IdFormat this server knows: use 0 (ID_FORMAT_UNSPECIFIED, numbers only) or 1 (ID_FORMAT_CROCKFORD_BASE32, numbers and texts)")]
+    InvalidIdFormat { got: i32 },
     /// A `StreamIds` call ended before it sent `total` ids (or, for an
     /// unbounded stream, ended at all). The message names the ids sent, the
     /// ids asked for and what to do; the code is the cause's.
@@ -188,7 +198,10 @@ fn code_of(err: &ApiError) -> Code {
     match err {
         ApiError::InvalidCount { .. }
         | ApiError::InvalidBatchSize { .. }
-        | ApiError::InvalidId { .. } => Code::InvalidArgument,
+        | ApiError::InvalidId { .. }
+        | ApiError::InvalidIdText(_)
+        | ApiError::IdAndText { .. }
+        | ApiError::InvalidIdFormat { .. } => Code::InvalidArgument,
         ApiError::InvalidRequester { .. }
         | ApiError::InvalidNamespace { .. }
         | ApiError::InvalidLeaseCount { .. }

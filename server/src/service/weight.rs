@@ -1,7 +1,8 @@
 //! The weight of a call: the most memory its response can make the server
 //! hold at once, read from its request before it runs, so that the guard's
 //! call limits (`snowkeep_guard::limits::calls`) can reserve it. Only
-//! IdService's responses grow with the request (8 bytes per id); every other
+//! IdService's responses grow with the request (8 bytes per id, and 15 more
+//! per id with texts, `IdFormat`); every other
 //! answer is a few KiB. [`IdWeight`] is the [`Weigh`] the server hands the
 //! call limits.
 
@@ -36,8 +37,9 @@ impl Weigh for IdWeight {
 /// length-prefixed gRPC message): what the call can make the server hold at
 /// once. A request the handler will refuse weighs [`SMALL_RESPONSE`].
 ///
-/// * `NextIds(count)`: the ids (8 bytes each) and their encoded message,
-///   both alive while tonic encodes.
+/// * `NextIds(count)`: the ids (8 bytes each, plus a `String` each when the
+///   request asks for texts) and their encoded message, both alive while
+///   tonic encodes.
 /// * `StreamIds(batch_size)`: one message generated, one waiting in hyper
 ///   for the client's flow-control window and one in h2's send buffer; tonic
 ///   packs small messages into chunks of [`ENCODE_CHUNK`] bytes.
@@ -56,16 +58,17 @@ pub fn weigh(path: &str, frame: &[u8], max_send: usize) -> Result<usize, LimitEr
                 return Ok(SMALL_RESPONSE);
             }
             let n = req.count as usize;
-            let len = ids_message_len(n);
+            let texts = req.format != 0;
+            let len = ids_message_len(n) + texts_len(n, texts);
             if len > max_send {
                 return Err(LimitError::IdsTooLarge {
                     count: n,
                     len,
                     max: max_send,
-                    fit: ids_fitting(max_send),
+                    fit: ids_fitting(max_send, texts),
                 });
             }
-            Ok(8 * n + GRPC_HEADER + len)
+            Ok(held_len(n, texts) + GRPC_HEADER + len)
         }
         STREAM_IDS => {
             let Some(req) = decode::<pb::StreamIdsRequest>(frame) else {
@@ -80,16 +83,17 @@ pub fn weigh(path: &str, frame: &[u8], max_send: usize) -> Result<usize, LimitEr
                 0 => batch as usize,
                 total => total.min(u64::from(batch)) as usize,
             };
-            let len = ids_message_len(n);
+            let texts = req.format != 0;
+            let len = ids_message_len(n) + texts_len(n, texts);
             if len > max_send {
                 return Err(LimitError::BatchTooLarge {
                     batch: n,
                     len,
                     max: max_send,
-                    fit: ids_fitting(max_send),
+                    fit: ids_fitting(max_send, texts),
                 });
             }
-            Ok(8 * n + 2 * (ENCODE_CHUNK + GRPC_HEADER + len))
+            Ok(held_len(n, texts) + 2 * (ENCODE_CHUNK + GRPC_HEADER + len))
         }
         _ => Ok(SMALL_RESPONSE),
     }
@@ -115,10 +119,36 @@ pub fn ids_message_len(n: usize) -> usize {
     1 + varint + 8 * n
 }
 
-/// The most ids whose message fits in `max` bytes.
-fn ids_fitting(max: usize) -> usize {
-    let mut n = max.saturating_sub(11) / 8;
-    while ids_message_len(n + 1) <= max {
+/// The widest text of an id (`snowkeep.v1.IdFormat`): a 63-bit layout's.
+const TEXT_WIDTH: usize = snowkeep_client::text_id::width(63);
+
+/// Bytes the `texts` field (field 2) adds to a message of `n` ids when the
+/// request asked for texts: per id a tag, a length and the text.
+pub fn texts_len(n: usize, texts: bool) -> usize {
+    if texts {
+        n * (2 + TEXT_WIDTH)
+    } else {
+        0
+    }
+}
+
+/// Bytes the server holds for `n` ids before encoding them: the numbers and,
+/// with texts, each `String` and its heap bytes.
+fn held_len(n: usize, texts: bool) -> usize {
+    let text = if texts {
+        std::mem::size_of::<String>() + TEXT_WIDTH.next_multiple_of(8)
+    } else {
+        0
+    };
+    n * (8 + text)
+}
+
+/// The most ids whose message (with their texts when `texts`) fits in `max`
+/// bytes.
+fn ids_fitting(max: usize, texts: bool) -> usize {
+    let per_id = 8 + if texts { 2 + TEXT_WIDTH } else { 0 };
+    let mut n = max.saturating_sub(11) / per_id;
+    while ids_message_len(n + 1) + texts_len(n + 1, texts) <= max {
         n += 1;
     }
     n
@@ -185,13 +215,36 @@ mod tests {
         for n in [1usize, 2, 15, 16, 1000, 2047, 2048, 100_000] {
             let msg = pb::NextIdsResponse {
                 ids: vec![u64::MAX; n],
+                ..Default::default()
             };
             assert_eq!(ids_message_len(n), msg.encoded_len(), "{n} ids");
         }
         assert_eq!(ids_message_len(100_000), 800_004);
-        assert_eq!(ids_fitting(800_004), 100_000);
-        assert_eq!(ids_fitting(800_003), 99_999);
-        assert_eq!(ids_fitting(64 * 1024), 8_191);
+        assert_eq!(ids_fitting(800_004, false), 100_000);
+        assert_eq!(ids_fitting(800_003, false), 99_999);
+        assert_eq!(ids_fitting(64 * 1024, false), 8_191);
+    }
+
+    #[test]
+    fn texts_len_matches_prost_for_63_bit_texts() {
+        for n in [1usize, 2, 1000, 100_000] {
+            let ids = vec![(1u64 << 63) - 1; n];
+            let msg = pb::NextIdsResponse {
+                texts: ids
+                    .iter()
+                    .map(|&id| snowkeep_client::text_id::encode(id, 63))
+                    .collect(),
+                ids,
+            };
+            let len = ids_message_len(n) + texts_len(n, true);
+            assert_eq!(len, msg.encoded_len(), "{n} ids");
+        }
+        assert_eq!(texts_len(3, false), 0);
+        // 23 bytes per id: 8 for the number, 15 for its text.
+        assert_eq!(ids_fitting(64 * 1024, true), 2_849);
+        let fit = ids_fitting(64 * 1024, true);
+        assert!(ids_message_len(fit) + texts_len(fit, true) <= 64 * 1024);
+        assert!(ids_message_len(fit + 1) + texts_len(fit + 1, true) > 64 * 1024);
     }
 
     #[test]
@@ -215,7 +268,11 @@ mod tests {
         let stream = |total, batch_size| {
             weigh(
                 STREAM_IDS,
-                &frame(&pb::StreamIdsRequest { total, batch_size }),
+                &frame(&pb::StreamIdsRequest {
+                    total,
+                    batch_size,
+                    ..Default::default()
+                }),
                 max,
             )
         };
@@ -247,12 +304,42 @@ mod tests {
         let f = frame(&pb::StreamIdsRequest {
             total: 0,
             batch_size: 10_000,
+            ..Default::default()
         });
         let s = status(weigh(STREAM_IDS, &f, 64 * 1024).unwrap_err());
         assert_eq!(
             s.message(),
             "batch_size 10000 makes 80004-byte messages, over this server's limit of 65536 bytes (--max-send-message-size); use a batch_size of at most 8191"
         );
+        // With texts, 15 more bytes per id: 3000 ids fit without, not with.
+        let texts = |count| {
+            frame(&pb::NextIdsRequest {
+                count,
+                format: pb::IdFormat::CrockfordBase32.into(),
+                ..Default::default()
+            })
+        };
+        let numbers = frame(&pb::NextIdsRequest {
+            count: 3000,
+            ..Default::default()
+        });
+        assert!(weigh(NEXT_IDS, &numbers, 64 * 1024).is_ok());
+        let s = status(weigh(NEXT_IDS, &texts(3000), 64 * 1024).unwrap_err());
+        assert_eq!(
+            s.message(),
+            "3000 ids make a 69004-byte response message, over this server's limit of 65536 bytes (--max-send-message-size); ask for at most 2849 ids per call"
+        );
+        let held = weigh(NEXT_IDS, &texts(2849), 64 * 1024).unwrap();
+        let plain = weigh(
+            NEXT_IDS,
+            &frame(&pb::NextIdsRequest {
+                count: 2849,
+                ..Default::default()
+            }),
+            64 * 1024,
+        )
+        .unwrap();
+        assert_eq!(held - plain, 2849 * (15 + 24 + 16));
     }
 
     /// Every server-streaming method the server serves is in the streams

@@ -116,6 +116,7 @@ pub async fn stream(
             let request = pb::StreamIdsRequest {
                 total: STREAM_TOTAL,
                 batch_size: STREAM_BATCH,
+                ..Default::default()
             };
             let Ok(Ok(resp)) = timeout(Duration::from_secs(2), client.stream_ids(request)).await
             else {

@@ -179,6 +179,7 @@ async fn stream_ids(
         pb::StreamIdsRequest {
             total: u64::from(args.count),
             batch_size: args.batch_size,
+            ..Default::default()
         },
         cx,
     );

@@ -23,6 +23,23 @@ fn each_error_maps_to_its_code() {
             Code::InvalidArgument,
         ),
         (
+            ApiError::InvalidIdText(snowkeep_client::TextIdError::WrongLength {
+                text: "1".into(),
+                got: 1,
+                expected: 13,
+                total_bits: 63,
+            }),
+            Code::InvalidArgument,
+        ),
+        (
+            ApiError::IdAndText {
+                id: 1,
+                text: "0000000000001".into(),
+            },
+            Code::InvalidArgument,
+        ),
+        (ApiError::InvalidIdFormat { got: 2 }, Code::InvalidArgument),
+        (
             ApiError::Store(StoreError::Timeout {
                 op: "x",
                 after: Duration::ZERO,

@@ -64,6 +64,29 @@ fn decode_works_offline() {
     assert!(err.contains("--layout"), "{err}");
 }
 
+#[test]
+fn decode_reads_an_id_as_its_text_too() {
+    let by_number = json(None, &["decode", "4194309125"]);
+    assert_eq!(by_number["text"], "0000003X00505");
+    let by_text = json(None, &["decode", "0000003x00505"]);
+    assert_eq!(by_text, by_number);
+    // Digits only are the number, unless --text.
+    assert_eq!(json(None, &["decode", "0000000000010"])["id"], "10");
+    assert_eq!(
+        json(None, &["decode", "--text", "0000000000010"])["id"],
+        "32"
+    );
+    let (ok, _, err) = ctl(None, &["decode", "0000003U00505"]);
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "id text \"0000003U00505\" has 'U' at position 8, which is not a Crockford base32 \
+             digit"
+        ),
+        "{err}"
+    );
+}
+
 /// Runs snowkeepctl with `args` with its stdout closed before it writes (as
 /// `snowkeepctl … | head` once head has its lines): (exit code, stderr).
 fn ctl_closed_stdout(server: Option<&ServerProcess>, args: &[&str]) -> (Option<i32>, String) {

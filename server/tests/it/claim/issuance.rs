@@ -40,6 +40,7 @@ async fn stream_all(server: &ServerProcess, total: u64) -> Vec<u64> {
         .stream_ids(pb::StreamIdsRequest {
             total,
             batch_size: 10_000,
+            ..Default::default()
         })
         .await
         .expect("StreamIds")
@@ -144,6 +145,7 @@ async fn grpc_requests_are_counted_by_method_and_final_code() {
         .stream_ids(pb::StreamIdsRequest {
             total: 5000,
             batch_size: 1000,
+            ..Default::default()
         })
         .await
         .unwrap()

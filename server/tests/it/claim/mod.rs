@@ -1,5 +1,5 @@
 //! Claiming machine ids through etcd and issuing under them: the claim lifecycle
-//! and its faults, fences, pool reads, release, streams and the scale claimer.
+//! and its faults, fences, pool reads, release, streams, ids as text and the scale claimer.
 
 mod claim_lifecycle;
 mod claims;
@@ -10,3 +10,4 @@ mod release;
 mod scale;
 pub(crate) mod settings;
 mod streams;
+mod text_ids;

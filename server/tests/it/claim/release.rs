@@ -96,6 +96,7 @@ async fn four_machine_ids_under_one_lease_spread_batches_and_release_together() 
         .stream_ids(snowkeep_proto::v1::StreamIdsRequest {
             total: 50_000,
             batch_size: 1000,
+            ..Default::default()
         })
         .await
         .unwrap()

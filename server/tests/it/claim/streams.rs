@@ -24,6 +24,7 @@ async fn open(server: &ServerProcess, total: u64) -> Streaming<pb::IdBatch> {
         .stream_ids(pb::StreamIdsRequest {
             total,
             batch_size: 1000,
+            ..Default::default()
         })
         .await
         .expect("StreamIds")
@@ -205,6 +206,7 @@ impl pb::id_service_server::IdService for EndsShortWithOk {
             .map(|b| {
                 Ok(pb::IdBatch {
                     ids: (b * 1000 + 1..=b * 1000 + 1000).collect(),
+                    ..Default::default()
                 })
             })
             .collect::<Vec<_>>();

@@ -15,7 +15,8 @@ use snowkeep_test_support::server::ServerProcess;
 const READY: Duration = Duration::from_secs(20);
 const JS53: &str = "39/6/8@1767225600000/10ms";
 
-/// `total` ids from one stream.
+/// `total` ids from one stream, asked with their texts: each text is the
+/// 11-character Crockford base32 form of its id.
 async fn stream(server: &ServerProcess, total: u64) -> Vec<u64> {
     let mut stream = server
         .ids()
@@ -23,12 +24,18 @@ async fn stream(server: &ServerProcess, total: u64) -> Vec<u64> {
         .stream_ids(pb::StreamIdsRequest {
             total,
             batch_size: 256,
+            format: pb::IdFormat::CrockfordBase32.into(),
         })
         .await
         .expect("StreamIds")
         .into_inner();
     let mut ids = Vec::new();
     while let Some(batch) = stream.message().await.expect("a batch") {
+        assert_eq!(batch.texts.len(), batch.ids.len());
+        for (id, text) in batch.ids.iter().zip(&batch.texts) {
+            assert_eq!(text.len(), 11, "{text}");
+            assert_eq!(snowkeep_client::text_id::decode(text, 53), Ok(*id));
+        }
         ids.extend(batch.ids);
     }
     ids
@@ -87,7 +94,10 @@ async fn a_js53_namespace_serves_javascript_safe_ids_that_decode_and_stay_unique
     let last = *ids.last().unwrap();
     let d = Layout::js53().decode(last).unwrap();
     let got = info_client
-        .decode_id(pb::DecodeIdRequest { id: last })
+        .decode_id(pb::DecodeIdRequest {
+            id: 0,
+            text: snowkeep_client::text_id::encode(last, 53),
+        })
         .await
         .expect("DecodeId")
         .into_inner();
@@ -106,7 +116,10 @@ async fn a_js53_namespace_serves_javascript_safe_ids_that_decode_and_stay_unique
         )
     );
     let refused = info_client
-        .decode_id(pb::DecodeIdRequest { id: 1 << 53 })
+        .decode_id(pb::DecodeIdRequest {
+            id: 1 << 53,
+            text: String::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);

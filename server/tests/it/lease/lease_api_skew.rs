@@ -95,6 +95,7 @@ async fn only_known_requesters_clocks_are_recorded_and_extreme_ones_are_clamped(
         .next_ids(pb::NextIdsRequest {
             count: 1,
             client_time_unix_ms: u64::MAX,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -53,6 +53,7 @@ async fn the_lease_loop_keeps_its_fences_ahead_under_150_one_id_streams() {
                 .stream_ids(pb::StreamIdsRequest {
                     total: 0,
                     batch_size: 1,
+                    ..Default::default()
                 })
                 .await
                 .expect("StreamIds opens")

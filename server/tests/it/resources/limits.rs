@@ -146,7 +146,11 @@ async fn stalled(
 }
 
 fn stream_ids(total: u64, batch_size: u32) -> Bytes {
-    frame(&pb::StreamIdsRequest { total, batch_size })
+    frame(&pb::StreamIdsRequest {
+        total,
+        batch_size,
+        ..Default::default()
+    })
 }
 
 fn next_ids(count: u32) -> Bytes {
@@ -332,6 +336,7 @@ async fn server_wide_limits_shed_excess_calls_with_resource_exhausted() {
         .stream_ids(pb::StreamIdsRequest {
             total: 3000,
             batch_size: 1000,
+            ..Default::default()
         })
         .await
         .expect("a stream after the burst")

@@ -219,6 +219,7 @@ async fn idle_keyless_watch_streams_do_not_stop_a_keyed_stream_ids() {
         .stream_ids(pb::StreamIdsRequest {
             total: 1_000,
             batch_size: 100,
+            ..Default::default()
         })
         .await
         .expect("a keyed StreamIds is admitted")
@@ -328,6 +329,7 @@ async fn a_key_at_its_per_key_limit_is_refused_while_another_key_is_served() {
                 let request = pb::StreamIdsRequest {
                     total: 1,
                     batch_size: 1,
+                    ..Default::default()
                 };
                 client.stream_ids(request).await.err().map(|s| s.code())
                     == Some(Code::ResourceExhausted)
@@ -346,6 +348,7 @@ async fn a_key_at_its_per_key_limit_is_refused_while_another_key_is_served() {
         .stream_ids(pb::StreamIdsRequest {
             total: 10,
             batch_size: 10,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -369,6 +372,7 @@ async fn a_key_at_its_per_key_limit_is_refused_while_another_key_is_served() {
         .stream_ids(pb::StreamIdsRequest {
             total: 10,
             batch_size: 10,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -410,6 +414,7 @@ async fn open_streams_of_a_key_revoked_elsewhere_end_unauthenticated() {
         .stream_ids(pb::StreamIdsRequest {
             total: 0,
             batch_size: 100,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -633,6 +638,7 @@ async fn a_revoked_key_s_unread_stream_frees_its_slot_at_once() {
     let message = prost::Message::encode_to_vec(&pb::StreamIdsRequest {
         total: 0,
         batch_size: 1000,
+        ..Default::default()
     });
     let mut framed = vec![0];
     framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
@@ -646,6 +652,7 @@ async fn a_revoked_key_s_unread_stream_frees_its_slot_at_once() {
         .stream_ids(pb::StreamIdsRequest {
             total: 10,
             batch_size: 10,
+            ..Default::default()
         })
         .await
         .map(|_| ())
@@ -670,6 +677,7 @@ async fn a_revoked_key_s_unread_stream_frees_its_slot_at_once() {
                 .stream_ids(pb::StreamIdsRequest {
                     total: 10,
                     batch_size: 10,
+                    ..Default::default()
                 })
                 .await
             {

@@ -288,6 +288,7 @@ async fn keyless_streams_opened_while_off_end_when_auth_is_enabled() {
         .stream_ids(pb::StreamIdsRequest {
             total: 0,
             batch_size: 10,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -65,6 +65,7 @@ async fn a_live_scrape_holds_exactly_the_catalog_and_promtool_accepts_it() {
     ids.next_ids(pb::NextIdsRequest {
         count: 5_000,
         client_time_unix_ms: client_time,
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -72,6 +73,7 @@ async fn a_live_scrape_holds_exactly_the_catalog_and_promtool_accepts_it() {
         .stream_ids(pb::StreamIdsRequest {
             total: 3_000,
             batch_size: 1_000,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -171,6 +173,7 @@ async fn a_client_time_on_next_ids_lands_in_the_skew_histogram_buckets() {
         .next_ids(pb::NextIdsRequest {
             count: 3,
             client_time_unix_ms: client_time,
+            ..Default::default()
         })
         .await
         .unwrap();
