@@ -14,6 +14,7 @@
 
 mod auth;
 mod conn;
+mod decode;
 mod health;
 mod keys;
 mod output;
