@@ -271,6 +271,21 @@ impl Layout {
     pub fn end_unix_ms(&self) -> u64 {
         self.to_unix_ms(self.max_timestamp()).saturating_add(1)
     }
+    /// The floor (layout ms) above which every id this layout stamps is
+    /// greater than `id`, whatever layout `id` came from: a holder stamps
+    /// only ticks whose first ms is above its floor, so the floor is the last
+    /// ms of the tick `id >> (machine_bits + sequence_bits)`, and the first
+    /// tick stamped is the next one, whose smallest id is above `id`. `None`
+    /// when that tick is past the layout's last: no id of this layout is
+    /// greater than `id`. The migration floor of `--floor-after-id`.
+    pub fn floor_above_id(&self, id: u64) -> Option<Millis> {
+        let tick = id >> (self.machine_bits + self.sequence_bits);
+        let next = tick.checked_add(1)?;
+        if next >= 1u64 << self.timestamp_bits {
+            return None;
+        }
+        Some(Millis(next.checked_mul(self.time_unit_ms())? - 1))
+    }
     /// True when `machine_id` fits in `machine_bits`.
     pub fn contains(&self, machine_id: MachineId) -> bool {
         u32::from(machine_id.0) < self.machine_id_count()

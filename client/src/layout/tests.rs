@@ -137,6 +137,24 @@ fn a_bad_layout_names_what_is_wrong() {
 }
 
 #[test]
+fn a_floor_above_an_id_makes_every_later_id_greater() {
+    let layout = Layout::default();
+    // 4,194,309,125 is ms 1,000, machine id 5, sequence 5: the floor is ms
+    // 1,000, so the first stamp is ms 1,001, whose smallest id is above it.
+    assert_eq!(layout.floor_above_id(4_194_309_125), Some(Millis(1_000)));
+    assert!(layout.encode(Millis(1_001), MachineId(0), 0) > 4_194_309_125);
+    // In 10 ms ticks the floor is the tick's last ms.
+    let js = Layout::js53();
+    assert_eq!(js.floor_above_id(1_639_687), Some(Millis(1_009)));
+    assert_eq!(js.tick_start(Millis(1_010)), Millis(1_010));
+    assert!(js.encode(Millis(1_010), MachineId(0), 0) > 1_639_687);
+    // An id in or past the last tick: nothing greater can be stamped.
+    assert_eq!(js.floor_above_id(js.max_id()), None);
+    assert_eq!(js.floor_above_id(u64::MAX), None);
+    assert_eq!(layout.floor_above_id(i64::MAX as u64), None);
+}
+
+#[test]
 fn decode_rejects_sign_bit() {
     assert_eq!(Layout::default().decode(1 << 63), None);
 }

@@ -123,6 +123,17 @@ pub enum StoreError {
         /// The snapshot the restore record names.
         snapshot: String,
     },
+    /// `--floor-after-id` on a namespace that exists with a lower floor: a
+    /// migration floor is set only when the namespace is created.
+    #[error("namespace {namespace:?} exists with floor {floor}, below the migration floor {wanted} that --floor-after-id asks for: a migration floor is set only when a namespace is created. Create a new namespace for the migration, or raise this one's floor with --confirm-namespace-floor (docs/operations.md#moving-to-a-new-layout)")]
+    MigrationFloorNotSet {
+        /// The namespace.
+        namespace: String,
+        /// Its floor, RFC 3339.
+        floor: String,
+        /// The migration floor asked for, RFC 3339.
+        wanted: String,
+    },
     /// The namespace record holds a value snowkeep cannot read.
     #[error("unreadable namespace record at {key}: {value:?} ({problem}); repair it with etcdctl put {key} followed by the namespace's layout (like 41/12/10@1767225600000), see docs/operations.md#the-namespace-record")]
     CorruptNamespace {
@@ -349,6 +360,7 @@ impl StoreError {
             | StoreError::StateLocked { .. }
             | StoreError::NamespaceNotCreated { .. }
             | StoreError::NamespaceNeedsFloor { .. }
+            | StoreError::MigrationFloorNotSet { .. }
             | StoreError::CorruptNamespace { .. }
             | StoreError::NamespaceRolledBack { .. }
             | StoreError::NamespaceFloorAhead { .. }

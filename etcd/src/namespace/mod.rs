@@ -350,6 +350,12 @@ pub struct NamespaceSetup {
     pub create: bool,
     /// Confirm this floor and lift a rollback (`--confirm-namespace-floor`).
     pub confirm_floor: Option<FloorSpec>,
+    /// A new namespace's floor (layout ms) above the largest id an earlier
+    /// generator may have issued (`--floor-after-id`,
+    /// [`Layout::floor_above_id`](snowkeep_client::Layout::floor_above_id)):
+    /// written into the record at creation; an existing record with a lower
+    /// floor is refused ([`StoreError::MigrationFloorNotSet`]).
+    pub migration_floor: Option<Millis>,
 }
 
 pub(crate) use rollback::{guard, progress, read, ClaimGuard};

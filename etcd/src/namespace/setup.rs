@@ -249,6 +249,13 @@ impl EtcdStore {
                     configured: self.layout,
                 });
             }
+            if let Some(wanted) = setup.migration_floor.filter(|&w| w > record.floor) {
+                return Err(StoreError::MigrationFloorNotSet {
+                    namespace: ns,
+                    floor: rfc3339(self.layout.to_unix_ms(record.floor)),
+                    wanted: rfc3339(self.layout.to_unix_ms(wanted)),
+                });
+            }
             if let Some(floor) = floor {
                 let confirmed = confirm_existing(
                     &self.endpoints,
@@ -316,6 +323,9 @@ impl EtcdStore {
         if let Some(floor) = floor {
             record.floor = floor;
             record.confirmed_at = Some(rfc3339(unix_ms));
+        }
+        if let Some(migration) = setup.migration_floor {
+            record.floor = record.floor.max(migration);
         }
         if let Some(counted) = create(&self.endpoints, timeout, ns, &record).await? {
             info!(namespace = %ns, key = %key, layout = %self.layout, incarnation = %format!("{:016x}", record.incarnation), floor_ms = record.floor.get(), acknowledged_gap = gap, fence_counts = counted, "created the namespace");

@@ -87,6 +87,12 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: EndpointProblem,
     },
+    /// A `--floor-layout` that does not parse.
+    #[error("invalid --floor-layout (SNOWKEEP_FLOOR_LAYOUT)")]
+    FloorLayout(#[source] LayoutError),
+    /// A `--floor-after-id` that cannot give a floor: the message says why.
+    #[error("{0}")]
+    MigrationFloor(String),
     /// A namespace flag without etcd, or an incomplete one-shot.
     #[error("{0}")]
     NamespaceSetup(&'static str),

@@ -42,6 +42,7 @@ mod etcd_files;
 mod lease_api;
 mod limits;
 mod listen;
+mod migration;
 mod namespace;
 mod peers;
 mod store;
@@ -256,7 +257,9 @@ impl TryFrom<Args> for ServerConfig {
         let (instance_id, stable_instance) = namespace.instance()?;
         let store_config = store.store()?;
         let etcd_access = store.etcd_access(&store_config)?;
-        let namespace_setup = namespace.setup(&store_config)?;
+        let now = snowkeep_client::Clock::unix_ms(&snowkeep_client::SystemClock);
+        let namespace_setup =
+            namespace.setup(&store_config, &layout, now, timing.max_fence_wait)?;
         let auth = auth.config(&store_config)?;
         listening.check_admin_listen(&store_config)?;
         let (machine_id_range, machine_ids) = namespace.machine_ids(&layout)?;

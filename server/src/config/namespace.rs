@@ -2,11 +2,13 @@
 //! machine ids it claims, and the one-shot namespace setups.
 
 use std::ops::Range;
+use std::time::Duration;
 
 use snowkeep_client::Layout;
 use snowkeep_core::namespace::is_valid_namespace;
 use snowkeep_etcd::namespace::{FloorSpec, NamespaceSetup};
 
+use super::migration::migration_floor;
 use super::{
     default_instance_id, ConfigError, StoreConfig, DEFAULT_LAYOUT, DEFAULT_NAMESPACE,
     MAX_MACHINE_IDS,
@@ -61,6 +63,21 @@ pub struct NamespaceArgs {
     /// See docs/operations.md.
     #[arg(long, env = "SNOWKEEP_CONFIRM_NAMESPACE_FLOOR", value_parser = parse_floor)]
     pub confirm_namespace_floor: Option<FloorSpec>,
+    /// With --create-namespace: a migration floor, so every id of the new
+    /// namespace is greater than ID, the largest id an earlier generator
+    /// (Leaf, uid-generator, Sonyflake, an older namespace) may have issued
+    /// by the cut-over. See docs/operations.md#moving-to-a-new-layout.
+    #[arg(long, env = "SNOWKEEP_FLOOR_AFTER_ID", value_name = "ID")]
+    pub floor_after_id: Option<u64>,
+    /// The layout ID of --floor-after-id came from, in --layout's grammar
+    /// (its total bits are what count: ID must fit them); default --layout.
+    #[arg(
+        long,
+        env = "SNOWKEEP_FLOOR_LAYOUT",
+        value_name = "LAYOUT",
+        requires = "floor_after_id"
+    )]
+    pub floor_layout: Option<String>,
 }
 
 impl NamespaceArgs {
@@ -96,11 +113,36 @@ impl NamespaceArgs {
         Ok((id, self.instance_id.is_some()))
     }
 
-    /// Creation or floor confirmation at connect, which only etcd knows.
-    pub(super) fn setup(&self, store: &StoreConfig) -> Result<NamespaceSetup, ConfigError> {
+    /// Creation or floor confirmation at connect, which only etcd knows;
+    /// the migration floor is checked against `layout` and the clock
+    /// (`now_unix_ms`) here ([`migration_floor`]).
+    pub(super) fn setup(
+        &self,
+        store: &StoreConfig,
+        layout: &Layout,
+        now_unix_ms: u64,
+        max_fence_wait: Duration,
+    ) -> Result<NamespaceSetup, ConfigError> {
+        let create = self.create_namespace || self.create_namespace_only;
+        let migration_floor = match self.floor_after_id {
+            None => None,
+            Some(_) if !create => {
+                return Err(ConfigError::NamespaceSetup(
+                    "--floor-after-id applies when the namespace is created: add --create-namespace or --create-namespace-only",
+                ))
+            }
+            Some(id) => {
+                let from = match &self.floor_layout {
+                    None => *layout,
+                    Some(text) => text.parse().map_err(ConfigError::FloorLayout)?,
+                };
+                Some(migration_floor(id, &from, layout, now_unix_ms, max_fence_wait)?)
+            }
+        };
         let setup = NamespaceSetup {
-            create: self.create_namespace || self.create_namespace_only,
+            create,
             confirm_floor: self.confirm_namespace_floor,
+            migration_floor,
         };
         if matches!(store, StoreConfig::SingleInstance { .. })
             && (setup.create || setup.confirm_floor.is_some())

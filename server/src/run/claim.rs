@@ -33,7 +33,7 @@ pub(super) enum Store {
     /// etcd, connected to by the claim task, so the server answers
     /// (NOT_SERVING, UNAVAILABLE) while etcd is still coming up instead of
     /// hanging callers.
-    Etcd(EtcdSettings),
+    Etcd(Box<EtcdSettings>),
 }
 
 /// One generator per machine id of `config`, each with the channel the claim
@@ -131,7 +131,7 @@ impl ClaimTask {
     pub(super) async fn run(self, store: Store) -> Result<(), StoreError> {
         match store {
             Store::SingleInstance(local) => self.on_single_instance(local).await,
-            Store::Etcd(settings) => self.on_etcd(settings).await,
+            Store::Etcd(settings) => self.on_etcd(*settings).await,
         }
     }
 

@@ -96,6 +96,7 @@ impl ServeError {
                         | StoreError::DuplicateInstance { .. }
                         | StoreError::NamespaceNotCreated { .. }
                         | StoreError::NamespaceNeedsFloor { .. }
+                        | StoreError::MigrationFloorNotSet { .. }
                         | StoreError::CorruptNamespace { .. }
                         | StoreError::BadFloor { .. }
                         | StoreError::AccessRefused { .. }
@@ -314,7 +315,7 @@ async fn bind_status_page(config: &ServerConfig) -> Result<Option<TcpListener>, 
 fn open_store(config: &ServerConfig) -> Result<Store, StoreError> {
     let state_dir = match &config.store {
         StoreConfig::Etcd { endpoints } => {
-            return Ok(Store::Etcd(etcd_settings(config, endpoints)))
+            return Ok(Store::Etcd(Box::new(etcd_settings(config, endpoints))))
         }
         StoreConfig::SingleInstance { state_dir } => state_dir,
     };

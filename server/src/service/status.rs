@@ -233,7 +233,7 @@ fn code_of(err: &ApiError) -> Code {
             // the record (the message names its key and how).
             StoreError::CorruptNamespace { .. } => Code::FailedPrecondition,
             StoreError::AuthModeMismatch { .. } => Code::FailedPrecondition,
-            StoreError::BadFloor { .. } => Code::Internal,
+            StoreError::BadFloor { .. } | StoreError::MigrationFloorNotSet { .. } => Code::Internal,
             StoreError::FenceTooFarAhead { .. }
             | StoreError::LeaseLost { .. }
             | StoreError::Timeout { .. }

@@ -36,6 +36,7 @@ fn settings(etcd: &EtcdProcess, namespace: &str, range: std::ops::Range<u32>) ->
         namespace_setup: NamespaceSetup {
             create: true,
             confirm_floor: None,
+            migration_floor: None,
         },
     }
 }

@@ -32,6 +32,7 @@ pub fn claimer_settings(
         namespace_setup: snowkeep_etcd::namespace::NamespaceSetup {
             create: true,
             confirm_floor: None,
+            migration_floor: None,
         },
     }
 }

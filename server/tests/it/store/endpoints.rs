@@ -656,6 +656,7 @@ async fn a_fence_write_lands_only_on_the_fence_its_holder_wrote_last() {
         namespace_setup: NamespaceSetup {
             create: true,
             confirm_floor: None,
+            migration_floor: None,
         },
     };
     let mut store = EtcdStore::connect(settings, Layout::default(), SystemClock::shared())
