@@ -1,5 +1,5 @@
 //! What operators see: the metrics catalog, clock-skew telemetry, the layout's lifetime and the status page.
 
-mod lifetime;
+pub(crate) mod lifetime;
 mod observability;
 mod status_page;
