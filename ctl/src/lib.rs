@@ -16,7 +16,7 @@ mod auth;
 mod conn;
 mod health;
 mod keys;
-mod lifetime;
+pub mod lifetime;
 mod output;
 mod state;
 mod transfer;

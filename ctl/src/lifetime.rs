@@ -1,6 +1,8 @@
 //! How long a namespace's layout has left: the time from the clock to the
 //! end of its timestamp field (the server's `Layout::end_unix_ms`), in
 //! years of 365 days, the year of the `SnowkeepLayoutEndingSoon` alert.
+//! `snowkeepctl namespaces` and the server's status page both show it with
+//! these functions, so they never disagree.
 
 /// A year of 365 days, in ms.
 pub const YEAR_MS: u64 = 365 * 86_400_000;
