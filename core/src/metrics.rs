@@ -40,6 +40,10 @@ pub const OUTAGE_BUDGET_SECONDS: &str = "snowkeep_outage_budget_seconds";
 /// the store answers, counting down during an outage), 0 when not issuing;
 /// label `namespace`.
 pub const OUTAGE_BUDGET_REMAINING_SECONDS: &str = "snowkeep_outage_budget_remaining_seconds";
+/// Seconds from the wall clock to the end of the namespace's layout (its
+/// `Layout::end_unix_ms`, the first Unix ms no id can carry), 0 once past;
+/// computed at each scrape; label `namespace`.
+pub const LAYOUT_REMAINING_SECONDS: &str = "snowkeep_layout_remaining_seconds";
 /// Fence advances; label `result` = `ok`|`error`.
 pub const FENCE_ADVANCES_TOTAL: &str = "snowkeep_fence_advances_total";
 /// Waits for the clock to pass a previous holder's fence.
@@ -237,6 +241,12 @@ pub const METRICS: &[Metric] = &[
         help: "Outage budget left: the time from the clock to the lowest persisted fence (at least the budget while the store answers, counting down during an outage), 0 when not issuing.",
     },
     Metric {
+        name: LAYOUT_REMAINING_SECONDS,
+        kind: Kind::Gauge,
+        unit: Some(Unit::Seconds),
+        help: "Time from the wall clock until the layout's timestamp field runs out (no id can be issued from then on); 0 once past.",
+    },
+    Metric {
         name: FENCE_ADVANCES_TOTAL,
         kind: Kind::Counter,
         unit: Some(Unit::Count),
@@ -371,6 +381,13 @@ const fn name_and_kind<const N: usize>() -> [(&'static str, &'static str); N] {
         i += 1;
     }
     pairs
+}
+
+/// The value of [`LAYOUT_REMAINING_SECONDS`]: seconds (ms precision) from
+/// `now_unix_ms` to `end_unix_ms` (a layout's `end_unix_ms`), both ms
+/// since the Unix epoch; 0 once `now_unix_ms` reached it.
+pub fn layout_remaining_seconds(end_unix_ms: u64, now_unix_ms: u64) -> f64 {
+    end_unix_ms.saturating_sub(now_unix_ms) as f64 / 1000.0
 }
 
 /// Where a clock skew was observed.

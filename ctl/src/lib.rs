@@ -17,6 +17,7 @@ mod conn;
 mod decode;
 mod health;
 mod keys;
+pub mod lifetime;
 mod output;
 mod state;
 mod transfer;

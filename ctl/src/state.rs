@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::json;
-use snowkeep_client::Layout;
+use snowkeep_client::{Clock, Layout, SystemClock};
 use snowkeep_proto::v1 as pb;
 
 use crate::conn::ConnArgs;
 use crate::decode::{print_decoded, utc, DecodeArgs};
+use crate::lifetime::{tenths_of_years_left, years_json, years_text};
 use crate::output::{print, Output};
 
 /// Cluster-state commands.
@@ -137,13 +138,16 @@ impl StateCommand {
     }
 }
 
-/// `namespaces`: one row per namespace, with its layout and capacity.
+/// `namespaces`: one row per namespace, with its layout, capacity and the
+/// years (of 365 days) its layout has left by this machine's clock.
 async fn list_namespaces(conn: &ConnArgs, output: Output) -> anyhow::Result<()> {
     let mut admin = conn.admin().await?;
     let r = admin
         .list_namespaces(pb::ListNamespacesRequest {})
         .await?
         .into_inner();
+    let now_unix_ms = SystemClock.unix_ms();
+    let left = |n: &pb::NamespaceSummary| tenths_of_years_left(n.layout_end_unix_ms, now_unix_ms);
     let rows = r
         .namespaces
         .iter()
@@ -155,6 +159,7 @@ async fn list_namespaces(conn: &ConnArgs, output: Output) -> anyhow::Result<()> 
                 c.held.to_string(),
                 c.free.to_string(),
                 c.total.to_string(),
+                years_text(left(n)),
             ]
         })
         .collect();
@@ -165,11 +170,13 @@ async fn list_namespaces(conn: &ConnArgs, output: Output) -> anyhow::Result<()> 
             "name": n.name,
             "layout": layout_json(n.layout.as_ref()),
             "capacity": capacity_json(n.capacity.as_ref()),
+            "layout_end_unix_ms": n.layout_end_unix_ms,
+            "layout_remaining_years": years_json(left(n)),
         }))
         .collect::<Vec<_>>());
     print(
         output,
-        &["NAMESPACE", "LAYOUT", "HELD", "FREE", "TOTAL"],
+        &["NAMESPACE", "LAYOUT", "HELD", "FREE", "TOTAL", "YEARS LEFT"],
         rows,
         json,
     )

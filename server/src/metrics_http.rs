@@ -19,6 +19,7 @@ use http_body_util::Full;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::PrometheusHandle;
+use snowkeep_client::SystemClock;
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
@@ -161,9 +162,13 @@ fn forbidden(message: String) -> http::Response<Full<Bytes>> {
 }
 
 async fn scrape(handle: PrometheusHandle) -> http::Response<Full<Bytes>> {
-    let text = tokio::task::spawn_blocking(move || handle.render())
-        .await
-        .unwrap_or_default();
+    let text = tokio::task::spawn_blocking(move || {
+        // Gauges read from the clock at scrape time, then the scrape.
+        crate::metrics::set_layout_remaining(&SystemClock);
+        handle.render()
+    })
+    .await
+    .unwrap_or_default();
     let mut response = http::Response::new(Full::new(Bytes::from(text)));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,

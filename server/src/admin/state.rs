@@ -138,6 +138,7 @@ impl<S: AdminStore> StateAdmin<S> {
             .into_iter()
             .map(|n| pb::NamespaceSummary {
                 layout: Some(layout_to_pb(&n.layout)),
+                layout_end_unix_ms: n.layout.end_unix_ms(),
                 capacity: Some(capacity_to_pb(&n.name, n.capacity, n.range)),
                 name: n.name,
             })

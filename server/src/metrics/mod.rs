@@ -5,7 +5,11 @@
 
 pub(crate) mod grpc_layer;
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+use snowkeep_client::{Clock, Layout};
 pub use snowkeep_core::metrics::*;
 
 /// Histogram buckets for every `_seconds` histogram, in seconds.
@@ -38,4 +42,79 @@ pub fn install_recorder() -> Result<PrometheusHandle, BuildError> {
     describe_all();
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     Ok(handle)
+}
+
+/// The end of each watched namespace's layout (`Layout::end_unix_ms`, ms
+/// since the Unix epoch), by namespace: what [`LAYOUT_REMAINING_SECONDS`]
+/// counts down to.
+static LAYOUT_ENDS: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+
+/// Watches `layout`, the layout of `namespace`: from now on every scrape
+/// (and this call) sets [`LAYOUT_REMAINING_SECONDS`] of `namespace` from
+/// `clock`'s wall time ([`set_layout_remaining`]).
+pub fn watch_layout(namespace: &str, layout: &Layout, clock: &dyn Clock) {
+    LAYOUT_ENDS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(namespace.to_owned(), layout.end_unix_ms());
+    set_layout_remaining(clock);
+}
+
+/// Sets [`LAYOUT_REMAINING_SECONDS`] of every watched namespace: the
+/// seconds from `clock`'s wall time to the end of its layout, 0 once past.
+/// The scrape calls it just before rendering, so the value is exact to the
+/// millisecond at scrape time.
+pub fn set_layout_remaining(clock: &dyn Clock) {
+    let now_unix_ms = clock.unix_ms();
+    let ends = LAYOUT_ENDS.lock().unwrap_or_else(|p| p.into_inner());
+    for (namespace, end_unix_ms) in ends.iter() {
+        metrics::gauge!(LAYOUT_REMAINING_SECONDS, "namespace" => namespace.clone())
+            .set(layout_remaining_seconds(*end_unix_ms, now_unix_ms));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use snowkeep_client::ManualClock;
+
+    /// The gauge's line in a scrape of `recorder`.
+    fn gauge_line(handle: &PrometheusHandle, namespace: &str) -> Option<String> {
+        let prefix = format!("{LAYOUT_REMAINING_SECONDS}{{namespace=\"{namespace}\"}} ");
+        handle
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+    }
+
+    #[test]
+    fn the_layout_gauge_counts_down_to_the_layouts_end_and_stops_at_zero() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        // The default layout ends 2^41 ms after 2026-01-01T00:00:00Z:
+        // 2095-09-07T15:47:35.552Z.
+        let layout = Layout::default();
+        let end = 1_767_225_600_000 + (1u64 << 41);
+        assert_eq!(layout.end_unix_ms(), end);
+        let clock = ManualClock::new(end - 400 * 86_400_000 - 250);
+        metrics::with_local_recorder(&recorder, || {
+            watch_layout("lifetime-unit", &layout, &*clock);
+            assert_eq!(
+                gauge_line(&handle, "lifetime-unit").as_deref(),
+                Some("34560000.25")
+            );
+            clock.set_unix_ms(end - 1);
+            set_layout_remaining(&*clock);
+            assert_eq!(
+                gauge_line(&handle, "lifetime-unit").as_deref(),
+                Some("0.001")
+            );
+            for past in [end, end + 5_000] {
+                clock.set_unix_ms(past);
+                set_layout_remaining(&*clock);
+                assert_eq!(gauge_line(&handle, "lifetime-unit").as_deref(), Some("0"));
+            }
+        });
+    }
 }

@@ -214,6 +214,8 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let clock = SystemClock::shared();
     check_namespace_and_clock(&config, &clock)?;
+    // The namespace's layout is this one (the store refuses a mismatch).
+    crate::metrics::watch_layout(&config.namespace, &config.layout, &*clock);
     // Before anything is claimed: a server that cannot serve TLS must not
     // hold machine ids.
     let tls = config

@@ -79,14 +79,18 @@ impl pb::info_service_server::InfoService for InfoHandler {
                     .unwrap_or(0),
             })
             .collect();
+        let layout = self.generators.layout();
+        let unix_ms = self.clock.unix_ms();
         Ok(Response::new(pb::GetInfoResponse {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             namespace: self.namespace.clone(),
-            layout: Some(convert::layout_to_pb(&self.generators.layout())),
+            layout: Some(convert::layout_to_pb(&layout)),
             instance_id: self.instance_id.clone(),
             held,
-            server_time_unix_ms: self.clock.unix_ms(),
+            server_time_unix_ms: unix_ms,
             store: self.store.to_owned(),
+            layout_end_unix_ms: layout.end_unix_ms(),
+            layout_remaining_seconds: layout.end_unix_ms().saturating_sub(unix_ms) / 1000,
         }))
     }
 

@@ -11,6 +11,8 @@ use snowkeep_proto::v1::admin_service_server::AdminService;
 use snowkeep_proto::v1::info_service_server::InfoService;
 use tonic::Request;
 
+use snowkeep_ctl::lifetime::{tenths_of_years_left, years_text};
+
 use super::fence::fence_text;
 use super::StatusSources;
 use snowkeep_core::text::rfc3339;
@@ -67,6 +69,10 @@ pub(crate) struct PeerView {
 pub(crate) struct NamespaceView {
     pub(crate) name: String,
     pub(crate) layout: String,
+    /// How long the layout has left, in words ([`lifetime_text`]).
+    pub(crate) lifetime: String,
+    /// Under a year left (or none): what `SnowkeepLayoutEndingSoon` fires on.
+    pub(crate) lifetime_short: bool,
     pub(crate) range: String,
     pub(crate) total: u32,
     pub(crate) held: u32,
@@ -145,6 +151,23 @@ fn layout_text(layout: Option<&pb::Layout>) -> String {
             rfc3339(l.epoch_unix_ms)
         ),
     }
+}
+
+/// How long a layout ending at `end_unix_ms` (the first Unix ms no id can
+/// carry; 0 when unknown) has left at `now_unix_ms`, in years of 365 days
+/// rounded down to a tenth (as `snowkeepctl namespaces` shows them), and
+/// whether that is under a year.
+pub(crate) fn lifetime_text(end_unix_ms: u64, now_unix_ms: u64) -> (String, bool) {
+    let Some(tenths) = tenths_of_years_left(end_unix_ms, now_unix_ms) else {
+        return ("unknown".to_owned(), false);
+    };
+    let end = rfc3339(end_unix_ms);
+    if end_unix_ms <= now_unix_ms {
+        return (format!("none: the timestamp field ran out at {end}"), true);
+    }
+    let years = years_text(Some(tenths));
+    let text = format!("{years} years left: the timestamp field runs out at {end}");
+    (text, tenths < 10)
 }
 
 /// Comma-separated machine ids, with runs shortened (`0-3, 7`).
@@ -227,8 +250,12 @@ async fn namespace_view(
         ),
         Err(e) => (Some(format!("Cannot list the requesters: {e}")), Vec::new()),
     };
+    let (lifetime, lifetime_short) =
+        lifetime_text(summary.layout_end_unix_ms, sources.clock.unix_ms());
     NamespaceView {
         layout: layout_text(summary.layout.as_ref()),
+        lifetime,
+        lifetime_short,
         range: format!(
             "{} to {} ({} machine ids)",
             capacity.range_start,
@@ -376,6 +403,38 @@ mod tests {
         assert_eq!(percent(512, 1024), 50);
         assert_eq!(percent(1024, 1024), 100);
         assert_eq!(percent(5, 0), 0);
+    }
+
+    #[test]
+    fn the_lifetime_reads_in_years_and_is_short_under_one() {
+        let day = 86_400_000;
+        // The default layout from 2026-12-03T00:00:00Z.
+        let end = 1_767_225_600_000 + (1u64 << 41);
+        assert_eq!(
+            lifetime_text(end, 1_796_256_000_000),
+            (
+                "68.8 years left: the timestamp field runs out at 2095-09-07T15:47:35Z".to_owned(),
+                false
+            )
+        );
+        assert_eq!(
+            lifetime_text(end, end - 365 * day),
+            (
+                "1.0 years left: the timestamp field runs out at 2095-09-07T15:47:35Z".to_owned(),
+                false
+            )
+        );
+        let (text, short) = lifetime_text(end, end - 200 * day);
+        assert!(short);
+        assert!(text.starts_with("0.5 years left"), "{text}");
+        assert_eq!(
+            lifetime_text(end, end),
+            (
+                "none: the timestamp field ran out at 2095-09-07T15:47:35Z".to_owned(),
+                true
+            )
+        );
+        assert_eq!(lifetime_text(0, end), ("unknown".to_owned(), false));
     }
 
     #[test]

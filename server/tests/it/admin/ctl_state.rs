@@ -3,6 +3,7 @@
 
 use std::process::Command;
 
+use snowkeep_client::{Clock, Layout, SystemClock};
 use snowkeep_proto::v1 as pb;
 
 use snowkeep_test_support::etcd::EtcdProcess;
@@ -233,4 +234,69 @@ async fn every_state_command_runs_against_a_live_cluster() {
     assert_eq!(r["keys"], 0);
     assert_eq!(r["lead_ms"], 3_000);
     let _ = pb::ExportRequest {};
+}
+
+/// `namespaces` shows how long each namespace's layout has left, from
+/// snowkeepctl's clock: `layout_end_unix_ms` exactly (the server's
+/// `Layout::end_unix_ms`), and years of 365 days rounded down to a tenth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_show_the_years_each_layout_has_left() {
+    let etcd = EtcdProcess::start().await;
+    let servers = ServerProcess::serving(1, &etcd.endpoint(), "long-lived").await;
+    let s = &servers[0];
+    // A second namespace whose 40/12/11 layout ends 200 days from now:
+    // 0.547 years, shown as 0.5.
+    let (short, flag) = crate::telemetry::lifetime::layout_ending_in(200);
+    let mut create = ServerProcess::joining(
+        &etcd.endpoint(),
+        "short-lived",
+        &["--create-namespace-only", "--layout", &flag],
+    );
+    assert!(create
+        .wait_exit(std::time::Duration::from_secs(20))
+        .await
+        .success());
+
+    let before = SystemClock.unix_ms();
+    let list = json(Some(s), &["namespaces"]);
+    let after = SystemClock.unix_ms();
+    let by_name = |name: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {list}"))
+            .clone()
+    };
+    let short_row = by_name("short-lived");
+    assert_eq!(short_row["layout_end_unix_ms"], short.end_unix_ms());
+    assert_eq!(short_row["layout_remaining_years"], serde_json::json!(0.5));
+    // The default layout: 41 bits from 2026-01-01, over 68 years from now.
+    let long = Layout::default().end_unix_ms();
+    let long_row = by_name("long-lived");
+    assert_eq!(long_row["layout_end_unix_ms"], long);
+    let tenths = |now: u64| (long - now) / (365 * 86_400_000 / 10);
+    let years = long_row["layout_remaining_years"].as_f64().unwrap();
+    assert!(
+        [tenths(before), tenths(after)]
+            .iter()
+            .any(|t| (*t as f64 / 10.0 - years).abs() < 1e-9),
+        "{years} years, not {} or {}",
+        tenths(before),
+        tenths(after)
+    );
+
+    // The table: a YEARS LEFT column, 0.5 on the short-lived row.
+    let out = Command::new(env!("CARGO_BIN_EXE_snowkeepctl"))
+        .args(["--endpoint", &s.url(), "namespaces"])
+        .env_remove("SNOWKEEP_OUTPUT")
+        .output()
+        .expect("run snowkeepctl");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    let header = table.lines().find(|l| l.contains("NAMESPACE")).unwrap();
+    assert!(header.contains("YEARS LEFT"), "{table}");
+    let row = table.lines().find(|l| l.contains("short-lived")).unwrap();
+    let cells: Vec<&str> = row.split(['│', '┆']).map(str::trim).collect();
+    assert_eq!(cells[cells.len() - 2], "0.5", "{table}");
 }

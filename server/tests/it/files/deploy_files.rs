@@ -218,7 +218,7 @@ fn alert_rules() -> Vec<(String, String)> {
 #[test]
 fn the_alert_rules_name_no_scrape_job_and_find_targets_by_one_label() {
     let rules = alert_rules();
-    assert_eq!(rules.len(), 13);
+    assert_eq!(rules.len(), 14);
     let mut on_up = Vec::new();
     for (alert, expr) in &rules {
         for vs in selectors_of(alert, expr) {

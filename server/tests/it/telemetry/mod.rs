@@ -1,4 +1,5 @@
-//! What operators see: the metrics catalog, clock-skew telemetry and the status page.
+//! What operators see: the metrics catalog, clock-skew telemetry, the layout's lifetime and the status page.
 
+pub(crate) mod lifetime;
 mod observability;
 mod status_page;

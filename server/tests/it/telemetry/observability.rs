@@ -361,7 +361,7 @@ fn every_dashboard_query_and_alert_parses_and_names_only_catalog_metrics() {
         names += 1;
     }
     assert!(names >= 13, "{names} metric names in the rules");
-    assert_eq!(alerts, 13);
+    assert_eq!(alerts, 14);
 }
 
 /// Runs `program` in the repository root and returns its output; panics when
@@ -396,7 +396,7 @@ fn promtool_checks_and_tests_every_rule_and_amtool_the_alertmanager_example() {
         ],
         "Debian package prometheus",
     );
-    assert!(out.contains("SUCCESS: 13 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 14 rules found"), "{out}");
     let out = run_ok(
         "promtool",
         &["test", "rules", "deploy/prometheus/tests/snowkeep.test.yml"],
@@ -587,7 +587,7 @@ fn every_alert_links_its_own_runbook_heading_through_the_one_runbook_base() {
                 .push(url.trim_matches('"').to_owned());
         }
     }
-    assert_eq!(links.len(), 13);
+    assert_eq!(links.len(), 14);
     for (alert, urls) in &links {
         assert_eq!(urls.len(), 1, "{alert} has {} runbook_url", urls.len());
         let fragment = urls[0]

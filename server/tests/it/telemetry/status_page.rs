@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use snowkeep_client::{Clock, SystemClock};
 use snowkeep_proto::v1 as pb;
 
 use snowkeep_test_support::auth::{admin, bearer, lease, random_key};
@@ -262,6 +263,25 @@ async fn the_page_shows_holders_requesters_and_evictions_behind_the_admin_key() 
         );
         assert!(page.contains(r#"data-namespace="page""#), "{page}");
         assert!(page.contains("2 of 4096 held"), "{page}");
+        // The layout's lifetime (the default layout's, from GetInfo's end),
+        // in years of 365 days as snowkeepctl shows them, rendered within
+        // the last minute.
+        let end = info_a.layout_end_unix_ms;
+        assert_eq!(end, snowkeep_client::Layout::default().end_unix_ms());
+        let now = SystemClock.unix_ms();
+        let shown = |now: u64| {
+            let t = (end - now) / (365 * 86_400_000 / 10);
+            format!(
+                r#"<td class="lifetime" title="years of 365 days until no id of this layout can be issued">{}.{} years left: the timestamp field runs out at 2095-09-07T15:47:35Z</td>"#,
+                t / 10,
+                t % 10
+            )
+        };
+        assert!(
+            page.contains(&shown(now)) || page.contains(&shown(now - 60_000)),
+            "no {} in {page}",
+            shown(now)
+        );
         // Each holder's fence in words (three rows: this server's own
         // table and the namespace's two holders), ahead of the clock or, for
         // an idle holder, passed: never a signed number of ms.
