@@ -60,11 +60,19 @@ pub fn migration_floor(
         return refuse(format!(
             "the floor above id {after_id} under --layout {new} is {}, {} from now, more than --max-fence-wait {}: this namespace could not issue before then; choose {hint}",
             rfc3339(floor_unix),
-            humantime::format_duration(Duration::from_secs((floor_unix - now_unix_ms) / 1000)),
+            ahead(floor_unix - now_unix_ms),
             humantime::format_duration(max_fence_wait),
         ));
     }
     Ok(floor)
+}
+
+/// A span of `ms` as an operator reads it: days past a day, else seconds.
+fn ahead(ms: u64) -> String {
+    match ms / 86_400_000 {
+        0 => format!("{} s", ms / 1000),
+        days => format!("{days} days"),
+    }
 }
 
 #[cfg(test)]
@@ -123,7 +131,7 @@ mod tests {
         let ahead = message(migration_floor(max, &leaf(), &Layout::default(), NOW, WAIT));
         assert!(ahead.starts_with("the floor above id "), "{ahead}");
         assert!(
-            ahead.ends_with("choose an epoch at or before 1288834974656 (2010-11-04T01:42:54.656Z), as in --layout 41/12/10@1288834974656"),
+            ahead.ends_with("is 2042-01-27T22:17:05Z, 5536 days from now, more than --max-fence-wait 10s: this namespace could not issue before then; choose an epoch at or before 1288834974656 (2010-11-04T01:42:54Z), as in --layout 41/12/10@1288834974656"),
             "{ahead}"
         );
     }

@@ -5,5 +5,6 @@ mod config_refusals;
 mod id_shapes;
 mod instance_ids;
 mod layout_change;
+mod migration_floor;
 mod namespace_overlap;
 mod tampering;
