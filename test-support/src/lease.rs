@@ -41,6 +41,7 @@ pub fn acquire(
         count,
         client_time_unix_ms: client_time,
         lease_token: String::new(),
+        supports_layout_shapes: true,
     }
 }
 

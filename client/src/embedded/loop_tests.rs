@@ -156,3 +156,25 @@ async fn an_empty_renewal_stops_issuance_at_once_and_for_good() {
     tokio::time::sleep(Duration::from_secs(600)).await;
     assert_eq!(api.calls(), vec![(0, "renew")]);
 }
+
+/// In 1 s ticks, accept waits for the tick after the floor's (not the ms
+/// after the floor), so the first id issues instead of failing with
+/// ClockBehindFloor for the rest of the floor's second.
+#[tokio::test(start_paused = true)]
+async fn the_first_id_after_a_floor_wait_in_1s_ticks_issues() {
+    let layout: Layout = "41/12/10@1767225600000/1s".parse().unwrap();
+    let api = FakeApi::new(vec![]);
+    let mut g = grant(60_000);
+    g.layout = Some(pb::Layout::from(&layout));
+    g.machine_ids[0].floor_ms = START_MS + 1;
+    let clock = TokioClock::new(layout.to_unix_ms(Millis(START_MS)));
+    let mut config = EmbeddedConfig::new("http://127.0.0.1:1", "ns");
+    config.check_interval = Duration::ZERO;
+    let sent = tokio::time::Instant::now().into_std();
+    let e = EmbeddedGenerator::accept(config, Requester::current(), clock, api, g, sent)
+        .await
+        .unwrap();
+    let id = e.next_id().await.unwrap();
+    let tick = layout.tick_start(Millis(START_MS)).get() + 1_000;
+    assert_eq!(layout.decode(id).unwrap().timestamp, Millis(tick));
+}

@@ -375,6 +375,8 @@ impl EmbeddedGenerator {
                 count: config.machine_ids,
                 client_time_unix_ms: config.send_client_time.then(|| clock.unix_ms()),
                 lease_token: String::new(),
+                // The generator honours time units and every total of bits.
+                supports_layout_shapes: true,
             };
             let answer =
                 tokio::time::timeout(config.request_timeout, client.acquire(request)).await;
@@ -448,7 +450,8 @@ impl EmbeddedGenerator {
             .max()
             .unwrap_or(0);
         let now = layout.to_layout_ms(clock.unix_ms()).unwrap_or_default();
-        let wait = Duration::from_millis((max_floor + 1).saturating_sub(now.get()));
+        let first = layout.first_stamp_after(Millis(max_floor));
+        let wait = Duration::from_millis(first.get().saturating_sub(now.get()));
         // Never wait past the lease either: it would end before the first id.
         let max = config
             .max_floor_wait

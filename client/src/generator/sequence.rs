@@ -336,10 +336,9 @@ pub(super) fn admit(
         .ok_or(GenerateError::ClockBeforeEpoch)?;
     let stamp = layout.tick_start(now);
     if stamp <= grant.floor {
-        // The first ms of the tick after the floor's.
-        let above = layout.tick_start(grant.floor).0 + layout.time_unit_ms();
+        let above = layout.first_stamp_after(grant.floor);
         return Err(GenerateError::ClockBehindFloor {
-            wait: Duration::from_millis(above - now.0),
+            wait: Duration::from_millis(above.0 - now.0),
         });
     }
     if now > grant.fence {
@@ -351,7 +350,12 @@ pub(super) fn admit(
         });
     }
     if stamp < last {
-        let by = Duration::from_millis(last.0 - now.0);
+        // `last` is a stamp (a tick's first ms) or a floor kept from an
+        // earlier grant, which may lie inside `now`'s tick: the clock is back
+        // once a tick starts at or above it.
+        let unit = layout.time_unit_ms();
+        let back = last.0.div_ceil(unit).saturating_mul(unit);
+        let by = Duration::from_millis(back.saturating_sub(now.0));
         if by <= max_backward_wait {
             return Ok(Admit::Backward { wait: by });
         }

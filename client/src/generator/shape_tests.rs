@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::tests::ids;
 use super::*;
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 
 /// A generator on `layout` whose clock reads `ts` layout ms, under a grant of
 /// machine id `machine_id` with `floor` and `fence` (layout ms).
@@ -38,13 +39,6 @@ fn generator(
         GeneratorMetrics::default(),
     );
     (g, clock)
-}
-
-fn ids(step: Step) -> Vec<u64> {
-    match step {
-        Step::Ids(t) => (t.first..t.first + t.count).collect(),
-        other => panic!("expected ids, got {other:?}"),
-    }
 }
 
 /// The js53 layout stamps ticks of 10 ms: every ms of a tick stamps the same
@@ -106,6 +100,38 @@ fn a_fence_inside_a_tick_stops_the_holder_at_the_fence() {
             fence: Millis(1_005)
         })
     );
+}
+
+/// A floor kept from an earlier grant can lie inside the clock's tick: a
+/// later grant of the same machine id with a lower floor waits for the tick
+/// at or above it (no underflow, no "stepped back" by centuries).
+#[test]
+fn a_kept_floor_inside_the_clocks_tick_is_waited_for() {
+    let layout = Layout::js53();
+    let epoch = layout.epoch_unix_ms();
+    let mono = ManualClock::new(epoch).now();
+    let grant = |floor: u64| Grant {
+        machine_id: MachineId(1),
+        floor: Millis(floor),
+        fence: Millis(1_000),
+        deadline: None,
+    };
+    let wait = DEFAULT_MAX_BACKWARD_WAIT;
+    let mut state = sequence::SequenceState::new();
+    assert_eq!(
+        state.take(&layout, &grant(15), epoch + 16, mono, 1, 1, wait),
+        Err(GenerateError::ClockBehindFloor {
+            wait: Duration::from_millis(4)
+        })
+    );
+    assert_eq!(
+        state.take(&layout, &grant(5), epoch + 17, mono, 2, 1, wait),
+        Ok(Step::ClockBackward {
+            wait: Duration::from_millis(3)
+        })
+    );
+    let step = state.take(&layout, &grant(5), epoch + 20, mono, 3, 1, wait);
+    assert_eq!(ids(step.unwrap()), vec![(2 << 14) | (1 << 8)]);
 }
 
 /// The last tick of a 32-bit layout in 1 s units is stamped; the ms after

@@ -51,7 +51,8 @@ fn moving_clock(clock: Arc<ManualClock>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-fn ids(step: Step) -> Vec<u64> {
+/// The ids of a step that issued; panics on any other step.
+pub(super) fn ids(step: Step) -> Vec<u64> {
     match step {
         Step::Ids(t) => (t.first..t.first + t.count).collect(),
         other => panic!("expected ids, got {other:?}"),

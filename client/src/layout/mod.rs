@@ -112,7 +112,7 @@ pub enum LayoutError {
         text: String,
     },
     /// A layout string could not be parsed.
-    #[error("cannot parse layout {text:?}: the {field} is not a number; expected TIMESTAMP/MACHINE/SEQUENCE bits such as 41/12/10, optionally @EPOCH_UNIX_MS, optionally /UNIT (1ms, 10ms, 100ms, 1s), or the preset js53")]
+    #[error("cannot parse layout {text:?}: {}; expected TIMESTAMP/MACHINE/SEQUENCE bits such as 41/12/10, optionally @EPOCH_UNIX_MS, optionally /UNIT (1ms, 10ms, 100ms, 1s), or the preset js53", parse_problem(field))]
     Parse {
         /// The text given.
         text: String,
@@ -237,9 +237,10 @@ impl Layout {
     pub fn sequences_per_tick(&self) -> u64 {
         1u64 << self.sequence_bits
     }
-    /// Ids per second per machine id at most: `2^sequence_bits * 1000 / unit`.
+    /// Ids per second per machine id at most: `2^sequence_bits * 1000 / unit`
+    /// (saturating: a layout of 55 or more sequence bits has more).
     pub fn ids_per_second(&self) -> u64 {
-        self.sequences_per_tick() * 1000 / self.time_unit_ms()
+        self.sequences_per_tick().saturating_mul(1000) / self.time_unit_ms()
     }
     /// The last layout ms an id can carry: the last ms of tick
     /// `2^timestamp_bits - 1`, `2^timestamp_bits * unit - 1` (saturating).
@@ -285,6 +286,13 @@ impl Layout {
             return None;
         }
         Some(Millis(next.checked_mul(self.time_unit_ms())? - 1))
+    }
+    /// The first layout ms at which a holder whose floor is `floor` may
+    /// stamp: the first ms of the tick after the floor's (`floor + 1` at
+    /// 1 ms units), since a stamp is a tick's first ms and must be above the
+    /// floor. Waits for a floor end here, not at `floor + 1`. Saturating.
+    pub fn first_stamp_after(&self, floor: Millis) -> Millis {
+        Millis(self.tick_start(floor).0.saturating_add(self.time_unit_ms()))
     }
     /// True when `machine_id` fits in `machine_bits`.
     pub fn contains(&self, machine_id: MachineId) -> bool {
@@ -396,6 +404,14 @@ impl std::str::FromStr for Layout {
             None => Ok(layout),
             Some(unit) => layout.with_time_unit(parse_unit(unit)?),
         }
+    }
+}
+
+/// What [`LayoutError::Parse`] says of the part that did not parse.
+fn parse_problem(field: &str) -> String {
+    match field {
+        "shape" => "it is not three bit counts".to_owned(),
+        field => format!("the {field} is not a number"),
     }
 }
 

@@ -132,8 +132,8 @@ fn a_bad_layout_names_what_is_wrong() {
     assert!(parse("x/12/10").contains("the timestamp bits is not a number"));
     assert!(parse("41/12/x").contains("the sequence bits is not a number"));
     assert!(parse("41/12/10@soon").contains("the epoch is not a number"));
-    assert!(parse("41/12").contains("the shape is not a number"));
-    assert!(parse("js54").contains("the shape is not a number"));
+    assert!(parse("41/12").contains("it is not three bit counts"));
+    assert!(parse("js54").contains("it is not three bit counts"));
 }
 
 #[test]

@@ -125,7 +125,7 @@ pub enum StoreError {
     },
     /// `--floor-after-id` on a namespace that exists with a lower floor: a
     /// migration floor is set only when the namespace is created.
-    #[error("namespace {namespace:?} exists with floor {floor}, below the migration floor {wanted} that --floor-after-id asks for: a migration floor is set only when a namespace is created. Create a new namespace for the migration, or raise this one's floor with --confirm-namespace-floor (docs/operations.md#moving-to-a-new-layout)")]
+    #[error("namespace {namespace:?} exists with floor {floor}, below the migration floor {wanted} that --floor-after-id asks for: a migration floor is set only when a namespace is created. Create a new namespace for the migration (docs/operations.md#moving-to-a-new-layout)")]
     MigrationFloorNotSet {
         /// The namespace.
         namespace: String,

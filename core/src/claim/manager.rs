@@ -348,7 +348,7 @@ impl<S: ClaimStore> ClaimManager<S> {
     async fn fence(&mut self, hold: &mut Hold<S::Lease>, now: Instant) -> Option<Held> {
         let now_ms = self.now_ms();
         let floor = hold.claim.max_floor();
-        if now_ms <= floor {
+        if now_ms < self.layout.first_stamp_after(floor) {
             self.wait_for_floor(hold, now, now_ms, floor);
             return None;
         }
@@ -367,8 +367,8 @@ impl<S: ClaimStore> ClaimManager<S> {
         ahead as f64 / 1000.0
     }
 
-    /// The clock is not past the floor (design.md, fence protocol rule 3):
-    /// wake again just after it will be.
+    /// The clock is not past the floor's tick (design.md, fence protocol
+    /// rule 3): wake again when the first stamp above it may be made.
     fn wait_for_floor(
         &self,
         hold: &mut Hold<S::Lease>,
@@ -376,7 +376,8 @@ impl<S: ClaimStore> ClaimManager<S> {
         now_ms: Millis,
         floor: Millis,
     ) {
-        let wait = Duration::from_millis(floor.get() - now_ms.get() + 1);
+        let first = self.layout.first_stamp_after(floor);
+        let wait = Duration::from_millis(first.get().saturating_sub(now_ms.get()));
         if hold.floor_wait_since.is_none() {
             hold.floor_wait_since = Some(now);
             metrics::counter!(m::FENCE_WAITS_TOTAL).increment(1);

@@ -221,6 +221,8 @@ pub(super) struct Script {
     /// The outage budget (the fence lead is 1.5 of it); `--max-fence-wait`
     /// is 10 s.
     pub(super) outage_budget: Duration,
+    /// The namespace's layout.
+    pub(super) layout: Layout,
 }
 
 impl Default for Script {
@@ -234,6 +236,7 @@ impl Default for Script {
             on_lease_lost: OnLeaseLost::Exit,
             holder_watch: None,
             outage_budget: Duration::from_millis(BUDGET_MS),
+            layout: Layout::default(),
         }
     }
 }
@@ -293,8 +296,8 @@ impl Harness {
             on_lease_lost,
             holder_watch,
             outage_budget,
+            layout,
         } = script;
-        let layout = Layout::default();
         let clock = TokioClock::new(layout.to_unix_ms(Millis(START_MS)));
         let start = tokio::time::Instant::now();
         let log = Log::default();
@@ -411,6 +414,34 @@ async fn a_grant_is_published_only_past_the_floor_and_after_its_fence_is_persist
     assert_eq!(
         (decoded.timestamp, decoded.machine_id),
         (Millis(floor + 1), MachineId(7))
+    );
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
+
+/// In 1 s ticks the loop waits for the tick after the floor's, not the ms
+/// after the floor: the generator stamps a tick's first ms, and only above
+/// the floor, so a grant published at floor + 1 would refuse its first ids
+/// for the rest of the floor's second.
+#[tokio::test(start_paused = true)]
+async fn a_grant_in_1s_ticks_is_published_at_the_tick_after_the_floors() {
+    let layout = Layout::default().with_time_unit(1_000).unwrap();
+    // START_MS is 1,000,000 ms (a tick start): the floor falls 1 ms into the
+    // second tick after it.
+    let floor = START_MS + 1_001;
+    let mut h = Harness::start_scripted(Script {
+        claims: vec![vec![held(7, floor)]],
+        layout,
+        ..Script::default()
+    });
+    let (at, grant) = h.next_grant(0).await;
+    assert_eq!(at, 2_000);
+    assert_eq!(grant.map(|g| g.floor), Some(Millis(floor)));
+    let id = h.generators[0].next_id().await.unwrap();
+    let decoded = layout.decode(id).unwrap();
+    assert_eq!(
+        (decoded.timestamp, decoded.machine_id),
+        (Millis(START_MS + 2_000), MachineId(7))
     );
     h.release.cancel();
     assert!(h.ended().await.is_ok());

@@ -359,6 +359,14 @@ impl<S: LeaseStore> LeaseHandler<S> {
         let token = convert::lease_token(&req.lease_token)?;
         let (requester, mut store, layout) =
             self.open(req.requester.as_ref(), &req.namespace).await?;
+        let shaped = layout.time_unit_ms() != 1 || layout.total_bits() != 63;
+        if shaped && !req.supports_layout_shapes {
+            return Err(ApiError::OldClientLayout {
+                layout: layout.to_string(),
+                unit: layout.time_unit_ms(),
+            }
+            .into());
+        }
         // Refused (FAILED_PRECONDITION) while etcd shows it lost writes, and
         // (UNAVAILABLE) while a confirmed floor is further than a claim waits.
         let incarnation = store.admit(&req.namespace).await.map_err(ApiError::Store)?;

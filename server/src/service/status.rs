@@ -54,6 +54,10 @@ pub enum ApiError {
     /// A namespace name that breaks [`snowkeep_core::namespace::NAMESPACE_RULE`].
     #[error("invalid namespace {namespace:?}: a namespace is {rule}", rule = snowkeep_core::namespace::NAMESPACE_RULE)]
     InvalidNamespace { namespace: String },
+    /// An Acquire from a client that does not say it honours time units and
+    /// short layouts, in a namespace whose layout has either.
+    #[error("namespace layout {layout} counts its timestamp in {unit} ms ticks or has fewer than 63 bits, and this client did not set AcquireRequest.supports_layout_shapes: a client from before layouts had units would mint ids a newer holder mints too; upgrade the client (snowkeep-client, or set the field once the client reads Layout.time_unit_ms)")]
+    OldClientLayout { layout: String, unit: u64 },
     /// `Acquire.count` out of range.
     #[error("count must be between 1 and {max}, got {got}")]
     InvalidLeaseCount { got: u32, max: u32 },
@@ -207,7 +211,9 @@ fn code_of(err: &ApiError) -> Code {
         | ApiError::InvalidLeaseCount { .. }
         | ApiError::InvalidLeaseToken
         | ApiError::InvalidMachineId { .. } => Code::InvalidArgument,
-        ApiError::ClientClockSkew { .. } | ApiError::LeaseApiNeedsEtcd => Code::FailedPrecondition,
+        ApiError::ClientClockSkew { .. }
+        | ApiError::LeaseApiNeedsEtcd
+        | ApiError::OldClientLayout { .. } => Code::FailedPrecondition,
         ApiError::StoreNotConnected => Code::Unavailable,
         ApiError::Store(e) => match e {
             StoreError::UnknownNamespace { .. } => Code::NotFound,

@@ -64,6 +64,7 @@ fn acquire(namespace: &str, count: u32, token: &str, client: u64) -> Request<pb:
         count,
         lease_token: token.into(),
         client_time_unix_ms: Some(client),
+        supports_layout_shapes: false,
     })
 }
 
@@ -103,6 +104,35 @@ fn event(action: &'static str, namespace: &str, subject: &str, result: &str) -> 
         subject: subject.into(),
         result: result.into(),
     }
+}
+
+/// A client that does not say it honours time units and short layouts (one
+/// from before them) is refused in a js53 namespace before any claim: it
+/// would stamp ms where the namespace counts 10 ms ticks. One that says so
+/// is served, and old clients keep working in 63-bit, 1 ms namespaces.
+#[tokio::test]
+async fn an_acquire_in_a_shaped_layout_needs_a_client_that_supports_it() {
+    let (h, store) = handler();
+    let refused = h
+        .acquire(acquire("js53-orders", 1, "", NOW))
+        .await
+        .err()
+        .map(|s| (s.code(), s.message().to_owned()));
+    assert_eq!(
+        refused,
+        Some((
+            Code::FailedPrecondition,
+            "namespace layout 39/6/8@1767225600000/10ms counts its timestamp in 10 ms ticks or has fewer than 63 bits, and this client did not set AcquireRequest.supports_layout_shapes: a client from before layouts had units would mint ids a newer holder mints too; upgrade the client (snowkeep-client, or set the field once the client reads Layout.time_unit_ms)".to_owned()
+        ))
+    );
+    assert_eq!(store.book().calls(), ["layout"]);
+    let mut shaped = acquire("js53-orders", 1, "", NOW);
+    shaped.get_mut().supports_layout_shapes = true;
+    let grant = h.acquire(shaped).await.unwrap();
+    assert_eq!(ids(grant.get_ref()), vec![0]);
+    let (h, _) = handler();
+    let old = h.acquire(acquire("orders", 1, "", NOW)).await.unwrap();
+    assert_eq!(ids(old.get_ref()), vec![0]);
 }
 
 #[tokio::test]

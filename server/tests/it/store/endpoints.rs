@@ -254,6 +254,7 @@ async fn lease_api_round_trip(server: &ServerProcess, namespace: &str, who: &Req
             count: 2,
             client_time_unix_ms: None,
             lease_token: String::new(),
+            supports_layout_shapes: true,
         })
         .await
         .unwrap_or_else(|e| panic!("Acquire: {e}; log:\n{}", server.log()))
