@@ -156,7 +156,7 @@ pub enum StoreError {
         reason: String,
     },
     /// The namespace's confirmed floor is further ahead than a server waits.
-    #[error("namespace {namespace:?} is fenced until {until} (a floor an operator confirmed after etcd lost state), {} from now, more than --max-fence-wait {}: servers claim once the clock is within --max-fence-wait of it (see docs/operations.md#choosing-the-floor)", humantime::format_duration(*ahead), humantime::format_duration(*max))]
+    #[error("namespace {namespace:?} is fenced until {until} (a floor an operator confirmed after etcd lost state, or the migration floor of --floor-after-id), {} from now, more than --max-fence-wait {}: servers claim once the clock is within --max-fence-wait of it (see docs/operations.md#choosing-the-floor and #moving-to-a-new-layout)", humantime::format_duration(*ahead), humantime::format_duration(*max))]
     NamespaceFloorAhead {
         /// The namespace.
         namespace: String,

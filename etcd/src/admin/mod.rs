@@ -64,7 +64,10 @@ pub struct StateStore {
     endpoints: Endpoints,
     clock: SharedClock,
     timeout: Duration,
-    range: Range<u32>,
+    /// This deployment's `--machine-id-range`; `None` when it is the whole
+    /// of the server's own layout (the default), which for another
+    /// namespace means the whole of that namespace's layout.
+    range: Option<Range<u32>>,
     fence_lead: Duration,
 }
 
@@ -81,7 +84,8 @@ impl EtcdStore {
             endpoints: self.endpoints.clone(),
             clock: self.clock.clone(),
             timeout: self.settings.request_timeout,
-            range: self.settings.machine_id_range.clone(),
+            range: Some(self.settings.machine_id_range.clone())
+                .filter(|r| *r != (0..self.layout.machine_id_count())),
             fence_lead: self.settings.fence_horizon,
         }
     }
@@ -246,10 +250,15 @@ impl StateStore {
         }
     }
 
-    /// This deployment's range cut to the machine ids of `layout`.
+    /// This deployment's range cut to the machine ids of `layout`: all of
+    /// them when the server claims its whole own layout (a namespace of 64
+    /// machine ids answering for one of 4,096 must not cut it to 64).
     fn range_in(&self, layout: &Layout) -> Range<u32> {
         let count = layout.machine_id_count();
-        self.range.start.min(count)..self.range.end.min(count)
+        match &self.range {
+            None => 0..count,
+            Some(r) => r.start.min(count)..r.end.min(count),
+        }
     }
 
     /// The capacity of `ns`'s machine ids in this deployment's range.

@@ -35,8 +35,13 @@ pub fn migration_floor(
         ));
     }
     let Some(floor) = new.floor_above_id(after_id) else {
+        let hint = match new.total_bits() {
+            63 => "no 63-bit layout can start above an id this close to 2^63".to_owned(),
+            53 => "ids above 2^53 - 1 cannot be JavaScript-safe: keep a 63-bit layout and give browsers the text form (IdFormat, docs/api.md)".to_owned(),
+            _ => "choose a layout of more bits (at most 63)".to_owned(),
+        };
         return refuse(format!(
-            "--layout {new} cannot express an id above {after_id}: its largest id is {} ({} bits); choose a layout of more bits or fewer machine and sequence bits",
+            "--layout {new} cannot express an id above {after_id}: its largest id is {} ({} bits); {hint}",
             new.max_id(),
             new.total_bits()
         ));
@@ -125,7 +130,7 @@ mod tests {
         let max = ((NOW - 1_288_834_974_657) << 22) | 0x3f_ffff;
         assert_eq!(
             message(migration_floor(max, &leaf(), &js, NOW, WAIT)),
-            format!("--layout 39/6/8@1767225600000/10ms cannot express an id above {max}: its largest id is 9007199254740991 (53 bits); choose a layout of more bits or fewer machine and sequence bits")
+            format!("--layout 39/6/8@1767225600000/10ms cannot express an id above {max}: its largest id is 9007199254740991 (53 bits); ids above 2^53 - 1 cannot be JavaScript-safe: keep a 63-bit layout and give browsers the text form (IdFormat, docs/api.md)")
         );
         // Leaf's ids on the default 2026 epoch: about 16 years ahead.
         let ahead = message(migration_floor(max, &leaf(), &Layout::default(), NOW, WAIT));

@@ -139,6 +139,27 @@ async fn a_js53_namespace_serves_javascript_safe_ids_that_decode_and_stay_unique
     let seen: HashSet<u64> = ids.iter().copied().collect();
     assert_eq!(after.iter().filter(|id| seen.contains(id)).count(), 0);
 
+    // A server of the js53 namespace (64 machine ids) counts another
+    // namespace's capacity in that namespace's own layout (4,096).
+    let wide = ServerProcess::on_etcd(&etcd.endpoint(), "wide", &[]);
+    wide.wait_serving(READY).await;
+    let mut admin = pb::admin_service_client::AdminServiceClient::new(second.channel().await);
+    let capacity = |name: &str| pb::GetNamespaceCapacityRequest {
+        namespace: name.into(),
+    };
+    let got = admin
+        .get_namespace_capacity(capacity("wide"))
+        .await
+        .unwrap();
+    let c = got.into_inner().capacity.unwrap();
+    assert_eq!(
+        (c.total, c.held, c.range_start, c.range_end),
+        (4096, 1, 0, 4096)
+    );
+    let got = admin.get_namespace_capacity(capacity("js")).await.unwrap();
+    let c = got.into_inner().capacity.unwrap();
+    assert_eq!((c.total, c.range_end), (64, 64));
+
     // The namespace keeps its layout: a server with the default one refuses.
     let mut other = ServerProcess::joining(&etcd.endpoint(), "js", &[]);
     other
