@@ -45,7 +45,14 @@ fn parse_id(arg: &str, as_text: bool, layout: &Layout) -> anyhow::Result<u64> {
             .parse()
             .with_context(|| format!("id {arg} does not fit 64 bits"));
     }
-    Ok(text_id::decode(arg, layout.total_bits())?)
+    text_id::decode(arg, layout.total_bits()).map_err(|e| match e {
+        // Another layout's width: say which layout was used, and how to
+        // give the namespace's.
+        text_id::TextIdError::WrongLength { .. } => anyhow::anyhow!(
+            "{e}; it was read under --layout {layout} (the default unless --layout or SNOWKEEP_LAYOUT is given): give the namespace's layout, e.g. --layout js53 for the 11-character texts of js53 ids"
+        ),
+        e => e.into(),
+    })
 }
 
 /// The fields of `id` under `layout`, as JSON.
@@ -173,6 +180,16 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "id 99999999999999999999 does not fit 64 bits"
+        );
+        let js_text = text_id::encode(1_639_687, 53);
+        let wrong = parse_id(&js_text, false, &layout).unwrap_err().to_string();
+        assert!(
+            wrong.ends_with("; it was read under --layout 41/12/10@1767225600000 (the default unless --layout or SNOWKEEP_LAYOUT is given): give the namespace's layout, e.g. --layout js53 for the 11-character texts of js53 ids"),
+            "{wrong}"
+        );
+        assert_eq!(
+            parse_id(&js_text, false, &Layout::js53()).unwrap(),
+            1_639_687
         );
     }
 
