@@ -68,8 +68,21 @@ impl GenerateError {
 /// Why a client call or an embedded generator failed.
 #[derive(Debug, Error)]
 pub enum ClientError {
+    /// A parameter refused before any call (a count outside 1 to 100000,
+    /// an id above the layout's largest).
+    #[error("invalid {parameter}: {detail}")]
+    InvalidArgument {
+        /// The parameter's name, as the contract names it (`count`,
+        /// `batch_size`, `id`).
+        parameter: &'static str,
+        /// What is wrong, with the value.
+        detail: String,
+    },
+    /// [`crate::IdPool::next_id`] after [`crate::IdPool::close`].
+    #[error("the id pool is closed")]
+    PoolClosed,
     /// An endpoint URL could not be used.
-    #[error("invalid endpoint {endpoint:?}: use http://host:port")]
+    #[error("invalid endpoints: {endpoint:?} is not host:port, http://host:port or https://host:port (a port of 1 to 65535)")]
     InvalidEndpoint {
         /// The endpoint as given, which does not parse as a URI.
         endpoint: String,
@@ -81,7 +94,7 @@ pub enum ClientError {
         detail: String,
     },
     /// No server address to call.
-    #[error("no snowkeep server to call: give at least one endpoint")]
+    #[error("invalid endpoints: the list is empty; give at least one snowkeep server")]
     NoServers,
     /// A DNS name did not resolve.
     #[error("cannot resolve {name}")]
@@ -179,6 +192,8 @@ impl ClientError {
             | ClientError::ShortStream { .. }
             | ClientError::NoTexts { .. } => true,
             ClientError::InvalidEndpoint { .. }
+            | ClientError::InvalidArgument { .. }
+            | ClientError::PoolClosed
             | ClientError::Tls { .. }
             | ClientError::NoServers
             | ClientError::BadLayout(_)
@@ -187,6 +202,36 @@ impl ClientError {
             | ClientError::GrantCount { .. }
             | ClientError::ClockBehindFloor { .. }
             | ClientError::ClockPastFence { .. } => false,
+        }
+    }
+}
+
+impl ClientError {
+    /// The gRPC code this error stands for, as every official client reports
+    /// it (`conformance/README.md`): the server's code for
+    /// [`ClientError::Status`]; `INVALID_ARGUMENT` for what is refused
+    /// before any call; `FAILED_PRECONDITION` for a closed pool or a grant
+    /// that cannot be used; `UNAVAILABLE` for an empty pool, a short stream
+    /// or a name that did not resolve.
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            ClientError::Status(s) => s.code(),
+            ClientError::InvalidArgument { .. }
+            | ClientError::InvalidEndpoint { .. }
+            | ClientError::Tls { .. }
+            | ClientError::NoServers => Code::InvalidArgument,
+            ClientError::Resolve { .. }
+            | ClientError::PoolEmpty { .. }
+            | ClientError::ShortStream { .. }
+            | ClientError::NoTexts { .. } => Code::Unavailable,
+            ClientError::PoolClosed
+            | ClientError::BadLayout(_)
+            | ClientError::MachineIdOutOfRange { .. }
+            | ClientError::GrantExpired
+            | ClientError::GrantCount { .. }
+            | ClientError::ClockBehindFloor { .. }
+            | ClientError::ClockPastFence { .. } => Code::FailedPrecondition,
         }
     }
 }

@@ -38,7 +38,7 @@ pub use embedded::{EmbeddedConfig, EmbeddedGenerator, Requester};
 pub use error::{ClientError, GenerateError, StopReason};
 pub use generator::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, Grant, Taken};
 pub use layout::{DecodedId, Layout, LayoutError, MachineId, Millis};
-pub use remote::{IdPool, PoolConfig, RemoteClient, RemoteConfig};
+pub use remote::{IdPool, PoolConfig, RemoteClient, RemoteConfig, ResumingStream};
 pub use text_id::TextIdError;
 #[cfg(feature = "tls")]
 pub use tls::ClientTls;

@@ -19,9 +19,11 @@ pub struct ClientTls {
     server_name: Option<String>,
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, ClientError> {
+/// The bytes of `path`, the file of setting `parameter` (`tls.ca`,
+/// `tls.cert`, `tls.key`), or an error naming both.
+fn read(parameter: &str, path: &Path) -> Result<Vec<u8>, ClientError> {
     std::fs::read(path).map_err(|e| ClientError::Tls {
-        detail: format!("cannot read {}: {e}", path.display()),
+        detail: format!("{parameter}: cannot read {}: {e}", path.display()),
     })
 }
 
@@ -40,7 +42,7 @@ impl ClientTls {
     /// # Errors
     /// [`ClientError::Tls`] when the file cannot be read.
     pub fn from_ca_file(ca_file: impl AsRef<Path>) -> Result<Self, ClientError> {
-        Ok(Self::new(read(ca_file.as_ref())?))
+        Ok(Self::new(read("tls.ca", ca_file.as_ref())?))
     }
 
     /// Presents this certificate chain and key (PEM) to servers that ask for
@@ -59,7 +61,8 @@ impl ClientTls {
         cert_file: impl AsRef<Path>,
         key_file: impl AsRef<Path>,
     ) -> Result<Self, ClientError> {
-        let (cert, key) = (read(cert_file.as_ref())?, read(key_file.as_ref())?);
+        let cert = read("tls.cert", cert_file.as_ref())?;
+        let key = read("tls.key", key_file.as_ref())?;
         Ok(self.identity(cert, key))
     }
 

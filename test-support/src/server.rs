@@ -25,6 +25,9 @@ pub struct ServerProcess {
     /// The metrics port.
     pub metrics_port: u16,
     log: PathBuf,
+    /// How it was started, for [`ServerProcess::restart`].
+    command: Vec<String>,
+    env: Vec<(String, String)>,
     _dir: TempDir,
 }
 
@@ -46,36 +49,68 @@ impl ServerProcess {
         let dir = tempfile::tempdir().expect("temp dir");
         let port = free_port();
         let metrics_port = free_port();
-        let log = dir.path().join("server.log");
-        let server = &super::server_binary();
-        let mut command = match wrapper.split_first() {
-            None => Command::new(server),
-            Some((program, rest)) => {
-                let mut c = Command::new(program);
-                c.args(rest).arg(server);
-                c
-            }
+        let server = super::server_binary();
+        let mut command: Vec<String> = wrapper.iter().map(|s| (*s).to_owned()).collect();
+        command.push(server.to_str().expect("UTF-8 path").to_owned());
+        command.extend(["--listen".into(), format!("127.0.0.1:{port}")]);
+        command.extend([
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ]);
+        command.extend(args.iter().map(|s| (*s).to_owned()));
+        let mut s = Self {
+            child: None,
+            port,
+            metrics_port,
+            log: dir.path().join("server.log"),
+            command,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            _dir: dir,
         };
-        let child = command
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-            .args(args)
+        s.child = Some(s.start_child());
+        s
+    }
+
+    /// Starts the process as [`ServerProcess::spawn_wrapped`] set it up,
+    /// its stderr appended to the log.
+    fn start_child(&self) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        Command::new(&self.command[0])
+            .args(&self.command[1..])
             .env(
                 "SNOWKEEP_LOG",
                 "info,snowkeep_server=debug,snowkeep_guard=debug,snowkeep_etcd=debug,snowkeep_core=debug",
             )
-            .envs(env.iter().copied())
-            .current_dir(dir.path())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(self._dir.path())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
+            .stderr(log)
             .spawn()
-            .expect("spawn snowkeep-server");
-        Self {
-            child: Some(child),
-            port,
-            metrics_port,
-            log,
-            _dir: dir,
+            .expect("spawn snowkeep-server")
+    }
+
+    /// Starts the server again with the same flags and ports (its state dir
+    /// and log kept) after it exited or was killed; a running one is killed
+    /// (SIGKILL) first.
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.child = Some(self.start_child());
+    }
+
+    /// Waits until the stopped or killed process is gone (reaped).
+    pub fn reap(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
         }
     }
 

@@ -1,28 +1,38 @@
-//! `RemoteClient`: calls `IdService` on several snowkeep servers, balancing
-//! round-robin and retrying a retryable failure (UNAVAILABLE, a transport
+//! `RemoteClient`: calls `IdService` on several snowkeep servers, choosing
+//! them round-robin and skipping one whose last attempt failed (ejected for a
+//! backoff), and retrying a retryable failure (UNAVAILABLE, a transport
 //! error, a server at its limits: the codes `ClientError::is_retryable`
-//! retries) on the next server with backoff, so one server going away costs
-//! a retry, not a failed call. [`IdPool`] prefetches in the background so
-//! `next_id()` is a local pop. [`IdStream`] counts a stream's ids, so one
-//! that ends before its total is an error, never a short success.
+//! retries) on the next server with jittered backoff within a retry budget,
+//! so one server going away costs a retry, not a failed call. [`IdPool`]
+//! prefetches in the background so `next_id()` is a local pop.
+//! [`RemoteClient::stream`] resumes a stream that ended early on another
+//! server; [`IdStream`] is one server's part, counted, so a stream that ends
+//! before its total is an error, never a short success. The rules are the
+//! client contract every official client follows (`conformance/README.md`).
 
+mod choice;
 mod pool;
+mod resume;
 mod stream;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use snowkeep_proto::v1 as pb;
-use tonic::transport::Endpoint;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::api_key::{KeyedChannel, SendApiKey};
 use tracing::debug;
 
 pub use pool::{IdPool, PoolConfig};
+pub use resume::ResumingStream;
 pub use stream::IdStream;
 
 use crate::backoff::Backoff;
 use crate::error::{is_retryable_code, ClientError};
+use crate::layout::{DecodedId, Layout};
+use choice::Choice;
 
 /// The TLS settings `build` takes: [`crate::tls::ClientTls`] with the `tls`
 /// feature, nothing to give without it.
@@ -31,18 +41,29 @@ type TlsSettings = crate::tls::ClientTls;
 #[cfg(not(feature = "tls"))]
 type TlsSettings = std::convert::Infallible;
 
+/// The largest `count` of one `NextIds` call (and `batch_size` of a
+/// stream): the server's limit, checked before any call.
+pub const MAX_COUNT: u32 = 100_000;
+
 /// Settings of a remote client.
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
-    /// Attempts per call across servers (at least the number of servers makes
-    /// every server get a chance).
+    /// Most attempts per call across servers; the default (`u32::MAX`)
+    /// leaves the bound to `retry_budget`.
     pub attempts: u32,
-    /// First delay between attempts; doubles up to `max_backoff`.
+    /// First delay after every server failed once in a round; doubles each
+    /// round up to `max_backoff`, each delay scaled by a random factor in
+    /// [0.8, 1.2]. Also how long a failed server is first skipped (ejected).
     pub backoff: Duration,
-    /// Largest delay between attempts.
+    /// Largest delay between rounds, and longest ejection.
     pub max_backoff: Duration,
-    /// Timeout of one attempt.
+    /// Timeout of one attempt (capped by the budget left), and the longest
+    /// a stream may go without a batch before it counts as failed.
     pub request_timeout: Duration,
+    /// The whole time a call may spend retrying: no attempt starts and no
+    /// backoff ends after it; the call then fails with the last retryable
+    /// error. A stream's budget starts again whenever a batch arrives.
+    pub retry_budget: Duration,
     /// The API key sent with every call (a cluster that requires API keys
     /// needs one with the `ids` permission); `None` sends none.
     pub api_key: Option<crate::ApiKey>,
@@ -51,25 +72,59 @@ pub struct RemoteConfig {
 impl Default for RemoteConfig {
     fn default() -> Self {
         Self {
-            attempts: 6,
+            attempts: u32::MAX,
             backoff: Duration::from_millis(20),
             max_backoff: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
+            retry_budget: Duration::from_secs(10),
             api_key: None,
         }
     }
 }
 
-/// A client of several snowkeep servers.
+/// One server: its `IdService` and `InfoService` over one channel.
+#[derive(Debug, Clone)]
+struct Server {
+    ids: pb::id_service_client::IdServiceClient<KeyedChannel>,
+    info: pb::info_service_client::InfoServiceClient<KeyedChannel>,
+}
+
+/// A client of several snowkeep servers. Cheap to clone: clones share the
+/// connections, the round-robin cursor and the servers' health.
 #[derive(Debug, Clone)]
 pub struct RemoteClient {
-    servers: Vec<pb::id_service_client::IdServiceClient<KeyedChannel>>,
-    next: std::sync::Arc<AtomicUsize>,
+    servers: Vec<Server>,
+    choice: Arc<Choice>,
+    layout: Arc<tokio::sync::OnceCell<Layout>>,
     config: RemoteConfig,
 }
 
+/// `host:port` with a port of 1 to 65535, after an optional `http://` or
+/// `https://`; the endpoint as tonic takes it (`http://` added).
+fn endpoint_uri(endpoint: &str) -> Result<String, ClientError> {
+    let bad = || ClientError::InvalidEndpoint {
+        endpoint: endpoint.to_owned(),
+    };
+    let (scheme, rest) = match endpoint.split_once("://") {
+        Some((s @ ("http" | "https"), rest)) => (s, rest),
+        Some(_) => return Err(bad()),
+        None => ("http", endpoint),
+    };
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    if host.is_empty() || host.contains('/') || !port_ok {
+        return Err(bad());
+    }
+    Ok(format!("{scheme}://{rest}"))
+}
+
 impl RemoteClient {
-    /// A client of `endpoints` (`http://host:port`); connections open lazily.
+    /// A client of `endpoints` (`host:port` or `http://host:port`);
+    /// connections open lazily.
+    ///
+    /// # Errors
+    /// [`ClientError::NoServers`] for an empty list,
+    /// [`ClientError::InvalidEndpoint`] for one that is not `host:port`.
     pub fn new(endpoints: &[String], config: RemoteConfig) -> Result<Self, ClientError> {
         Self::build(endpoints, config, None)
     }
@@ -101,7 +156,7 @@ impl RemoteClient {
             .iter()
             .map(|e| {
                 #[allow(unused_mut)]
-                let mut endpoint = Endpoint::from_shared(e.clone())
+                let mut endpoint = Endpoint::from_shared(endpoint_uri(e)?)
                     .map_err(|_| ClientError::InvalidEndpoint {
                         endpoint: e.clone(),
                     })?
@@ -111,17 +166,17 @@ impl RemoteClient {
                 if let Some(tls) = tls {
                     endpoint = tls.apply(endpoint)?;
                 }
-                let channel = endpoint.connect_lazy();
-                let key = SendApiKey(config.api_key.clone());
-                Ok(
-                    pb::id_service_client::IdServiceClient::with_interceptor(channel, key)
-                        .max_decoding_message_size(64 << 20),
-                )
+                Ok(Server::over(endpoint.connect_lazy(), &config))
             })
-            .collect::<Result<_, ClientError>>()?;
+            .collect::<Result<Vec<_>, ClientError>>()?;
         Ok(Self {
+            choice: Arc::new(Choice::new(
+                servers.len(),
+                config.backoff,
+                config.max_backoff,
+            )),
             servers,
-            next: Default::default(),
+            layout: Default::default(),
             config,
         })
     }
@@ -143,52 +198,92 @@ impl RemoteClient {
         Self::new(&endpoints, config)
     }
 
-    /// Runs `call` on servers in turn until it succeeds or a non-retryable
-    /// status comes back, with backoff between attempts.
-    async fn with_retries<T, F, Fut>(&self, mut call: F) -> Result<T, ClientError>
+    /// The settings this client was built with.
+    pub fn config(&self) -> &RemoteConfig {
+        &self.config
+    }
+
+    /// The end of a retry budget that starts now.
+    pub(crate) fn budget_from_now(&self) -> Instant {
+        Instant::now() + self.config.retry_budget
+    }
+
+    /// Runs `call` on servers chosen by [`Choice`] until it succeeds, a
+    /// non-retryable status comes back, or the budget ending at `deadline`
+    /// (or `attempts`) is spent; backs off once every server failed in a
+    /// round. Returns the answer and the index of the server that gave it.
+    async fn with_retries<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        mut call: F,
+    ) -> Result<(T, usize), ClientError>
     where
-        F: FnMut(pb::id_service_client::IdServiceClient<KeyedChannel>) -> Fut,
+        F: FnMut(Server) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut backoff = Backoff::new(self.config.backoff, self.config.max_backoff);
+        let mut backoff =
+            Backoff::new(self.config.backoff, self.config.max_backoff).with_jitter(0.2);
         let mut last = None;
         for attempt in 0..self.config.attempts.max(1) {
-            let i = self.next.fetch_add(1, Ordering::Relaxed) % self.servers.len();
-            let answer =
-                tokio::time::timeout(self.config.request_timeout, call(self.servers[i].clone()))
-                    .await;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let i = self.choice.pick();
+            let timeout = self.config.request_timeout.min(left);
+            let answer = tokio::time::timeout(timeout, call(self.servers[i].clone())).await;
             let status = match answer {
-                Ok(Ok(r)) => return Ok(r.into_inner()),
+                Ok(Ok(r)) => {
+                    self.choice.succeeded(i);
+                    return Ok((r.into_inner(), i));
+                }
                 Ok(Err(status)) => status,
-                Err(_) => tonic::Status::deadline_exceeded("no answer in time"),
+                Err(_) => tonic::Status::deadline_exceeded(format!("no answer within {timeout:?}")),
             };
             if !is_retryable_code(status.code()) {
                 return Err(ClientError::Status(status));
             }
+            self.choice.failed(i);
             debug!(server = i, attempt, code = ?status.code(), "retrying on the next server");
             last = Some(status);
             // The next server is a different one: only back off once every
             // server has been tried in this round.
-            if ((attempt + 1) as usize).is_multiple_of(self.servers.len()) {
-                tokio::time::sleep(backoff.next_delay()).await;
+            if ((attempt + 1) as usize).is_multiple_of(self.choice.len()) {
+                let delay = backoff.next_delay();
+                if Instant::now() + delay >= deadline {
+                    break;
+                }
+                tokio::time::sleep(delay).await;
             }
         }
         Err(ClientError::Status(last.unwrap_or_else(|| {
-            tonic::Status::unavailable("no attempt made")
+            tonic::Status::deadline_exceeded("the retry budget was spent before any attempt")
         })))
     }
 
-    /// `n` strictly ascending ids from one server (1 to 100000).
+    /// Marks server `i` failed (a stream part it served ended early).
+    pub(crate) fn server_failed(&self, i: usize) {
+        self.choice.failed(i);
+    }
+
+    /// `n` strictly ascending ids from one server.
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidArgument`] for `n` outside 1 to [`MAX_COUNT`],
+    /// before any call; [`ClientError::Status`] with the last status when
+    /// the retry rule gives up, or at once for a non-retryable one.
     pub async fn next_ids(&self, n: u32) -> Result<Vec<u64>, ClientError> {
-        self.with_retries(|mut c| async move {
-            c.next_ids(pb::NextIdsRequest {
-                count: n,
-                ..Default::default()
-            })
-            .await
+        check_count("count", n, 1)?;
+        self.with_retries(self.budget_from_now(), |mut s| async move {
+            s.ids
+                .next_ids(pb::NextIdsRequest {
+                    count: n,
+                    ..Default::default()
+                })
+                .await
         })
         .await
-        .map(|r| r.ids)
+        .map(|(r, _)| r.ids)
     }
 
     /// `n` ids like [`RemoteClient::next_ids`], each with its text: the
@@ -199,14 +294,16 @@ impl RemoteClient {
     /// As [`RemoteClient::next_ids`], and [`ClientError::NoTexts`] when the
     /// server predates texts.
     pub async fn next_ids_with_texts(&self, n: u32) -> Result<Vec<(u64, String)>, ClientError> {
-        let r = self
-            .with_retries(|mut c| async move {
-                c.next_ids(pb::NextIdsRequest {
-                    count: n,
-                    format: pb::IdFormat::CrockfordBase32.into(),
-                    ..Default::default()
-                })
-                .await
+        check_count("count", n, 1)?;
+        let (r, _) = self
+            .with_retries(self.budget_from_now(), |mut s| async move {
+                s.ids
+                    .next_ids(pb::NextIdsRequest {
+                        count: n,
+                        format: pb::IdFormat::CrockfordBase32.into(),
+                        ..Default::default()
+                    })
+                    .await
             })
             .await?;
         if r.texts.len() != r.ids.len() {
@@ -218,6 +315,32 @@ impl RemoteClient {
         Ok(r.ids.into_iter().zip(r.texts).collect())
     }
 
+    /// Opens one server's part of a stream: `StreamIds(total, batch_size,
+    /// format)` under the retry rule with the budget ending at `deadline`;
+    /// the part and the index of its server.
+    pub(crate) async fn open_part(
+        &self,
+        deadline: Instant,
+        total: u64,
+        batch_size: u32,
+        format: pb::IdFormat,
+    ) -> Result<(IdStream, usize), ClientError> {
+        check_count("batch_size", batch_size, 0)?;
+        let (batches, i) = self
+            .with_retries(deadline, |mut s| async move {
+                s.ids
+                    .stream_ids(pb::StreamIdsRequest {
+                        total,
+                        batch_size,
+                        format: format.into(),
+                    })
+                    .await
+            })
+            .await?;
+        let part = IdStream::new(batches, total).idle_timeout(self.config.request_timeout);
+        Ok((part, i))
+    }
+
     /// A stream like [`RemoteClient::stream_ids`] whose batches carry each
     /// id's text too (`IdBatch::texts`, parallel to `ids`; see
     /// [`RemoteClient::next_ids_with_texts`]). A batch without them ends the
@@ -227,133 +350,107 @@ impl RemoteClient {
         total: u64,
         batch_size: u32,
     ) -> Result<IdStream, ClientError> {
-        let batches = self
-            .with_retries(|mut c| async move {
-                c.stream_ids(pb::StreamIdsRequest {
-                    total,
-                    batch_size,
-                    format: pb::IdFormat::CrockfordBase32.into(),
-                })
-                .await
-            })
+        let format = pb::IdFormat::CrockfordBase32;
+        let (part, _) = self
+            .open_part(self.budget_from_now(), total, batch_size, format)
             .await?;
-        Ok(IdStream::new(batches, total).expecting_texts())
+        Ok(part.expecting_texts())
     }
 
-    /// A stream of ascending batches from one server (`total` 0 = until
-    /// dropped; `batch_size` ids per batch, 1 to 100000, 0 = 1000). Opening
-    /// it is retried like any call. A stream that ends before `total` ids
-    /// ends with an error, never with `Ok(None)` (see [`IdStream`]); that is
-    /// not retried, since the caller has consumed part of it: ask for the
-    /// remaining `total - received()` ids again.
+    /// One server's stream of ascending batches (`total` 0 = until dropped;
+    /// `batch_size` ids per batch, 1 to 100000, 0 = 1000). Opening it is
+    /// retried like any call. A stream that ends before `total` ids ends
+    /// with an error, never with `Ok(None)` (see [`IdStream`]); that is not
+    /// retried here: ask for the remaining `total - received()` ids again,
+    /// or use [`RemoteClient::stream`], which does.
     pub async fn stream_ids(&self, total: u64, batch_size: u32) -> Result<IdStream, ClientError> {
-        let batches = self
-            .with_retries(|mut c| async move {
-                c.stream_ids(pb::StreamIdsRequest {
-                    total,
-                    batch_size,
-                    ..Default::default()
-                })
-                .await
-            })
+        let format = pb::IdFormat::Unspecified;
+        let (part, _) = self
+            .open_part(self.budget_from_now(), total, batch_size, format)
             .await?;
-        Ok(IdStream::new(batches, total))
+        Ok(part)
     }
+
+    /// Exactly `total` ids (1 or more; 0 streams until dropped) in batches of
+    /// `batch_size` (1 to 100000, 0 = the server's default, 1000), resumed
+    /// on another server whenever a part ends early with a retryable status:
+    /// see [`ResumingStream`] for the guarantee. Opens nothing until read.
+    ///
+    /// # Errors
+    /// [`ClientError::InvalidArgument`] for a `batch_size` above 100000,
+    /// before any call.
+    pub fn stream(&self, total: u64, batch_size: u32) -> Result<ResumingStream, ClientError> {
+        check_count("batch_size", batch_size, 0)?;
+        Ok(ResumingStream::new(self.clone(), total, batch_size))
+    }
+
+    /// The namespace's layout as the servers report it (`GetInfo`, asked
+    /// once under the retry rule and kept).
+    ///
+    /// # Errors
+    /// As any call, and [`ClientError::BadLayout`] for a layout this client
+    /// cannot read.
+    pub async fn layout(&self) -> Result<Layout, ClientError> {
+        self.layout
+            .get_or_try_init(|| async {
+                let (info, _) = self
+                    .with_retries(self.budget_from_now(), |mut s| async move {
+                        s.info.get_info(pb::GetInfoRequest {}).await
+                    })
+                    .await?;
+                let layout = info.layout.unwrap_or_default();
+                Layout::try_from(&layout).map_err(ClientError::BadLayout)
+            })
+            .await
+            .copied()
+    }
+
+    /// The parts of `id` (timestamp, machine id, sequence) under
+    /// [`RemoteClient::layout`].
+    ///
+    /// # Errors
+    /// As [`RemoteClient::layout`], and [`ClientError::InvalidArgument`]
+    /// (parameter `id`) for an id above the layout's largest.
+    pub async fn decode(&self, id: u64) -> Result<DecodedId, ClientError> {
+        let layout = self.layout().await?;
+        layout
+            .decode(id)
+            .ok_or_else(|| ClientError::InvalidArgument {
+                parameter: "id",
+                detail: format!(
+                    "{id} is above the largest id of the namespace's {}-bit layout, {}",
+                    layout.total_bits(),
+                    layout.max_id()
+                ),
+            })
+    }
+}
+
+impl Server {
+    /// Both services over `channel`, sending `config`'s API key.
+    fn over(channel: Channel, config: &RemoteConfig) -> Self {
+        let key = SendApiKey(config.api_key.clone());
+        Self {
+            ids: pb::id_service_client::IdServiceClient::with_interceptor(
+                channel.clone(),
+                key.clone(),
+            )
+            .max_decoding_message_size(64 << 20),
+            info: pb::info_service_client::InfoServiceClient::with_interceptor(channel, key),
+        }
+    }
+}
+
+/// Refuses a `value` of `parameter` outside `min` to [`MAX_COUNT`].
+fn check_count(parameter: &'static str, value: u32, min: u32) -> Result<(), ClientError> {
+    if (min..=MAX_COUNT).contains(&value) {
+        return Ok(());
+    }
+    Err(ClientError::InvalidArgument {
+        parameter,
+        detail: format!("must be {min} to {MAX_COUNT}, got {value}"),
+    })
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicU32;
-    use std::sync::Arc;
-
-    use snowkeep_proto::v1::id_service_server::{IdService, IdServiceServer};
-    use tonic::{Code, Request, Response, Status};
-
-    use super::*;
-
-    /// An `IdService` that answers every `NextIds` with `refusal`, or, when
-    /// that is `None`, with the ids 1 to `count`; it counts the calls.
-    struct Fixed {
-        refusal: Option<Code>,
-        calls: Arc<AtomicU32>,
-    }
-
-    #[tonic::async_trait]
-    impl IdService for Fixed {
-        async fn next_ids(
-            &self,
-            request: Request<pb::NextIdsRequest>,
-        ) -> Result<Response<pb::NextIdsResponse>, Status> {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            match self.refusal {
-                Some(code) => Err(Status::new(code, "refused")),
-                None => Ok(Response::new(pb::NextIdsResponse {
-                    ids: (1..=u64::from(request.into_inner().count)).collect(),
-                    ..Default::default()
-                })),
-            }
-        }
-
-        type StreamIdsStream = futures_util::stream::Empty<Result<pb::IdBatch, Status>>;
-
-        async fn stream_ids(
-            &self,
-            _: Request<pb::StreamIdsRequest>,
-        ) -> Result<Response<Self::StreamIdsStream>, Status> {
-            Err(Status::unimplemented("not in this test"))
-        }
-    }
-
-    /// Serves a [`Fixed`] on a free loopback port; its URL and call count.
-    async fn serve(refusal: Option<Code>) -> (String, Arc<AtomicU32>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let calls = Arc::new(AtomicU32::new(0));
-        let service = IdServiceServer::new(Fixed {
-            refusal,
-            calls: calls.clone(),
-        });
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-        );
-        (url, calls)
-    }
-
-    fn config(attempts: u32) -> RemoteConfig {
-        RemoteConfig {
-            attempts,
-            backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(1),
-            ..RemoteConfig::default()
-        }
-    }
-
-    #[tokio::test]
-    async fn a_server_at_its_limits_is_retried_on_the_next_server() {
-        for code in [Code::ResourceExhausted, Code::Unavailable] {
-            let (busy, busy_calls) = serve(Some(code)).await;
-            let (ok, ok_calls) = serve(None).await;
-            let client = RemoteClient::new(&[busy, ok], config(2)).unwrap();
-            assert_eq!(client.next_ids(3).await.unwrap(), vec![1, 2, 3], "{code:?}");
-            assert_eq!(busy_calls.load(Ordering::SeqCst), 1, "{code:?}");
-            assert_eq!(ok_calls.load(Ordering::SeqCst), 1, "{code:?}");
-        }
-    }
-
-    #[tokio::test]
-    async fn a_refusal_no_retry_can_heal_is_returned_after_one_call() {
-        for code in [Code::InvalidArgument, Code::PermissionDenied] {
-            let (bad, bad_calls) = serve(Some(code)).await;
-            let (ok, ok_calls) = serve(None).await;
-            let client = RemoteClient::new(&[bad, ok], config(2)).unwrap();
-            match client.next_ids(3).await {
-                Err(ClientError::Status(s)) => assert_eq!(s.code(), code),
-                other => panic!("{code:?}: expected the status, got {other:?}"),
-            }
-            assert_eq!(bad_calls.load(Ordering::SeqCst), 1, "{code:?}");
-            assert_eq!(ok_calls.load(Ordering::SeqCst), 0, "{code:?}");
-        }
-    }
-}
+mod tests;

@@ -36,6 +36,8 @@ pub struct IdStream {
     ended: bool,
     /// True when every batch must carry a text per id.
     texts: bool,
+    /// Longest wait for one batch ([`IdStream::message`]); `None`: no limit.
+    idle: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for IdStream {
@@ -61,7 +63,17 @@ impl IdStream {
             received: 0,
             ended: false,
             texts: false,
+            idle: None,
         }
+    }
+
+    /// The same stream, ending with `DEADLINE_EXCEEDED` (retryable) when
+    /// [`IdStream::message`] waits longer than `idle` for a batch: a server
+    /// that stalls (stopped, partitioned) ends the part instead of holding
+    /// the reader forever.
+    pub(crate) fn idle_timeout(mut self, idle: std::time::Duration) -> Self {
+        self.idle = Some(idle);
+        self
     }
 
     /// The same stream, ending with [`ClientError::NoTexts`] at a batch
@@ -74,7 +86,18 @@ impl IdStream {
     /// The next batch, `Ok(None)` at a whole stream's end, or the error that
     /// ended it early (see [`IdStream`]).
     pub async fn message(&mut self) -> Result<Option<pb::IdBatch>, ClientError> {
-        futures_util::StreamExt::next(self).await.transpose()
+        let Some(idle) = self.idle else {
+            return futures_util::StreamExt::next(self).await.transpose();
+        };
+        match tokio::time::timeout(idle, futures_util::StreamExt::next(self)).await {
+            Ok(item) => item.transpose(),
+            Err(_) => {
+                self.ended = true;
+                Err(ClientError::Status(tonic::Status::deadline_exceeded(
+                    format!("no batch within {idle:?} after {} ids", self.received),
+                )))
+            }
+        }
     }
 
     /// Ids received so far.

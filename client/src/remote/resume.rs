@@ -1,0 +1,120 @@
+//! [`ResumingStream`]: exactly `total` ids, asked of the next server for
+//! the rest whenever one server's part ends early.
+
+use snowkeep_proto::v1 as pb;
+use tokio::time::Instant;
+
+use super::{IdStream, RemoteClient};
+use crate::error::ClientError;
+
+/// A stream of exactly `total` ids (0: until dropped) that survives servers
+/// going away: when a server's part ends early with a retryable status (it
+/// shut down, was killed, lost its lease, stalled past `request_timeout`),
+/// the remaining `total - received()` ids are asked of the next server under
+/// the retry rule, whose budget starts again whenever a batch arrives.
+///
+/// The guarantee: every id is unique; ids ascend within each server's part
+/// (a resumed part may start below the last id of the part before, since it
+/// comes from another machine id); on success exactly `total` ids were
+/// delivered. A non-retryable end, or a spent budget, is returned after the
+/// batches already delivered; [`ResumingStream::received`] counts them.
+#[derive(Debug)]
+pub struct ResumingStream {
+    client: RemoteClient,
+    total: u64,
+    batch_size: u32,
+    received: u64,
+    part: Option<(IdStream, usize)>,
+    deadline: Instant,
+    ended: bool,
+    resumes: u32,
+}
+
+impl ResumingStream {
+    pub(crate) fn new(client: RemoteClient, total: u64, batch_size: u32) -> Self {
+        Self {
+            deadline: client.budget_from_now(),
+            client,
+            total,
+            batch_size,
+            received: 0,
+            part: None,
+            ended: false,
+            resumes: 0,
+        }
+    }
+
+    /// The next batch (strictly ascending ids), `Ok(None)` once exactly
+    /// `total` ids arrived, or the error that ended the stream.
+    ///
+    /// # Errors
+    /// The non-retryable status that ended a part, or the last retryable one
+    /// once the retry budget is spent. After an error the stream yields
+    /// `Ok(None)`.
+    pub async fn next_batch(&mut self) -> Result<Option<Vec<u64>>, ClientError> {
+        loop {
+            if self.ended || (self.total != 0 && self.received >= self.total) {
+                self.ended = true;
+                return Ok(None);
+            }
+            let (part, server) = match self.part.as_mut() {
+                Some(p) => p,
+                None => {
+                    let rest = if self.total == 0 {
+                        0
+                    } else {
+                        self.total - self.received
+                    };
+                    let format = pb::IdFormat::Unspecified;
+                    match self
+                        .client
+                        .open_part(self.deadline, rest, self.batch_size, format)
+                        .await
+                    {
+                        Ok(p) => self.part.insert(p),
+                        Err(e) => return self.end(e),
+                    }
+                }
+            };
+            match part.message().await {
+                Ok(Some(batch)) => {
+                    self.received += batch.ids.len() as u64;
+                    self.deadline = self.client.budget_from_now();
+                    return Ok(Some(batch.ids));
+                }
+                Ok(None) => {
+                    self.ended = true;
+                    return Ok(None);
+                }
+                Err(e) if e.is_retryable() && Instant::now() < self.deadline => {
+                    tracing::debug!(error = %e, received = self.received, "stream part ended early; resuming on the next server");
+                    self.client.server_failed(*server);
+                    self.part = None;
+                    self.resumes += 1;
+                }
+                Err(e) => return self.end(e),
+            }
+        }
+    }
+
+    fn end(&mut self, e: ClientError) -> Result<Option<Vec<u64>>, ClientError> {
+        self.ended = true;
+        self.part = None;
+        Err(e)
+    }
+
+    /// Ids delivered so far.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// Ids asked for; 0 = unbounded.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Parts that ended early and were resumed on another server.
+    pub fn resumes(&self) -> u32 {
+        self.resumes
+    }
+}

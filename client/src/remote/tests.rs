@@ -1,0 +1,189 @@
+//! The remote client's retry rule against loopback `IdService`s.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use snowkeep_proto::v1::id_service_server::{IdService, IdServiceServer};
+use tonic::{Code, Request, Response, Status};
+
+use super::*;
+
+/// An `IdService` that answers every `NextIds` with `refusal`, or, when
+/// that is `None`, with the ids 1 to `count`; it counts the calls. Its
+/// streams send ids from `first_stream_id` in batches, and with a
+/// `refusal` end with it after their first batch.
+struct Fixed {
+    refusal: Option<Code>,
+    calls: Arc<AtomicU32>,
+    first_stream_id: u64,
+}
+
+#[tonic::async_trait]
+impl IdService for Fixed {
+    async fn next_ids(
+        &self,
+        request: Request<pb::NextIdsRequest>,
+    ) -> Result<Response<pb::NextIdsResponse>, Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        match self.refusal {
+            Some(code) => Err(Status::new(code, "refused")),
+            None => Ok(Response::new(pb::NextIdsResponse {
+                ids: (1..=u64::from(request.into_inner().count)).collect(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    type StreamIdsStream =
+        futures_util::stream::Iter<std::vec::IntoIter<Result<pb::IdBatch, Status>>>;
+
+    async fn stream_ids(
+        &self,
+        request: Request<pb::StreamIdsRequest>,
+    ) -> Result<Response<Self::StreamIdsStream>, Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let r = request.into_inner();
+        let ids: Vec<u64> = (self.first_stream_id..self.first_stream_id + r.total).collect();
+        let mut items: Vec<Result<pb::IdBatch, Status>> = ids
+            .chunks(r.batch_size.max(1) as usize)
+            .map(|c| {
+                Ok(pb::IdBatch {
+                    ids: c.to_vec(),
+                    ..Default::default()
+                })
+            })
+            .collect();
+        if let Some(code) = self.refusal {
+            items.truncate(1);
+            items.push(Err(Status::new(code, "stream ended early")));
+        }
+        Ok(Response::new(futures_util::stream::iter(items)))
+    }
+}
+
+/// Serves a [`Fixed`] on a free loopback port; its URL and call count.
+async fn serve(refusal: Option<Code>) -> (String, Arc<AtomicU32>) {
+    serve_from(refusal, 1).await
+}
+
+/// [`serve`] with streams starting at `first_stream_id`.
+async fn serve_from(refusal: Option<Code>, first_stream_id: u64) -> (String, Arc<AtomicU32>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let calls = Arc::new(AtomicU32::new(0));
+    let service = IdServiceServer::new(Fixed {
+        refusal,
+        calls: calls.clone(),
+        first_stream_id,
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    (url, calls)
+}
+
+fn config(attempts: u32) -> RemoteConfig {
+    RemoteConfig {
+        attempts,
+        backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+        ..RemoteConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_server_at_its_limits_is_retried_on_the_next_server() {
+    for code in [Code::ResourceExhausted, Code::Unavailable] {
+        let (busy, busy_calls) = serve(Some(code)).await;
+        let (ok, ok_calls) = serve(None).await;
+        let client = RemoteClient::new(&[busy, ok], config(2)).unwrap();
+        assert_eq!(client.next_ids(3).await.unwrap(), vec![1, 2, 3], "{code:?}");
+        assert_eq!(busy_calls.load(Ordering::SeqCst), 1, "{code:?}");
+        assert_eq!(ok_calls.load(Ordering::SeqCst), 1, "{code:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_refusal_no_retry_can_heal_is_returned_after_one_call() {
+    for code in [Code::InvalidArgument, Code::PermissionDenied] {
+        let (bad, bad_calls) = serve(Some(code)).await;
+        let (ok, ok_calls) = serve(None).await;
+        let client = RemoteClient::new(&[bad, ok], config(2)).unwrap();
+        match client.next_ids(3).await {
+            Err(ClientError::Status(s)) => assert_eq!(s.code(), code),
+            other => panic!("{code:?}: expected the status, got {other:?}"),
+        }
+        assert_eq!(bad_calls.load(Ordering::SeqCst), 1, "{code:?}");
+        assert_eq!(ok_calls.load(Ordering::SeqCst), 0, "{code:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_count_outside_the_range_is_refused_before_any_call() {
+    let (ok, calls) = serve(None).await;
+    let client = RemoteClient::new(&[ok], config(2)).unwrap();
+    for n in [0, MAX_COUNT + 1] {
+        let err = client.next_ids(n).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(
+            err.to_string(),
+            format!("invalid count: must be 1 to 100000, got {n}")
+        );
+    }
+    let err = client.stream(10, MAX_COUNT + 1).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "invalid batch_size: must be 0 to 100000, got 100001"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_stream_cut_short_is_resumed_on_the_next_server_for_the_rest() {
+    let (cut, cut_calls) = serve_from(Some(Code::Unavailable), 1).await;
+    let (whole, whole_calls) = serve_from(None, 1000).await;
+    let client = RemoteClient::new(&[cut, whole], config(u32::MAX)).unwrap();
+    let mut stream = client.stream(10, 4).unwrap();
+    let mut ids = Vec::new();
+    while let Some(batch) = stream.next_batch().await.unwrap() {
+        ids.extend(batch);
+    }
+    // 4 ids from the first server, then the remaining 6 from the second.
+    assert_eq!(ids, [1, 2, 3, 4, 1000, 1001, 1002, 1003, 1004, 1005]);
+    assert_eq!((stream.received(), stream.resumes()), (10, 1));
+    assert_eq!(cut_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(whole_calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_stream_ended_by_a_refusal_no_retry_heals_returns_it_after_its_batches() {
+    let (cut, _) = serve_from(Some(Code::PermissionDenied), 1).await;
+    let client = RemoteClient::new(&[cut], config(u32::MAX)).unwrap();
+    let mut stream = client.stream(10, 4).unwrap();
+    assert_eq!(stream.next_batch().await.unwrap(), Some(vec![1, 2, 3, 4]));
+    let err = stream.next_batch().await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(stream.next_batch().await.unwrap(), None);
+    assert_eq!(stream.received(), 4);
+}
+
+#[tokio::test]
+async fn the_retry_budget_ends_a_call_to_servers_that_keep_failing() {
+    let (a, a_calls) = serve(Some(Code::Unavailable)).await;
+    let (b, b_calls) = serve(Some(Code::Unavailable)).await;
+    let config = RemoteConfig {
+        retry_budget: Duration::from_millis(300),
+        backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(20),
+        ..RemoteConfig::default()
+    };
+    let client = RemoteClient::new(&[a, b], config).unwrap();
+    let err = client.next_ids(1).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    let calls = a_calls.load(Ordering::SeqCst) + b_calls.load(Ordering::SeqCst);
+    // Rounds of two attempts, 20 ms (±20 %) apart, within 300 ms: more than
+    // one round, and never more than the budget allows.
+    assert!((4..=32).contains(&calls), "{calls} calls");
+}

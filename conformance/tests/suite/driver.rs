@@ -1,0 +1,109 @@
+//! One client's driver process: JSON requests in, JSON lines out.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// The longest one answer (or progress line) may take: a call's retry budget
+/// is 10 s by default, a stream of the suite's largest size well under that.
+const ANSWER_WITHIN: Duration = Duration::from_secs(90);
+
+/// `conformance/drivers/<client>/<script>`.
+pub fn script(client: &str, name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("drivers")
+        .join(client)
+        .join(name)
+}
+
+/// Runs `conformance/drivers/<client>/build` from the repository root;
+/// panics with its output when it fails.
+pub fn build(client: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new(script(client, "build"))
+        .current_dir(&root)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the {client} driver's build: {e}"));
+    assert!(
+        out.status.success(),
+        "the {client} driver's build failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A running driver.
+pub struct Driver {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Driver {
+    /// Starts `conformance/drivers/<client>/run`, its stderr to a log file.
+    pub fn start(client: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("driver.log");
+        let mut child = Command::new(script(client, "run"))
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the {client} driver: {e}"));
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self {
+            child,
+            stdin,
+            lines,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// What the driver wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends one request.
+    pub async fn send(&mut self, request: &Value) -> Result<(), String> {
+        let line = format!("{request}\n");
+        self.stdin
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| format!("the driver's stdin: {e}"))
+    }
+
+    /// The next line: a progress line or the answer.
+    pub async fn line(&mut self) -> Result<Value, String> {
+        let line = tokio::time::timeout(ANSWER_WITHIN, self.lines.next_line())
+            .await
+            .map_err(|_| format!("no answer within {ANSWER_WITHIN:?}"))?
+            .map_err(|e| format!("the driver's stdout: {e}"))?
+            .ok_or_else(|| "the driver exited without answering".to_owned())?;
+        serde_json::from_str(&line).map_err(|e| format!("not JSON ({e}): {line:.300}"))
+    }
+
+    /// Ends the driver: closes its stdin and waits for it to exit 0.
+    pub async fn finish(mut self) -> Result<(), String> {
+        drop(self.stdin);
+        match tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await {
+            Ok(Ok(s)) if s.success() => Ok(()),
+            Ok(Ok(s)) => Err(format!(
+                "the driver exited with {s} at the end of its input"
+            )),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("the driver did not exit within 20 s of the end of its input".into()),
+        }
+    }
+}

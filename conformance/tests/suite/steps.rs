@@ -1,0 +1,343 @@
+//! A scenario's steps: requests sent to the driver (placeholders filled in),
+//! faults done to the cluster before or during them, and the checks on each
+//! answer.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use super::checker;
+use super::cluster::{wait_ready, Cluster};
+use super::driver::Driver;
+
+/// What a scenario has seen so far.
+pub struct State {
+    /// Each server's machine id (plaintext clusters without auth), to find
+    /// the server a stream is reading from.
+    machine_ids: Vec<Option<u16>>,
+    /// The last id of the last answer with ids.
+    last_id: Option<u64>,
+    /// The largest id of every answer before the current step.
+    max_before: Option<u64>,
+}
+
+impl State {
+    pub async fn new(cluster: &Cluster) -> Self {
+        let mut machine_ids = Vec::new();
+        for s in &cluster.servers {
+            let open = cluster.tls.is_none() && cluster.keys.is_none();
+            machine_ids.push(if open {
+                u16::try_from(s.machine_id().await).ok()
+            } else {
+                None
+            });
+        }
+        Self {
+            machine_ids,
+            last_id: None,
+            max_before: None,
+        }
+    }
+}
+
+/// `value` with the scenario's placeholders replaced.
+fn fill(value: &Value, cluster: &Cluster, state: &State) -> Value {
+    match value {
+        Value::String(s) if s.starts_with('$') => placeholder(s, cluster, state),
+        Value::Array(a) => Value::Array(a.iter().map(|v| fill(v, cluster, state)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), fill(v, cluster, state)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+fn placeholder(name: &str, cluster: &Cluster, state: &State) -> Value {
+    let keys = || cluster.keys.as_ref().expect("an auth cluster");
+    match name {
+        "$endpoints" => cluster.endpoints(),
+        "$endpoints_with_dead_first" => {
+            let mut all = vec![json!(format!(
+                "http://127.0.0.1:{}",
+                snowkeep_test_support::free_port()
+            ))];
+            all.extend(cluster.endpoints().as_array().unwrap().iter().cloned());
+            Value::Array(all)
+        }
+        "$key" => json!(keys().ids),
+        "$wrong_key" => json!(keys().wrong),
+        "$other_namespace_key" => json!(keys().other_namespace),
+        "$tls" => cluster.tls_settings(false),
+        "$mtls" => cluster.tls_settings(true),
+        "$missing_file" => json!("/nonexistent/snowkeep-conformance/ca.pem"),
+        "$last_id" => json!(state.last_id.expect("an id taken before").to_string()),
+        other => panic!("unknown placeholder {other}"),
+    }
+}
+
+/// The servers an action names: an index, `all`, or `streaming` (the one
+/// whose machine id stamped `last_id`).
+fn targets(action: &Value, cluster: &Cluster, state: &State, last_id: Option<u64>) -> Vec<usize> {
+    match &action["server"] {
+        Value::Number(n) => vec![n.as_u64().unwrap() as usize],
+        Value::String(s) if s == "all" => (0..cluster.servers.len()).collect(),
+        Value::String(s) if s == "streaming" => {
+            let id = last_id.expect("a progress line before the action");
+            let m = cluster.layout.decode(id).unwrap().machine_id.0;
+            let i = state.machine_ids.iter().position(|&x| x == Some(m));
+            vec![i.unwrap_or_else(|| panic!("no server holds machine id {m}"))]
+        }
+        other => panic!("unknown server {other}"),
+    }
+}
+
+/// Does `action` (`kill` with `signal` KILL or TERM, `restart` with
+/// optional `wait_ready`) to its servers, or `wait`s `ms`.
+async fn act(action: &Value, cluster: &mut Cluster, state: &State, last_id: Option<u64>) {
+    if action["do"] == "wait" {
+        // The condition is time itself (an age limit passing).
+        let ms = action["ms"].as_u64().unwrap();
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        return;
+    }
+    let servers = targets(action, cluster, state, last_id);
+    match action["do"].as_str().unwrap() {
+        "kill" => {
+            let signal = action["signal"].as_str().unwrap_or("KILL");
+            for &i in &servers {
+                cluster.servers[i].signal(signal);
+            }
+            for &i in &servers {
+                let s = &mut cluster.servers[i];
+                s.wait_exit(Duration::from_secs(30)).await;
+            }
+        }
+        "restart" => {
+            for &i in &servers {
+                cluster.servers[i].restart();
+            }
+            if action["wait_ready"].as_bool().unwrap_or(false) {
+                for &i in &servers {
+                    wait_ready(&cluster.servers[i]).await;
+                }
+            }
+        }
+        other => panic!("unknown action {other}"),
+    }
+}
+
+/// The gRPC method whose calls a request makes.
+fn method_of(request: &Value) -> &'static str {
+    match request["op"].as_str().unwrap_or("") {
+        "stream" | "bench_stream" => "StreamIds",
+        "decode" => "GetInfo",
+        _ => "NextIds",
+    }
+}
+
+fn ids_of(answer: &Value) -> Result<Vec<u64>, String> {
+    match &answer["ids"] {
+        Value::Null => Ok(Vec::new()),
+        Value::Array(a) => a
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| format!("an id that is not a decimal string: {v}"))
+            })
+            .collect(),
+        other => Err(format!("ids is not an array: {other:.200}")),
+    }
+}
+
+/// Sends `request`, doing the step's `during` actions at their progress
+/// (`at_received`) or time (`after_ms`); the answer.
+async fn exchange(
+    request: &Value,
+    during: &[Value],
+    cluster: &mut Cluster,
+    driver: &mut Driver,
+    state: &State,
+) -> Result<Value, String> {
+    driver.send(request).await?;
+    let sent = Instant::now();
+    let mut pending: Vec<&Value> = during.iter().collect();
+    let mut last_progress_id = None;
+    loop {
+        let timed = pending
+            .iter()
+            .filter_map(|a| a["after_ms"].as_u64())
+            .min()
+            .map(|ms| sent + Duration::from_millis(ms));
+        let line = match timed {
+            Some(at) => tokio::select! {
+                line = driver.line() => Some(line?),
+                () = tokio::time::sleep_until(at) => None,
+            },
+            None => Some(driver.line().await?),
+        };
+        let Some(line) = line else {
+            let due: Vec<&Value> = pending
+                .iter()
+                .copied()
+                .filter(|a| {
+                    a["after_ms"]
+                        .as_u64()
+                        .is_some_and(|ms| sent + Duration::from_millis(ms) <= Instant::now())
+                })
+                .collect();
+            pending.retain(|a| !due.iter().any(|d| std::ptr::eq(*a, *d)));
+            for a in due {
+                act(a, cluster, state, last_progress_id).await;
+            }
+            continue;
+        };
+        if line.get("ok").is_some() {
+            return Ok(line);
+        }
+        let progress = &line["progress"];
+        let received = progress["received"]
+            .as_u64()
+            .ok_or_else(|| format!("neither an answer nor progress: {line:.300}"))?;
+        last_progress_id = progress["last_id"].as_str().and_then(|s| s.parse().ok());
+        let due: Vec<&Value> = pending
+            .iter()
+            .copied()
+            .filter(|a| a["at_received"].as_u64().is_some_and(|n| received >= n))
+            .collect();
+        pending.retain(|a| !due.iter().any(|d| std::ptr::eq(*a, *d)));
+        for a in due {
+            act(a, cluster, state, last_progress_id).await;
+        }
+    }
+}
+
+/// Checks `answer` (to `request`) against `expect`; records its ids.
+fn check(
+    request: &Value,
+    answer: &Value,
+    expect: &Value,
+    cluster: &Cluster,
+    state: &mut State,
+) -> Result<(), String> {
+    let ids = ids_of(answer)?;
+    checker::record(&ids)?;
+    match request["op"].as_str().unwrap_or("") {
+        "next_ids" => checker::ascending(&ids)?,
+        "stream" => {
+            let machine_ids = checker::ascending_per_machine_id(&cluster.layout, &ids)?;
+            if expect["resumed"].as_bool() == Some(true) && machine_ids.len() < 2 {
+                return Err(format!(
+                    "the stream was not resumed on another server: machine ids {machine_ids:?}"
+                ));
+            }
+        }
+        _ => {}
+    }
+    let ok = answer["ok"].as_bool() == Some(true);
+    let want_ok = expect["ok"].as_bool().unwrap_or(true);
+    if ok != want_ok {
+        return Err(format!("expected ok={want_ok}, got {answer:.600}"));
+    }
+    if let Some(n) = expect["ids"].as_u64() {
+        if ids.len() as u64 != n {
+            return Err(format!("expected {n} ids, got {}", ids.len()));
+        }
+    }
+    if let Some(code) = expect["code"].as_str() {
+        if answer["code"] != code {
+            return Err(format!("expected code {code}, got {answer:.600}"));
+        }
+    }
+    let message = answer["message"].as_str().unwrap_or("").to_lowercase();
+    for word in expect["message_contains"].as_array().into_iter().flatten() {
+        let word = word.as_str().unwrap().to_lowercase();
+        if !message.contains(&word) {
+            return Err(format!("the message does not name {word:?}: {message:?}"));
+        }
+    }
+    if expect["above_earlier_ids"].as_bool() == Some(true) {
+        if let (Some(max), Some(&min)) = (state.max_before, ids.iter().min()) {
+            if min <= max {
+                return Err(format!("id {min} handed out, not above the earlier ids (up to {max}): an id past its max age?"));
+            }
+        }
+    }
+    if expect["decoded"].as_bool() == Some(true) {
+        check_decoded(request, answer, cluster)?;
+    }
+    if let Some(&last) = ids.last() {
+        state.last_id = Some(last);
+    }
+    state.max_before = ids.iter().copied().chain(state.max_before).max();
+    Ok(())
+}
+
+/// The driver's decode of `request.id` equals the runner's own.
+fn check_decoded(request: &Value, answer: &Value, cluster: &Cluster) -> Result<(), String> {
+    let id: u64 = request["id"].as_str().unwrap().parse().unwrap();
+    let d = cluster.layout.decode(id).unwrap();
+    let want = json!({
+        "unix_ms": cluster.layout.to_unix_ms(d.timestamp),
+        "machine_id": d.machine_id.0,
+        "sequence": d.sequence,
+    });
+    let got = json!({
+        "unix_ms": answer["unix_ms"],
+        "machine_id": answer["machine_id"],
+        "sequence": answer["sequence"],
+    });
+    if got != want {
+        return Err(format!("decode of {id}: expected {want}, got {got}"));
+    }
+    Ok(())
+}
+
+/// Runs one step: an action (`do`), or a request (`send`, with `during`
+/// actions and `expect`ed answer, and `server_calls`: the exact number of
+/// calls of its method that reached the servers).
+pub async fn run(
+    step: &Value,
+    cluster: &mut Cluster,
+    driver: &mut Driver,
+    state: &mut State,
+) -> Result<(), String> {
+    if step.get("do").is_some() {
+        act(step, cluster, state, state.last_id).await;
+        return Ok(());
+    }
+    let request = fill(&step["send"], cluster, state);
+    let expect = &step["expect"];
+    let method = method_of(&request);
+    let calls_before = cluster.calls(method).await;
+    let during = step["during"].as_array().cloned().unwrap_or_default();
+    let answer = exchange(&request, &during, cluster, driver, state).await?;
+    check(&request, &answer, expect, cluster, state)?;
+    if let Some(n) = expect["server_calls"].as_u64() {
+        server_calls(cluster, method, calls_before, n).await?;
+    }
+    Ok(())
+}
+
+/// Waits (at most 3 s: a server counts a stream when its last message is
+/// sent, which can be just after the client has read it) until the calls of
+/// `method` that reached the servers since `before` number `n`; an error
+/// when they pass `n` or never reach it.
+async fn server_calls(cluster: &Cluster, method: &str, before: u64, n: u64) -> Result<(), String> {
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        let calls = cluster.calls(method).await.saturating_sub(before);
+        if calls > n || (calls < n && Instant::now() >= until) {
+            return Err(format!(
+                "expected {n} {method} calls to reach the servers, counted {calls}"
+            ));
+        }
+        if calls == n {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
