@@ -12,20 +12,26 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 /// is 10 s by default, a stream of the suite's largest size well under that.
 const ANSWER_WITHIN: Duration = Duration::from_secs(90);
 
+/// The repository whose drivers run: `$SNOWKEEP_CONFORMANCE_ROOT` when set
+/// (another checkout's drivers, run by this build of the runner), else this
+/// one.
+fn root() -> PathBuf {
+    match std::env::var_os("SNOWKEEP_CONFORMANCE_ROOT") {
+        Some(root) => PathBuf::from(root),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
+    }
+}
+
 /// `conformance/drivers/<client>/<script>`.
 pub fn script(client: &str, name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("drivers")
-        .join(client)
-        .join(name)
+    root().join("conformance/drivers").join(client).join(name)
 }
 
 /// Runs `conformance/drivers/<client>/build` from the repository root;
 /// panics with its output when it fails.
 pub fn build(client: &str) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = std::process::Command::new(script(client, "build"))
-        .current_dir(&root)
+        .current_dir(root())
         .output()
         .unwrap_or_else(|e| panic!("cannot run the {client} driver's build: {e}"));
     assert!(
@@ -52,7 +58,7 @@ impl Driver {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("driver.log");
         let mut child = Command::new(script(client, "run"))
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+            .current_dir(root())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
