@@ -131,7 +131,9 @@ class Attempts:
         return self._last
 
     def _spent(self) -> SnowkeepError:
-        return self._last or SnowkeepError(
+        if self._last is not None:
+            return SnowkeepError(self._last.code, self._last.message)
+        return SnowkeepError(
             grpc.StatusCode.DEADLINE_EXCEEDED, "retry budget spent before any attempt"
         )
 

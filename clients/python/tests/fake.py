@@ -14,7 +14,7 @@ Each server answers from a script: a list of steps consumed one per call
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +138,12 @@ class FakeServer:
             def GetInfo(self, request: Any, context: Any) -> Any:  # noqa: N802
                 return fake.get_info(request, context)
 
+            def DecodeId(self, request: Any, context: Any) -> Any:  # noqa: N802
+                context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
+
+            def GetCapacity(self, request: Any, context: Any) -> Any:  # noqa: N802
+                context.abort(grpc.StatusCode.UNIMPLEMENTED, "not in the fake")
+
         id_pb2_grpc.add_IdServiceServicer_to_server(Ids(), server)
         info_pb2_grpc.add_InfoServiceServicer_to_server(Info(), server)
         self.port = server.add_insecure_port("127.0.0.1:0")
@@ -161,3 +167,7 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: The ``servers`` fixture: starts a :class:`FakeServer` (steps, then fields).
+Servers = Callable[..., FakeServer]

@@ -9,11 +9,13 @@ import pytest
 
 from snowkeep_client import AsyncClient, DecodedId, SnowkeepError
 
+from fake import Servers
+
 S = grpc.StatusCode
 
 
 @pytest.mark.asyncio
-async def test_next_ids_fails_over_and_surfaces_final_codes(servers) -> None:  # type: ignore[no-untyped-def]
+async def test_next_ids_fails_over_and_surfaces_final_codes(servers: Servers) -> None:
     bad = servers([("fail", S.UNAVAILABLE, "down"), ("fail", S.PERMISSION_DENIED, "denied")])
     good = servers()
     async with AsyncClient([bad.target, good.target], backoff=5.0, max_backoff=5.0) as client:
@@ -26,12 +28,12 @@ async def test_next_ids_fails_over_and_surfaces_final_codes(servers) -> None:  #
 
 
 @pytest.mark.asyncio
-async def test_a_task_cancel_ends_the_call_at_once_never_retried(servers) -> None:  # type: ignore[no-untyped-def]
+async def test_a_task_cancel_ends_the_call_at_once_never_retried(servers: Servers) -> None:
     a = servers([("hang",)])
     b = servers([("hang",)])
     async with AsyncClient([a.target, b.target]) as client:
         task = asyncio.create_task(client.next_ids(1))
-        assert await asyncio.to_thread(lambda: (a.hanging.acquire(timeout=10)))
+        assert await asyncio.to_thread(lambda: a.hanging.acquire(timeout=10))
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -39,7 +41,7 @@ async def test_a_task_cancel_ends_the_call_at_once_never_retried(servers) -> Non
 
 
 @pytest.mark.asyncio
-async def test_asyncio_timeout_is_a_timeout_error(servers) -> None:  # type: ignore[no-untyped-def]
+async def test_asyncio_timeout_is_a_timeout_error(servers: Servers) -> None:
     a = servers([("hang",)])
     async with AsyncClient([a.target]) as client:
         with pytest.raises(TimeoutError):
@@ -51,7 +53,7 @@ async def test_asyncio_timeout_is_a_timeout_error(servers) -> None:  # type: ign
 
 
 @pytest.mark.asyncio
-async def test_the_async_stream_resumes_with_exactly_total(servers) -> None:  # type: ignore[no-untyped-def]
+async def test_the_async_stream_resumes_with_exactly_total(servers: Servers) -> None:
     a = servers([("part", 2, S.UNAVAILABLE, "killed"), "ok"])
     b = servers()
     async with AsyncClient([a.target, b.target]) as client:
@@ -61,7 +63,7 @@ async def test_the_async_stream_resumes_with_exactly_total(servers) -> None:  # 
 
 
 @pytest.mark.asyncio
-async def test_the_async_stream_surfaces_a_final_end_after_its_batches(servers) -> None:  # type: ignore[no-untyped-def]
+async def test_the_async_stream_surfaces_a_final_end_after_its_batches(servers: Servers) -> None:
     fake = servers([("part", 1, S.INVALID_ARGUMENT, "bad")])
     got: list[int] = []
     async with AsyncClient([fake.target]) as client:
@@ -72,7 +74,7 @@ async def test_the_async_stream_surfaces_a_final_end_after_its_batches(servers) 
 
 
 @pytest.mark.asyncio
-async def test_cancelling_a_task_iterating_a_stream_cancels_it(servers) -> None:  # type: ignore[no-untyped-def]
+async def test_cancelling_a_task_iterating_a_stream_cancels_it(servers: Servers) -> None:
     fake = servers([("hang",)])
     async with AsyncClient([fake.target]) as client:
         stream = client.stream(10)
@@ -89,7 +91,7 @@ async def test_cancelling_a_task_iterating_a_stream_cancels_it(servers) -> None:
 
 
 @pytest.mark.asyncio
-async def test_the_async_pool_prefetches_fails_and_closes(servers) -> None:  # type: ignore[no-untyped-def]
+async def test_the_async_pool_prefetches_fails_and_closes(servers: Servers) -> None:
     fake = servers()
     async with AsyncClient([fake.target], retry_budget=0.1, backoff=0.01) as client:
         async with client.pool(batch=10, low_water=2) as pool:
@@ -106,7 +108,7 @@ async def test_the_async_pool_prefetches_fails_and_closes(servers) -> None:  # t
 
 
 @pytest.mark.asyncio
-async def test_async_decode_and_closed_client(servers) -> None:  # type: ignore[no-untyped-def]
+async def test_async_decode_and_closed_client(servers: Servers) -> None:
     fake = servers()
     client = AsyncClient([fake.target])
     assert await client.decode((5 << 22) | (3 << 12) | 2) == DecodedId(1_700_000_000_005, 3, 2)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from snowkeep_client import Client
 
+from fake import Servers
 
-def test_pool_next(servers, benchmark) -> None:  # type: ignore[no-untyped-def]
+
+def test_pool_next(servers: Servers, benchmark: Any) -> None:
     fake = servers()
     with Client([fake.target]) as client, client.pool(batch=100_000) as pool:
         first = pool.next()

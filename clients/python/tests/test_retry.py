@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 import pytest
 
 from snowkeep_client import RETRYABLE_CODES, Client, SnowkeepError
 from snowkeep_client._retry import Attempts, Endpoints
+
+from fake import Servers, free_port
 
 S = grpc.StatusCode
 
@@ -120,7 +124,7 @@ def test_ejection_doubles_and_clears_on_success() -> None:
 
 
 @pytest.mark.parametrize("code", RETRYABLE)
-def test_a_retryable_failure_moves_to_the_next_server(servers, code: S) -> None:  # type: ignore[no-untyped-def]
+def test_a_retryable_failure_moves_to_the_next_server(servers: Servers, code: S) -> None:
     bad = servers([("fail", code, "try elsewhere")])
     good = servers()
     with Client([bad.target, good.target], backoff=5.0, max_backoff=5.0) as client:
@@ -132,7 +136,7 @@ def test_a_retryable_failure_moves_to_the_next_server(servers, code: S) -> None:
 
 
 @pytest.mark.parametrize("code", FINAL)
-def test_a_final_failure_surfaces_after_one_attempt(servers, code: S) -> None:  # type: ignore[no-untyped-def]
+def test_a_final_failure_surfaces_after_one_attempt(servers: Servers, code: S) -> None:
     bad = servers([("fail", code, "no way")])
     good = servers()
     with Client([bad.target, good.target]) as client, pytest.raises(SnowkeepError) as e:
@@ -141,7 +145,7 @@ def test_a_final_failure_surfaces_after_one_attempt(servers, code: S) -> None:  
     assert len(bad.calls) == 1 and good.calls == []
 
 
-def test_a_spent_budget_fails_with_the_last_error(servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_spent_budget_fails_with_the_last_error(servers: Servers) -> None:
     a = servers([("fail", S.UNAVAILABLE, "a is down")])
     b = servers([("fail", S.RESOURCE_EXHAUSTED, "b is busy")])
     with (
@@ -150,14 +154,14 @@ def test_a_spent_budget_fails_with_the_last_error(servers) -> None:  # type: ign
     ):
         client.next_ids(1)
     assert e.value.code in (S.UNAVAILABLE, S.RESOURCE_EXHAUSTED)
-    assert e.value.message == {S.UNAVAILABLE: "a is down", S.RESOURCE_EXHAUSTED: "b is busy"}[
-        e.value.code
-    ]
+    assert (
+        e.value.message
+        == {S.UNAVAILABLE: "a is down", S.RESOURCE_EXHAUSTED: "b is busy"}[e.value.code]
+    )
     assert len(a.calls) >= 2 and len(b.calls) >= 2
 
 
-def test_a_refused_connection_is_unavailable_and_fails_over(servers) -> None:  # type: ignore[no-untyped-def]
-    from fake import free_port
+def test_a_refused_connection_is_unavailable_and_fails_over(servers: Servers) -> None:
 
     good = servers()
     dead = f"127.0.0.1:{free_port()}"
@@ -168,7 +172,7 @@ def test_a_refused_connection_is_unavailable_and_fails_over(servers) -> None:  #
     assert e.value.code == S.UNAVAILABLE
 
 
-def test_an_attempt_deadline_moves_to_the_next_server(servers) -> None:  # type: ignore[no-untyped-def]
+def test_an_attempt_deadline_moves_to_the_next_server(servers: Servers) -> None:
     slow = servers([("hang",)])
     good = servers()
     with Client([slow.target, good.target], request_timeout=0.2) as client:
@@ -176,7 +180,7 @@ def test_an_attempt_deadline_moves_to_the_next_server(servers) -> None:  # type:
     assert len(slow.calls) == 1
 
 
-def test_the_callers_timeout_is_a_timeout_error_never_retried(servers) -> None:  # type: ignore[no-untyped-def]
+def test_the_callers_timeout_is_a_timeout_error_never_retried(servers: Servers) -> None:
     slow = servers([("hang",)])
     other = servers([("hang",)])
     with Client([slow.target, other.target]) as client, pytest.raises(TimeoutError):
@@ -184,7 +188,7 @@ def test_the_callers_timeout_is_a_timeout_error_never_retried(servers) -> None: 
     assert len(slow.calls) + len(other.calls) == 1
 
 
-def test_the_api_key_is_sent_as_a_bearer_token(servers) -> None:  # type: ignore[no-untyped-def]
+def test_the_api_key_is_sent_as_a_bearer_token(servers: Servers) -> None:
     fake = servers()
     with Client([f"http://{fake.target}"], api_key="sk_test-123") as client:
         client.next_ids(1)
@@ -196,11 +200,16 @@ def test_the_api_key_is_sent_as_a_bearer_token(servers) -> None:  # type: ignore
     assert fake.calls[-1].authorization is None
 
 
-def test_calls_after_close_fail_with_client_closed(servers) -> None:  # type: ignore[no-untyped-def]
+def test_calls_after_close_fail_with_client_closed(servers: Servers) -> None:
     fake = servers()
     client = Client([fake.target])
     client.close()
-    for call in [lambda: client.next_ids(1), lambda: client.stream(1), lambda: client.decode(1)]:
+    calls: list[Callable[[], object]] = [
+        lambda: client.next_ids(1),
+        lambda: client.stream(1),
+        lambda: client.decode(1),
+    ]
+    for call in calls:
         with pytest.raises(SnowkeepError) as e:
             call()
         assert (e.value.code, e.value.message) == (S.FAILED_PRECONDITION, "client closed")

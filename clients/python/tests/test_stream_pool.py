@@ -7,15 +7,16 @@ import threading
 import grpc
 import pytest
 
-from fake import FakeServer
 from snowkeep_client import Client, DecodedId, SnowkeepError
 from snowkeep_client._buffer import Buffer
 from snowkeep_client._gen.snowkeep.v1 import info_pb2
 
+from fake import FakeServer, Servers
+
 S = grpc.StatusCode
 
 
-def test_a_stream_delivers_exactly_total_in_batches(servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_stream_delivers_exactly_total_in_batches(servers: Servers) -> None:
     fake = servers()
     with Client([fake.target]) as client:
         batches = list(client.stream(25, 10))
@@ -24,7 +25,7 @@ def test_a_stream_delivers_exactly_total_in_batches(servers) -> None:  # type: i
     assert [(c.total, c.batch_size) for c in fake.calls] == [(25, 10)]
 
 
-def test_a_stream_ended_early_resumes_the_rest_on_the_next_server(servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_stream_ended_early_resumes_the_rest_on_the_next_server(servers: Servers) -> None:
     a = servers([("part", 3, S.UNAVAILABLE, "shutting down"), "ok"])
     b = servers()
     with Client([a.target, b.target]) as client:
@@ -36,7 +37,7 @@ def test_a_stream_ended_early_resumes_the_rest_on_the_next_server(servers) -> No
     assert [(c.total, c.batch_size) for c in b.calls] == [(20, 10)]
 
 
-def test_a_final_end_surfaces_after_the_batches_delivered(servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_final_end_surfaces_after_the_batches_delivered(servers: Servers) -> None:
     fake = servers([("part", 2, S.FAILED_PRECONDITION, "layout exhausted"), "ok"])
     fake.steps = [("part", 2, S.PERMISSION_DENIED, "no ids for you")]
     got: list[int] = []
@@ -48,7 +49,7 @@ def test_a_final_end_surfaces_after_the_batches_delivered(servers) -> None:  # t
     assert len(fake.calls) == 1
 
 
-def test_a_stream_whose_first_batch_is_late_moves_on(servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_stream_whose_first_batch_is_late_moves_on(servers: Servers) -> None:
     slow = servers([("hang",)])
     good = servers()
     with Client([slow.target, good.target], request_timeout=0.2) as client:
@@ -56,7 +57,7 @@ def test_a_stream_whose_first_batch_is_late_moves_on(servers) -> None:  # type: 
     assert ids == list(range(2_000_001, 2_000_006))
 
 
-def test_a_stream_whose_budget_is_spent_fails_with_the_last_error(servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_stream_whose_budget_is_spent_fails_with_the_last_error(servers: Servers) -> None:
     fake = servers([("part", 1, S.UNAVAILABLE, "gone"), ("fail", S.UNAVAILABLE, "still gone")])
     got: list[int] = []
     with Client([fake.target], retry_budget=0.2, backoff=0.01) as client:
@@ -68,7 +69,7 @@ def test_a_stream_whose_budget_is_spent_fails_with_the_last_error(servers) -> No
     assert all(c.total == 20 for c in fake.calls[1:])
 
 
-def test_closing_a_stream_stops_it(servers) -> None:  # type: ignore[no-untyped-def]
+def test_closing_a_stream_stops_it(servers: Servers) -> None:
     fake = servers()
     with Client([fake.target]) as client:
         stream = client.stream(1000, 10)
@@ -77,7 +78,7 @@ def test_closing_a_stream_stops_it(servers) -> None:  # type: ignore[no-untyped-
         assert list(stream) == []
 
 
-def test_the_pool_hands_out_prefetched_ids_and_refills_at_low_water(servers) -> None:  # type: ignore[no-untyped-def]
+def test_the_pool_hands_out_prefetched_ids_and_refills_at_low_water(servers: Servers) -> None:
     fake = servers()
     with Client([fake.target]) as client, client.pool(batch=10, low_water=3) as pool:
         ids = [pool.next() for _ in range(25)]
@@ -86,7 +87,7 @@ def test_the_pool_hands_out_prefetched_ids_and_refills_at_low_water(servers) -> 
     assert set(counts) == {10} and 3 <= len(counts) <= 4
 
 
-def test_the_pool_fails_with_the_refills_last_error_and_recovers(servers) -> None:  # type: ignore[no-untyped-def]
+def test_the_pool_fails_with_the_refills_last_error_and_recovers(servers: Servers) -> None:
     fake = servers([("fail", S.UNAVAILABLE, "no lease")])
     with Client([fake.target], retry_budget=0.1, backoff=0.01) as client:
         with client.pool(batch=5) as pool:
@@ -97,7 +98,7 @@ def test_the_pool_fails_with_the_refills_last_error_and_recovers(servers) -> Non
             assert pool.next() == 1_000_001
 
 
-def test_a_closed_pool_refuses_and_close_cancels_a_hanging_refill(servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_closed_pool_refuses_and_close_cancels_a_hanging_refill(servers: Servers) -> None:
     fake = servers([("hang",)])
     with Client([fake.target]) as client:
         pool = client.pool(batch=5)
@@ -109,7 +110,7 @@ def test_a_closed_pool_refuses_and_close_cancels_a_hanging_refill(servers) -> No
         assert (e.value.code, e.value.message) == (S.FAILED_PRECONDITION, "pool closed")
 
 
-def test_a_pool_next_waiting_on_another_thread_sees_the_close(servers) -> None:  # type: ignore[no-untyped-def]
+def test_a_pool_next_waiting_on_another_thread_sees_the_close(servers: Servers) -> None:
     fake = servers([("hang",)])
     errors: list[SnowkeepError] = []
     with Client([fake.target]) as client:
@@ -142,7 +143,7 @@ def test_the_buffer_drops_ids_older_than_max_age() -> None:
     assert buf.take(15.0) is None
 
 
-def test_decode_reads_the_layout_once(servers) -> None:  # type: ignore[no-untyped-def]
+def test_decode_reads_the_layout_once(servers: Servers) -> None:
     layout = info_pb2.Layout(
         timestamp_bits=41, machine_bits=10, sequence_bits=12, epoch_unix_ms=1_000
     )
@@ -157,7 +158,7 @@ def test_decode_reads_the_layout_once(servers) -> None:  # type: ignore[no-untyp
     assert len(fake.methods("GetInfo")) == 1
 
 
-def test_decode_uses_the_time_unit(servers) -> None:  # type: ignore[no-untyped-def]
+def test_decode_uses_the_time_unit(servers: Servers) -> None:
     layout = info_pb2.Layout(
         timestamp_bits=31, machine_bits=8, sequence_bits=14, epoch_unix_ms=5, time_unit_ms=10
     )

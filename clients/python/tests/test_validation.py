@@ -9,6 +9,8 @@ import pytest
 
 from snowkeep_client import Client, SnowkeepError, Tls
 
+from fake import Servers
+
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -68,7 +70,7 @@ def test_unreadable_tls_files_are_refused_naming_the_parameter(tmp_path: Path) -
     assert err.message.startswith("tls.cert: missing")
 
 
-def test_bad_counts_are_refused_before_any_call(servers) -> None:  # type: ignore[no-untyped-def]
+def test_bad_counts_are_refused_before_any_call(servers: Servers) -> None:
     fake = servers()
     with Client([fake.target]) as client:
         for count in [0, 100_001, -1]:

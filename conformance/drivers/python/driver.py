@@ -153,7 +153,12 @@ class Driver:
                 grpc.StatusCode.INVALID_ARGUMENT, f"id: {raw!r} is not a decimal id"
             ) from None
         d = self.need_client().decode(id)
-        return {"ok": True, "unix_ms": d.unix_ms, "machine_id": d.machine_id, "sequence": d.sequence}
+        return {
+            "ok": True,
+            "unix_ms": d.unix_ms,
+            "machine_id": d.machine_id,
+            "sequence": d.sequence,
+        }
 
     def op_bench_stream(self, req: Answer) -> Answer:
         client = self.need_client()
