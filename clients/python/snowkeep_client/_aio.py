@@ -281,7 +281,9 @@ class AsyncIdStream(AsyncIterator[list[int]]):
             self._first = True
             self._attempts.succeeded(self._attempt)
         self._attempts.restart()
-        return list(batch.ids)[: self.total - self.received]
+        ids = list(batch.ids)
+        left = self.total - self.received
+        return ids if len(ids) <= left else ids[:left]
 
     async def __anext__(self) -> list[int]:
         try:

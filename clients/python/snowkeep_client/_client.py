@@ -367,7 +367,9 @@ class IdStream(Iterator[list[int]]):
             assert self._attempt is not None
             self._attempts.succeeded(self._attempt)
         self._attempts.restart()
-        return list(batch.ids)[: self.total - self.received]
+        ids = list(batch.ids)
+        left = self.total - self.received
+        return ids if len(ids) <= left else ids[:left]
 
     def __next__(self) -> list[int]:
         while not self._done:

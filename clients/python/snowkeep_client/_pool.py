@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ._buffer import Buffer
+from ._client import _Cancel
 from ._errors import pool_closed
 from ._options import check_pool
 
@@ -48,8 +49,6 @@ class Pool:
         self._want = True
         self._failures = 0
         self._error: BaseException | None = None
-        from ._client import _Cancel
-
         self._cancel = _Cancel()
         self._thread = threading.Thread(target=self._refill_loop, name="snowkeep-pool", daemon=True)
         self._thread.start()

@@ -46,6 +46,11 @@ class Endpoints:
         self._failures = [0] * count
         self._ejected_until = [0.0] * count
 
+    @property
+    def count(self) -> int:
+        """How many endpoints there are."""
+        return self._count
+
     def pick(self, exclude: frozenset[int] = frozenset()) -> int:
         """The next endpoint to call, preferring ones not in ``exclude``."""
         with self._lock:
@@ -177,7 +182,7 @@ class Attempts:
         left = self._budget_end - now
         if left <= 0:
             raise error
-        if len(self._tried) < self._endpoints_count():
+        if len(self._tried) < self._endpoints.count:
             return 0.0
         # Every endpoint failed in this round: back off, then a new round.
         self._tried = set()
@@ -186,6 +191,3 @@ class Attempts:
         if self._caller_end is not None:
             delay = min(delay, max(self._caller_end - now, 0.0))
         return min(delay, left)
-
-    def _endpoints_count(self) -> int:
-        return self._endpoints._count

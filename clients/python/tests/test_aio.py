@@ -9,7 +9,7 @@ import pytest
 
 from snowkeep_client import AsyncClient, DecodedId, SnowkeepError
 
-from fake import Servers
+from fake import Servers, free_port
 
 S = grpc.StatusCode
 
@@ -116,3 +116,28 @@ async def test_async_decode_and_closed_client(servers: Servers) -> None:
     with pytest.raises(SnowkeepError) as e:
         await client.next_ids(1)
     assert (e.value.code, e.value.message) == (S.FAILED_PRECONDITION, "client closed")
+
+
+@pytest.mark.asyncio
+async def test_an_async_stream_whose_first_batch_is_late_moves_on(servers: Servers) -> None:
+    slow = servers([("hang",)])
+    dead = f"127.0.0.1:{free_port()}"
+    good = servers()
+    async with AsyncClient([slow.target, dead, good.target], request_timeout=0.2) as client:
+        ids = [i async for batch in client.stream(5) for i in batch]
+    assert ids == list(range(2_000_001, 2_000_006))
+    assert len(slow.calls) == 1
+
+
+@pytest.mark.asyncio
+async def test_an_async_stream_with_its_budget_spent_fails_with_the_last_error(
+    servers: Servers,
+) -> None:
+    fake = servers([("part", 1, S.UNAVAILABLE, "gone"), ("fail", S.RESOURCE_EXHAUSTED, "busy")])
+    got: list[int] = []
+    async with AsyncClient([fake.target], retry_budget=0.2, backoff=0.01) as client:
+        with pytest.raises(SnowkeepError) as e:
+            async for batch in client.stream(30, 10):
+                got.extend(batch)
+    assert (e.value.code, e.value.message) == (S.RESOURCE_EXHAUSTED, "busy")
+    assert got == list(range(1_000_001, 1_000_011))

@@ -123,7 +123,7 @@ class Driver:
         self.pool = None
         max_age_ms = req.get("max_age_ms")
         self.pool = self.need_client().pool(
-            batch=req.get("batch") or 100,
+            batch=100 if req.get("batch") is None else req["batch"],
             low_water=req.get("low_water"),
             max_age=600.0 if max_age_ms is None else float(max_age_ms) / 1000.0,
         )
