@@ -130,10 +130,11 @@ class AsyncClient:
                 attempt = attempts.start()
                 try:
                     result = await op(self._channel(attempt.endpoint), attempt.timeout)
-                except grpc.aio.AioRpcError as e:
+                except (grpc.aio.AioRpcError, SnowkeepError) as e:
                     if self._closed:
                         raise client_closed() from None
-                    delay = attempts.failed(attempt, from_rpc_error(e))
+                    err = e if isinstance(e, SnowkeepError) else from_rpc_error(e)
+                    delay = attempts.failed(attempt, err)
                     if delay > 0:
                         await asyncio.sleep(delay)
                     continue
@@ -188,7 +189,7 @@ class AsyncClient:
         async def op(ch: grpc.aio.Channel, deadline: float) -> Layout:
             stub = info_pb2_grpc.InfoServiceStub(ch)
             info = await stub.GetInfo(info_pb2.GetInfoRequest(), timeout=deadline, metadata=md)
-            return layout_of(info)
+            return layout_of(info, md is not None)
 
         self._layout = await self._run(op, timeout)
         return self._layout

@@ -166,7 +166,7 @@ class Client:
                 attempt = attempts.start()
                 try:
                     result = op(self._channel(attempt.endpoint), attempt.timeout, cancel)
-                except (grpc.RpcError, grpc.FutureCancelledError) as e:
+                except (grpc.RpcError, grpc.FutureCancelledError, SnowkeepError) as e:
                     delay = self._failed(attempts, attempt, e, cancel)
                     if delay > 0:
                         self._sleep(delay, cancel)
@@ -190,6 +190,8 @@ class Client:
             raise client_closed() from None
         if cancel is not None and cancel.event.is_set():
             raise SnowkeepError(grpc.StatusCode.CANCELLED, "cancelled") from None
+        if isinstance(e, SnowkeepError):
+            return attempts.failed(attempt, e)
         if not isinstance(e, grpc.RpcError):
             raise e
         return attempts.failed(attempt, from_rpc_error(e))
@@ -254,7 +256,8 @@ class Client:
 
         def op(ch: grpc.Channel, deadline: float, cancel: _Cancel | None) -> Layout:
             stub = info_pb2_grpc.InfoServiceStub(ch)
-            return layout_of(stub.GetInfo(info_pb2.GetInfoRequest(), timeout=deadline, metadata=md))
+            info = stub.GetInfo(info_pb2.GetInfoRequest(), timeout=deadline, metadata=md)
+            return layout_of(info, md is not None)
 
         self._layout = self._run(op, timeout)
         return self._layout

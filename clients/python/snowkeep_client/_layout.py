@@ -61,16 +61,27 @@ class Layout:
         return DecodedId(self.epoch_unix_ms + ticks * unit, machine_id, sequence)
 
 
-def layout_of(info: object) -> Layout:
-    """The layout of a GetInfoResponse; an error when the server sent none
-    (an authenticating server answers a call without an API key so)."""
+def layout_of(info: object, has_api_key: bool) -> Layout:
+    """The layout of a GetInfoResponse.
+
+    A server with API keys on reports it only to a call with a key, and a
+    server that has not read the cluster's security mode yet to none: without
+    ``api_key`` that is ``UNAUTHENTICATED`` (not retried), with one
+    ``UNAVAILABLE`` (retried under the retry rule).
+    """
     layout = getattr(info, "layout", None)
     has = getattr(info, "HasField", None)
     if layout is None or not callable(has) or not has("layout"):
+        if has_api_key:
+            raise SnowkeepError(
+                grpc.StatusCode.UNAVAILABLE,
+                "the server reported no layout in GetInfo (it has not read the "
+                "cluster's security mode yet, or does not accept the API key)",
+            )
         raise SnowkeepError(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            "the server reported no layout in GetInfo (a server with API keys on "
-            "needs api_key to report it)",
+            grpc.StatusCode.UNAUTHENTICATED,
+            "the server reported no layout in GetInfo: with API keys on it reports "
+            "it only to a call with an API key (api_key)",
         )
     out = Layout(
         int(layout.timestamp_bits),

@@ -44,7 +44,7 @@ class FakeServer:
     first_id: int
     steps: list[Step] = field(default_factory=lambda: ["ok"])
     info_steps: list[Step] = field(default_factory=lambda: ["ok"])
-    layout: info_pb2.Layout = field(
+    layout: info_pb2.Layout | None = field(
         default_factory=lambda: info_pb2.Layout(
             timestamp_bits=41, machine_bits=10, sequence_bits=12, epoch_unix_ms=1_700_000_000_000
         )

@@ -168,3 +168,18 @@ def test_decode_uses_the_time_unit(servers: Servers) -> None:
         with pytest.raises(SnowkeepError) as e:
             client.decode(2**53)
         assert e.value.message.startswith("id: 9007199254740992 is outside 0 to 9007199254740991")
+
+
+def test_a_layout_withheld_for_want_of_a_key_is_unauthenticated(servers: Servers) -> None:
+    fake = servers(layout=None)
+    with Client([fake.target]) as client, pytest.raises(SnowkeepError) as e:
+        client.decode(1)
+    assert e.value.code == S.UNAUTHENTICATED and "api_key" in e.value.message
+    assert len(fake.methods("GetInfo")) == 1
+    with (
+        Client([fake.target], api_key="k.secret", retry_budget=0.1, backoff=0.01) as client,
+        pytest.raises(SnowkeepError) as e,
+    ):
+        client.decode(1)
+    assert e.value.code == S.UNAVAILABLE
+    assert len(fake.methods("GetInfo")) > 2
