@@ -96,21 +96,32 @@ class Driver:
         return {"ok": True}
 
     def op_next_ids(self, req: Answer) -> Answer:
-        return {"ok": True, "ids": strs(self.need_client().next_ids(req.get("count", 0)))}
+        return {
+            "ok": True,
+            "ids": strs(self.need_client().next_ids(req.get("count", 0))),
+        }
 
     def op_stream(self, req: Answer) -> Answer:
-        stream = self.need_client().stream(req.get("total", 0), req.get("batch_size", 0))
         pace = float(req.get("pace_ms") or 0) / 1000.0
         every = int(req.get("progress_every") or 0)
         ids: list[int] = []
         batches = 0
         try:
-            with stream:
+            with self.need_client().stream(
+                req.get("total", 0), req.get("batch_size", 0)
+            ) as stream:
                 for batch in stream:
                     ids.extend(batch)
                     batches += 1
                     if every and batches % every == 0:
-                        emit({"progress": {"received": len(ids), "last_id": str(ids[-1])}})
+                        emit(
+                            {
+                                "progress": {
+                                    "received": len(ids),
+                                    "last_id": str(ids[-1]),
+                                }
+                            }
+                        )
                     if pace:
                         time.sleep(pace)
         except Exception as e:
@@ -130,9 +141,9 @@ class Driver:
         return {"ok": True}
 
     def op_pool_take(self, req: Answer) -> Answer:
-        pool = self.need_pool()
         ids: list[int] = []
         try:
+            pool = self.need_pool()
             for _ in range(int(req.get("count", 0))):
                 ids.append(pool.next())
         except Exception as e:
@@ -181,7 +192,12 @@ class Driver:
                 return 0.0
             return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000.0
 
-        return {"ok": True, "calls": len(latencies), "p50_ms": pct(0.50), "p99_ms": pct(0.99)}
+        return {
+            "ok": True,
+            "calls": len(latencies),
+            "p50_ms": pct(0.50),
+            "p99_ms": pct(0.99),
+        }
 
     async def _bench_unary(self, concurrency: int, seconds: float) -> list[float]:
         latencies: list[float] = []
@@ -206,7 +222,11 @@ class Driver:
             for _ in range(count):
                 take()
             elapsed = time.perf_counter_ns() - start
-        return {"ok": True, "ids": count, "ns_per_id": elapsed / count if count else 0.0}
+        return {
+            "ok": True,
+            "ids": count,
+            "ns_per_id": elapsed / count if count else 0.0,
+        }
 
     def op_close(self, req: Answer) -> Answer:
         self.close()
@@ -219,7 +239,11 @@ class Driver:
             op = req.get("op")
             method: Callable[[Answer], Answer] | None = getattr(self, f"op_{op}", None)
             if not isinstance(op, str) or method is None:
-                return {"ok": False, "code": "UNIMPLEMENTED", "message": f"unknown op {op!r}"}
+                return {
+                    "ok": False,
+                    "code": "UNIMPLEMENTED",
+                    "message": f"unknown op {op!r}",
+                }
             return method(req)
         except Failed as f:
             return {**error_answer(f.error), "ids": strs(f.ids)}
