@@ -107,9 +107,7 @@ class Driver:
         ids: list[int] = []
         batches = 0
         try:
-            with self.need_client().stream(
-                req.get("total", 0), req.get("batch_size", 0)
-            ) as stream:
+            with self.need_client().stream(req.get("total", 0), req.get("batch_size", 0)) as stream:
                 for batch in stream:
                     ids.extend(batch)
                     batches += 1
