@@ -70,6 +70,12 @@ class Settings:
             ("grpc.enable_retries", 0),
             # One connection per endpoint, not shared with other clients.
             ("grpc.use_local_subchannel_pool", 1),
+            # gRPC's own reconnect backoff (1 s growing to 120 s) would keep
+            # failing calls fast long after a restarted server is back; the
+            # contract's backoff and ejection pace reconnects instead.
+            ("grpc.initial_reconnect_backoff_ms", max(1, int(self.backoff * 1000))),
+            ("grpc.min_reconnect_backoff_ms", max(1, int(self.backoff * 1000))),
+            ("grpc.max_reconnect_backoff_ms", max(1, int(self.max_backoff * 1000))),
         ]
 
 
