@@ -1,0 +1,1 @@
+"""snowkeep protos (generated)."""

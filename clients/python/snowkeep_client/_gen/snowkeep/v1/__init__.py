@@ -1,0 +1,1 @@
+"""snowkeep.v1 protos (generated)."""
