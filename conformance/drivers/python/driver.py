@@ -213,7 +213,7 @@ class Driver:
 
     def op_bench_pool(self, req: Answer) -> Answer:
         count = int(req.get("count") or 0)
-        with self.need_client().pool(batch=100_000) as pool:
+        with self.need_client().pool(batch=100_000, low_water=50_000) as pool:
             pool.next()  # the first refill, not counted
             take = pool.next
             start = time.perf_counter_ns()

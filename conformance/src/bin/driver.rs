@@ -241,12 +241,13 @@ impl Driver {
     async fn bench_pool(&self, req: &Value) -> Answer {
         let client = self.client()?.clone();
         let config = PoolConfig {
-            batch: 10_000,
-            low_watermark: 5_000,
+            batch: 100_000,
+            low_watermark: 50_000,
             ..PoolConfig::default()
         };
         let pool = IdPool::new(client, config);
-        let count = u64_of(req, "count", 1_000_000);
+        pool.next_id().await.map_err(|e| failure(&e, None))?;
+        let count = u64_of(req, "count", 40_000);
         let start = Instant::now();
         for _ in 0..count {
             pool.next_id().await.map_err(|e| failure(&e, None))?;
