@@ -91,6 +91,7 @@ type retrier struct {
 	sleep    time.Duration
 	deadline time.Time
 	last     *Error
+	cut      bool // the last attempt's deadline was the budget's end
 }
 
 func (c *Client) newRetrier() *retrier {
@@ -138,6 +139,7 @@ func (r *retrier) next(ctx context.Context) (int, time.Duration, error) {
 	i := r.c.bal.pick(r.tried)
 	r.tried[i] = true
 	r.left--
+	r.cut = left < r.c.cfg.requestTimeout
 	return i, min(r.c.cfg.requestTimeout, left), nil
 }
 
@@ -167,7 +169,11 @@ func (r *retrier) failed(ctx context.Context, i int, err error) error {
 	if !retry {
 		return e
 	}
-	r.last = e
+	// An attempt cut short by the budget's end says less than the failure
+	// before it: keep that one as the error to surface.
+	if !(r.cut && e.code == codes.DeadlineExceeded && r.last != nil) {
+		r.last = e
+	}
 	return nil
 }
 

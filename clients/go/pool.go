@@ -127,7 +127,7 @@ func (p *Pool) pop() (uint64, bool) {
 	if p.buffered == 0 {
 		return 0, false
 	}
-	now := time.Now()
+	now := p.c.bal.now()
 	for len(p.chunks) > 0 {
 		ch := &p.chunks[0]
 		if len(ch.ids) == 0 || !now.Before(ch.expires) {
@@ -166,7 +166,7 @@ func (p *Pool) startRefill() {
 func (p *Pool) refill() {
 	defer p.wg.Done()
 	ids, err := p.c.NextIDs(p.ctx, p.cfg.batch)
-	fetched := time.Now()
+	fetched := p.c.bal.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.refilling = false
