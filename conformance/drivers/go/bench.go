@@ -92,7 +92,7 @@ func (d *driver) benchPool(ctx context.Context, r *request) map[string]any {
 		return bad
 	}
 	p := d.pool
-	if p == nil {
+	if !d.poolLive {
 		var err error
 		p, err = d.client.NewPool(snowkeep.WithPoolBatch(10000), snowkeep.WithPoolLowWater(5000))
 		if err != nil {

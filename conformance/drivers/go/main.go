@@ -50,6 +50,9 @@ type driver struct {
 	out    *bufio.Writer
 	client *snowkeep.Client
 	pool   *snowkeep.Pool
+	// poolLive is false once pool_close closed pool (pool_take then answers
+	// "pool closed" from the client; bench_pool makes its own pool).
+	poolLive bool
 }
 
 func main() {
@@ -88,6 +91,7 @@ func (d *driver) handle(ctx context.Context, r *request) map[string]any {
 		if d.pool != nil {
 			d.pool.Close()
 		}
+		d.poolLive = false
 		return okAnswer()
 	}
 	if d.client == nil {
@@ -117,7 +121,7 @@ func (d *driver) handle(ctx context.Context, r *request) map[string]any {
 func (d *driver) closeAll() {
 	if d.pool != nil {
 		d.pool.Close()
-		d.pool = nil
+		d.pool, d.poolLive = nil, false
 	}
 	if d.client != nil {
 		_ = d.client.Close()

@@ -145,7 +145,7 @@ func (d *driver) poolOpen(r *request) map[string]any {
 	if err != nil {
 		return fromErr(err, nil)
 	}
-	d.pool = p
+	d.pool, d.poolLive = p, true
 	return okAnswer()
 }
 
