@@ -3,12 +3,14 @@ package snowkeep
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -147,6 +149,10 @@ func (c *Client) NextIDs(ctx context.Context, n int) ([]uint64, error) {
 		r, err := s.ids.NextIds(ctx, req)
 		if err != nil {
 			return nil, err
+		}
+		if len(r.GetIds()) != n {
+			return nil, &Error{code: codes.Internal,
+				msg: fmt.Sprintf("asked for %d ids, the server returned %d", n, len(r.GetIds()))}
 		}
 		return r.GetIds(), nil
 	})

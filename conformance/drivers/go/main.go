@@ -131,11 +131,11 @@ func (d *driver) closeAll() {
 
 // emit writes one JSON line and flushes it.
 func (d *driver) emit(v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b = []byte(`{"ok":false,"code":"INTERNAL","message":"cannot encode the answer"}`)
+	enc := json.NewEncoder(d.out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		_, _ = d.out.WriteString(`{"ok":false,"code":"INTERNAL","message":"cannot encode the answer"}` + "\n")
 	}
-	_, _ = d.out.Write(append(b, '\n'))
 	_ = d.out.Flush()
 }
 
