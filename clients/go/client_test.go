@@ -238,6 +238,12 @@ func TestWhenAllAreEjectedTheEarliestEjectionEndIsTried(t *testing.T) {
 	if d := bal.servers[2].until.Sub(bal.now()); d != 4*time.Second {
 		t.Fatalf("ejection %v", d)
 	}
+	bal.report(2, true)
+	bal.report(2, true)
+	bal.report(2, true) // 32 s, capped at 8 s
+	if d := bal.servers[2].until.Sub(bal.now()); d != 8*time.Second {
+		t.Fatalf("ejection %v, want the 8 s cap", d)
+	}
 	bal.report(2, false)
 	if got := bal.pick([]bool{false, true, false}); got != 2 {
 		t.Fatalf("picked %d after a success cleared 2", got)

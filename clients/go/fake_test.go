@@ -2,6 +2,7 @@ package snowkeep
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -122,6 +123,10 @@ func (f *fake) StreamIds(r *pb.StreamIdsRequest, s grpc.ServerStreamingServer[pb
 	}
 	for sent, batches := uint64(0), 0; sent < r.GetTotal(); batches++ {
 		if batches == limit {
+			if end == errStall {
+				<-s.Context().Done()
+				return s.Context().Err()
+			}
 			return end
 		}
 		k := min(bs, r.GetTotal()-sent)
@@ -137,6 +142,10 @@ func (f *fake) GetInfo(context.Context, *pb.GetInfoRequest) (*pb.GetInfoResponse
 	f.infoCalls.Add(1)
 	return &pb.GetInfoResponse{Version: "test", Layout: f.layout}, nil
 }
+
+// errStall as a streamPlan's end makes the stream stall (send nothing more)
+// until the client gives up on it.
+var errStall = errors.New("stall")
 
 // fakeClock is a settable clock for ejection and pool max age.
 type fakeClock struct{ ns atomic.Int64 }

@@ -151,3 +151,18 @@ func TestClosingAStreamEndsItWithCancellation(t *testing.T) {
 	}
 	s.Close()
 }
+
+func TestAStalledStreamIsResumedAfterTheRequestTimeout(t *testing.T) {
+	a, b := newFake(t, 0), newFake(t, 1_000_000)
+	a.streamPlan = func(int) (int, error) { return 2, errStall }
+	c := mustNew(t, []string{a.url(), b.url()},
+		append(fastOpts, WithRequestTimeout(100*time.Millisecond))...)
+	s, _ := c.Stream(context.Background(), 50, 10)
+	sizes, ids, err := drain(t, s)
+	if err != nil || !slices.Equal(sizes, []int{10, 10, 10, 10, 10}) {
+		t.Fatalf("%v %v", sizes, err)
+	}
+	if !slices.Equal(ids, append(seq(0, 1, 20), seq(1_000_000, 1, 30)...)) || !slices.Equal(b.totals, []uint64{30}) {
+		t.Fatalf("%v totals %v", ids, b.totals)
+	}
+}
