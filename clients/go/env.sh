@@ -8,7 +8,7 @@ protoc_gen_go_grpc_pin=v1.6.2   # google.golang.org/grpc/cmd/protoc-gen-go-grpc
 tools="$root/target/tools"
 GO="$tools/$go_pin/bin/go"
 export GOTOOLCHAIN=local
-export GOFLAGS=-modcacherw
+export GOFLAGS='-modcacherw -buildvcs=false'
 export GOMODCACHE="$root/target/go/mod"
 export GOCACHE="$root/target/go/build-cache"
 export GOPATH="$root/target/go/path"
