@@ -20,6 +20,8 @@ final class RetryState {
   private long nextBackoff;
   private long budgetEnd;
   private Status last = Status.UNAVAILABLE.withDescription("no attempt made");
+  private boolean failedBefore;
+  private boolean clipped;
 
   RetryState(Endpoints endpoints, Settings settings, LongSupplier clock, DoubleSupplier random) {
     this.endpoints = endpoints;
@@ -44,6 +46,7 @@ final class RetryState {
    */
   long attemptTimeout() {
     long left = budgetEnd - clock.getAsLong();
+    clipped = left < settings.requestTimeoutNanos;
     return Math.min(settings.requestTimeoutNanos, left);
   }
 
@@ -62,7 +65,12 @@ final class RetryState {
    *     budget does not allow one more attempt
    */
   long failed(int i, Status status) {
-    last = status;
+    // An attempt whose deadline the budget cut short ran out of budget, not of server time:
+    // the error worth reporting is the one before it.
+    if (!(clipped && failedBefore && status.getCode() == Status.Code.DEADLINE_EXCEEDED)) {
+      last = status;
+    }
+    failedBefore = true;
     endpoints.failed(i);
     long now = clock.getAsLong();
     if (triedCount < tried.length) {
