@@ -68,6 +68,11 @@ export class IdPool {
     this.startRefill();
   }
 
+  /** True once {@link IdPool.close} ran. */
+  get closed(): boolean {
+    return this.closedFlag;
+  }
+
   /** Ids buffered now (expired ones not yet dropped included). */
   get buffered(): number {
     return this.size;

@@ -38,6 +38,11 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
+/** `ms` scaled by a random factor in [0.8, 1.2] (±20 % jitter); `random` returns [0, 1). */
+export function jittered(ms: number, random: () => number = Math.random): number {
+  return ms * (0.8 + random() * 0.4);
+}
+
 /** One attempt to make: its server and its deadline in ms. */
 export interface Attempt {
   readonly server: Server;
@@ -74,7 +79,7 @@ export class Attempts {
   async next(): Promise<Attempt> {
     this.check();
     if (this.triedInRound >= this.servers.list.length) {
-      const pause = this.delay * (0.8 + Math.random() * 0.4);
+      const pause = jittered(this.delay);
       this.delay = Math.min(this.delay * 2, this.settings.maxBackoffMs);
       this.triedInRound = 0;
       if (now() + pause >= this.budgetEnd) {

@@ -110,7 +110,7 @@ async function benchUnary(req) {
 }
 
 async function benchPool(req) {
-  const own = pool === null;
+  const own = pool === null || pool.closed;
   const p = own ? needClient().pool({ batch: 10_000, lowWater: 5_000 }) : pool;
   try {
     const start = process.hrtime.bigint();
