@@ -6,7 +6,7 @@
 
 import { status as Status, type ClientReadableStream } from "@grpc/grpc-js";
 
-import { AbortError, SnowkeepError } from "./errors.js";
+import { AbortError, SnowkeepError, throwIfAborted } from "./errors.js";
 import { IdFormat, type IdBatch } from "./gen/snowkeep/v1/id.js";
 import type { Settings } from "./options.js";
 import { Attempts } from "./retry.js";
@@ -133,6 +133,7 @@ export async function* resumingStream(
     let first = true;
     try {
       for (;;) {
+        throwIfAborted(plan.signal);
         let batch: IdBatch | null;
         try {
           batch = await reader.next();

@@ -136,7 +136,7 @@ describe("stream", () => {
 
   test("aborting mid-stream rejects with AbortError after the batches", async () => {
     const [a, b] = await servers(2);
-    a!.streamScript = [{ batches: [range(1n, 2)], hang: true }];
+    a!.streamScript = [{ batches: [range(1n, 2), range(3n, 2), range(5n, 2)], hang: true }];
     const client = new SnowkeepClient([a!.url, b!.url]);
     const ac = new AbortController();
     const got: bigint[][] = [];
