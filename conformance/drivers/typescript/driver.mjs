@@ -111,7 +111,7 @@ async function benchUnary(req) {
 
 async function benchPool(req) {
   const own = pool === null || pool.closed;
-  const p = own ? needClient().pool({ batch: 10_000, lowWater: 5_000 }) : pool;
+  const p = own ? needClient().pool({ batch: 100_000, lowWater: 50_000 }) : pool;
   try {
     const start = process.hrtime.bigint();
     for (let i = 0; i < req.count; i++) await p.next();
