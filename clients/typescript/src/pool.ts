@@ -84,7 +84,17 @@ export class IdPool {
    * is spent, with FAILED_PRECONDITION "pool closed" after {@link IdPool.close},
    * and with an {@link AbortError} when `signal` aborts the wait.
    */
-  async next(options: { signal?: AbortSignal } = {}): Promise<bigint> {
+  next(options: { signal?: AbortSignal } = {}): Promise<bigint> {
+    if (!this.closedFlag && options.signal?.aborted !== true) {
+      const id = this.take();
+      if (id !== undefined) {
+        return Promise.resolve(id);
+      }
+    }
+    return this.nextSlow(options);
+  }
+
+  private async nextSlow(options: { signal?: AbortSignal }): Promise<bigint> {
     for (;;) {
       throwIfAborted(options.signal);
       if (this.closedFlag) {
