@@ -87,9 +87,12 @@ func (s *Stream) recv() ([]uint64, error) {
 				return nil, err
 			}
 		}
+		// The part's cancel func, read here: the timer's goroutine must not
+		// read s.curEnd, which release() clears on this goroutine.
+		end := s.curEnd
 		timer := time.AfterFunc(min(s.c.cfg.requestTimeout, time.Until(s.r.deadline)), func() {
 			s.timedOut.Store(true)
-			s.curEnd()
+			end()
 		})
 		b, err := s.cur.Recv()
 		timer.Stop()

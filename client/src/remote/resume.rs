@@ -28,19 +28,30 @@ pub struct ResumingStream {
     deadline: Instant,
     ended: bool,
     resumes: u32,
+    /// Paces reopening after parts that ended before any batch (a server
+    /// that accepts the call, then refuses at its first message).
+    backoff: crate::backoff::Backoff,
+    /// True when the current part delivered a batch.
+    progressed: bool,
 }
 
 impl ResumingStream {
     pub(crate) fn new(client: RemoteClient, total: u64, batch_size: u32) -> Self {
         Self {
             deadline: client.budget_from_now(),
-            client,
             total,
             batch_size,
             received: 0,
             part: None,
             ended: false,
             resumes: 0,
+            backoff: crate::backoff::Backoff::new(
+                client.config().backoff,
+                client.config().max_backoff,
+            )
+            .with_jitter(0.2),
+            progressed: false,
+            client,
         }
     }
 
@@ -71,7 +82,10 @@ impl ResumingStream {
                         .open_part(self.deadline, rest, self.batch_size, format)
                         .await
                     {
-                        Ok(p) => self.part.insert(p),
+                        Ok(p) => {
+                            self.progressed = false;
+                            self.part.insert(p)
+                        }
                         Err(e) => return self.end(e),
                     }
                 }
@@ -80,6 +94,8 @@ impl ResumingStream {
                 Ok(Some(batch)) => {
                     self.received += batch.ids.len() as u64;
                     self.deadline = self.client.budget_from_now();
+                    self.progressed = true;
+                    self.backoff.reset();
                     return Ok(Some(batch.ids));
                 }
                 Ok(None) => {
@@ -91,6 +107,14 @@ impl ResumingStream {
                     self.client.server_failed(*server);
                     self.part = None;
                     self.resumes += 1;
+                    if !self.progressed {
+                        // Not a tight loop over servers that refuse at once.
+                        let delay = self.backoff.next_delay();
+                        if Instant::now() + delay >= self.deadline {
+                            return self.end(e);
+                        }
+                        tokio::time::sleep(delay).await;
+                    }
                 }
                 Err(e) => return self.end(e),
             }

@@ -126,7 +126,7 @@ export class SnowkeepClient {
     }
     const batchSize = options.batchSize ?? 0;
     if (!Number.isInteger(batchSize) || batchSize < 0 || batchSize > MAX_COUNT) {
-      throw invalidArgument(`batchSize must be 0 to ${MAX_COUNT} (0: the server's default), got ${String(batchSize)}`);
+      throw invalidArgument(`batchSize (the contract's batch_size) must be 0 to ${MAX_COUNT} (0: the server's default), got ${String(batchSize)}`);
     }
     return resumingStream(this.servers, this.settings, { total: t, batchSize, signal: options.signal });
   }

@@ -158,7 +158,7 @@ describe("stream", () => {
       assert.throws(() => client.stream(total), { code: Status.INVALID_ARGUMENT, message: /^total must be 1 to 9223372036854775807/ });
     }
     for (const batchSize of [-1, 100_001, 2.5]) {
-      assert.throws(() => client.stream(5n, { batchSize }), { code: Status.INVALID_ARGUMENT, message: /^batchSize must be 0 to 100000/ });
+      assert.throws(() => client.stream(5n, { batchSize }), { code: Status.INVALID_ARGUMENT, message: /^batchSize \(the contract's batch_size\) must be 0 to 100000/ });
     }
     assert.equal(a!.calls, 0);
     client.close();
