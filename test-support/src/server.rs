@@ -346,13 +346,19 @@ impl Drop for ServerProcess {
 
 /// GET /metrics from the exporter.
 pub async fn scrape(port: u16) -> String {
+    try_scrape(port).await.expect("scrape /metrics")
+}
+
+/// GET /metrics from the exporter; `None` when nothing answers (a killed or
+/// restarting server).
+pub async fn try_scrape(port: u16) -> Option<String> {
     tokio::task::spawn_blocking(move || {
         ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
             .call()
-            .expect("scrape /metrics")
+            .ok()?
             .body_mut()
             .read_to_string()
-            .expect("read scrape body")
+            .ok()
     })
     .await
     .expect("scrape task")

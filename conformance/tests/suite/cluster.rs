@@ -11,7 +11,7 @@ use snowkeep_test_support::auth::{bearer, random_key};
 use snowkeep_test_support::etcd::EtcdProcess;
 use snowkeep_test_support::eventually;
 use snowkeep_test_support::pki::TestPki;
-use snowkeep_test_support::server::ServerProcess;
+use snowkeep_test_support::server::{try_scrape, ServerProcess};
 
 /// The namespace every scenario's servers share.
 pub const NAMESPACE: &str = "conformance";
@@ -194,21 +194,6 @@ impl Cluster {
     }
 }
 
-/// GET /metrics on `port`; empty when nothing answers (a killed server).
-fn ureq_get(port: u16) -> String {
-    std::net::TcpStream::connect(("127.0.0.1", port))
-        .ok()
-        .and_then(|mut c| {
-            use std::io::{Read, Write};
-            c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-            write!(c, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-            let mut body = String::new();
-            c.read_to_string(&mut body).ok()?;
-            Some(body)
-        })
-        .unwrap_or_default()
-}
-
 /// Waits until `s` reports it can issue (`snowkeep_issuance_ready` 1): read
 /// from its metrics, so it works with TLS and auth alike.
 pub async fn wait_ready(s: &ServerProcess) {
@@ -223,10 +208,10 @@ pub async fn wait_ready(s: &ServerProcess) {
     .await;
 }
 
+/// The metrics of the server on `port`; empty when nothing answers (a
+/// killed server).
 async fn scrape_quiet(port: u16) -> String {
-    tokio::task::spawn_blocking(move || ureq_get(port))
-        .await
-        .unwrap_or_default()
+    try_scrape(port).await.unwrap_or_default()
 }
 
 /// Waits until `s` accepts `key` (its key cache caught up with etcd).

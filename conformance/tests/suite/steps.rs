@@ -153,6 +153,13 @@ fn ids_of(answer: &Value) -> Result<Vec<u64>, String> {
     }
 }
 
+/// Removes the actions of `pending` that `due` says are due, in order.
+fn take_due<'a>(pending: &mut Vec<&'a Value>, due: impl Fn(&Value) -> bool) -> Vec<&'a Value> {
+    let (now, later): (Vec<&Value>, Vec<&Value>) = pending.iter().partition(|a| due(a));
+    *pending = later;
+    now
+}
+
 /// Sends `request`, doing the step's `during` actions at their progress
 /// (`at_received`) or time (`after_ms`); the answer.
 async fn exchange(
@@ -180,16 +187,12 @@ async fn exchange(
             None => Some(driver.line().await?),
         };
         let Some(line) = line else {
-            let due: Vec<&Value> = pending
-                .iter()
-                .copied()
-                .filter(|a| {
-                    a["after_ms"]
-                        .as_u64()
-                        .is_some_and(|ms| sent + Duration::from_millis(ms) <= Instant::now())
-                })
-                .collect();
-            pending.retain(|a| !due.iter().any(|d| std::ptr::eq(*a, *d)));
+            let now = Instant::now();
+            let due = take_due(&mut pending, |a| {
+                a["after_ms"]
+                    .as_u64()
+                    .is_some_and(|ms| sent + Duration::from_millis(ms) <= now)
+            });
             for a in due {
                 act(a, cluster, state, last_progress_id).await;
             }
@@ -203,12 +206,9 @@ async fn exchange(
             .as_u64()
             .ok_or_else(|| format!("neither an answer nor progress: {line:.300}"))?;
         last_progress_id = progress["last_id"].as_str().and_then(|s| s.parse().ok());
-        let due: Vec<&Value> = pending
-            .iter()
-            .copied()
-            .filter(|a| a["at_received"].as_u64().is_some_and(|n| received >= n))
-            .collect();
-        pending.retain(|a| !due.iter().any(|d| std::ptr::eq(*a, *d)));
+        let due = take_due(&mut pending, |a| {
+            a["at_received"].as_u64().is_some_and(|n| received >= n)
+        });
         for a in due {
             act(a, cluster, state, last_progress_id).await;
         }
