@@ -45,6 +45,10 @@ type TlsSettings = std::convert::Infallible;
 /// stream): the server's limit, checked before any call.
 pub const MAX_COUNT: u32 = 100_000;
 
+/// The most ids one [`RemoteClient::stream`] asks for: 2^63 − 1, every id a
+/// 63-bit layout holds.
+pub const MAX_TOTAL: u64 = i64::MAX as u64;
+
 /// Settings of a remote client.
 #[derive(Debug, Clone)]
 pub struct RemoteConfig {
@@ -371,15 +375,22 @@ impl RemoteClient {
         Ok(part)
     }
 
-    /// Exactly `total` ids (1 or more; 0 streams until dropped) in batches of
+    /// Exactly `total` ids (1 to 2^63 − 1, the most ids a layout of 63 bits
+    /// holds; [`RemoteClient::stream_ids`] with 0 streams until dropped) in batches of
     /// `batch_size` (1 to 100000, 0 = the server's default, 1000), resumed
     /// on another server whenever a part ends early with a retryable status:
     /// see [`ResumingStream`] for the guarantee. Opens nothing until read.
     ///
     /// # Errors
-    /// [`ClientError::InvalidArgument`] for a `batch_size` above 100000,
-    /// before any call.
+    /// [`ClientError::InvalidArgument`] for a `total` outside 1 to 2^63 − 1
+    /// or a `batch_size` above 100000, before any call.
     pub fn stream(&self, total: u64, batch_size: u32) -> Result<ResumingStream, ClientError> {
+        if !(1..=MAX_TOTAL).contains(&total) {
+            return Err(ClientError::InvalidArgument {
+                parameter: "total",
+                detail: format!("must be 1 to {MAX_TOTAL}, got {total}"),
+            });
+        }
         check_count("batch_size", batch_size, 0)?;
         Ok(ResumingStream::new(self.clone(), total, batch_size))
     }

@@ -29,8 +29,8 @@ pub struct PoolConfig {
     /// Longest a fetched id is kept: older ones are dropped unused.
     /// Default 10 minutes.
     pub max_age: Duration,
-    /// Longest `next_id` waits for a refill before it returns the last error.
-    /// Default 10 s (the default retry budget).
+    /// Longest `next_id` waits for ids (a refill failing sooner returns its
+    /// error sooner). Default 10 s (the default retry budget).
     pub max_wait: Duration,
 }
 
@@ -55,7 +55,11 @@ struct Buffer {
     batches: VecDeque<Batch>,
     /// Ids in `batches`.
     len: usize,
-    last_error: Option<String>,
+    /// The last refill's error, while the latest refill failed.
+    last_error: Option<ClientError>,
+    /// Refills that failed so far: a waiter returns the error of a refill
+    /// that failed after it began to wait, never an older one.
+    failures: u64,
 }
 
 impl Buffer {
@@ -111,6 +115,7 @@ impl IdPool {
             batches: VecDeque::new(),
             len: 0,
             last_error: None,
+            failures: 0,
         }));
         let refill = Arc::new(Notify::new());
         let filled = Arc::new(Notify::new());
@@ -136,20 +141,31 @@ impl IdPool {
     /// dry, and at most `max_wait`.
     ///
     /// # Errors
-    /// [`ClientError::PoolEmpty`] with the last refill error after
-    /// `max_wait`; [`ClientError::PoolClosed`] after [`IdPool::close`].
+    /// The error of the refill it waited for, as the client returned it
+    /// (the server's status and code: a refused key at once, a retryable
+    /// failure once the retry budget is spent); [`ClientError::PoolEmpty`]
+    /// after `max_wait` with no refill finished; [`ClientError::PoolClosed`]
+    /// after [`IdPool::close`].
     pub async fn next_id(&self) -> Result<u64, ClientError> {
         let until = Instant::now() + self.config.max_wait;
+        let seen = lock(&self.buffer).failures;
         loop {
+            // Made before the closed check, so a close in between wakes it.
+            let waiting = self.filled.notified();
             if self.closed.load(Ordering::Acquire) {
                 return Err(ClientError::PoolClosed);
             }
-            let waiting = self.filled.notified();
-            let (id, low) = {
+            let (id, low, failed) = {
                 let mut b = lock(&self.buffer);
                 let id = b.pop(self.config.max_age);
-                (id, b.len <= self.config.low_watermark)
+                let failed = (b.failures != seen)
+                    .then(|| b.last_error.as_ref().map(replay))
+                    .flatten();
+                (id, b.len <= self.config.low_watermark, failed)
             };
+            if let Some(e) = failed.filter(|_| id.is_none()) {
+                return Err(e);
+            }
             if low {
                 self.refill.notify_one();
             }
@@ -172,7 +188,10 @@ impl IdPool {
 
     /// The last refill error, if the latest refill failed.
     pub fn last_error(&self) -> Option<String> {
-        lock(&self.buffer).last_error.clone()
+        lock(&self.buffer)
+            .last_error
+            .as_ref()
+            .map(ToString::to_string)
     }
 
     /// Stops the background refill and drops the buffered ids; `next_id`
@@ -185,6 +204,18 @@ impl IdPool {
         b.len = 0;
         drop(b);
         self.filled.notify_waiters();
+    }
+}
+
+/// A waiter's copy of a refill's error: the server's status as it came
+/// (code and message), anything else as [`ClientError::PoolEmpty`].
+fn replay(e: &ClientError) -> ClientError {
+    match e {
+        ClientError::Status(s) => ClientError::Status(s.clone()),
+        other => ClientError::PoolEmpty {
+            waited: Duration::ZERO,
+            last_error: other.to_string(),
+        },
     }
 }
 
@@ -224,10 +255,21 @@ async fn refill_loop(
                 filled.notify_waiters();
             }
             Err(e) => {
-                warn!(error = %e, "id pool refill failed; retrying");
-                lock(&buffer).last_error = Some(e.to_string());
+                // The call already retried what the retry rule retries; the
+                // next refill starts when a `next_id` asks (never a loop
+                // calling a server that refuses this client's key).
+                warn!(error = %e, "id pool refill failed");
+                // A wake-up stored while this refill ran came from a waiter
+                // that gets this error: drop it (before the error is seen,
+                // so no later ask is lost), then wait for a new ask.
+                let _ = futures_util::FutureExt::now_or_never(refill.notified());
+                {
+                    let mut b = lock(&buffer);
+                    b.last_error = Some(e);
+                    b.failures += 1;
+                }
                 filled.notify_waiters();
-                tokio::time::sleep(client.config().backoff).await;
+                refill.notified().await;
             }
         }
     }
@@ -251,6 +293,7 @@ mod tests {
             batches: VecDeque::from([batch(1..4, start)]),
             len: 3,
             last_error: None,
+            failures: 0,
         };
         tokio::time::advance(Duration::from_secs(5)).await;
         b.batches.push_back(batch(10..12, Instant::now()));

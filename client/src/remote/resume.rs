@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::{IdStream, RemoteClient};
 use crate::error::ClientError;
 
-/// A stream of exactly `total` ids (0: until dropped) that survives servers
+/// A stream of exactly `total` ids that survives servers
 /// going away: when a server's part ends early with a retryable status (it
 /// shut down, was killed, lost its lease, stalled past `request_timeout`),
 /// the remaining `total - received()` ids are asked of the next server under
@@ -64,18 +64,14 @@ impl ResumingStream {
     /// `Ok(None)`.
     pub async fn next_batch(&mut self) -> Result<Option<Vec<u64>>, ClientError> {
         loop {
-            if self.ended || (self.total != 0 && self.received >= self.total) {
+            if self.ended || self.received >= self.total {
                 self.ended = true;
                 return Ok(None);
             }
             let (part, server) = match self.part.as_mut() {
                 Some(p) => p,
                 None => {
-                    let rest = if self.total == 0 {
-                        0
-                    } else {
-                        self.total - self.received
-                    };
+                    let rest = self.total - self.received;
                     let format = pb::IdFormat::Unspecified;
                     match self
                         .client
@@ -91,7 +87,10 @@ impl ResumingStream {
                 }
             };
             match part.message().await {
-                Ok(Some(batch)) => {
+                Ok(Some(mut batch)) => {
+                    // Never more than `total`, whatever a server sends.
+                    let room = usize::try_from(self.total - self.received).unwrap_or(usize::MAX);
+                    batch.ids.truncate(room);
                     self.received += batch.ids.len() as u64;
                     self.deadline = self.client.budget_from_now();
                     self.progressed = true;
@@ -132,7 +131,7 @@ impl ResumingStream {
         self.received
     }
 
-    /// Ids asked for; 0 = unbounded.
+    /// Ids asked for.
     pub fn total(&self) -> u64 {
         self.total
     }

@@ -16,6 +16,8 @@ struct Fixed {
     refusal: Option<Code>,
     calls: Arc<AtomicU32>,
     first_stream_id: u64,
+    /// Ids a stream sends beyond the `total` asked for (a faulty server).
+    overshoot: u64,
 }
 
 #[tonic::async_trait]
@@ -43,7 +45,8 @@ impl IdService for Fixed {
     ) -> Result<Response<Self::StreamIdsStream>, Status> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let r = request.into_inner();
-        let ids: Vec<u64> = (self.first_stream_id..self.first_stream_id + r.total).collect();
+        let end = self.first_stream_id + r.total + self.overshoot;
+        let ids: Vec<u64> = (self.first_stream_id..end).collect();
         let mut items: Vec<Result<pb::IdBatch, Status>> = ids
             .chunks(r.batch_size.max(1) as usize)
             .map(|c| {
@@ -68,6 +71,15 @@ async fn serve(refusal: Option<Code>) -> (String, Arc<AtomicU32>) {
 
 /// [`serve`] with streams starting at `first_stream_id`.
 async fn serve_from(refusal: Option<Code>, first_stream_id: u64) -> (String, Arc<AtomicU32>) {
+    serve_fixed(refusal, first_stream_id, 0).await
+}
+
+/// [`serve_from`] whose streams send `overshoot` ids more than asked.
+async fn serve_fixed(
+    refusal: Option<Code>,
+    first_stream_id: u64,
+    overshoot: u64,
+) -> (String, Arc<AtomicU32>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let calls = Arc::new(AtomicU32::new(0));
@@ -75,6 +87,7 @@ async fn serve_from(refusal: Option<Code>, first_stream_id: u64) -> (String, Arc
         refusal,
         calls: calls.clone(),
         first_stream_id,
+        overshoot,
     });
     tokio::spawn(
         tonic::transport::Server::builder()
@@ -137,7 +150,64 @@ async fn a_count_outside_the_range_is_refused_before_any_call() {
         err.to_string(),
         "invalid batch_size: must be 0 to 100000, got 100001"
     );
+    for total in [0, MAX_TOTAL + 1, u64::MAX] {
+        let err = client.stream(total, 10).unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert_eq!(
+            err.to_string(),
+            format!("invalid total: must be 1 to 9223372036854775807, got {total}")
+        );
+    }
     assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_stream_delivers_exactly_total_even_from_a_server_that_sends_more() {
+    let (over, _) = serve_fixed(None, 1, 5).await;
+    let client = RemoteClient::new(&[over], config(1)).unwrap();
+    let mut stream = client.stream(10, 4).unwrap();
+    let mut ids = Vec::new();
+    while let Some(batch) = stream.next_batch().await.unwrap() {
+        ids.extend(batch);
+    }
+    assert_eq!(ids, (1..=10).collect::<Vec<u64>>());
+    assert_eq!(stream.received(), 10);
+}
+
+#[tokio::test]
+async fn a_pool_returns_a_refill_refusal_with_its_code_and_asks_again_only_when_asked() {
+    let (bad, calls) = serve(Some(Code::PermissionDenied)).await;
+    let client = RemoteClient::new(&[bad], config(u32::MAX)).unwrap();
+    let pool = IdPool::new(
+        client,
+        PoolConfig {
+            max_wait: Duration::from_secs(3600),
+            ..PoolConfig::default()
+        },
+    );
+    // The refill at the start fails once, and nothing calls again unasked.
+    let wait = async {
+        while pool.last_error().is_none() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .expect("the first refill fails");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    for asked in 2..=3 {
+        let next = tokio::time::timeout(Duration::from_secs(10), pool.next_id());
+        match next
+            .await
+            .expect("next_id answers without waiting max_wait")
+        {
+            Err(ClientError::Status(s)) => {
+                assert_eq!((s.code(), s.message()), (Code::PermissionDenied, "refused"));
+            }
+            other => panic!("expected the refusal, got {other:?}"),
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), asked);
+    }
 }
 
 #[tokio::test]
