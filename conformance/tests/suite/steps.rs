@@ -18,8 +18,8 @@ pub struct State {
     machine_ids: Vec<Option<u16>>,
     /// The last id of the last answer with ids.
     last_id: Option<u64>,
-    /// The largest id of every answer before the current step.
-    max_before: Option<u64>,
+    /// When the last `wait` step began, in Unix milliseconds.
+    waited_from_unix_ms: Option<u64>,
 }
 
 impl State {
@@ -36,7 +36,7 @@ impl State {
         Self {
             machine_ids,
             last_id: None,
-            max_before: None,
+            waited_from_unix_ms: None,
         }
     }
 }
@@ -259,12 +259,8 @@ fn check(
             return Err(format!("the message does not name {word:?}: {message:?}"));
         }
     }
-    if expect["above_earlier_ids"].as_bool() == Some(true) {
-        if let (Some(max), Some(&min)) = (state.max_before, ids.iter().min()) {
-            if min <= max {
-                return Err(format!("id {min} handed out, not above the earlier ids (up to {max}): an id past its max age?"));
-            }
-        }
+    if expect["issued_after_wait"].as_bool() == Some(true) {
+        issued_after_wait(&ids, cluster, state)?;
     }
     if expect["decoded"].as_bool() == Some(true) {
         check_decoded(request, answer, cluster)?;
@@ -272,7 +268,25 @@ fn check(
     if let Some(&last) = ids.last() {
         state.last_id = Some(last);
     }
-    state.max_before = ids.iter().copied().chain(state.max_before).max();
+    Ok(())
+}
+
+/// Every id's timestamp is at or after the last `wait` began: none was
+/// fetched before it (a pool handing out ids past their max age would).
+fn issued_after_wait(ids: &[u64], cluster: &Cluster, state: &State) -> Result<(), String> {
+    let from = state
+        .waited_from_unix_ms
+        .ok_or("issued_after_wait needs a wait step before it")?;
+    for &id in ids {
+        let d = cluster
+            .layout
+            .decode(id)
+            .ok_or(format!("id {id} does not decode"))?;
+        let at = cluster.layout.to_unix_ms(d.timestamp);
+        if at < from {
+            return Err(format!("id {id} was issued at {at} ms, before the wait began at {from} ms: an id past its max age handed out"));
+        }
+    }
     Ok(())
 }
 
@@ -306,6 +320,9 @@ pub async fn run(
     state: &mut State,
 ) -> Result<(), String> {
     if step.get("do").is_some() {
+        if step["do"] == "wait" {
+            state.waited_from_unix_ms = Some(unix_ms_now());
+        }
         act(step, cluster, state, state.last_id).await;
         return Ok(());
     }
@@ -340,4 +357,10 @@ async fn server_calls(cluster: &Cluster, method: &str, before: u64, n: u64) -> R
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The wall clock in Unix milliseconds (the servers' clock: same host).
+fn unix_ms_now() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    u64::try_from(since.expect("the clock is after 1970").as_millis()).unwrap_or(u64::MAX)
 }
