@@ -296,6 +296,9 @@ func TestCallsAfterCloseFail(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantCode(t, err, codes.FailedPrecondition, "client closed")
+	if e := (*Error)(nil); !errors.As(err, &e) || e.Retryable() {
+		t.Fatalf("a closed client's error must not be retryable: %v", err)
+	}
 	if _, err := c.Stream(context.Background(), 1, 1); !errors.Is(err, ErrClientClosed) {
 		t.Fatal(err)
 	}

@@ -21,6 +21,9 @@ import (
 type Error struct {
 	code codes.Code
 	msg  string
+	// final marks an error no retry heals although its code is on the
+	// retry list (a closed client or pool).
+	final bool
 }
 
 // Code is the gRPC status code, e.g. codes.Unavailable.
@@ -38,17 +41,18 @@ func (e *Error) Error() string {
 // GRPCStatus makes status.Code and status.FromError see the code and message.
 func (e *Error) GRPCStatus() *status.Status { return status.New(e.code, e.msg) }
 
-// Retryable reports whether the code is on the retry list (see
-// IsRetryableCode): the same call may succeed later or on another server.
-func (e *Error) Retryable() bool { return IsRetryableCode(e.code) }
+// Retryable reports whether the same call may succeed later or on another
+// server: the code is on the retry list (see IsRetryableCode), except for
+// ErrClientClosed and ErrPoolClosed, which no retry heals.
+func (e *Error) Retryable() bool { return !e.final && IsRetryableCode(e.code) }
 
-// ErrClientClosed is returned (FAILED_PRECONDITION) by every call on a Client
-// after Close.
-var ErrClientClosed = &Error{code: codes.FailedPrecondition, msg: "client closed"}
+// ErrClientClosed is returned (FAILED_PRECONDITION, not Retryable) by every
+// call on a Client after Close.
+var ErrClientClosed = &Error{code: codes.FailedPrecondition, msg: "client closed", final: true}
 
-// ErrPoolClosed is returned (FAILED_PRECONDITION) by Pool.Next after
-// Pool.Close.
-var ErrPoolClosed = &Error{code: codes.FailedPrecondition, msg: "pool closed"}
+// ErrPoolClosed is returned (FAILED_PRECONDITION, not Retryable) by Pool.Next
+// after Pool.Close.
+var ErrPoolClosed = &Error{code: codes.FailedPrecondition, msg: "pool closed", final: true}
 
 func invalidArg(format string, args ...any) *Error {
 	return &Error{code: codes.InvalidArgument, msg: fmt.Sprintf(format, args...)}

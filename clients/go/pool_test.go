@@ -91,6 +91,9 @@ func TestAClosedPoolSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantCode(t, err, codes.FailedPrecondition, "pool closed")
+	if e := (*Error)(nil); !errors.As(err, &e) || e.Retryable() {
+		t.Fatalf("a closed pool's error must not be retryable: %v", err)
+	}
 }
 
 func TestAPoolWaitEndsWithTheCallersContext(t *testing.T) {

@@ -44,10 +44,13 @@ class SnowkeepError(Exception):
     code: grpc.StatusCode
     message: str
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self, code: grpc.StatusCode, message: str, *, retryable: bool | None = None
+    ) -> None:
         super().__init__(code, message)
         self.code = code
         self.message = message
+        self._retryable = retryable
 
     @property
     def code_name(self) -> str:
@@ -56,7 +59,11 @@ class SnowkeepError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """True when the code is one of :data:`RETRYABLE_CODES`."""
+        """True when the same call may succeed later or on another server: the
+        code is one of :data:`RETRYABLE_CODES`, except for a closed client or
+        pool (``FAILED_PRECONDITION`` that no retry heals)."""
+        if self._retryable is not None:
+            return self._retryable
         return is_retryable(self.code)
 
     def __str__(self) -> str:
@@ -73,12 +80,12 @@ def invalid_argument(message: str) -> SnowkeepError:
 
 def client_closed() -> SnowkeepError:
     """What every call on a closed client raises."""
-    return SnowkeepError(grpc.StatusCode.FAILED_PRECONDITION, "client closed")
+    return SnowkeepError(grpc.StatusCode.FAILED_PRECONDITION, "client closed", retryable=False)
 
 
 def pool_closed() -> SnowkeepError:
     """What ``next()`` on a closed pool raises."""
-    return SnowkeepError(grpc.StatusCode.FAILED_PRECONDITION, "pool closed")
+    return SnowkeepError(grpc.StatusCode.FAILED_PRECONDITION, "pool closed", retryable=False)
 
 
 def from_rpc_error(err: grpc.RpcError) -> SnowkeepError:

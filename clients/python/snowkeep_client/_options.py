@@ -21,7 +21,8 @@ MAX_TOTAL = 2**63 - 1
 MAX_MESSAGE_BYTES = 64 << 20
 
 _ENDPOINT = re.compile(
-    r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>[0-9]+)/?$"
+    r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?"
+    r"(?P<host>\[[^\]\s]+\]|[^:/\[\]\s]+):(?P<port>[0-9]+)/?"
 )
 
 
@@ -83,7 +84,7 @@ def parse_endpoint(value: object, has_tls: bool) -> Endpoint:
     """``host:port``, ``http://host:port`` or ``https://host:port``."""
     if not isinstance(value, str):
         raise invalid_argument(f"endpoints: {value!r} is not a string")
-    m = _ENDPOINT.match(value)
+    m = _ENDPOINT.fullmatch(value)
     scheme = (m.group("scheme") or "").lower() if m else ""
     port = int(m.group("port")) if m and len(m.group("port")) <= 5 else 0
     if m is None or scheme not in ("", "http", "https") or not 1 <= port <= 65535:

@@ -98,7 +98,11 @@ async def test_the_async_pool_prefetches_fails_and_closes(servers: Servers) -> N
             assert [await pool.next() for _ in range(15)] == list(range(1_000_001, 1_000_016))
         with pytest.raises(SnowkeepError) as e:
             await pool.next()
-        assert (e.value.code, e.value.message) == (S.FAILED_PRECONDITION, "pool closed")
+        assert (e.value.code, e.value.message, e.value.retryable) == (
+            S.FAILED_PRECONDITION,
+            "pool closed",
+            False,
+        )
         fake.steps = [("fail", S.UNAVAILABLE, "no lease")]
         async with client.pool(batch=10) as pool:
             with pytest.raises(SnowkeepError) as e:
@@ -115,7 +119,11 @@ async def test_async_decode_and_closed_client(servers: Servers) -> None:
     await client.close()
     with pytest.raises(SnowkeepError) as e:
         await client.next_ids(1)
-    assert (e.value.code, e.value.message) == (S.FAILED_PRECONDITION, "client closed")
+    assert (e.value.code, e.value.message, e.value.retryable) == (
+        S.FAILED_PRECONDITION,
+        "client closed",
+        False,
+    )
 
 
 @pytest.mark.asyncio

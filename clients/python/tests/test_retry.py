@@ -212,5 +212,9 @@ def test_calls_after_close_fail_with_client_closed(servers: Servers) -> None:
     for call in calls:
         with pytest.raises(SnowkeepError) as e:
             call()
-        assert (e.value.code, e.value.message) == (S.FAILED_PRECONDITION, "client closed")
+        assert (e.value.code, e.value.message, e.value.retryable) == (
+            S.FAILED_PRECONDITION,
+            "client closed",
+            False,
+        )
     assert fake.calls == []

@@ -107,7 +107,11 @@ def test_a_closed_pool_refuses_and_close_cancels_a_hanging_refill(servers: Serve
         assert not pool._thread.is_alive()
         with pytest.raises(SnowkeepError) as e:
             pool.next()
-        assert (e.value.code, e.value.message) == (S.FAILED_PRECONDITION, "pool closed")
+        assert (e.value.code, e.value.message, e.value.retryable) == (
+            S.FAILED_PRECONDITION,
+            "pool closed",
+            False,
+        )
 
 
 def test_a_pool_next_waiting_on_another_thread_sees_the_close(servers: Servers) -> None:

@@ -34,6 +34,9 @@ def refused(fn: object, *args: object, **kw: object) -> SnowkeepError:
         ["http://localhost"],
         ["http://localhost:1/path"],
         ["127.0.0.1:50051", "nope"],
+        [" 127.0.0.1:50051"],
+        ["127.0.0.1:50051\n"],
+        ["local host:50051"],
     ],
 )
 def test_malformed_endpoints_are_refused_naming_endpoints(endpoints: list[str]) -> None:

@@ -77,18 +77,33 @@ export class SnowkeepError extends Error {
   /** The server's status message, or the client's own description. */
   readonly details: string;
 
-  /** An error with gRPC code `code` and message `details`. */
-  constructor(code: number, details: string, options?: { cause?: unknown }) {
-    super(details, options);
+  /** False whatever the code for what no retry heals (a closed client or pool). */
+  readonly #retryable: boolean | undefined;
+
+  /**
+   * An error with gRPC code `code` and message `details`; `retryable: false`
+   * marks one no retry heals although its code is on the list.
+   */
+  constructor(
+    code: number,
+    details: string,
+    options?: { cause?: unknown; retryable?: boolean },
+  ) {
+    super(details, options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = "SnowkeepError";
     this.code = code;
     this.codeName = codeName(code);
     this.details = details;
+    this.#retryable = options?.retryable;
   }
 
-  /** True when the same call may succeed later or on another server. */
+  /**
+   * True when the same call may succeed later or on another server: the code
+   * is in {@link RETRYABLE_CODES}, except for a closed client or pool
+   * (FAILED_PRECONDITION, never healed by a retry).
+   */
   get retryable(): boolean {
-    return isRetryableCode(this.code);
+    return this.#retryable ?? isRetryableCode(this.code);
   }
 }
 

@@ -158,7 +158,12 @@ export const MAX_COUNT = 100_000;
 
 /** Checks an id count of 1 to 100000 (`parameter` names it in the error). */
 export function checkCount(parameter: string, count: unknown): number {
-  if (typeof count !== "number" || !Number.isInteger(count) || count < 1 || count > MAX_COUNT) {
+  if (typeof count !== "number") {
+    throw invalidArgument(
+      `${parameter} must be a number (an integer of 1 to ${MAX_COUNT}), got the ${typeof count} ${String(count)}`,
+    );
+  }
+  if (!Number.isInteger(count) || count < 1 || count > MAX_COUNT) {
     throw invalidArgument(`${parameter} must be 1 to ${MAX_COUNT}, got ${String(count)}`);
   }
   return count;

@@ -185,5 +185,5 @@ export class IdPool {
 
 /** The FAILED_PRECONDITION "pool closed" error. */
 function poolClosed(): SnowkeepError {
-  return new SnowkeepError(Status.FAILED_PRECONDITION, "pool closed");
+  return new SnowkeepError(Status.FAILED_PRECONDITION, "pool closed", { retryable: false });
 }

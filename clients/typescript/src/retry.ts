@@ -16,7 +16,7 @@ import { now, type Server, type Servers } from "./servers.js";
 
 /** The "client closed" error of a call on a closed client. */
 export function clientClosed(): SnowkeepError {
-  return new SnowkeepError(Status.FAILED_PRECONDITION, "client closed");
+  return new SnowkeepError(Status.FAILED_PRECONDITION, "client closed", { retryable: false });
 }
 
 /** Resolves after `ms`, or rejects with an {@link AbortError} when `signal` aborts first. */

@@ -229,7 +229,7 @@ describe("close", () => {
     const client = new SnowkeepClient([a!.url]);
     client.close();
     client.close();
-    await assert.rejects(client.nextIds(1), { code: Status.FAILED_PRECONDITION, details: "client closed" });
+    await assert.rejects(client.nextIds(1), { code: Status.FAILED_PRECONDITION, details: "client closed", retryable: false });
     await assert.rejects(client.decode(1n), { code: Status.FAILED_PRECONDITION, details: "client closed" });
     assert.throws(() => client.pool(), { code: Status.FAILED_PRECONDITION, details: "client closed" });
     await assert.rejects(async () => {

@@ -79,7 +79,7 @@ describe("pool", () => {
     await a!.called(1);
     pool.close();
     await assert.rejects(waiting, { code: Status.FAILED_PRECONDITION, details: "pool closed" });
-    await assert.rejects(pool.next(), { code: Status.FAILED_PRECONDITION, details: "pool closed" });
+    await assert.rejects(pool.next(), { code: Status.FAILED_PRECONDITION, details: "pool closed", retryable: false });
     assert.equal(a!.nextIdsCalls.length, 1);
     client.close();
   });

@@ -86,6 +86,19 @@ describe("counts", () => {
       client.close();
     });
   }
+  for (const [count, shown] of [[3n, "bigint 3"], ["3", "string 3"]] as const) {
+    test(`nextIds of the ${shown} is refused as not a number`, async () => {
+      const [a] = await fakes(1);
+      started.push(a!);
+      const client = new SnowkeepClient([a!.url]);
+      await assert.rejects(client.nextIds(count as unknown as number), {
+        code: Status.INVALID_ARGUMENT,
+        message: `count must be a number (an integer of 1 to 100000), got the ${shown}`,
+      });
+      assert.equal(a!.calls, 0);
+      client.close();
+    });
+  }
   test("nextIds(100000) is sent", async () => {
     const [a] = await fakes(1);
     started.push(a!);

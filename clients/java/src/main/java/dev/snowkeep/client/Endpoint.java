@@ -49,7 +49,12 @@ final class Endpoint {
     if (text == null) {
       throw SnowkeepException.invalid("endpoints", "null endpoint");
     }
-    String rest = text.trim();
+    for (int i = 0; i < text.length(); i++) {
+      if (Character.isWhitespace(text.charAt(i)) || Character.isISOControl(text.charAt(i))) {
+        throw bad(text, "whitespace or a control character at position " + (i + 1));
+      }
+    }
+    String rest = text;
     boolean tls = tlsDefault;
     String lower = rest.toLowerCase(Locale.ROOT);
     if (lower.startsWith("http://")) {

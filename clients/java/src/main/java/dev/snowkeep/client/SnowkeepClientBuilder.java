@@ -1,12 +1,13 @@
 package dev.snowkeep.client;
 
 import io.grpc.ChannelCredentials;
-import io.grpc.InsecureChannelCredentials;
 import io.grpc.TlsChannelCredentials;
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.security.cert.CertificateException;
+import java.security.cert.CertificateFactory;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -182,9 +183,11 @@ public final class SnowkeepClientBuilder {
     return d.toNanos();
   }
 
+  /** The credentials of the endpoints that use TLS ({@code https://}, or all after {@code tls}). */
   private ChannelCredentials credentials() {
     if (!tls) {
-      return InsecureChannelCredentials.create();
+      // https:// endpoints without tls(...): TLS with the system's roots, never plaintext.
+      return TlsChannelCredentials.create();
     }
     if (certFile != null && keyFile == null) {
       throw SnowkeepException.invalid("tls.key", "a client certificate (" + certFile + ") needs its key");
@@ -195,6 +198,7 @@ public final class SnowkeepClientBuilder {
     TlsChannelCredentials.Builder b = TlsChannelCredentials.newBuilder();
     if (caFile != null) {
       byte[] ca = read("tls.ca", caFile);
+      checkCertificates(caFile, ca);
       try {
         b.trustManager(new ByteArrayInputStream(ca));
       } catch (IOException | RuntimeException e) {
@@ -212,6 +216,19 @@ public final class SnowkeepClientBuilder {
       }
     }
     return b.build();
+  }
+
+  /** Refuses a CA file with no X.509 certificate in it, naming {@code tls.ca}. */
+  private static void checkCertificates(Path path, byte[] pem) {
+    try {
+      if (!CertificateFactory.getInstance("X.509")
+          .generateCertificates(new ByteArrayInputStream(pem)).isEmpty()) {
+        return;
+      }
+    } catch (CertificateException e) {
+      throw SnowkeepException.invalid("tls.ca", path + " is not a PEM certificate: " + e.getMessage());
+    }
+    throw SnowkeepException.invalid("tls.ca", path + " holds no PEM certificate");
   }
 
   private static byte[] read(String name, Path path) {

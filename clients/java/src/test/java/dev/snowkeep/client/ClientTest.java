@@ -194,7 +194,8 @@ class ClientTest {
 
   @ParameterizedTest
   @ValueSource(strings = {"", "localhost", "localhost:", "host:0", "host:65536", "host:http",
-      "ftp://host:1", ":50051", "http://host:1/path", "::1:50051"})
+      "ftp://host:1", ":50051", "http://host:1/path", "::1:50051", " 127.0.0.1:50051",
+      "127.0.0.1:50051\n", "local host:50051"})
   void aMalformedEndpointIsRefused(String endpoint) {
     SnowkeepException e = assertThrows(SnowkeepException.class,
         () -> SnowkeepClient.builder().endpoints(endpoint).build());
@@ -234,6 +235,28 @@ class ClientTest {
     assertEquals("tls.key", param(null, present, missing));
     assertEquals("tls.key", param(null, present, null));
     assertEquals("tls.cert", param(null, null, present));
+  }
+
+  @Test
+  void aCaFileWithNoCertificateIsRefusedByName(@TempDir Path dir) throws Exception {
+    Path notPem = Files.writeString(dir.resolve("hostname"), "not a certificate\n");
+    SnowkeepException e = assertThrows(SnowkeepException.class,
+        () -> SnowkeepClient.builder().endpoints("https://127.0.0.1:1").tls(notPem, null, null).build());
+    assertEquals(Status.Code.INVALID_ARGUMENT, e.code());
+    assertTrue(e.description().startsWith("tls.ca: " + notPem), e.description());
+  }
+
+  @Test
+  void anHttpsEndpointWithoutTlsSettingsNeverFallsBackToPlaintext() throws Exception {
+    try (FakeServer s = new FakeServer(0)) {
+      String https = s.url().replace("http://", "https://");
+      try (SnowkeepClient c = SnowkeepClient.builder().endpoints(https)
+          .retryBudget(Duration.ofMillis(300)).backoff(Duration.ofMillis(1)).build()) {
+        SnowkeepException e = assertThrows(SnowkeepException.class, () -> c.nextIds(1));
+        assertEquals(Status.Code.UNAVAILABLE, e.code());
+      }
+      assertEquals(0, s.nextIdsCalls.get());
+    }
   }
 
   private static String param(Path ca, Path cert, Path key) {
