@@ -67,6 +67,17 @@ fn placeholder(name: &str, cluster: &Cluster, state: &State) -> Value {
             all.extend(cluster.endpoints().as_array().unwrap().iter().cloned());
             Value::Array(all)
         }
+        // A plaintext cluster's addresses under https://: a client must
+        // speak TLS to them (and fail), never fall back to plaintext.
+        "$endpoints_as_https" => {
+            let all = cluster.endpoints();
+            let https = all
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| json!(e.as_str().unwrap().replacen("http://", "https://", 1)));
+            Value::Array(https.collect())
+        }
         "$key" => json!(keys().ids),
         "$wrong_key" => json!(keys().wrong),
         "$other_namespace_key" => json!(keys().other_namespace),
