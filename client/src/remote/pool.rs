@@ -147,8 +147,11 @@ impl IdPool {
     /// after `max_wait` with no refill finished; [`ClientError::PoolClosed`]
     /// after [`IdPool::close`].
     pub async fn next_id(&self) -> Result<u64, ClientError> {
-        let until = Instant::now() + self.config.max_wait;
-        let seen = lock(&self.buffer).failures;
+        // Set at the first wait (no clock read when the buffer has ids).
+        let mut until = None;
+        // Refill failures when this call began (read under the first pop's
+        // lock: one lock per id on the fast path).
+        let mut seen = None;
         loop {
             // Made before the closed check, so a close in between wakes it.
             let waiting = self.filled.notified();
@@ -158,7 +161,8 @@ impl IdPool {
             let (id, low, failed) = {
                 let mut b = lock(&self.buffer);
                 let id = b.pop(self.config.max_age);
-                let failed = (b.failures != seen)
+                let failures = b.failures;
+                let failed = (failures != *seen.get_or_insert(failures))
                     .then(|| b.last_error.as_ref().map(replay))
                     .flatten();
                 (id, b.len <= self.config.low_watermark, failed)
@@ -172,6 +176,7 @@ impl IdPool {
             if let Some(id) = id {
                 return Ok(id);
             }
+            let until = *until.get_or_insert_with(|| Instant::now() + self.config.max_wait);
             if tokio::time::timeout_at(until, waiting).await.is_err() {
                 return Err(ClientError::PoolEmpty {
                     waited: self.config.max_wait,

@@ -372,6 +372,6 @@ async fn server_calls(cluster: &Cluster, method: &str, before: u64, n: u64) -> R
 
 /// The wall clock in Unix milliseconds (the servers' clock: same host).
 fn unix_ms_now() -> u64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    u64::try_from(since.expect("the clock is after 1970").as_millis()).unwrap_or(u64::MAX)
+    use snowkeep_client::Clock as _;
+    snowkeep_client::SystemClock.unix_ms()
 }
