@@ -460,8 +460,9 @@ mod tests {
         let open = |dir: &tempfile::TempDir| {
             SingleInstanceStore::open(dir.path(), "ns", Layout::default(), &ids(3..5)).unwrap()
         };
-        let dirs: Vec<_> = (0..6).map(|_| tempfile::tempdir().unwrap()).collect();
-        c::claim_holds_distinct_machine_ids_fenced_at_their_floor(&mut open(&dirs[0]), 2).await;
+        let dirs: Vec<_> = (0..7).map(|_| tempfile::tempdir().unwrap()).collect();
+        c::claim_holds_distinct_machine_ids_fenced_at_or_above_their_floor(&mut open(&dirs[0]), 2)
+            .await;
         c::persisted_fences_are_the_next_claims_floors(&mut open(&dirs[1])).await;
         c::a_release_leaves_the_last_used_timestamps_as_floors(&mut open(&dirs[2])).await;
         let mut holder = open(&dirs[3]);
@@ -473,5 +474,6 @@ mod tests {
         c::a_held_machine_id_is_not_claimed_by_another_store(&mut holder, None).await;
         c::a_renewal_moves_the_deadline_ahead(&mut open(&dirs[4])).await;
         c::a_store_that_claims_the_same_ids_says_so(&mut open(&dirs[5])).await;
+        c::the_fences_a_claim_reports_are_the_next_claims_floors(&mut open(&dirs[6])).await;
     }
 }

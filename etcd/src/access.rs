@@ -55,6 +55,19 @@ pub struct EtcdCredentials {
     pub password: String,
 }
 
+impl EtcdAccess {
+    /// Whether requests carry an etcd identity: a user and password, or a
+    /// client certificate (etcd takes its common name as the user when its
+    /// auth is on).
+    pub fn authenticates(&self) -> bool {
+        self.credentials.is_some()
+            || self
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.client_identity.is_some())
+    }
+}
+
 impl fmt::Debug for EtcdAccess {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdAccess")

@@ -1,10 +1,10 @@
-//! The server's own session: grant a lease and claim machine ids under it,
-//! raise their fences, keep the lease alive, register as a peer, and release
-//! or revoke.
+//! The server's own session: grant a lease and claim machine ids under it
+//! (registering as a peer in the same transaction), raise their fences,
+//! keep the lease alive, and release or revoke.
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use snowkeep_client::{MachineId, Millis};
 use tracing::{debug, error, info, warn};
 
@@ -24,8 +24,11 @@ impl EtcdStore {
     /// atomic transaction per candidate. The fence returned as each floor is
     /// read inside the claiming transaction (or, for a transaction retried on
     /// another endpoint, after its earlier attempt committed), and is at
-    /// least the namespace floor. Then registers this server for the peer
-    /// clock check, best effort.
+    /// least the namespace floor. A fence key the claim creates (a
+    /// never-used machine id's) gets the fence the claim loop's first raise
+    /// would write, one fence horizon past the clock, so the first grant
+    /// needs no write of its own. The first claim transaction also puts this
+    /// server's peer key (for the peer clock check) on the lease.
     ///
     /// First checks the namespace may be claimed in, and settles holder keys
     /// that name this instance id under another process's lease (see the
@@ -87,7 +90,6 @@ impl EtcdStore {
                     },
                 };
                 info!(namespace = %self.ns(), machine_ids = ?claim.machine_ids(), lease_id, fence_ms = claim.max_floor().get(), keys_read = self.keys_read, "claimed machine ids");
-                self.register_peer(lease_id).await;
                 Ok(claim)
             }
             Err(e) => {
@@ -141,6 +143,12 @@ impl EtcdStore {
             take_own: true,
             known,
             index: self.settings.stable_instance,
+            // The fence the claim loop's first raise would write.
+            created_fence: absent_floor,
+            peer: self.settings.advertise_address.clone().map(|address| {
+                let key = keys::peer(&self.settings.namespace, &self.settings.instance_id);
+                (key, address)
+            }),
         };
         let mut reads = ClaimReads::default();
         let claimed = claim_ids(
@@ -471,29 +479,6 @@ impl EtcdStore {
         let timeout = self.settings.request_timeout;
         if let Err(e) = self.endpoints.revoke(timeout, lease_id).await {
             debug!(lease_id, error = %e, "could not revoke the lost lease; it expires by itself");
-        }
-    }
-
-    /// Registers this server as a peer of the namespace (its advertised
-    /// address) under `lease_id`, so the key goes when the lease does. Best
-    /// effort: the peer clock check is telemetry, never a reason to refuse.
-    async fn register_peer(&mut self, lease_id: i64) {
-        let Some(address) = self.settings.advertise_address.clone() else {
-            return;
-        };
-        let key = keys::peer(self.ns(), &self.settings.instance_id);
-        let put = self
-            .endpoints
-            .call("register peer", self.settings.request_timeout, |mut c| {
-                let (key, address) = (key.clone(), address.clone());
-                async move {
-                    c.put(key, address, Some(PutOptions::new().with_lease(lease_id)))
-                        .await
-                }
-            })
-            .await;
-        if let Err(e) = put {
-            warn!(namespace = %self.ns(), error = %snowkeep_core::DisplayChain(&e), "could not register for the peer clock check");
         }
     }
 }

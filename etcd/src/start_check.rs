@@ -17,6 +17,14 @@
 //!    version below 0). etcd checks the permissions of every operation of a
 //!    transaction whatever its guard answers, so a user whose role cannot
 //!    write the namespace's keys is refused here, and nothing is ever written.
+//!    That transaction is a raft proposal (etcd serves only transactions of
+//!    reads without one), so it is sent only when this server authenticates
+//!    to etcd (a user and password, or a client certificate, whose common
+//!    name etcd takes as the user): without either, etcd's auth is off and
+//!    every key may be written, or it is on and the read already failed
+//!    (etcd refuses a request with no user). A fleet restarting together
+//!    saves one proposal per server (docs/benchmarks.md, *A fleet of
+//!    claimers*).
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::time::Duration;
@@ -104,6 +112,9 @@ impl EtcdStore {
                 }
             })
             .await?;
+        if !self.settings.access.authenticates() {
+            return Ok(());
+        }
         let key = keys::write_check(self.ns());
         let never = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Less, 0)])

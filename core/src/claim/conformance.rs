@@ -34,12 +34,13 @@ async fn claimed<S: ClaimStore>(store: &mut S, clause: &str) -> Claim<S::Lease> 
         .unwrap_or_else(|e| panic!("{clause}: claim failed: {e}"))
 }
 
-/// Every floor raised by `by` ms.
+/// Every fence raised by `by` ms (never below its floor: a holder never
+/// lowers a fence it holds).
 fn raised<L>(claim: &Claim<L>, by: u64) -> Vec<Millis> {
     claim
         .held
         .iter()
-        .map(|h| Millis(h.floor.get() + by))
+        .map(|h| Millis(h.fence.max(h.floor).get() + by))
         .collect()
 }
 
@@ -55,20 +56,41 @@ fn floors<L>(claim: &Claim<L>) -> Vec<(u16, u64)> {
 }
 
 /// A claim holds exactly `slots` distinct machine ids, and each starts with
-/// its fence at its floor (nothing above the floor is persisted yet).
-pub async fn claim_holds_distinct_machine_ids_fenced_at_their_floor<S: ClaimStore>(
+/// its fence at or above its floor: at the floor, or above it when the claim
+/// itself persisted a higher fence (the etcd store's never-used machine ids,
+/// whose fence keys it creates at the value of a first raise).
+pub async fn claim_holds_distinct_machine_ids_fenced_at_or_above_their_floor<S: ClaimStore>(
     store: &mut S,
     slots: usize,
 ) {
-    let clause = "a claim holds `slots` distinct machine ids, fence = floor";
+    let clause = "a claim holds `slots` distinct machine ids, fence >= floor";
     let claim = claimed(store, clause).await;
     assert_eq!(claim.held.len(), slots, "{clause}: {:?}", claim.held);
     let distinct: BTreeSet<u16> = claim.held.iter().map(|h| h.machine_id.get()).collect();
     assert_eq!(distinct.len(), slots, "{clause}: {:?}", claim.held);
     for h in &claim.held {
-        assert_eq!(h.fence, h.floor, "{clause}: {h:?}");
+        assert!(h.fence >= h.floor, "{clause}: {h:?}");
     }
     store.abandon(&claim).await;
+}
+
+/// The fences a claim reports are persisted with it: abandoned at once, with
+/// no fence written since, the next claim of the same machine ids has them
+/// as its floors. A store that reported a fence above what it holds would
+/// let the next holder stamp below what the first one was granted.
+pub async fn the_fences_a_claim_reports_are_the_next_claims_floors<S: ClaimStore>(store: &mut S) {
+    let clause = "the fences a claim reports are the next claim's floors";
+    let first = claimed(store, clause).await;
+    store.abandon(&first).await;
+    let second = claimed(store, clause).await;
+    let mut expected: Vec<(u16, u64)> = first
+        .held
+        .iter()
+        .map(|h| (h.machine_id.get(), h.fence.get()))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(floors(&second), expected, "{clause}");
+    store.abandon(&second).await;
 }
 
 /// Fences a holder persisted are the floors of the next claim of the same

@@ -341,10 +341,14 @@ impl<S: ClaimStore> ClaimManager<S> {
 
     /// Due action: waits on while the clock is not past the floors; else
     /// raises the fences when they need it, and otherwise says when to look
-    /// again. They need it for the first grant and whenever the lowest fence
-    /// is one outage budget or less ahead, busy or idle (design.md, *Outage
-    /// budget*): every issuing holder keeps at least one budget of issuance
-    /// in hand, at one write per half budget for all its machine ids.
+    /// again. They need it whenever the lowest fence is one outage budget or
+    /// less ahead, busy or idle (design.md, *Outage budget*): every issuing
+    /// holder keeps at least one budget of issuance in hand, at one write per
+    /// half budget for all its machine ids. The first grant is published
+    /// after such a write, or at once when the claim itself persisted every
+    /// fence more than a budget ahead (a never-used machine id's fence key,
+    /// created at the value a first raise would write): a grant's fence is
+    /// always one the store holds.
     async fn fence(&mut self, hold: &mut Hold<S::Lease>, now: Instant) -> Option<Held> {
         let now_ms = self.now_ms();
         let floor = hold.claim.max_floor();
@@ -353,9 +357,14 @@ impl<S: ClaimStore> ClaimManager<S> {
             return None;
         }
         let budget_ms = Millis::of(self.timing.outage_budget).get();
-        let ahead = min_fence(&hold.claim).get().saturating_sub(now_ms.get());
-        if hold.phase == Phase::WaitingForFloor || ahead <= budget_ms {
+        let ahead = hold.claim.min_fence().get().saturating_sub(now_ms.get());
+        if ahead <= budget_ms {
             return self.raise_fences(hold, now_ms).await;
+        }
+        if hold.phase == Phase::WaitingForFloor {
+            let fences: Vec<Millis> = hold.claim.held.iter().map(|h| h.fence).collect();
+            self.fences_persisted(hold, &fences);
+            return None;
         }
         hold.timers.fence = now + Duration::from_millis(ahead - budget_ms);
         None
@@ -363,7 +372,7 @@ impl<S: ClaimStore> ClaimManager<S> {
 
     /// Seconds from the clock to the lowest fence of `claim` (0 once reached).
     fn fence_headroom(&self, claim: &Claim<S::Lease>) -> f64 {
-        let ahead = min_fence(claim).get().saturating_sub(self.now_ms().get());
+        let ahead = claim.min_fence().get().saturating_sub(self.now_ms().get());
         ahead as f64 / 1000.0
     }
 
@@ -402,26 +411,8 @@ impl<S: ClaimStore> ClaimManager<S> {
         match self.store.advance_fences(&hold.claim, &fences).await {
             Ok(()) => {
                 metrics::counter!(m::FENCE_ADVANCES_TOTAL, "result" => "ok").increment(1);
-                for (h, f) in hold.claim.held.iter_mut().zip(&fences) {
-                    h.fence = *f;
-                }
-                if let Some(since) = hold.floor_wait_since.take() {
-                    metrics::histogram!(m::FENCE_WAIT_DURATION_SECONDS).record(
-                        self.clock
-                            .now()
-                            .saturating_duration_since(since)
-                            .as_secs_f64(),
-                    );
-                }
-                if hold.phase == Phase::WaitingForFloor {
-                    info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), fence_ms = target.get(), "issuing");
-                    hold.phase = Phase::Issuing;
-                }
                 hold.store_answered();
-                self.publish(&hold.claim);
-                // Looked at again once the fences are one budget ahead.
-                hold.timers.fence = self.clock.now()
-                    + Duration::from_millis(lead_ms - Millis::of(self.timing.outage_budget).get());
+                self.fences_persisted(hold, &fences);
                 None
             }
             Err(StoreError::LeaseLost { reason }) => Some(Held::Lost(reason)),
@@ -432,6 +423,29 @@ impl<S: ClaimStore> ClaimManager<S> {
                 None
             }
         }
+    }
+
+    /// The store holds `fences` (in `held` order): records them, publishes
+    /// the grants carrying them (the first ones too, ending a floor wait),
+    /// and looks again once the lowest is one outage budget ahead.
+    fn fences_persisted(&self, hold: &mut Hold<S::Lease>, fences: &[Millis]) {
+        for (h, f) in hold.claim.held.iter_mut().zip(fences) {
+            h.fence = *f;
+        }
+        let lowest = hold.claim.min_fence();
+        let now = self.clock.now();
+        if let Some(since) = hold.floor_wait_since.take() {
+            metrics::histogram!(m::FENCE_WAIT_DURATION_SECONDS)
+                .record(now.saturating_duration_since(since).as_secs_f64());
+        }
+        if hold.phase == Phase::WaitingForFloor {
+            info!(namespace = %self.namespace, machine_ids = ?hold.claim.machine_ids(), fence_ms = lowest.get(), "issuing");
+            hold.phase = Phase::Issuing;
+        }
+        self.publish(&hold.claim);
+        let ahead = lowest.get().saturating_sub(self.now_ms().get());
+        let budget_ms = Millis::of(self.timing.outage_budget).get();
+        hold.timers.fence = now + Duration::from_millis(ahead.saturating_sub(budget_ms));
     }
 
     /// Due action: re-checks the namespace. Rolled back ends the hold as a
@@ -531,7 +545,7 @@ impl<S: ClaimStore> ClaimManager<S> {
                     .deadline
                     .map(|d| d.saturating_duration_since(self.clock.now()).as_secs_f64())
                     .unwrap_or(0.0);
-                let min_fence = min_fence(c);
+                let min_fence = c.min_fence();
                 let headroom = (min_fence.get() as f64 - self.now_ms().get() as f64) / 1000.0;
                 // What an outage starting now would leave: the way to
                 // the lowest fence, whether or not the store answers.
@@ -581,9 +595,4 @@ fn retried_after_a_hold(e: &StoreError) -> bool {
             | StoreError::NamespaceRolledBack { .. }
             | StoreError::NamespaceFloorAhead { .. }
     )
-}
-
-/// The lowest fence of `claim` (layout ms).
-fn min_fence<L>(claim: &Claim<L>) -> Millis {
-    claim.held.iter().map(|h| h.fence).min().unwrap_or_default()
 }

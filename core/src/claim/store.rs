@@ -55,6 +55,11 @@ impl<L> Claim<L> {
         self.held.iter().map(|h| h.floor).max().unwrap_or_default()
     }
 
+    /// The lowest fence (layout ms): issuance stops once the clock passes it.
+    pub fn min_fence(&self) -> Millis {
+        self.held.iter().map(|h| h.fence).min().unwrap_or_default()
+    }
+
     /// The machine ids, for logs.
     pub fn machine_ids(&self) -> Vec<u16> {
         self.held.iter().map(|h| h.machine_id.get()).collect()

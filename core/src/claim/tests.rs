@@ -447,6 +447,60 @@ async fn a_grant_in_1s_ticks_is_published_at_the_tick_after_the_floors() {
     assert!(h.ended().await.is_ok());
 }
 
+/// A claim whose store persisted every fence more than one budget ahead (a
+/// never-used machine id's fence key, which the etcd store creates at the
+/// value a first raise would write) is published at once with those fences,
+/// with no write of its own; the first raise comes when the lowest fence is
+/// one budget ahead, and lifts both.
+#[tokio::test(start_paused = true)]
+async fn a_claim_fenced_a_lead_ahead_is_published_at_once_without_a_write() {
+    let floor = START_MS - 1_000;
+    let (low, high) = (START_MS + LEAD_MS - 10, START_MS + LEAD_MS);
+    let ahead = |machine_id, fence| HeldId {
+        machine_id: MachineId(machine_id),
+        floor: Millis(floor),
+        fence: Millis(fence),
+    };
+    let claim = vec![ahead(4, low), ahead(6, high)];
+    let mut h = Harness::start(vec![claim], true, OnLeaseLost::Exit, None);
+    let (at, first) = h.next_grant(0).await;
+    assert_eq!(at, 0);
+    let grant = |machine_id, fence| Grant {
+        machine_id: MachineId(machine_id),
+        floor: Millis(floor),
+        fence: Millis(fence),
+        deadline: None,
+    };
+    assert_eq!(first, Some(grant(4, low)));
+    assert_eq!(*h.grants[1].borrow(), Some(grant(6, high)));
+    let id = h.generators[0].next_id().await.unwrap();
+    assert_eq!(
+        Layout::default().decode(id).unwrap().timestamp,
+        Millis(START_MS)
+    );
+    let first_raise = LEAD_MS - 10 - BUDGET_MS;
+    tokio::time::sleep_until(h.start + Duration::from_millis(first_raise + 1)).await;
+    let advances: Vec<(u64, Call)> = h
+        .log()
+        .into_iter()
+        .filter(|(_, c)| matches!(c, Call::Advance { .. }))
+        .collect();
+    let raised = START_MS + first_raise + LEAD_MS;
+    assert_eq!(
+        advances,
+        vec![(
+            first_raise,
+            Call::Advance {
+                fences: vec![raised; 2],
+                published: true
+            }
+        )]
+    );
+    assert_eq!(*h.grants[1].borrow(), Some(grant(6, raised)));
+    h.release.cancel();
+    assert!(h.ended().await.is_ok());
+}
+
 /// Layout ms of `id`.
 fn ts(id: u64) -> u64 {
     Layout::default().decode(id).unwrap().timestamp.get()
@@ -893,7 +947,8 @@ async fn the_double_keeps_the_claim_store_contract_where_it_decides() {
         grants: Vec::new(),
     };
     let two = || vec![held(1, START_MS), held(2, START_MS)];
-    c::claim_holds_distinct_machine_ids_fenced_at_their_floor(&mut double(vec![two()]), 2).await;
+    c::claim_holds_distinct_machine_ids_fenced_at_or_above_their_floor(&mut double(vec![two()]), 2)
+        .await;
     c::a_renewal_moves_the_deadline_ahead(&mut double(vec![two()])).await;
     c::a_store_that_claims_the_same_ids_says_so(&mut double(vec![two(), two()])).await;
 }

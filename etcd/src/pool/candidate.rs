@@ -31,20 +31,24 @@ pub(super) struct Attempt {
     /// What a claim creating the missing fence key writes (`None`: the key
     /// is there).
     missing: Option<MissingFence>,
+    /// The value a created fence key gets: the floor `missing` picks, or the
+    /// request's `created_fence` when higher.
+    created: Millis,
 }
 
 impl Attempt {
     /// `candidate`'s claim in namespace `ns`, with its block of `blocks`;
     /// when its fence key is not `fence_present` in the pool, the claim
-    /// creates it at the floor [`fence_count::missing_fence`] picks from
-    /// `root` and `(namespace_floor, absent_floor)`.
+    /// creates it, with the floor [`fence_count::missing_fence`] picks from
+    /// `root` and `(namespace_floor, absent_floor)`, at that floor or
+    /// `created_fence` when higher.
     pub(super) fn new(
         ns: &str,
         candidate: Candidate,
         blocks: &BTreeMap<u16, Block>,
         root: &Counter,
         fence_present: bool,
-        (namespace_floor, absent_floor): (Millis, Millis),
+        (namespace_floor, absent_floor, created_fence): (Millis, Millis, Millis),
     ) -> Self {
         let machine_id = candidate.machine_id;
         let block_no = keys::fence_count_block_of(machine_id);
@@ -52,6 +56,7 @@ impl Attempt {
         // No fence key in the pool: this claim creates it.
         let missing = (!fence_present)
             .then(|| fence_count::missing_fence(&block, root, namespace_floor, absent_floor));
+        let created = missing.map_or(Millis(0), |m| m.floor.max(created_fence));
         Self {
             candidate,
             holder: keys::holder(ns, machine_id),
@@ -60,6 +65,7 @@ impl Attempt {
             block_key: keys::fence_count_block(ns, block_no),
             block,
             missing,
+            created,
         }
     }
 
@@ -72,13 +78,15 @@ impl Attempt {
 /// The claim transaction of `a`: the holder key put on the claim's lease,
 /// guarded by it being free (or this holder's own) and the namespace record
 /// unchanged; the fence read second, or created with its marker (and a
-/// re-base or the block's count read again) when missing; the instance key
-/// last. The failure branch reads the holder key, the fence, the record and
-/// the block's key, in that order.
+/// re-base or the block's count read again) when missing; then the instance
+/// key, and the peer key in the claim's `first` transaction. The failure
+/// branch reads the holder key, the fence, the record and the block's key,
+/// in that order.
 pub(super) fn claim_txn(
     want: &ClaimRequest<'_>,
     record: &namespace::ClaimGuard,
     a: &Attempt,
+    first: bool,
 ) -> Txn {
     let ns = want.namespace;
     let (holder, fence, block_key) = (&a.holder, &a.fence, &a.block_key);
@@ -97,7 +105,7 @@ pub(super) fn claim_txn(
         None => then.push(TxnOp::get(fence.clone(), None)),
         Some(m) => {
             when.push(Compare::version(fence.clone(), CompareOp::Equal, 0));
-            then.push(TxnOp::put(fence.clone(), m.floor.get().to_string(), None));
+            then.push(TxnOp::put(fence.clone(), a.created.get().to_string(), None));
             then.push(TxnOp::put(
                 keys::fence_count_marker(ns, a.block_no),
                 "",
@@ -130,6 +138,11 @@ pub(super) fn claim_txn(
             "",
             None,
         ));
+    }
+    if let (true, Some((key, address))) = (first, &want.peer) {
+        // On the claim's lease: the key goes when the lease does.
+        let on_lease = PutOptions::new().with_lease(want.lease_id);
+        then.push(TxnOp::put(key.clone(), address.clone(), Some(on_lease)));
     }
     // The failure branch reads the holder key first: a transaction
     // retried on another endpoint after its first attempt committed
@@ -204,8 +217,8 @@ pub(super) fn answer(
 }
 
 /// The floor of `a`'s machine id once its claim committed (`resp`), and its
-/// fence key's mod revision as the claim left it. A block the claim
-/// re-based goes to `rebased`.
+/// fence key's value and mod revision as the claim left it (`(floor, fence,
+/// revision)`). A block the claim re-based goes to `rebased`.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn floor_after_commit(
     endpoints: &Endpoints,
@@ -216,7 +229,7 @@ pub(super) async fn floor_after_commit(
     a: &Attempt,
     resp: &etcd_client::TxnResponse,
     rebased: &mut Vec<u16>,
-) -> Result<(Millis, i64), StoreError> {
+) -> Result<(Millis, Millis, i64), StoreError> {
     match (a.missing, resp.succeeded()) {
         (Some(m), true) => {
             if m.rebase.is_some() {
@@ -234,19 +247,17 @@ pub(super) async fn floor_after_commit(
                     reason: snowkeep_core::claim::LossReason::HolderChanged,
                 });
             };
-            let floor = absent_floor.max(m.floor);
-            let raised = raise_created_fence(endpoints, timeout, &a.fence, created, floor).await?;
-            Ok((floor, raised))
+            raise_created(endpoints, timeout, a, created, absent_floor.max(m.floor)).await
         }
         // The fence as the transaction read it: in the success
         // branch, or in the failure branch of a retry that found its
         // earlier attempt committed.
         _ => match got(resp, 1) {
-            Some(kv) => Ok((
-                keys::decode_fence(&a.fence, kv.value())?.max(record.floor),
-                kv.mod_revision(),
-            )),
-            None => Ok((absent_floor, 0)),
+            Some(kv) => {
+                let floor = keys::decode_fence(&a.fence, kv.value())?.max(record.floor);
+                Ok((floor, floor, kv.mod_revision()))
+            }
+            None => Ok((absent_floor, absent_floor, 0)),
         },
     }
 }
@@ -255,7 +266,8 @@ pub(super) async fn floor_after_commit(
 /// the pool read predicted), once the claim committed (`resp`): the
 /// predicted floor when the count read inside the transaction still vouches
 /// for it (or it was never trusted, and is logged), else the conservative
-/// floor, raised on the key too.
+/// floor, raised on the key too when above the value created. With the key's
+/// value and mod revision, as for [`floor_after_commit`].
 async fn floor_of_created(
     endpoints: &Endpoints,
     timeout: Duration,
@@ -264,7 +276,7 @@ async fn floor_of_created(
     a: &Attempt,
     m: &MissingFence,
     resp: &etcd_client::TxnResponse,
-) -> Result<(Millis, i64), StoreError> {
+) -> Result<(Millis, Millis, i64), StoreError> {
     let machine_id = a.candidate.machine_id;
     let txn_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
     let check = match m.distrust {
@@ -279,19 +291,18 @@ async fn floor_of_created(
                 floor_ms = m.floor.get(),
                 "claimed a never-used machine id at the namespace floor"
             );
-            Ok((m.floor, txn_revision))
+            Ok((m.floor, a.created, txn_revision))
         }
         Err(why) if m.distrust.is_some() => {
             note_distrust(ns, machine_id, a.block_no, why, m.floor, m, "");
-            Ok((m.floor, txn_revision))
+            Ok((m.floor, a.created, txn_revision))
         }
         Err(why) => {
             // Something changed the block between the read
             // and the claim: fall back to the conservative
             // floor, on the key too.
             let floor = absent_floor.max(m.floor);
-            let raised =
-                raise_created_fence(endpoints, timeout, &a.fence, txn_revision, floor).await?;
+            let raised = raise_created(endpoints, timeout, a, txn_revision, floor).await?;
             note_distrust(
                 ns,
                 machine_id,
@@ -301,7 +312,7 @@ async fn floor_of_created(
                 m,
                 " (found by the claim transaction after the pool read vouched for the count)",
             );
-            Ok((floor, raised))
+            Ok(raised)
         }
     }
 }
@@ -356,6 +367,23 @@ fn confirm_missing(
         None => Ok(()),
         Some(why) => Err(why),
     }
+}
+
+/// `(floor, fence, revision)` of the fence key `a`'s claim created (at mod
+/// revision `created`, value `a.created`) given the conservative `floor`:
+/// raised to it when above the value created ([`raise_created_fence`]).
+async fn raise_created(
+    endpoints: &Endpoints,
+    timeout: Duration,
+    a: &Attempt,
+    created: i64,
+    floor: Millis,
+) -> Result<(Millis, Millis, i64), StoreError> {
+    if floor <= a.created {
+        return Ok((floor, a.created, created));
+    }
+    let raised = raise_created_fence(endpoints, timeout, &a.fence, created, floor).await?;
+    Ok((floor, floor, raised))
 }
 
 /// Raises the fence key this claim created (at mod revision `created`) to

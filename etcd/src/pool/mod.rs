@@ -68,6 +68,17 @@ pub(super) struct ClaimRequest<'a> {
     /// the holder's next claims find it by key: a server with a stable
     /// instance id.
     pub(super) index: bool,
+    /// The value a claim writes into a fence key it creates, when above the
+    /// floor it picks for it. The server's own claims pass the fence their
+    /// first raise would write (the clock plus one fence lead,
+    /// `fence_horizon`), so a never-used machine id's first grant needs no
+    /// write of its own (docs/design.md, *What a claim writes*); at most
+    /// `absent_floor`. Lease API claims pass `Millis(0)` (the floor): their
+    /// grant transaction writes the fence it grants.
+    pub(super) created_fence: Millis,
+    /// `(key, value)` of the holder's peer key, put on the claim's lease by
+    /// the claim's first transaction (`None`: no peer key).
+    pub(super) peer: Option<(String, String)>,
 }
 
 impl ClaimRequest<'_> {
@@ -84,7 +95,9 @@ impl ClaimRequest<'_> {
 
 /// Machine ids claimed by [`claim_ids`].
 pub(super) struct Claimed {
-    /// The machine ids with their floors.
+    /// The machine ids with their floors, and their fences as the claim
+    /// left them (the floor, or above it for a fence key the claim created
+    /// at [`ClaimRequest::created_fence`]).
     pub(super) held: Vec<HeldId>,
     /// The highest revision a claim transaction committed at.
     pub(super) revision: i64,
@@ -171,12 +184,12 @@ pub(super) async fn claim_ids(
         for candidate in candidates.into_iter().take(CANDIDATES_PER_ROUND) {
             let machine_id = candidate.machine_id;
             let fence_present = view.fences.contains_key(&machine_id);
-            let floors = (record.floor, absent_floor);
+            let floors = (record.floor, absent_floor, want.created_fence);
             let attempt = Attempt::new(ns, candidate, &blocks, &root, fence_present, floors);
             if attempt.rebases() && rebased.contains(&attempt.block_no) {
                 continue;
             }
-            let txn = claim_txn(&want, &record, &attempt);
+            let txn = claim_txn(&want, &record, &attempt, claimed.held.is_empty());
             let resp = endpoints.txn("claim txn", timeout, txn).await?;
             match answer(&want, &record, &attempt, &resp, round) {
                 Answer::Committed => {}
@@ -184,7 +197,7 @@ pub(super) async fn claim_ids(
                 Answer::NextCandidate => continue,
             }
             let txn_revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let (floor, fence_revision) = floor_after_commit(
+            let (floor, fence, fence_revision) = floor_after_commit(
                 endpoints,
                 timeout,
                 ns,
@@ -196,7 +209,8 @@ pub(super) async fn claim_ids(
             )
             .await?;
             let own = candidate.kind == CandidateKind::Own || want.prefer.contains(&machine_id);
-            claimed.add(machine_id, floor, fence_revision, txn_revision, own);
+            let at = (floor, fence, fence_revision);
+            claimed.add(machine_id, at, txn_revision, own);
             if claimed.held.len() == want.count {
                 return Ok(claimed);
             }
@@ -220,13 +234,12 @@ impl Claimed {
     }
 
     /// Records `machine_id` claimed at `floor` by a transaction that
-    /// committed at `txn_revision` and left its fence key at
-    /// `fence_revision`; `own` when this holder held it before.
+    /// committed at `txn_revision` and left its fence key at `fence` (mod
+    /// revision `fence_revision`); `own` when this holder held it before.
     fn add(
         &mut self,
         machine_id: MachineId,
-        floor: Millis,
-        fence_revision: i64,
+        (floor, fence, fence_revision): (Millis, Millis, i64),
         txn_revision: i64,
         own: bool,
     ) {
@@ -237,7 +250,7 @@ impl Claimed {
         self.held.push(HeldId {
             machine_id,
             floor,
-            fence: floor,
+            fence,
         });
         self.fence_revisions.push(fence_revision);
     }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
-use snowkeep_client::Layout;
+use snowkeep_client::{Layout, Millis};
 use tracing::{info, warn};
 
 use super::super::keys::{self, encode_record, quoted};
@@ -124,6 +124,9 @@ impl RequesterLeases {
             take_own: false,
             known: &[],
             index: false,
+            // The grant transaction writes the fence it grants.
+            created_fence: Millis(0),
+            peer: None,
         };
         let claimed = claim_ids(
             &self.endpoints,

@@ -111,15 +111,17 @@ fn assert_conservative(floor: Millis, before: u64, after: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_namespace_claims_never_used_ids_at_its_floor() {
     let etcd = EtcdProcess::start().await;
-    let (held, _, _, _store, _claim) = claim(&etcd, "fresh", 5..6, true).await;
+    let (held, before, after, _store, _claim) = claim(&etcd, "fresh", 5..6, true).await;
     // The namespace floor (0), not a fence horizon past the clock.
     assert_eq!(held.machine_id.get(), 5);
     assert_eq!(held.floor, Millis(0));
-    assert_eq!(held.fence, Millis(0));
-    // Created with the claim: the fence key (the floor), one marker.
+    // Created with the claim: the fence key, at the fence a first raise
+    // would write (one horizon past the clock), so the first grant needs no
+    // write of its own; and one marker.
+    assert_conservative(held.fence, before, after);
     assert_eq!(
         value(&etcd, &keys::fence("fresh", held.machine_id)).await,
-        Some("0".to_owned())
+        Some(held.fence.get().to_string())
     );
     assert_eq!(
         value(&etcd, &keys::fence_count_root("fresh")).await,

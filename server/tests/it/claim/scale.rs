@@ -155,6 +155,11 @@ async fn snowkeep_scale_prints_one_row_for_its_claimers() {
     // id's) and peer key of each claimer, the namespace record and the
     // namespace's fence count.
     assert_eq!(cells[7], "17", "keys: {stdout}");
+    // A fresh claim is two raft proposals: the etcd lease grant and the
+    // claim transaction (holder, fence at its first raise's value, marker,
+    // claim record and peer key). No write-permission check without etcd
+    // credentials, and no first fence raise of its own.
+    assert_eq!(cells[3], "2.00", "proposals per fresh claim: {stdout}");
     assert_eq!(cells[10], "0", "failed claims: {stdout}");
 }
 

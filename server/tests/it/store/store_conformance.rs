@@ -40,8 +40,12 @@ async fn store(etcd: &EtcdProcess, namespace: &str, instance: &str) -> EtcdStore
 async fn the_etcd_store_keeps_the_claim_store_contract() {
     let etcd = EtcdProcess::start().await;
     let mut s = store(&etcd, "c1", "a").await;
-    Box::pin(c::claim_holds_distinct_machine_ids_fenced_at_their_floor(
-        &mut s, 2,
+    Box::pin(c::claim_holds_distinct_machine_ids_fenced_at_or_above_their_floor(&mut s, 2)).await;
+    // A fresh namespace: the claim creates both fence keys, one fence
+    // horizon past the clock, and reports those fences.
+    let mut s = store(&etcd, "c7", "a").await;
+    Box::pin(c::the_fences_a_claim_reports_are_the_next_claims_floors(
+        &mut s,
     ))
     .await;
     let mut s = store(&etcd, "c2", "a").await;
