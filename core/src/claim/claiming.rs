@@ -117,3 +117,25 @@ pub(super) fn fenced_too_far<L>(
             max,
         })
 }
+
+/// Whether a refused claim is retried with backoff (before the waits for an
+/// ending lease or a holder's fence are weighed): what may heal
+/// ([`StoreError::is_retryable`]), except etcd refusing this server's
+/// credentials or permissions at its first claim, which is configuration to
+/// fix (exit 64) as at connect; and once this instance has held machine ids,
+/// also what an operator may fix while the server stays NOT_SERVING (the
+/// reason logged each retry), or others may free by releasing.
+pub(super) fn retried(e: &StoreError, held_before: bool) -> bool {
+    let refused_at_start = !held_before && matches!(e, StoreError::AccessRefused { .. });
+    (e.is_retryable() && !refused_at_start)
+        || (held_before
+            && matches!(
+                e,
+                StoreError::NoFreeMachineId { .. }
+                    | StoreError::FenceTooFarAhead { .. }
+                    | StoreError::NamespaceNotCreated { .. }
+                    | StoreError::CorruptNamespace { .. }
+                    | StoreError::NamespaceRolledBack { .. }
+                    | StoreError::NamespaceFloorAhead { .. }
+            ))
+}

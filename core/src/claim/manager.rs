@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::claiming::{fenced_too_far, Claiming};
+use super::claiming::{fenced_too_far, retried, Claiming};
 use super::hold::{Due, Held, Hold, Phase};
 use super::{Claim, ClaimStore, LossReason, StoreError};
 use crate::metrics as m;
@@ -160,8 +160,7 @@ impl<S: ClaimStore> ClaimManager<S> {
             let claim = match claimed {
                 Ok(c) => c,
                 Err(e) => {
-                    let retry = e.is_retryable()
-                        || (state.held_before && retried_after_a_hold(&e))
+                    let retry = retried(&e, state.held_before)
                         || self.a_holders_fence(&e)
                         || tokio::select! {
                             _ = release.cancelled() => return Ok(None),
@@ -358,10 +357,14 @@ impl<S: ClaimStore> ClaimManager<S> {
         }
         let budget_ms = Millis::of(self.timing.outage_budget).get();
         let ahead = hold.claim.min_fence().get().saturating_sub(now_ms.get());
-        if ahead <= budget_ms {
+        let first = hold.phase == Phase::WaitingForFloor;
+        // Only fences the claim itself persisted above every floor (the etcd
+        // store's created fence keys) stand for a first raise.
+        let claimed_ahead = hold.claim.held.iter().all(|h| h.fence > h.floor);
+        if ahead <= budget_ms || (first && !claimed_ahead) {
             return self.raise_fences(hold, now_ms).await;
         }
-        if hold.phase == Phase::WaitingForFloor {
+        if first {
             let fences: Vec<Millis> = hold.claim.held.iter().map(|h| h.fence).collect();
             self.fences_persisted(hold, &fences);
             return None;
@@ -579,20 +582,4 @@ impl<S: ClaimStore> ClaimManager<S> {
             warn!(namespace = %self.namespace, machine_ids = ?claim.machine_ids(), error = %crate::DisplayChain(&e), "release failed; the machine ids free themselves when the lease expires");
         }
     }
-}
-
-/// Claim errors retried once this instance has held machine ids (before the
-/// first claim they are an operator's problem and end the loop): others may
-/// release, and until an operator fixes the namespace the server stays
-/// NOT_SERVING, the reason logged each retry.
-fn retried_after_a_hold(e: &StoreError) -> bool {
-    matches!(
-        e,
-        StoreError::NoFreeMachineId { .. }
-            | StoreError::FenceTooFarAhead { .. }
-            | StoreError::NamespaceNotCreated { .. }
-            | StoreError::CorruptNamespace { .. }
-            | StoreError::NamespaceRolledBack { .. }
-            | StoreError::NamespaceFloorAhead { .. }
-    )
 }

@@ -925,9 +925,42 @@ async fn a_range_full_past_the_ending_lease_ends_the_loop() {
     assert_eq!(h.log(), vec![(0, Call::Claim), (0, Call::LeaseEnd)]);
 }
 
+/// etcd refusing the server's permissions at its first claim (a read-only
+/// user that the start's read check let through) ends the loop with the
+/// refusal (exit 64, as at connect) instead of retrying it for good; once
+/// the instance has held machine ids the same refusal is an outage, retried.
+#[tokio::test(start_paused = true)]
+async fn a_refused_first_claim_ends_the_loop_and_a_later_one_is_retried() {
+    let refused = || StoreError::AccessRefused {
+        endpoint: "http://127.0.0.1:2379".into(),
+        problem: super::AccessProblem::Permission {
+            user: "\"reader\"".into(),
+        },
+        source: "etcdserver: permission denied".into(),
+    };
+    let mut h = Harness::start_refused(
+        vec![refused()],
+        vec![vec![held(3, START_MS - 1_000)]],
+        true,
+        OnLeaseLost::Exit,
+        None,
+    );
+    let err = h.ended().await.unwrap_err();
+    assert!(matches!(err, StoreError::AccessRefused { .. }), "{err}");
+    assert_eq!(h.log(), vec![(0, Call::Claim)]);
+    assert!(!super::claiming::retried(&refused(), false));
+    assert!(super::claiming::retried(&refused(), true));
+    // Other retryable errors stay retried at the first claim.
+    let timeout = StoreError::Timeout {
+        op: "claim txn",
+        after: Duration::from_secs(2),
+    };
+    assert!(super::claiming::retried(&timeout, false));
+}
+
 /// The [`ClaimStore`] contract (`super::conformance`) on this double, for
 /// the clauses whose answers the double decides itself: the shape of a
-/// claim (distinct machine ids, fence = floor), a renewal's deadline and
+/// claim (distinct machine ids, fence >= floor), a renewal's deadline and
 /// the same-machine-ids rule. What a store remembers between claims
 /// (persisted fences, released ones, another holder) is scripted by each
 /// test here, and held to the contract on the single-instance and etcd
