@@ -22,7 +22,11 @@
 //!    to etcd (a user and password, or a client certificate, whose common
 //!    name etcd takes as the user): without either, etcd's auth is off and
 //!    every key may be written, or it is on and the read already failed
-//!    (etcd refuses a request with no user). A fleet restarting together
+//!    (etcd refuses a request with no user). Should something in between
+//!    authenticate for it (a proxy or sidecar with a certificate of its own)
+//!    as a read-only user, the first claim transaction meets the refusal,
+//!    which ends the start the same way (the claim loop does not retry an
+//!    access refusal before its first claim). A fleet restarting together
 //!    saves one proposal per server (docs/benchmarks.md, *A fleet of
 //!    claimers*).
 

@@ -365,8 +365,7 @@ impl<S: ClaimStore> ClaimManager<S> {
             return self.raise_fences(hold, now_ms).await;
         }
         if first {
-            let fences: Vec<Millis> = hold.claim.held.iter().map(|h| h.fence).collect();
-            self.fences_persisted(hold, &fences);
+            self.fences_persisted(hold);
             return None;
         }
         hold.timers.fence = now + Duration::from_millis(ahead - budget_ms);
@@ -415,7 +414,10 @@ impl<S: ClaimStore> ClaimManager<S> {
             Ok(()) => {
                 metrics::counter!(m::FENCE_ADVANCES_TOTAL, "result" => "ok").increment(1);
                 hold.store_answered();
-                self.fences_persisted(hold, &fences);
+                for (h, f) in hold.claim.held.iter_mut().zip(&fences) {
+                    h.fence = *f;
+                }
+                self.fences_persisted(hold);
                 None
             }
             Err(StoreError::LeaseLost { reason }) => Some(Held::Lost(reason)),
@@ -428,13 +430,10 @@ impl<S: ClaimStore> ClaimManager<S> {
         }
     }
 
-    /// The store holds `fences` (in `held` order): records them, publishes
+    /// The store holds the claim's fences as `hold` records them: publishes
     /// the grants carrying them (the first ones too, ending a floor wait),
     /// and looks again once the lowest is one outage budget ahead.
-    fn fences_persisted(&self, hold: &mut Hold<S::Lease>, fences: &[Millis]) {
-        for (h, f) in hold.claim.held.iter_mut().zip(fences) {
-            h.fence = *f;
-        }
+    fn fences_persisted(&self, hold: &mut Hold<S::Lease>) {
         let lowest = hold.claim.min_fence();
         let now = self.clock.now();
         if let Some(since) = hold.floor_wait_since.take() {
