@@ -246,7 +246,9 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .context("serving")
 }
 
-fn main() -> ExitCode {
+/// Parses the flags and serves until Ctrl-C (also the entry point of
+/// `snowkeep-floor-mimalloc`, the same floor on snowkeep-server's allocator).
+pub fn main() -> ExitCode {
     let args = Args::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
