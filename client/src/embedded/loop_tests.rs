@@ -22,14 +22,28 @@ const START_MS: u64 = 5_000_000;
 struct FakeApi {
     start: tokio::time::Instant,
     renews: Mutex<VecDeque<Result<pb::LeaseGrant, tonic::Status>>>,
+    /// How long each Renew answer takes to arrive.
+    renew_delay: Duration,
+    /// Check answers, in order (then never again).
+    checks: Mutex<VecDeque<pb::CheckResponse>>,
     calls: Mutex<Vec<(u64, &'static str)>>,
 }
 
 impl FakeApi {
     fn new(renews: Vec<Result<pb::LeaseGrant, tonic::Status>>) -> Arc<Self> {
+        Self::scripted(renews, Duration::ZERO, vec![])
+    }
+
+    fn scripted(
+        renews: Vec<Result<pb::LeaseGrant, tonic::Status>>,
+        renew_delay: Duration,
+        checks: Vec<pb::CheckResponse>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             start: tokio::time::Instant::now(),
             renews: Mutex::new(renews.into()),
+            renew_delay,
+            checks: Mutex::new(checks.into()),
             calls: Mutex::default(),
         })
     }
@@ -48,7 +62,9 @@ impl LeaseApi for FakeApi {
     fn renew(&self, _request: pb::RenewRequest) -> ApiCall<pb::LeaseGrant> {
         self.record("renew");
         let answer = self.renews.lock().unwrap().pop_front();
+        let delay = self.renew_delay;
         Box::pin(async move {
+            tokio::time::sleep(delay).await;
             match answer {
                 Some(answer) => answer,
                 None => std::future::pending().await,
@@ -58,7 +74,13 @@ impl LeaseApi for FakeApi {
 
     fn check(&self, _request: pb::CheckRequest) -> ApiCall<pb::CheckResponse> {
         self.record("check");
-        Box::pin(std::future::pending())
+        let answer = self.checks.lock().unwrap().pop_front();
+        Box::pin(async move {
+            match answer {
+                Some(answer) => Ok(answer),
+                None => std::future::pending().await,
+            }
+        })
     }
 
     fn release(&self, _request: pb::ReleaseRequest) -> ApiCall<pb::ReleaseResponse> {
@@ -87,9 +109,18 @@ fn grant(expires_in_ms: u64) -> pb::LeaseGrant {
 
 /// Accepts `grant(first_expires_in_ms)` sent now, with Check off.
 async fn accepted(api: Arc<FakeApi>, first_expires_in_ms: u64) -> EmbeddedGenerator {
+    accepted_checking(api, first_expires_in_ms, Duration::ZERO).await
+}
+
+/// Accepts `grant(first_expires_in_ms)` sent now, checking every `check_interval`.
+async fn accepted_checking(
+    api: Arc<FakeApi>,
+    first_expires_in_ms: u64,
+    check_interval: Duration,
+) -> EmbeddedGenerator {
     let clock = TokioClock::new(Layout::default().to_unix_ms(Millis(START_MS)));
     let mut config = EmbeddedConfig::new("http://127.0.0.1:1", "ns");
-    config.check_interval = Duration::ZERO;
+    config.check_interval = check_interval;
     let sent = tokio::time::Instant::now().into_std();
     EmbeddedGenerator::accept(
         config,
@@ -177,4 +208,49 @@ async fn the_first_id_after_a_floor_wait_in_1s_ticks_issues() {
     let id = e.next_id().await.unwrap();
     let tick = layout.tick_start(Millis(START_MS)).get() + 1_000;
     assert_eq!(layout.decode(id).unwrap().timestamp, Millis(tick));
+}
+
+/// A Renew that never answers (a stopped server) does not hold the stop:
+/// `stopped()` says `Expired` at the lease's deadline, not when the call
+/// times out (10 s later with the default request timeout), and no id is
+/// issued after it.
+#[tokio::test(start_paused = true)]
+async fn a_hung_renewal_stops_at_the_deadline_not_at_its_timeout() {
+    // The first renewal grants 6 s from its send (0 ms); the second, due at
+    // 3 s, never answers.
+    let api = FakeApi::new(vec![Ok(grant(6_000))]);
+    let generator = accepted(api.clone(), 60_000).await;
+    until(Duration::from_secs(5), || api.calls().len() == 2).await;
+    assert_eq!(api.calls(), vec![(0, "renew"), (3_000, "renew")]);
+    assert!(generator.next_id().await.is_ok());
+    tokio::time::sleep_until(api.start + Duration::from_millis(5_990)).await;
+    assert_eq!(generator.stopped(), None);
+    tokio::time::sleep_until(api.start + Duration::from_millis(6_001)).await;
+    assert_eq!(generator.stopped(), Some(StopReason::Expired));
+    assert!(generator.next_id().await.is_err());
+}
+
+/// A Check that finds the lease gone while a Renew is in flight stops
+/// issuance for good: the renewal's answer, arriving after the stop, must
+/// not publish its grant again (it would issue on a machine id an operator
+/// evicted, or after etcd was rolled back, until the lease's deadline).
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_after_a_check_stopped_issuance_publishes_nothing() {
+    let gone = pb::CheckResponse {
+        valid: false,
+        reason: pb::LeaseCheckReason::LeaseGone as i32,
+        ..Default::default()
+    };
+    // The first renewal (sent at 0) answers at 2 s; the Check at 1 s says
+    // the lease is gone.
+    let api = FakeApi::scripted(vec![Ok(grant(60_000))], Duration::from_secs(2), vec![gone]);
+    let generator = accepted_checking(api.clone(), 60_000, Duration::from_secs(1)).await;
+    until(Duration::from_secs(2), || generator.stopped().is_some()).await;
+    assert_eq!(generator.stopped(), Some(StopReason::LeaseGone));
+    tokio::time::sleep_until(api.start + Duration::from_millis(2_500)).await;
+    assert_eq!(api.calls(), vec![(0, "renew"), (1_000, "check")]);
+    assert_eq!(generator.stopped(), Some(StopReason::LeaseGone));
+    assert!(!generator.is_ready());
+    assert!(generator.next_id().await.is_err());
+    assert_eq!(generator.shared.generators[0].grant(), None);
 }

@@ -159,11 +159,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// Withdraws every grant and records `reason` (the first one stays).
+    /// Under the `stopped` lock, which [`Shared::publish`] takes too: a
+    /// renewal answered after a stop can never publish its grant again.
     fn stop(&self, reason: StopReason) {
+        let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
         for slot in &self.slots {
             slot.send_replace(None);
         }
-        let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
         if stopped.is_none() {
             *stopped = Some(reason);
             if reason != StopReason::ShutDown {
@@ -220,8 +223,15 @@ impl Shared {
         .await
     }
 
-    /// Publishes `grant` (already checked) with the deadline counted from `sent`.
-    fn publish(&self, grant: &pb::LeaseGrant, sent: Instant) {
+    /// Publishes `grant` (already checked) with the deadline counted from
+    /// `sent`, unless issuance stopped for good meanwhile (a Check that
+    /// found the lease gone while this renewal was in flight): then it
+    /// publishes nothing and returns false.
+    fn publish(&self, grant: &pb::LeaseGrant, sent: Instant) -> bool {
+        let stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        if stopped.is_some() {
+            return false;
+        }
         let deadline = sent + Duration::from_millis(grant.expires_in_ms);
         for (slot, g) in self.slots.iter().zip(&grant.machine_ids) {
             slot.send_replace(Some(Grant {
@@ -231,6 +241,7 @@ impl Shared {
                 deadline: Some(deadline),
             }));
         }
+        true
     }
 }
 

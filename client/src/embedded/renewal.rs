@@ -97,7 +97,17 @@ pub(super) async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
             lease_token: shared.token.clone(),
             namespace_incarnation: shared.incarnation,
         };
-        match shared.call(shared.client.renew(request)).await {
+        // A Renew that hangs (a stopped server answers nothing until the
+        // call's timeout) must not hold the stop past the deadline: the
+        // application learns `Expired` when issuance ends, not later.
+        let renewed = tokio::select! {
+            answer = shared.call(shared.client.renew(request)) => answer,
+            () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {
+                shared.stop(StopReason::Expired);
+                return;
+            }
+        };
+        match renewed {
             Ok(grant) if grant.machine_ids.is_empty() => {
                 shared.stop(gone_reason(grant.gone_reason).unwrap_or(StopReason::LeaseGone));
                 return;
@@ -126,7 +136,11 @@ pub(super) async fn renew_loop(shared: Arc<Shared>, mut deadline: Instant) {
                     warn!(namespace = %shared.config.namespace, released, "released the machine ids: the local clock is past the renewed fence");
                     return;
                 }
-                shared.publish(&grant, sent);
+                if !shared.publish(&grant, sent) {
+                    // A Check stopped issuance while this renewal was in
+                    // flight: the stop stands.
+                    return;
+                }
                 deadline = sent + Duration::from_millis(grant.expires_in_ms);
                 next = sent + (deadline - sent) / 2;
             }
