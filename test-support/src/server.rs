@@ -349,11 +349,15 @@ pub async fn scrape(port: u16) -> String {
     try_scrape(port).await.expect("scrape /metrics")
 }
 
-/// GET /metrics from the exporter; `None` when nothing answers (a killed or
-/// restarting server).
+/// GET /metrics from the exporter; `None` when nothing answers within 2 s
+/// (a killed or restarting server, or a stopped one, whose kernel accepts
+/// the connection and never answers).
 pub async fn try_scrape(port: u16) -> Option<String> {
     tokio::task::spawn_blocking(move || {
         ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
+            .config()
+            .timeout_global(Some(Duration::from_secs(2)))
+            .build()
             .call()
             .ok()?
             .body_mut()

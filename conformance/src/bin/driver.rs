@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use serde_json::{json, Value};
 use snowkeep_client::{
-    ApiKey, ClientError, ClientTls, IdPool, PoolConfig, RemoteClient, RemoteConfig,
+    ApiKey, ClientError, ClientTls, Clock, EmbeddedConfig, EmbeddedGenerator, IdPool, PoolConfig,
+    RemoteClient, RemoteConfig, SharedClock, StopReason, SystemClock,
 };
 use tokio::io::AsyncBufReadExt;
 
@@ -22,6 +23,51 @@ type Answer = Result<Value, Value>;
 struct Driver {
     client: Option<RemoteClient>,
     pool: Option<IdPool>,
+    embedded: Option<EmbeddedGenerator>,
+}
+
+/// The system clock moved by a fixed offset (`clock_offset_ms` of
+/// `embedded_start`): a host whose clock is behind or ahead of the servers'.
+struct OffsetClock(i64);
+
+impl Clock for OffsetClock {
+    fn unix_ms(&self) -> u64 {
+        SystemClock.unix_ms().saturating_add_signed(self.0)
+    }
+    fn now(&self) -> std::time::Instant {
+        SystemClock.now()
+    }
+    fn monotonic_ns(&self) -> u64 {
+        SystemClock.monotonic_ns()
+    }
+}
+
+/// The protocol's name of a stop reason (`conformance/README.md`).
+fn stop_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::LeaseGone => "lease_gone",
+        StopReason::TokenRefused => "token_refused",
+        StopReason::MachineIdsChanged { .. } => "machine_ids_changed",
+        StopReason::Expired => "expired",
+        StopReason::ShutDown => "shut_down",
+        StopReason::ClockPastFence { .. } => "clock_past_fence",
+        StopReason::NamespaceGone => "namespace_gone",
+        StopReason::NamespaceRolledBack => "namespace_rolled_back",
+    }
+}
+
+/// The protocol's name of a start that failed fast, `None` for a server's
+/// refusal (its code says it).
+fn start_refusal(e: &ClientError) -> Option<&'static str> {
+    Some(match e {
+        ClientError::BadLayout(_) => "invalid_layout",
+        ClientError::MachineIdOutOfRange { .. } => "machine_id_out_of_range",
+        ClientError::GrantExpired => "lease_expired",
+        ClientError::GrantCount { .. } => "grant_count",
+        ClientError::ClockBehindFloor { .. } => "clock_behind_floor",
+        ClientError::ClockPastFence { .. } => "clock_past_fence",
+        _ => return None,
+    })
 }
 
 /// Writes one JSON line to stdout and flushes it.
@@ -265,6 +311,119 @@ impl Driver {
         self.client = None;
     }
 
+    fn embedded(&self) -> Result<&EmbeddedGenerator, Value> {
+        self.embedded.as_ref().ok_or_else(|| {
+            json!({"ok": false, "code": "FAILED_PRECONDITION", "message": "no embedded generator: send embedded_start first"})
+        })
+    }
+
+    async fn embedded_start(&mut self, req: &Value) -> Answer {
+        if let Some(old) = self.embedded.take() {
+            old.shutdown().await;
+        }
+        let endpoint = req["endpoint"].as_str().unwrap_or_default();
+        let api_key = match req["api_key"].as_str() {
+            Some(k) => Some(ApiKey::new(k).map_err(|e| invalid("api_key", e))?),
+            None => None,
+        };
+        let config = EmbeddedConfig {
+            machine_ids: u32_of(req, "machine_ids", 1),
+            check_interval: ms(req, "check_interval_ms", 30_000),
+            max_floor_wait: ms(req, "max_floor_wait_ms", 30_000),
+            acquire_attempts: Some(u32_of(req, "acquire_attempts", 1)),
+            api_key,
+            ..EmbeddedConfig::new(endpoint, req["namespace"].as_str().unwrap_or_default())
+        };
+        let offset = req["clock_offset_ms"].as_i64().unwrap_or(0);
+        let clock: SharedClock = std::sync::Arc::new(OffsetClock(offset));
+        match EmbeddedGenerator::start(config, clock).await {
+            Ok(g) => {
+                let held: Vec<u16> = g.machine_ids().iter().map(|m| m.0).collect();
+                self.embedded = Some(g);
+                Ok(json!({"machine_ids": held}))
+            }
+            Err(e) => {
+                let mut answer = failure(&e, None);
+                answer["reason"] = json!(start_refusal(&e));
+                Err(answer)
+            }
+        }
+    }
+
+    /// The error answer of a take that failed, with the reason the
+    /// generator stopped: a take can fail a moment before the stop is
+    /// recorded (the deadline ends issuance and the stop at once), so this
+    /// waits up to 1 s for it; null when it did not stop.
+    async fn take_failure(&self, e: &snowkeep_client::GenerateError, ids: &[u64]) -> Value {
+        let until = Instant::now() + Duration::from_secs(1);
+        let mut reason = None;
+        while let Some(g) = self.embedded.as_ref() {
+            reason = g.stopped();
+            if reason.is_some() || Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        json!({
+            "ok": false,
+            "code": if e.is_retryable() { "UNAVAILABLE" } else { "FAILED_PRECONDITION" },
+            "message": e.to_string(),
+            "reason": reason.map(stop_reason),
+            "ids": ids_json(ids),
+        })
+    }
+
+    async fn embedded_take(&self, req: &Value) -> Answer {
+        let g = self.embedded()?;
+        match g.next_ids(u64_of(req, "count", 0)).await {
+            Ok(ids) => Ok(json!({"ids": ids_json(&ids)})),
+            Err(e) => Err(self.take_failure(&e, &[]).await),
+        }
+    }
+
+    /// One id at a time, `pace_ms` apart, until a take fails or `max_ms`
+    /// passed (then an error answer with code DEADLINE_EXCEEDED).
+    async fn embedded_take_until_stop(&self, req: &Value) -> Answer {
+        let g = self.embedded()?;
+        let (pace, until) = (
+            ms(req, "pace_ms", 1),
+            Instant::now() + ms(req, "max_ms", 10_000),
+        );
+        let mut ids = Vec::new();
+        while Instant::now() < until {
+            match g.next_id().await {
+                Ok(id) => ids.push(id),
+                Err(e) => return Err(self.take_failure(&e, &ids).await),
+            }
+            tokio::time::sleep(pace).await;
+        }
+        Err(
+            json!({"ok": false, "code": "DEADLINE_EXCEEDED", "message": "the generator did not stop within max_ms", "ids": ids_json(&ids)}),
+        )
+    }
+
+    /// Waits at most `wait_ms` for the generator to stop; its reason or null.
+    async fn embedded_stopped(&self, req: &Value) -> Answer {
+        let g = self.embedded()?;
+        let until = Instant::now() + ms(req, "wait_ms", 0);
+        loop {
+            if let Some(reason) = g.stopped() {
+                return Ok(json!({"reason": stop_reason(reason)}));
+            }
+            if Instant::now() >= until {
+                return Ok(json!({"reason": null}));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn embedded_shutdown(&mut self) -> Answer {
+        let g = self.embedded.take().ok_or_else(|| {
+            json!({"ok": false, "code": "FAILED_PRECONDITION", "message": "no embedded generator: send embedded_start first"})
+        })?;
+        Ok(json!({"released": g.shutdown().await}))
+    }
+
     async fn handle(&mut self, req: &Value) -> Answer {
         match req["op"].as_str().unwrap_or("") {
             "open" => self.open(req),
@@ -282,6 +441,11 @@ impl Driver {
             "bench_stream" => self.bench_stream(req).await,
             "bench_unary" => self.bench_unary(req).await,
             "bench_pool" => self.bench_pool(req).await,
+            "embedded_start" => self.embedded_start(req).await,
+            "embedded_take" => self.embedded_take(req).await,
+            "embedded_take_until_stop" => self.embedded_take_until_stop(req).await,
+            "embedded_stopped" => self.embedded_stopped(req).await,
+            "embedded_shutdown" => self.embedded_shutdown().await,
             "close" => {
                 self.close();
                 Ok(json!({}))
@@ -312,4 +476,7 @@ async fn main() {
         emit(&answer);
     }
     driver.close();
+    if let Some(g) = driver.embedded.take() {
+        g.shutdown().await;
+    }
 }

@@ -24,6 +24,9 @@ pub struct Keys {
     pub wrong: String,
     /// `ids` permission on another namespace only.
     pub other_namespace: String,
+    /// `lease` permission on [`NAMESPACE`], at most one machine id held
+    /// at once (the Lease API quota).
+    pub lease: String,
 }
 
 /// A running cluster.
@@ -49,6 +52,10 @@ fn flags_of(spec: &Value, dir: &std::path::Path, pki: Option<&(TestPki, bool)>) 
             "--bootstrap-admin-key-file".into(),
             file.display().to_string(),
         ]);
+    }
+    // Flags a scenario passes through as they are (Lease API durations).
+    for flag in spec["server_flags"].as_array().into_iter().flatten() {
+        flags.push(flag.as_str().expect("server_flags are strings").to_owned());
     }
     if let Some((pki, mutual)) = pki {
         let server = pki.server();
@@ -104,6 +111,20 @@ impl Cluster {
         cluster
     }
 
+    /// Evicts the holder of each of `machine_ids` (AdminService.Evict, as
+    /// `snowkeepctl evict` does); on a cluster without auth.
+    pub async fn evict(&self, machine_ids: &[u16]) {
+        let channel = self.servers[0].channel().await;
+        let mut admin = pb::admin_service_client::AdminServiceClient::new(channel);
+        for &m in machine_ids {
+            let request = pb::EvictRequest {
+                namespace: NAMESPACE.into(),
+                machine_id: u32::from(m),
+            };
+            admin.evict(request).await.expect("evict a held machine id");
+        }
+    }
+
     /// The servers' endpoints, `https://` under TLS.
     pub fn endpoints(&self) -> Value {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
@@ -134,12 +155,12 @@ impl Cluster {
             channel,
             bearer(Some(&admin_key)),
         );
-        let create = |namespace: &str| {
+        let create = |namespace: &str, permission: pb::Permission| {
             let request = pb::CreateKeyRequest {
                 description: "conformance".into(),
                 expires_unix_ms: 0,
                 namespaces: vec![namespace.to_owned()],
-                permissions: vec![pb::Permission::Ids as i32],
+                permissions: vec![permission as i32],
                 max_lease_machine_ids: 1,
             };
             let mut admin = admin.clone();
@@ -154,7 +175,7 @@ impl Cluster {
         // until it answers (its key cache loaded).
         let start = tokio::time::Instant::now();
         let ids = loop {
-            match create(NAMESPACE).await {
+            match create(NAMESPACE, pb::Permission::Ids).await {
                 Ok(secret) => break secret,
                 Err(e) if start.elapsed() < Duration::from_secs(20) => {
                     let _ = e;
@@ -163,24 +184,37 @@ impl Cluster {
                 Err(e) => panic!("create a key with the bootstrap admin key: {e}"),
             }
         };
-        let other_namespace = create("another-namespace").await.expect("create a key");
+        let other_namespace = create("another-namespace", pb::Permission::Ids)
+            .await
+            .expect("create a key");
+        let lease = create(NAMESPACE, pb::Permission::Lease)
+            .await
+            .expect("create a key");
         let id = ids.split_once('.').unwrap().0;
         let keys = Keys {
             wrong: random_key(id),
             other_namespace,
             ids,
+            lease,
         };
         for s in &self.servers {
             wait_key_known(s, &keys.ids).await;
             wait_key_known(s, &keys.other_namespace).await;
+            wait_key_known(s, &keys.lease).await;
         }
         keys
     }
 
     /// Sum over every server of `snowkeep_grpc_requests_total` for `method`
-    /// (every code): calls that reached a server.
+    /// (every code): calls that reached a server. `Service/Method` counts
+    /// one service's method only (`LeaseService/Check`, not health's).
     pub async fn calls(&self, method: &str) -> u64 {
-        let needle = format!("method=\"{method}\"");
+        let needle = match method.split_once('/') {
+            Some((service, m)) => {
+                format!("service=\"snowkeep.v1.{service}\",method=\"{m}\"")
+            }
+            None => format!("method=\"{method}\""),
+        };
         let mut total = 0.0;
         for s in &self.servers {
             let text = scrape_quiet(s.metrics_port).await;

@@ -20,6 +20,13 @@ pub struct State {
     last_id: Option<u64>,
     /// When the last `wait` step began, in Unix milliseconds.
     waited_from_unix_ms: Option<u64>,
+    /// The machine ids the embedded generator holds (its last start).
+    embedded_machine_ids: Vec<u16>,
+    /// When the runner saw the last `embedded_start`'s first Renew counted
+    /// at the server (its `calls` of `LeaseService/Renew`), in Unix
+    /// milliseconds: an upper bound on when the generator sent it, which
+    /// its lease's deadline counts from.
+    embedded_renewed_unix_ms: Option<u64>,
 }
 
 impl State {
@@ -37,6 +44,8 @@ impl State {
             machine_ids,
             last_id: None,
             waited_from_unix_ms: None,
+            embedded_machine_ids: Vec::new(),
+            embedded_renewed_unix_ms: None,
         }
     }
 }
@@ -59,6 +68,9 @@ fn placeholder(name: &str, cluster: &Cluster, state: &State) -> Value {
     let keys = || cluster.keys.as_ref().expect("an auth cluster");
     match name {
         "$endpoints" => cluster.endpoints(),
+        // The embedded generator talks to one server's Lease API.
+        "$endpoint" => cluster.endpoints()[0].clone(),
+        "$lease_key" => json!(keys().lease),
         "$endpoints_with_dead_first" => {
             let mut all = vec![json!(format!(
                 "http://127.0.0.1:{}",
@@ -106,12 +118,21 @@ fn targets(action: &Value, cluster: &Cluster, state: &State, last_id: Option<u64
 }
 
 /// Does `action` (`kill` with `signal` KILL or TERM, `restart` with
-/// optional `wait_ready`) to its servers, or `wait`s `ms`.
+/// optional `wait_ready`, `signal` STOP or CONT without waiting) to its
+/// servers, `wait`s `ms`, or `evict`s the embedded generator's machine ids.
 async fn act(action: &Value, cluster: &mut Cluster, state: &State, last_id: Option<u64>) {
     if action["do"] == "wait" {
         // The condition is time itself (an age limit passing).
         let ms = action["ms"].as_u64().unwrap();
         tokio::time::sleep(Duration::from_millis(ms)).await;
+        return;
+    }
+    if action["do"] == "evict" {
+        assert!(
+            !state.embedded_machine_ids.is_empty(),
+            "evict needs an embedded generator holding machine ids"
+        );
+        cluster.evict(&state.embedded_machine_ids).await;
         return;
     }
     let servers = targets(action, cluster, state, last_id);
@@ -124,6 +145,12 @@ async fn act(action: &Value, cluster: &mut Cluster, state: &State, last_id: Opti
             for &i in &servers {
                 let s = &mut cluster.servers[i];
                 s.wait_exit(Duration::from_secs(30)).await;
+            }
+        }
+        "signal" => {
+            let signal = action["signal"].as_str().expect("a signal to send");
+            for &i in &servers {
+                cluster.servers[i].signal(signal);
             }
         }
         "restart" => {
@@ -237,7 +264,10 @@ fn check(
     let ids = ids_of(answer)?;
     checker::record(&ids)?;
     match request["op"].as_str().unwrap_or("") {
-        "next_ids" => checker::ascending(&ids)?,
+        "next_ids" | "embedded_take" => checker::ascending(&ids)?,
+        "embedded_take_until_stop" => {
+            checker::ascending_per_machine_id(&cluster.layout, &ids)?;
+        }
         "stream" => {
             let machine_ids = checker::ascending_per_machine_id(&cluster.layout, &ids)?;
             if expect["resumed"].as_bool() == Some(true) && machine_ids.len() < 2 {
@@ -276,8 +306,63 @@ fn check(
     if expect["decoded"].as_bool() == Some(true) {
         check_decoded(request, answer, cluster)?;
     }
+    check_embedded(answer, expect, cluster, state, &ids)?;
     if let Some(&last) = ids.last() {
         state.last_id = Some(last);
+    }
+    Ok(())
+}
+
+/// The embedded generator's expectations: `reason` (a stop or fail-fast
+/// reason, or null), `machine_ids` (how many are held), `released`, and
+/// `stamped_within_ms` (no id stamped later than that after the first
+/// Renew was seen at the server: the lease's end by the generator's clock
+/// is at most that).
+fn check_embedded(
+    answer: &Value,
+    expect: &Value,
+    cluster: &Cluster,
+    state: &mut State,
+    ids: &[u64],
+) -> Result<(), String> {
+    if let Some(reason) = expect.get("reason") {
+        if &answer["reason"] != reason {
+            return Err(format!("expected reason {reason}, got {answer:.600}"));
+        }
+    }
+    if let Some(held) = answer["machine_ids"].as_array() {
+        state.embedded_machine_ids = held
+            .iter()
+            .map(|m| m.as_u64().and_then(|m| u16::try_from(m).ok()))
+            .collect::<Option<_>>()
+            .ok_or(format!("machine ids that are not numbers: {answer:.300}"))?;
+    }
+    if let Some(n) = expect["machine_ids"].as_u64() {
+        if state.embedded_machine_ids.len() as u64 != n {
+            return Err(format!("expected {n} machine ids held, got {answer:.300}"));
+        }
+    }
+    if let Some(n) = expect.get("released") {
+        if &answer["released"] != n {
+            return Err(format!(
+                "expected {n} machine ids released, got {answer:.300}"
+            ));
+        }
+    }
+    if let Some(within) = expect["stamped_within_ms"].as_u64() {
+        let started = state.embedded_renewed_unix_ms.ok_or(
+            "stamped_within_ms needs an embedded_start step that counts its LeaseService/Renew",
+        )?;
+        for &id in ids {
+            let d = cluster
+                .layout
+                .decode(id)
+                .ok_or(format!("id {id} does not decode"))?;
+            let at = cluster.layout.to_unix_ms(d.timestamp);
+            if at > started + within {
+                return Err(format!("id {id} was stamped at {at} ms, {} ms after its first renewal reached the server: past the lease's end", at - started));
+            }
+        }
     }
     Ok(())
 }
@@ -341,13 +426,36 @@ pub async fn run(
     let expect = &step["expect"];
     let method = method_of(&request);
     let calls_before = cluster.calls(method).await;
+    let counted = counted_calls(cluster, expect).await;
     let during = step["during"].as_array().cloned().unwrap_or_default();
     let answer = exchange(&request, &during, cluster, driver, state).await?;
     check(&request, &answer, expect, cluster, state)?;
     if let Some(n) = expect["server_calls"].as_u64() {
         server_calls(cluster, method, calls_before, n).await?;
     }
+    for (method, before) in counted {
+        let n = expect["calls"][&method].as_u64().unwrap();
+        server_calls(cluster, &method, before, n).await?;
+        if request["op"] == "embedded_start" && method == "LeaseService/Renew" {
+            state.embedded_renewed_unix_ms = Some(unix_ms_now());
+        }
+    }
     Ok(())
+}
+
+/// The counts before a step of each method its `expect.calls` names
+/// (`{"LeaseService/Acquire": 1}`: exactly one such call reached the
+/// servers during the step).
+async fn counted_calls(cluster: &Cluster, expect: &Value) -> Vec<(String, u64)> {
+    let mut counted = Vec::new();
+    for method in expect["calls"]
+        .as_object()
+        .into_iter()
+        .flat_map(|o| o.keys())
+    {
+        counted.push((method.clone(), cluster.calls(method).await));
+    }
+    counted
 }
 
 /// Waits (at most 3 s: a server counts a stream when its last message is
