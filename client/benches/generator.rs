@@ -23,6 +23,13 @@
 //! - `next_id/saturated`: ids one at a time as fast as the real clock
 //!   allows on the default layout 41/12/10, reported as ids/s; the layout's
 //!   limit is 2^sequence_bits per ms (1,024,000 ids/s).
+//! - `next_id/snowkeep_pinned` and `next_id/snowkeep_by_key`: the pinned
+//!   and by-key spreads (`GeneratorSet::pin`, `GeneratorSet::next_id_for`)
+//!   of the unsaturated row, on a set of two machine ids.
+//! - `spread/<spread>/<T>`: T threads over T machine ids on the default
+//!   layout and the real clock, each thread taking ids one at a time by
+//!   round robin, by thread or pinned to its own machine id; ids/s over
+//!   all threads, against T × 1,024,000.
 
 // criterion_group! and define_snowflake_id! define undocumented items.
 #![allow(missing_docs)]
@@ -61,25 +68,44 @@ define_snowflake_id!(
 /// A generator set of one machine id whose grant is good for an hour: a
 /// fence an hour ahead and, when `deadline`, a lease deadline an hour away.
 fn set(clock: SharedClock, layout: Layout, deadline: bool) -> Arc<GeneratorSet> {
+    set_of(1, clock, layout, deadline)
+}
+
+/// [`set`] with machine ids 0 to `n - 1` (the layout's machine bits allowing).
+fn set_of(n: u16, clock: SharedClock, layout: Layout, deadline: bool) -> Arc<GeneratorSet> {
     let now = layout
         .to_layout_ms(clock.unix_ms())
         .expect("clock after the layout epoch");
-    let grant = Grant {
-        machine_id: MachineId(1),
-        floor: Millis(now.get() - 1),
-        fence: Millis(now.get() + 3_600_000),
-        deadline: deadline.then(|| clock.now() + Duration::from_secs(3600)),
-    };
-    let (tx, rx) = tokio::sync::watch::channel(Some(grant));
-    // Keep the sender alive for the whole bench, as a lease source does.
-    std::mem::forget(tx);
-    GeneratorSet::new(vec![Generator::new(
-        layout,
-        clock,
-        rx,
-        Duration::from_millis(100),
-        GeneratorMetrics::default(),
-    )])
+    let generators = (0..n)
+        .map(|m| {
+            let grant = Grant {
+                machine_id: MachineId(m),
+                floor: Millis(now.get() - 1),
+                fence: Millis(now.get() + 3_600_000),
+                deadline: deadline.then(|| clock.now() + Duration::from_secs(3600)),
+            };
+            let (tx, rx) = tokio::sync::watch::channel(Some(grant));
+            // Keep the sender alive for the whole bench, as a lease source does.
+            std::mem::forget(tx);
+            Generator::new(
+                layout,
+                clock.clone(),
+                rx,
+                Duration::from_millis(100),
+                GeneratorMetrics::default(),
+            )
+        })
+        .collect();
+    GeneratorSet::new(generators)
+}
+
+/// Polls `next` once in place, as `.await` in a caller polls it.
+fn poll_once(next: impl Future<Output = Result<u64, snowkeep_client::GenerateError>>) -> u64 {
+    let mut cx = Context::from_waker(Waker::noop());
+    match std::pin::pin!(next).poll(&mut cx) {
+        std::task::Poll::Ready(id) => id.expect("an id"),
+        std::task::Poll::Pending => panic!("waited while the sequence lasts"),
+    }
 }
 
 fn next_id(c: &mut Criterion) {
@@ -95,15 +121,20 @@ fn next_id(c: &mut Criterion) {
     });
     let ours = set(SystemClock::shared(), WIDE.parse().expect("layout"), true);
     group.bench_function("snowkeep", |b| {
-        // Polled once, in place, as `.await` in a caller polls it.
-        let mut cx = Context::from_waker(Waker::noop());
-        b.iter(|| {
-            let next = std::pin::pin!(ours.next_id());
-            match next.poll(&mut cx) {
-                std::task::Poll::Ready(id) => black_box(id.expect("an id")),
-                std::task::Poll::Pending => panic!("waited while the sequence lasts"),
-            }
-        })
+        b.iter(|| black_box(poll_once(ours.next_id())))
+    });
+    let two = set_of(
+        2,
+        SystemClock::shared(),
+        WIDE.parse().expect("layout"),
+        true,
+    );
+    let pinned = two.pin(1);
+    group.bench_function("snowkeep_pinned", |b| {
+        b.iter(|| black_box(poll_once(pinned.next_id())))
+    });
+    group.bench_function("snowkeep_by_key", |b| {
+        b.iter(|| black_box(poll_once(two.next_id_for(1))))
     });
     group.bench_function("snowkeep_now_or_never", |b| {
         b.iter(|| {
@@ -163,5 +194,55 @@ fn next_id(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, next_id);
+/// Ids taken one at a time by one thread of `threads`, by `spread`, from
+/// `set`, on the thread's own current-thread runtime.
+fn take(set: &GeneratorSet, spread: &str, thread: usize, count: u64) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let pinned = set.pin(thread);
+    runtime.block_on(async {
+        for _ in 0..count {
+            let id = match spread {
+                "round_robin" => set.next_id().await,
+                "by_thread" => set.next_id_by_thread().await,
+                _ => pinned.next_id().await,
+            };
+            black_box(id.expect("an id"));
+        }
+    });
+}
+
+/// T threads over T machine ids, by each spread, at the layout's limit.
+fn spreads(c: &mut Criterion) {
+    const PER_THREAD: u64 = 50_000;
+    let mut group = c.benchmark_group("spread");
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(4));
+    for threads in [1u16, 2] {
+        let set = set_of(
+            threads,
+            SystemClock::shared(),
+            DEFAULT.parse().expect("layout"),
+            false,
+        );
+        group.throughput(Throughput::Elements(PER_THREAD * u64::from(threads)));
+        for spread in ["round_robin", "by_thread", "pinned"] {
+            group.bench_function(format!("{spread}/{threads}"), |b| {
+                b.iter(|| {
+                    std::thread::scope(|scope| {
+                        for t in 0..usize::from(threads) {
+                            let set = &set;
+                            scope.spawn(move || take(set, spread, t, PER_THREAD));
+                        }
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, next_id, spreads);
 criterion_main!(benches);

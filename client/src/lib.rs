@@ -36,7 +36,7 @@ pub use backoff::Backoff;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
 pub use embedded::{EmbeddedConfig, EmbeddedGenerator, Requester};
 pub use error::{ClientError, GenerateError, StopReason};
-pub use generator::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, Grant, Taken};
+pub use generator::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, Grant, Pinned, Taken};
 pub use layout::{DecodedId, Layout, LayoutError, MachineId, Millis};
 pub use remote::{IdPool, PoolConfig, RemoteClient, RemoteConfig, ResumingStream};
 pub use text_id::TextIdError;

@@ -223,10 +223,9 @@ impl Shared {
         .await
     }
 
-    /// Publishes `grant` (already checked) with the deadline counted from
-    /// `sent`, unless issuance stopped for good meanwhile (a Check that
-    /// found the lease gone while this renewal was in flight): then it
-    /// publishes nothing and returns false.
+    /// Publishes `grant` (already checked) with the deadline counted from `sent`;
+    /// publishes nothing and returns false once issuance stopped for good (a
+    /// Check that found the lease gone while this renewal was in flight).
     fn publish(&self, grant: &pb::LeaseGrant, sent: Instant) -> bool {
         let stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
         if stopped.is_some() {
@@ -529,6 +528,22 @@ impl EmbeddedGenerator {
     /// `n` strictly ascending ids, spread over the held machine ids.
     pub async fn next_ids(&self, n: u64) -> Result<Vec<u64>, GenerateError> {
         self.set.next_ids(n).await
+    }
+
+    /// One id from held machine id `key % N`: [`GeneratorSet::next_id_for`].
+    pub async fn next_id_for(&self, key: u64) -> Result<u64, GenerateError> {
+        self.set.next_id_for(key).await
+    }
+
+    /// One id by thread: [`GeneratorSet::next_id_by_thread`].
+    pub async fn next_id_by_thread(&self) -> Result<u64, GenerateError> {
+        self.set.next_id_by_thread().await
+    }
+
+    /// A worker's handle on held machine id `index % N` ([`GeneratorSet::pin`]);
+    /// it stops with the generator, and shutdown's drain covers its ids.
+    pub fn pin(&self, index: usize) -> crate::generator::Pinned {
+        self.set.pin(index)
     }
 
     /// True while ids can be issued now.

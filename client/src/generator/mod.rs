@@ -63,7 +63,7 @@ pub use demand::{FenceDemand, FENCE_DEMAND_WAIT};
 use sequence::SequenceState;
 pub(crate) use sequence::Step;
 pub use sequence::Taken;
-pub use set::GeneratorSet;
+pub use set::{GeneratorSet, Pinned};
 use ticker::Ticker;
 
 /// Default largest backwards clock step the generator waits out: 100 ms.

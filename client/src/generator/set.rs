@@ -7,9 +7,36 @@
 //! ascending across its batches, which ids from different machine ids
 //! interleaved in time cannot promise, so a stream draws from one machine id
 //! ([`GeneratorSet::pick`]).
+//!
+//! Single ids can be spread three ways (the reference design's three, for a
+//! process that needs more than one machine id's rate):
+//!
+//! - **round robin** ([`GeneratorSet::next_id`]): every caller shares one
+//!   counter, whose cache line all of them write;
+//! - **by key** ([`GeneratorSet::next_id_for`]): machine id `key % N`, the
+//!   key the caller's (a worker or shard index); **by thread**
+//!   ([`GeneratorSet::next_id_by_thread`]) is the same with a dense index
+//!   this process gives each thread on its first id (Rust has no stable
+//!   numeric thread id), so a thread always lands on one machine id;
+//! - **pinned** ([`GeneratorSet::pin`]): a [`Pinned`] handle on one machine
+//!   id, for one worker, that writes no state shared with other machine
+//!   ids. One generator per handle: two handles (or a handle and the other
+//!   spreads) on one machine id share its lock, never its ids.
+//!
+//! Each skips a machine id that cannot issue now for the next one that can,
+//! as round robin does.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// The next thread's index for [`GeneratorSet::next_id_by_thread`].
+static NEXT_THREAD_INDEX: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's index: 0, 1, 2, … in the order threads take their
+    /// first id by thread.
+    static THREAD_INDEX: usize = NEXT_THREAD_INDEX.fetch_add(1, Ordering::Relaxed);
+}
 
 use super::Generator;
 use crate::error::GenerateError;
@@ -55,25 +82,61 @@ impl GeneratorSet {
 
     #[inline]
     fn pick_ref(&self) -> &Arc<Generator> {
-        let n = self.generators.len();
-        if n == 1 {
-            // No choice to make: skip the readiness check and its clock reads.
+        if self.generators.len() == 1 {
+            // No choice to make: skip the counter.
             return &self.generators[0];
         }
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        self.pick_from(self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The generator at slot `start % N` when it can issue now, else the
+    /// next one after it that can; the one at `start % N` when none can
+    /// (its error then says why issuance is stopped).
+    #[inline]
+    fn pick_from(&self, start: usize) -> &Arc<Generator> {
+        let n = self.generators.len();
+        let first = &self.generators[start % n];
+        if n == 1 {
+            // No choice to make: skip the readiness check and its clock reads.
+            return first;
+        }
         (0..n)
             .map(|i| &self.generators[(start + i) % n])
             .find(|g| g.is_ready())
-            .unwrap_or(&self.generators[0])
+            .unwrap_or(first)
     }
 
     /// One id, from one machine id (round-robin over the ready ones).
     pub async fn next_id(&self) -> Result<u64, GenerateError> {
-        // The call that needs no wait runs no nested async state machine.
-        let g = self.pick_ref();
-        match g.take_now(1)? {
-            Some(t) => Ok(t.first),
-            None => Ok(g.take_waiting(1).await?.first),
+        one_id(self.pick_ref()).await
+    }
+
+    /// One id from the machine id in slot `key % N` (slot order, as
+    /// [`GeneratorSet::generators`]), or from the next ready one when that
+    /// one cannot issue now. The same key keeps to one machine id while it
+    /// can issue, so a worker that passes its own index shares no machine
+    /// id's lock with the others.
+    pub async fn next_id_for(&self, key: u64) -> Result<u64, GenerateError> {
+        // Only the remainder matters, so the key's high bits may go.
+        let start = (key % self.generators.len() as u64) as usize;
+        one_id(self.pick_from(start)).await
+    }
+
+    /// One id from the machine id of this thread's index `% N` (see the
+    /// module docs: a dense index per thread, given on its first id).
+    /// Under tokio, the thread is the worker thread polling the task, which
+    /// can change between awaits; the id still comes from one machine id.
+    pub async fn next_id_by_thread(&self) -> Result<u64, GenerateError> {
+        let index = THREAD_INDEX.with(|i| *i);
+        one_id(self.pick_from(index)).await
+    }
+
+    /// A handle on the machine id in slot `index % N` alone, for one
+    /// worker. It never moves to another machine id: while its own cannot
+    /// issue, its calls fail with the reason (as a one-machine-id set's do).
+    pub fn pin(&self, index: usize) -> Pinned {
+        Pinned {
+            generator: self.generators[index % self.generators.len()].clone(),
         }
     }
 
@@ -102,6 +165,51 @@ impl GeneratorSet {
         ids.sort_unstable();
         debug_assert!(ids.windows(2).all(|w| w[0] < w[1]));
         Ok(ids)
+    }
+}
+
+/// One id from `g`; the call that needs no wait runs no nested async state
+/// machine.
+#[inline]
+async fn one_id(g: &Generator) -> Result<u64, GenerateError> {
+    match g.take_now(1)? {
+        Some(t) => Ok(t.first),
+        None => Ok(g.take_waiting(1).await?.first),
+    }
+}
+
+/// One machine id of a [`GeneratorSet`], pinned to one worker
+/// ([`GeneratorSet::pin`]): its ids come from that machine id only, with no
+/// counter shared with the other workers. Cheap to clone (the clone is on
+/// the same machine id).
+#[derive(Debug, Clone)]
+pub struct Pinned {
+    generator: Arc<Generator>,
+}
+
+impl Pinned {
+    /// One id from the pinned machine id.
+    ///
+    /// # Errors
+    /// As [`Generator::next_id`]: no grant (stopped, or not yet granted), the
+    /// fence reached, the clock stepped back too far.
+    #[inline]
+    pub async fn next_id(&self) -> Result<u64, GenerateError> {
+        one_id(&self.generator).await
+    }
+
+    /// `count` strictly ascending ids from the pinned machine id.
+    ///
+    /// # Errors
+    /// As [`Pinned::next_id`]; on an error the ids already taken are
+    /// dropped (a gap, never a reuse).
+    pub async fn next_ids(&self, count: u64) -> Result<Vec<u64>, GenerateError> {
+        self.generator.next_ids(count).await
+    }
+
+    /// The machine id it takes ids from, while a grant is in force.
+    pub fn machine_id(&self) -> Option<crate::layout::MachineId> {
+        self.generator.grant().map(|g| g.machine_id)
     }
 }
 
@@ -182,5 +290,95 @@ mod tests {
         }
         assert!(!set.is_ready());
         assert_eq!(set.next_ids(5000).await, Err(GenerateError::NoGrant));
+    }
+
+    fn machine_of(id: u64) -> u16 {
+        Layout::default().decode(id).unwrap().machine_id.get()
+    }
+
+    #[tokio::test]
+    async fn by_key_takes_slot_key_mod_n_and_moves_on_only_when_it_cannot_issue() {
+        let (set, _clock, tx) = set_of(&[3, 9, 12]);
+        // Slot order: 3, 9, 12. Key 0 -> 3, 1 -> 9, 2 -> 12, 7 -> 9, u64::MAX -> 3 (2^64 - 1 = 0 mod 3).
+        let mut got = Vec::new();
+        for key in [0, 1, 2, 7, u64::MAX] {
+            got.push(machine_of(set.next_id_for(key).await.unwrap()));
+        }
+        assert_eq!(got, vec![3, 9, 12, 9, 3]);
+        // The first id of machine id 9 at this ms is sequence 0, then 1.
+        assert_eq!(
+            set.next_id_for(4).await.unwrap(),
+            (1000 << 22) | (9 << 10) | 2
+        );
+        tx[1].send_replace(None);
+        assert_eq!(machine_of(set.next_id_for(1).await.unwrap()), 12);
+    }
+
+    #[tokio::test]
+    async fn by_thread_keeps_each_thread_on_one_machine_id() {
+        let (set, _clock, _tx) = set_of(&[4, 5]);
+        let mut per_thread = Vec::new();
+        for _ in 0..2 {
+            let set = set.clone();
+            let thread = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let mut machines = Vec::new();
+                    for _ in 0..50 {
+                        machines.push(machine_of(set.next_id_by_thread().await.unwrap()));
+                    }
+                    machines
+                })
+            });
+            per_thread.push(thread.join().unwrap());
+        }
+        // Which machine id a thread gets depends on its index, which other
+        // tests' threads share; that it keeps to one does not.
+        for machines in &per_thread {
+            assert_eq!(machines.len(), 50);
+            assert!(machines.iter().all(|&m| m == machines[0]), "{machines:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pinned_handle_takes_from_its_machine_id_only_and_stops_with_it() {
+        let (set, _clock, tx) = set_of(&[3, 9]);
+        let pinned = set.pin(3); // 3 % 2 = slot 1: machine id 9
+        assert_eq!(pinned.machine_id(), Some(MachineId(9)));
+        assert_eq!(pinned.next_id().await.unwrap(), (1000 << 22) | (9 << 10));
+        assert_eq!(
+            pinned.next_ids(3).await.unwrap(),
+            vec![
+                (1000 << 22) | (9 << 10) | 1,
+                (1000 << 22) | (9 << 10) | 2,
+                (1000 << 22) | (9 << 10) | 3
+            ]
+        );
+        // Machine id 3 can still issue, but a pinned handle never moves.
+        tx[1].send_replace(None);
+        assert_eq!(pinned.next_id().await, Err(GenerateError::NoGrant));
+        assert_eq!(pinned.machine_id(), None);
+        assert_eq!(machine_of(set.next_id().await.unwrap()), 3);
+    }
+
+    #[tokio::test]
+    async fn every_spread_together_never_repeats_an_id() {
+        let (set, clock, _tx) = set_of(&[1, 2]);
+        let mut ids = Vec::new();
+        for round in 0..300u64 {
+            ids.push(set.next_id().await.unwrap());
+            ids.push(set.next_id_for(round).await.unwrap());
+            ids.push(set.next_id_by_thread().await.unwrap());
+            ids.push(set.pin(round as usize).next_id().await.unwrap());
+            if round % 100 == 99 {
+                clock.advance(std::time::Duration::from_millis(1));
+            }
+        }
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), ids.len());
     }
 }
