@@ -111,6 +111,26 @@ impl Cluster {
         cluster
     }
 
+    /// The runbook's backup step (`scripts/etcd-snapshot save`) into the
+    /// cluster's snapshot file.
+    pub fn snapshot_save(&self) {
+        self._etcd.snapshot_save(&self.snapshot_file());
+    }
+
+    /// The runbook's restore of the snapshot `snapshot_save` took
+    /// (`scripts/etcd-snapshot mark`, then `restore` into every member):
+    /// etcd loses every write since, and the namespace is marked rolled
+    /// back before any server sees it.
+    pub async fn restore(&mut self) {
+        let file = self.snapshot_file();
+        self._etcd.snapshot_mark(&file);
+        self._etcd.restore(&file).await;
+    }
+
+    fn snapshot_file(&self) -> std::path::PathBuf {
+        self._dir.path().join("snapshot.db")
+    }
+
     /// Evicts the holder of each of `machine_ids` (AdminService.Evict, as
     /// `snowkeepctl evict` does); on a cluster without auth.
     pub async fn evict(&self, machine_ids: &[u16]) {

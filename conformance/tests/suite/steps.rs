@@ -119,13 +119,19 @@ fn targets(action: &Value, cluster: &Cluster, state: &State, last_id: Option<u64
 
 /// Does `action` (`kill` with `signal` KILL or TERM, `restart` with
 /// optional `wait_ready`, `signal` STOP or CONT without waiting) to its
-/// servers, `wait`s `ms`, or `evict`s the embedded generator's machine ids.
+/// servers, `wait`s `ms`, `evict`s the embedded generator's machine ids, or
+/// takes etcd through the runbook's `snapshot_save` and `restore`.
 async fn act(action: &Value, cluster: &mut Cluster, state: &State, last_id: Option<u64>) {
     if action["do"] == "wait" {
         // The condition is time itself (an age limit passing).
         let ms = action["ms"].as_u64().unwrap();
         tokio::time::sleep(Duration::from_millis(ms)).await;
         return;
+    }
+    match action["do"].as_str() {
+        Some("snapshot_save") => return cluster.snapshot_save(),
+        Some("restore") => return cluster.restore().await,
+        _ => {}
     }
     if action["do"] == "evict" {
         assert!(
