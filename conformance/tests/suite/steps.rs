@@ -360,17 +360,22 @@ fn check_embedded(
             "stamped_within_ms needs an embedded_start step that counts its LeaseService/Renew",
         )?;
         for &id in ids {
-            let d = cluster
-                .layout
-                .decode(id)
-                .ok_or(format!("id {id} does not decode"))?;
-            let at = cluster.layout.to_unix_ms(d.timestamp);
+            let at = stamped_unix_ms(cluster, id)?;
             if at > started + within {
                 return Err(format!("id {id} was stamped at {at} ms, {} ms after its first renewal reached the server: past the lease's end", at - started));
             }
         }
     }
     Ok(())
+}
+
+/// When `id` was stamped, in Unix milliseconds (its tick's start).
+fn stamped_unix_ms(cluster: &Cluster, id: u64) -> Result<u64, String> {
+    let d = cluster
+        .layout
+        .decode(id)
+        .ok_or(format!("id {id} does not decode"))?;
+    Ok(cluster.layout.to_unix_ms(d.timestamp))
 }
 
 /// Every id's timestamp is at or after the last `wait` began: none was
@@ -380,11 +385,7 @@ fn issued_after_wait(ids: &[u64], cluster: &Cluster, state: &State) -> Result<()
         .waited_from_unix_ms
         .ok_or("issued_after_wait needs a wait step before it")?;
     for &id in ids {
-        let d = cluster
-            .layout
-            .decode(id)
-            .ok_or(format!("id {id} does not decode"))?;
-        let at = cluster.layout.to_unix_ms(d.timestamp);
+        let at = stamped_unix_ms(cluster, id)?;
         if at < from {
             return Err(format!("id {id} was issued at {at} ms, before the wait began at {from} ms: an id past its max age handed out"));
         }
