@@ -130,6 +130,13 @@ pub enum ClientError {
         /// Machine ids the grant carried.
         granted: usize,
     },
+    /// The grant lists one machine id more than once: two slots would stamp
+    /// the same ids.
+    #[error("the server granted machine id {machine_id} more than once")]
+    GrantDuplicate {
+        /// The machine id listed twice.
+        machine_id: u32,
+    },
     /// The local clock is further behind the granted floor (the previous
     /// holders' fences, near the server's clock) than a start waits; the
     /// machine ids were released.
@@ -200,6 +207,7 @@ impl ClientError {
             | ClientError::MachineIdOutOfRange { .. }
             | ClientError::GrantExpired
             | ClientError::GrantCount { .. }
+            | ClientError::GrantDuplicate { .. }
             | ClientError::ClockBehindFloor { .. }
             | ClientError::ClockPastFence { .. } => false,
         }
@@ -230,6 +238,7 @@ impl ClientError {
             | ClientError::MachineIdOutOfRange { .. }
             | ClientError::GrantExpired
             | ClientError::GrantCount { .. }
+            | ClientError::GrantDuplicate { .. }
             | ClientError::ClockBehindFloor { .. }
             | ClientError::ClockPastFence { .. } => Code::FailedPrecondition,
         }

@@ -254,3 +254,55 @@ async fn a_renewal_answered_after_a_check_stopped_issuance_publishes_nothing() {
     assert!(generator.next_id().await.is_err());
     assert_eq!(generator.shared.generators[0].grant(), None);
 }
+
+/// A grant that names one machine id twice is refused: two slots on one
+/// machine id would stamp the same ids (found by the Go port's review).
+#[tokio::test(start_paused = true)]
+async fn a_grant_listing_a_machine_id_twice_is_refused() {
+    let api = FakeApi::new(vec![]);
+    let mut twice = grant(60_000);
+    twice.machine_ids.push(twice.machine_ids[0]);
+    let clock = TokioClock::new(Layout::default().to_unix_ms(Millis(START_MS)));
+    let mut config = EmbeddedConfig::new("http://127.0.0.1:1", "ns");
+    config.machine_ids = 2;
+    let sent = tokio::time::Instant::now().into_std();
+    let refused = EmbeddedGenerator::accept(config, Requester::current(), clock, api, twice, sent)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            crate::ClientError::GrantDuplicate { machine_id: 4 }
+        ),
+        "{refused:?}"
+    );
+}
+
+/// An Acquire answer that arrives after the lease it grants has ended is
+/// refused at start (so the caller releases it), not accepted as a
+/// generator that stops at once and never releases.
+#[tokio::test(start_paused = true)]
+async fn a_grant_expired_on_arrival_is_refused() {
+    let api = FakeApi::new(vec![]);
+    let clock = TokioClock::new(Layout::default().to_unix_ms(Millis(START_MS)));
+    let mut config = EmbeddedConfig::new("http://127.0.0.1:1", "ns");
+    config.check_interval = Duration::ZERO;
+    // Sent 2 s ago, for a lease of 1 s.
+    let sent = tokio::time::Instant::now().into_std();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let refused = EmbeddedGenerator::accept(
+        config,
+        Requester::current(),
+        clock,
+        api.clone(),
+        grant(1_000),
+        sent,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(refused, crate::ClientError::GrantExpired),
+        "{refused:?}"
+    );
+    assert_eq!(api.calls(), vec![]);
+}

@@ -42,6 +42,7 @@
 //!   already gone; a failure is logged, never fatal).
 
 mod api;
+mod grant;
 #[cfg(test)]
 mod loop_tests;
 mod renewal;
@@ -58,6 +59,7 @@ use tonic::transport::Endpoint;
 use tracing::{error, info, warn};
 
 use api::LeaseApi;
+use grant::{check_grant, past_fence};
 use renewal::{check_loop, renew_loop};
 pub use requester::Requester;
 
@@ -261,44 +263,6 @@ impl std::fmt::Debug for EmbeddedGenerator {
     }
 }
 
-/// Checks a grant against what was asked and
-/// returns its layout.
-fn check_grant(grant: &pb::LeaseGrant, asked: u32) -> Result<Layout, ClientError> {
-    let l = grant
-        .layout
-        .ok_or(ClientError::BadLayout(crate::layout::LayoutError::Parse {
-            text: String::new(),
-            field: "shape",
-        }))?;
-    let layout = Layout::try_from(&l).map_err(ClientError::BadLayout)?;
-    if grant.machine_ids.len() != asked as usize {
-        return Err(ClientError::GrantCount {
-            asked,
-            granted: grant.machine_ids.len(),
-        });
-    }
-    for g in &grant.machine_ids {
-        if g.machine_id >= layout.machine_id_count() {
-            return Err(ClientError::MachineIdOutOfRange {
-                machine_id: g.machine_id,
-                machine_bits: layout.machine_bits(),
-            });
-        }
-    }
-    if grant.expires_in_ms == 0 {
-        return Err(ClientError::GrantExpired);
-    }
-    Ok(layout)
-}
-
-/// How far the wall clock `unix_ms` is past the earliest fence of `grant`;
-/// `None` while it is at or below every fence.
-fn past_fence(layout: &Layout, unix_ms: u64, grant: &pb::LeaseGrant) -> Option<Duration> {
-    let now = layout.to_layout_ms(unix_ms)?.get();
-    let fence = grant.machine_ids.iter().map(|m| m.fence_ms).min()?;
-    (now > fence).then(|| Duration::from_millis(now - fence))
-}
-
 /// Releases every machine id `requester` holds, with its lease `token`
 /// (`last_used_ms` by machine id, empty for a grant never used); returns how
 /// many the server released, 0 when the call failed (logged: the lease then
@@ -453,6 +417,10 @@ impl EmbeddedGenerator {
             return Err(ClientError::ClockPastFence { past });
         }
         let deadline = sent + Duration::from_millis(grant.expires_in_ms);
+        if clock.now() >= deadline {
+            // The answer came after the lease it grants had ended.
+            return Err(ClientError::GrantExpired);
+        }
         let max_floor = grant
             .machine_ids
             .iter()

@@ -63,7 +63,7 @@ fn start_refusal(e: &ClientError) -> Option<&'static str> {
         ClientError::BadLayout(_) => "invalid_layout",
         ClientError::MachineIdOutOfRange { .. } => "machine_id_out_of_range",
         ClientError::GrantExpired => "lease_expired",
-        ClientError::GrantCount { .. } => "grant_count",
+        ClientError::GrantCount { .. } | ClientError::GrantDuplicate { .. } => "grant_count",
         ClientError::ClockBehindFloor { .. } => "clock_behind_floor",
         ClientError::ClockPastFence { .. } => "clock_past_fence",
         _ => return None,
