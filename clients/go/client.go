@@ -87,7 +87,13 @@ func New(endpoints []string, opts ...Option) (*Client, error) {
 }
 
 func (c *Client) dialOptions(ep endpoint, tlsCfg *tls.Config) []grpc.DialOption {
-	useTLS := ep.tls || (!ep.plain && c.cfg.tls != nil)
+	return dialOptions(c.cfg, ep, tlsCfg)
+}
+
+// dialOptions are the gRPC options of a connection to ep under cfg (TLS,
+// reconnect backoff, API key); the embedded generator dials with them too.
+func dialOptions(cfg config, ep endpoint, tlsCfg *tls.Config) []grpc.DialOption {
+	useTLS := ep.tls || (!ep.plain && cfg.tls != nil)
 	creds := insecure.NewCredentials()
 	if useTLS {
 		creds = credentials.NewTLS(tlsCfg.Clone())
@@ -98,14 +104,14 @@ func (c *Client) dialOptions(ep endpoint, tlsCfg *tls.Config) []grpc.DialOption 
 		// is used again within max_backoff.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
-				BaseDelay: c.cfg.backoff, Multiplier: 2, Jitter: 0.2, MaxDelay: c.cfg.maxBackoff,
+				BaseDelay: cfg.backoff, Multiplier: 2, Jitter: 0.2, MaxDelay: cfg.maxBackoff,
 			},
-			MinConnectTimeout: c.cfg.requestTimeout,
+			MinConnectTimeout: cfg.requestTimeout,
 		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
 	}
-	if c.cfg.apiKey != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer{key: c.cfg.apiKey}))
+	if cfg.apiKey != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{key: cfg.apiKey}))
 	}
 	return opts
 }

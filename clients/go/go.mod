@@ -3,6 +3,7 @@ module example.invalid/snowkeep/clients/go
 go 1.26.0
 
 require (
+	github.com/sony/sonyflake v1.2.0
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12
 )

@@ -2,6 +2,7 @@ package snowkeep
 
 import (
 	"context"
+	"fmt"
 
 	"google.golang.org/grpc/codes"
 
@@ -103,4 +104,64 @@ func (c *Client) Decode(ctx context.Context, id uint64) (DecodedID, error) {
 		return DecodedID{}, err
 	}
 	return l.Decode(id)
+}
+
+// Validate checks the layout the way the server and the Rust client do:
+// each bit count positive, 32 to 63 bits in all (the sign bit stays 0), at
+// most 16 machine bits, and a time unit of 1, 10, 100 or 1000 ms (0 counts as
+// 1, a server from before time units). It returns nil or a FAILED_PRECONDITION
+// *Error saying which rule the layout breaks. The embedded generator refuses
+// a grant whose layout fails it (see ErrGrantBadLayout).
+func (l Layout) Validate() error {
+	sum := uint64(l.TimestampBits) + uint64(l.MachineBits) + uint64(l.SequenceBits)
+	if l.TimestampBits == 0 || l.MachineBits == 0 || l.SequenceBits == 0 || sum < 32 || sum > 63 {
+		return &Error{code: codes.FailedPrecondition, msg: fmt.Sprintf(
+			"layout bits must each be positive and sum to 32..63, got timestamp %d + machine %d + sequence %d",
+			l.TimestampBits, l.MachineBits, l.SequenceBits)}
+	}
+	if l.MachineBits > 16 {
+		return &Error{code: codes.FailedPrecondition,
+			msg: fmt.Sprintf("machine_bits is %d, at most 16 are supported", l.MachineBits)}
+	}
+	switch l.unitMs() {
+	case 1, 10, 100, 1000:
+		return nil
+	}
+	return &Error{code: codes.FailedPrecondition,
+		msg: fmt.Sprintf("time unit %d ms is not supported: use 1, 10, 100 or 1000 ms", l.TimeUnitMs)}
+}
+
+// Encode packs a timestamp (layout ms: ms since EpochUnixMs, stored as the
+// tick ms / TimeUnitMs), a machine id and a sequence into an id. The caller
+// keeps each part in range: ms at or below the layout's last timestamp,
+// machineID below 2^MachineBits, sequence below 2^SequenceBits.
+func (l Layout) Encode(ms uint64, machineID uint32, sequence uint64) uint64 {
+	return (ms/l.unitMs())<<(l.MachineBits+l.SequenceBits) |
+		uint64(machineID)<<l.SequenceBits | sequence
+}
+
+// unitMs is the time unit in ms, 0 read as 1.
+func (l Layout) unitMs() uint64 { return uint64(max(l.TimeUnitMs, 1)) }
+
+// perTick is 2^SequenceBits: ids per tick per machine id.
+func (l Layout) perTick() uint64 { return 1 << l.SequenceBits }
+
+// maxTimestamp is the last layout ms an id can carry: the last ms of tick
+// 2^TimestampBits - 1.
+func (l Layout) maxTimestamp() uint64 { return (1<<l.TimestampBits)*l.unitMs() - 1 }
+
+// tickStart is ms rounded down to its tick's first ms.
+func (l Layout) tickStart(ms uint64) uint64 { return ms - ms%l.unitMs() }
+
+// firstStampAfter is the first layout ms a holder with floor may stamp: the
+// first ms of the tick after the floor's (floor+1 at 1 ms units).
+func (l Layout) firstStampAfter(floor uint64) uint64 { return l.tickStart(floor) + l.unitMs() }
+
+// layoutFromPB reads a layout a server sent (0 time unit: 1 ms).
+func layoutFromPB(p *pb.Layout) Layout {
+	return Layout{
+		TimestampBits: p.GetTimestampBits(), MachineBits: p.GetMachineBits(),
+		SequenceBits: p.GetSequenceBits(), EpochUnixMs: p.GetEpochUnixMs(),
+		TimeUnitMs: max(p.GetTimeUnitMs(), 1),
+	}
 }

@@ -37,6 +37,21 @@ type request struct {
 	ID               json.RawMessage `json:"id"`
 	Concurrency      int             `json:"concurrency"`
 	Seconds          float64         `json:"seconds"`
+
+	// The embedded generator's ops (embedded.go).
+	Endpoint        string         `json:"endpoint"`
+	Namespace       string         `json:"namespace"`
+	MachineIDs      int            `json:"machine_ids"`
+	CheckIntervalMs *int64         `json:"check_interval_ms"`
+	MaxFloorWaitMs  *int64         `json:"max_floor_wait_ms"`
+	AcquireAttempts *int           `json:"acquire_attempts"`
+	ClockOffsetMs   int64          `json:"clock_offset_ms"`
+	OmitClientTime  bool           `json:"omit_client_time"`
+	Requester       *requesterJSON `json:"requester"`
+	Spread          string         `json:"spread"`
+	Key             uint64         `json:"key"`
+	WaitMs          int64          `json:"wait_ms"`
+	MaxMs           *int64         `json:"max_ms"`
 }
 
 type tlsRequest struct {
@@ -45,11 +60,13 @@ type tlsRequest struct {
 	Key  *string `json:"key"`
 }
 
-// driver holds the open client and pool.
+// driver holds the open client and pool, and the embedded generator.
 type driver struct {
-	out    *bufio.Writer
-	client *snowkeep.Client
-	pool   *snowkeep.Pool
+	gen     *snowkeep.EmbeddedGenerator
+	workers []*snowkeep.Worker
+	out     *bufio.Writer
+	client  *snowkeep.Client
+	pool    *snowkeep.Pool
 	// poolLive is false once pool_close closed pool (pool_take then answers
 	// "pool closed" from the client; bench_pool makes its own pool).
 	poolLive bool
@@ -87,6 +104,8 @@ func (d *driver) handle(ctx context.Context, r *request) map[string]any {
 	case "close":
 		d.closeAll()
 		return okAnswer()
+	case "embedded_start", "embedded_take", "embedded_take_until_stop", "embedded_stopped", "embedded_shutdown":
+		return d.embedded(ctx, r)
 	case "pool_close":
 		if d.pool != nil {
 			d.pool.Close()
@@ -118,7 +137,13 @@ func (d *driver) handle(ctx context.Context, r *request) map[string]any {
 	return errAnswer("UNIMPLEMENTED", "unknown op "+strconv.Quote(r.Op), nil)
 }
 
+// closeAll shuts the embedded generator down and closes the client and pool.
 func (d *driver) closeAll() {
+	d.shutdownGen()
+	d.closeClient()
+}
+
+func (d *driver) closeClient() {
 	if d.pool != nil {
 		d.pool.Close()
 		d.pool, d.poolLive = nil, false

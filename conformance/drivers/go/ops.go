@@ -17,7 +17,19 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 func ms(v int64) time.Duration { return time.Duration(v) * time.Millisecond }
 
 func (d *driver) open(r *request) map[string]any {
-	d.closeAll()
+	d.closeClient() // the embedded generator, if any, stays
+	c, err := snowkeep.New(r.Endpoints, clientOptions(r)...)
+	if err != nil {
+		return fromErr(err, nil)
+	}
+	d.client = c
+	return okAnswer()
+}
+
+// clientOptions are the client options of an open (or embedded_start)
+// request: api_key, tls, request_timeout_ms, retry_budget_ms, backoff_ms,
+// max_backoff_ms (absent or 0: the client's default).
+func clientOptions(r *request) []snowkeep.Option {
 	var opts []snowkeep.Option
 	if r.APIKey != nil {
 		opts = append(opts, snowkeep.WithAPIKey(*r.APIKey))
@@ -51,12 +63,7 @@ func (d *driver) open(r *request) map[string]any {
 		}
 		opts = append(opts, snowkeep.WithBackoff(b, m))
 	}
-	c, err := snowkeep.New(r.Endpoints, opts...)
-	if err != nil {
-		return fromErr(err, nil)
-	}
-	d.client = c
-	return okAnswer()
+	return opts
 }
 
 // intArg reads a JSON number as an int for the client to validate; a
