@@ -51,7 +51,8 @@ final class Core {
     }
   }
 
-  private static ClientInterceptor[] interceptors(String apiKey) {
+  /** The interceptors that send {@code apiKey} (none for null); shared with the embedded generator. */
+  static ClientInterceptor[] interceptors(String apiKey) {
     if (apiKey == null) {
       return new ClientInterceptor[0];
     }

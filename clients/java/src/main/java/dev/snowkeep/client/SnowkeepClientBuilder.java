@@ -156,11 +156,12 @@ public final class SnowkeepClientBuilder {
     if (max < first) {
       throw SnowkeepException.invalid("max_backoff", maxBackoff + " is below backoff " + backoff);
     }
-    ChannelCredentials creds = credentials();
+    ChannelCredentials creds = credentials(tls, caFile, certFile, keyFile);
     return new SnowkeepClient(new Core(parsed, new Settings(timeout, budget, first, max), creds, apiKey));
   }
 
-  private static void checkApiKey(String key) {
+  /** Refuses an API key that is empty or not printable ASCII without whitespace. */
+  static void checkApiKey(String key) {
     if (key == null) {
       return;
     }
@@ -183,8 +184,11 @@ public final class SnowkeepClientBuilder {
     return d.toNanos();
   }
 
-  /** The credentials of the endpoints that use TLS ({@code https://}, or all after {@code tls}). */
-  private ChannelCredentials credentials() {
+  /**
+   * The credentials of the endpoints that use TLS ({@code https://}, or all after {@code tls});
+   * the embedded generator's builder shares this rule.
+   */
+  static ChannelCredentials credentials(boolean tls, Path caFile, Path certFile, Path keyFile) {
     if (!tls) {
       // https:// endpoints without tls(...): TLS with the system's roots, never plaintext.
       return TlsChannelCredentials.create();

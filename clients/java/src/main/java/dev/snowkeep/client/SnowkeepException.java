@@ -13,8 +13,12 @@ import io.grpc.Status;
  *
  * <p>A cancellation of the caller's own is not reported with this type: it is the standard
  * {@link java.util.concurrent.CancellationException}.
+ *
+ * <p>The embedded generator throws three subclasses, each with the code it stands for: {@link
+ * GrantRejectedException} (a grant refused at start), {@link IdGenerationException} (no id
+ * now) and {@link GeneratorStoppedException} (issuance stopped for good).
  */
-public final class SnowkeepException extends RuntimeException {
+public class SnowkeepException extends RuntimeException {
   private static final long serialVersionUID = 1L;
 
   /** The code; never null. */

@@ -29,6 +29,7 @@ public final class Driver {
   private final PrintStream out;
   private SnowkeepClient client;
   private IdPool pool;
+  private final Embedded embedded = new Embedded();
 
   private Driver(PrintStream out) {
     this.out = out;
@@ -90,12 +91,20 @@ public final class Driver {
       case "bench_unary": return Ops.benchUnary(client(), req);
       case "bench_pool": return Ops.benchPool(client(), req);
       case "close": closeAll(); return ok();
+      case "embedded_start":
+      case "embedded_take":
+      case "embedded_take_until_stop":
+      case "embedded_stopped":
+      case "embedded_run":
+      case "embedded_status":
+      case "embedded_shutdown":
+        return embedded.handle(op, req);
       default: return error("INVALID_ARGUMENT", "unknown op " + op);
     }
   }
 
   private JsonObject open(JsonObject req) {
-    closeAll();
+    closeClient(); // the embedded generator, if any, stays
     SnowkeepClientBuilder b = SnowkeepClient.builder();
     List<String> endpoints = new ArrayList<>();
     if (req.has("endpoints") && req.get("endpoints").isJsonArray()) {
@@ -173,7 +182,13 @@ public final class Driver {
     return client;
   }
 
+  /** Shuts the embedded generator down and closes the client and pool. */
   private void closeAll() {
+    embedded.shutdown();
+    closeClient();
+  }
+
+  private void closeClient() {
     if (pool != null) {
       pool.close();
       pool = null;
