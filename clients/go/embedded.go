@@ -184,7 +184,8 @@ type EmbeddedGenerator struct {
 // ErrGrantClockPastFence, ErrGrantClockBehindFloor), after releasing it.
 // Otherwise it waits (at most MaxFloorWait) for the clock to pass the
 // previous holders' fences. Errors for a bad cfg or option are
-// INVALID_ARGUMENT *Error; ctx.Err() when ctx ends first.
+// INVALID_ARGUMENT *Error. When ctx ends first the error wraps ctx.Err()
+// (errors.Is works) and names the last Acquire failure, if any.
 func StartEmbedded(ctx context.Context, cfg EmbeddedConfig, opts ...Option) (*EmbeddedGenerator, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
@@ -235,6 +236,13 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig, opts ...Option) (*Em
 // (monotonic).
 func (e *EmbeddedGenerator) acquire(ctx context.Context) (*pb.LeaseGrant, time.Duration, error) {
 	delay, switched := e.cfg.AcquireBackoff, false
+	var last error
+	ended := func() error {
+		if last == nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("snowkeep: %w while acquiring (last Acquire failure: %v)", ctx.Err(), last)
+	}
 	for attempt := 1; ; attempt++ {
 		sent := e.clk.mono()
 		req := &pb.AcquireRequest{Requester: e.requester.toPB(), Namespace: e.cfg.Namespace,
@@ -247,9 +255,10 @@ func (e *EmbeddedGenerator) acquire(ctx context.Context) (*pb.LeaseGrant, time.D
 			return g, sent, nil
 		}
 		if ctx.Err() != nil {
-			return nil, 0, ctx.Err()
+			return nil, 0, ended()
 		}
 		rerr := fromRPC(err)
+		last = rerr
 		if !switched && rerr.Code() == codes.PermissionDenied {
 			// A grant whose answer was lost holds machine ids under a token
 			// we never got: start over at once as a new requester.
@@ -268,7 +277,7 @@ func (e *EmbeddedGenerator) acquire(ctx context.Context) (*pb.LeaseGrant, time.D
 		e.log.Warn("snowkeep: Acquire failed; retrying", "namespace", e.cfg.Namespace,
 			"error", rerr, "retry_in", wait)
 		if err := e.clk.sleep(ctx, wait); err != nil {
-			return nil, 0, err
+			return nil, 0, ended()
 		}
 	}
 }
