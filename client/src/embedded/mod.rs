@@ -59,7 +59,7 @@ use tonic::transport::Endpoint;
 use tracing::{error, info, warn};
 
 use api::LeaseApi;
-use grant::{check_grant, past_fence};
+use grant::{check_grant, floor_wait, past_fence};
 use renewal::{check_loop, renew_loop};
 pub use requester::Requester;
 
@@ -417,26 +417,7 @@ impl EmbeddedGenerator {
             return Err(ClientError::ClockPastFence { past });
         }
         let deadline = sent + Duration::from_millis(grant.expires_in_ms);
-        if clock.now() >= deadline {
-            // The answer came after the lease it grants had ended.
-            return Err(ClientError::GrantExpired);
-        }
-        let max_floor = grant
-            .machine_ids
-            .iter()
-            .map(|m| m.floor_ms)
-            .max()
-            .unwrap_or(0);
-        let now = layout.to_layout_ms(clock.unix_ms()).unwrap_or_default();
-        let first = layout.first_stamp_after(Millis(max_floor));
-        let wait = Duration::from_millis(first.get().saturating_sub(now.get()));
-        // Never wait past the lease either: it would end before the first id.
-        let max = config
-            .max_floor_wait
-            .min(deadline.saturating_duration_since(clock.now()));
-        if wait > max {
-            return Err(ClientError::ClockBehindFloor { wait, max });
-        }
+        let wait = floor_wait(&layout, &*clock, &grant, deadline, config.max_floor_wait)?;
         let mut slots = Vec::new();
         let mut generators = Vec::new();
         for _ in 0..config.machine_ids {
@@ -474,7 +455,7 @@ impl EmbeddedGenerator {
         // next_id() issues instead of failing with ClockBehindFloor. The wait
         // is bounded above.
         if !wait.is_zero() {
-            info!(namespace = %shared.config.namespace, wait = ?wait, max = ?max, "waiting for the clock to pass the claimed machine ids' floor");
+            info!(namespace = %shared.config.namespace, wait = ?wait, max_floor_wait = ?shared.config.max_floor_wait, "waiting for the clock to pass the claimed machine ids' floor");
             tokio::time::sleep(wait).await;
         }
         info!(namespace = %shared.config.namespace, requester = %shared.requester.tag(), machine_ids = ?shared.machine_ids, "embedded generator leased machine ids");
