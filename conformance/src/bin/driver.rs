@@ -42,6 +42,11 @@ impl Clock for OffsetClock {
     }
 }
 
+/// The error answer of an embedded op sent before `embedded_start`.
+fn no_generator() -> Value {
+    json!({"ok": false, "code": "FAILED_PRECONDITION", "message": "no embedded generator: send embedded_start first"})
+}
+
 /// The protocol's name of a stop reason (`conformance/README.md`).
 fn stop_reason(reason: StopReason) -> &'static str {
     match reason {
@@ -103,6 +108,14 @@ fn u32_of(req: &Value, key: &str, default: u32) -> u32 {
     u32::try_from(u64_of(req, key, u64::from(default))).unwrap_or(u32::MAX)
 }
 
+/// The request's `api_key`, checked; `None` when it is null or absent.
+fn api_key_of(req: &Value) -> Result<Option<ApiKey>, Value> {
+    req["api_key"]
+        .as_str()
+        .map(|k| ApiKey::new(k).map_err(|e| invalid("api_key", e)))
+        .transpose()
+}
+
 fn tls_of(tls: &Value) -> Result<Option<ClientTls>, Value> {
     if tls.is_null() {
         return Ok(None);
@@ -141,10 +154,7 @@ impl Driver {
                     .collect()
             })
             .unwrap_or_default();
-        let api_key = match req["api_key"].as_str() {
-            Some(k) => Some(ApiKey::new(k).map_err(|e| invalid("api_key", e))?),
-            None => None,
-        };
+        let api_key = api_key_of(req)?;
         let config = RemoteConfig {
             request_timeout: ms(req, "request_timeout_ms", 5000),
             retry_budget: ms(req, "retry_budget_ms", 10_000),
@@ -312,9 +322,7 @@ impl Driver {
     }
 
     fn embedded(&self) -> Result<&EmbeddedGenerator, Value> {
-        self.embedded.as_ref().ok_or_else(|| {
-            json!({"ok": false, "code": "FAILED_PRECONDITION", "message": "no embedded generator: send embedded_start first"})
-        })
+        self.embedded.as_ref().ok_or_else(no_generator)
     }
 
     async fn embedded_start(&mut self, req: &Value) -> Answer {
@@ -322,10 +330,7 @@ impl Driver {
             old.shutdown().await;
         }
         let endpoint = req["endpoint"].as_str().unwrap_or_default();
-        let api_key = match req["api_key"].as_str() {
-            Some(k) => Some(ApiKey::new(k).map_err(|e| invalid("api_key", e))?),
-            None => None,
-        };
+        let api_key = api_key_of(req)?;
         let config = EmbeddedConfig {
             machine_ids: u32_of(req, "machine_ids", 1),
             check_interval: ms(req, "check_interval_ms", 30_000),
@@ -418,9 +423,7 @@ impl Driver {
     }
 
     async fn embedded_shutdown(&mut self) -> Answer {
-        let g = self.embedded.take().ok_or_else(|| {
-            json!({"ok": false, "code": "FAILED_PRECONDITION", "message": "no embedded generator: send embedded_start first"})
-        })?;
+        let g = self.embedded.take().ok_or_else(no_generator)?;
         Ok(json!({"released": g.shutdown().await}))
     }
 
