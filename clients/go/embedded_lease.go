@@ -129,7 +129,10 @@ func (e *EmbeddedGenerator) checkLoop(ctx context.Context) {
 		case err != nil && fromRPC(err).Code() == codes.PermissionDenied:
 			e.stop(&StopError{Reason: StopTokenRefused})
 			return
-		case err != nil || answer.GetValid():
+		case err != nil:
+			e.log.Debug("snowkeep: Check failed; issuing on below the fence", "namespace", e.cfg.Namespace,
+				"error", fromRPC(err))
+		case answer.GetValid():
 		default:
 			if reason, ok := goneReason(answer.GetReason()); ok {
 				e.log.Warn("snowkeep: Check: the lease is gone", "namespace", e.cfg.Namespace,
@@ -137,6 +140,8 @@ func (e *EmbeddedGenerator) checkLoop(ctx context.Context) {
 				e.stop(&StopError{Reason: reason})
 				return
 			}
+			e.log.Warn("snowkeep: Check answered an unknown reason; ignored", "namespace", e.cfg.Namespace,
+				"reason", answer.GetReason())
 		}
 	}
 }

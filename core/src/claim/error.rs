@@ -212,6 +212,19 @@ pub enum StoreError {
         /// Attempts made.
         attempts: u32,
     },
+    /// An eviction revoked the holder's lease this many times and the same
+    /// holder still held the machine id each time (it kept moving to new
+    /// leases: renewals racing the eviction). What was revoked stays
+    /// revoked.
+    #[error("machine id {machine_id} of namespace {namespace:?} is still held by the same holder after {attempts} revokes (it renewed onto a new lease each time); run the eviction again")]
+    EvictContended {
+        /// The namespace.
+        namespace: String,
+        /// The machine id.
+        machine_id: u16,
+        /// Revokes made.
+        attempts: u32,
+    },
     /// The namespace's stored layout differs from the configured one.
     #[error("namespace {namespace:?} has layout {stored} in the store but this instance is configured with {configured}; start it with --layout {stored} or use another namespace")]
     LayoutMismatch {
@@ -345,7 +358,8 @@ impl StoreError {
             | StoreError::Request { .. }
             | StoreError::AccessRefused { .. }
             | StoreError::Io { .. }
-            | StoreError::KeyQuotaContended { .. } => true,
+            | StoreError::KeyQuotaContended { .. }
+            | StoreError::EvictContended { .. } => true,
             StoreError::NoFreeMachineId { .. }
             | StoreError::KeyQuotaExceeded { .. }
             | StoreError::UnknownNamespace { .. }

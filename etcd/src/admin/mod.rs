@@ -27,6 +27,7 @@
 //! acknowledged, so the servers accept it as not rolled back.
 
 mod document;
+mod evict;
 mod export;
 mod import;
 mod import_checks;
@@ -35,8 +36,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Range;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
-use snowkeep_client::{Layout, MachineId, Millis, SharedClock};
+use etcd_client::{GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use snowkeep_client::{Layout, Millis, SharedClock};
 
 use super::endpoints::Endpoints;
 use super::keys;
@@ -395,70 +396,6 @@ impl StateStore {
             });
         }
         Ok(out)
-    }
-
-    /// Takes `machine_id` of `ns` from its holder by revoking the holder's
-    /// lease; `Ok(None)` when nobody holds it (or the namespace has no
-    /// record: [`StoreError::UnknownNamespace`]).
-    pub async fn evict(&self, ns: &str, machine_id: u16) -> Result<Option<Evicted>, StoreError> {
-        let record = self.record(ns).await?;
-        let holder_prefix = keys::holder_prefix(ns);
-        let fence_prefix = keys::fence_prefix(ns);
-        let read = self
-            .get_prefixes(
-                "read holders",
-                &[holder_prefix.clone(), fence_prefix.clone()],
-            )
-            .await?;
-        let Some(held) = read[0].iter().find(|kv| {
-            keys::machine_id_of(kv.key(), &holder_prefix) == Some(MachineId(machine_id))
-        }) else {
-            return Ok(None);
-        };
-        let lease = held.lease();
-        let holder = shown_holder(held.value());
-        let machine_ids: Vec<u16> = if lease == 0 {
-            vec![machine_id]
-        } else {
-            read[0]
-                .iter()
-                .filter(|kv| kv.lease() == lease)
-                .filter_map(|kv| keys::machine_id_of(kv.key(), &holder_prefix))
-                .map(|id| id.get())
-                .collect()
-        };
-        let highest = read[1]
-            .iter()
-            .filter_map(|kv| {
-                let id = keys::machine_id_of(kv.key(), &fence_prefix)?;
-                machine_ids.contains(&id.get()).then_some(())?;
-                keys::decode_fence("", kv.value()).ok()
-            })
-            .max()
-            .unwrap_or_default();
-        if lease == 0 {
-            // A holder key without a lease (written by hand): delete it alone,
-            // if it is still the one read.
-            let key = keys::holder(ns, MachineId(machine_id));
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    held.mod_revision(),
-                )])
-                .and_then([TxnOp::delete(key, None)]);
-            self.endpoints
-                .txn("evict holder", self.timeout, txn)
-                .await?;
-        } else {
-            self.endpoints.revoke(self.timeout, lease).await?;
-        }
-        let wait = ms_between(highest, self.now(&record.layout)).max(0);
-        Ok(Some(Evicted {
-            holder,
-            machine_ids,
-            successor_wait_ms: u64::try_from(wait).unwrap_or(0),
-        }))
     }
 }
 

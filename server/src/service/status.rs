@@ -222,6 +222,8 @@ fn code_of(err: &ApiError) -> Code {
                 Code::ResourceExhausted
             }
             StoreError::KeyQuotaContended { .. } => Code::Unavailable,
+            // Concurrency, as etcd's own "try again": the caller repeats.
+            StoreError::EvictContended { .. } => Code::Aborted,
             // Not FAILED_PRECONDITION: clients retry that (a skew refusal
             // heals with NTP); another Acquire cannot fix a count mismatch.
             StoreError::CountMismatch { .. } => Code::AlreadyExists,

@@ -7,5 +7,6 @@ mod admin_state;
 mod ctl_faults;
 mod ctl_keys;
 mod ctl_state;
+mod evict_race;
 mod export_import;
 mod export_import_large;
