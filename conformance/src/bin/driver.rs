@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use serde_json::{json, Value};
 use snowkeep_client::{
     ApiKey, ClientError, ClientTls, Clock, EmbeddedConfig, EmbeddedGenerator, IdPool, PoolConfig,
-    RemoteClient, RemoteConfig, SharedClock, StopReason, SystemClock,
+    RemoteClient, RemoteConfig, Requester, SharedClock, StopReason, SystemClock,
 };
 use tokio::io::AsyncBufReadExt;
 
@@ -40,6 +40,18 @@ impl Clock for OffsetClock {
     fn monotonic_ns(&self) -> u64 {
         SystemClock.monotonic_ns()
     }
+}
+
+/// The `requester` of an `embedded_start` (`{"host_id","pid",
+/// "start_unix_ms","nonce"}`), if it names one.
+fn requester_of(req: &Value) -> Option<Requester> {
+    let q = req.get("requester")?;
+    Some(Requester {
+        host_id: q["host_id"].as_str()?.to_owned(),
+        pid: u32::try_from(q["pid"].as_u64()?).ok()?,
+        start_unix_ms: q["start_unix_ms"].as_u64()?,
+        nonce: q["nonce"].as_str()?.to_owned(),
+    })
 }
 
 /// The error answer of an embedded op sent before `embedded_start`.
@@ -338,6 +350,14 @@ impl Driver {
             acquire_attempts: Some(u32_of(req, "acquire_attempts", 1)),
             api_key,
             ..EmbeddedConfig::new(endpoint, req["namespace"].as_str().unwrap_or_default())
+        };
+        // A pinned identity (a process restarted as the same requester).
+        let config = match requester_of(req) {
+            Some(requester) => EmbeddedConfig {
+                requester,
+                ..config
+            },
+            None => config,
         };
         let offset = req["clock_offset_ms"].as_i64().unwrap_or(0);
         let clock: SharedClock = std::sync::Arc::new(OffsetClock(offset));

@@ -45,6 +45,7 @@ pub fn build(client: &str) {
 
 /// A running driver.
 pub struct Driver {
+    client: String,
     child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
@@ -68,12 +69,25 @@ impl Driver {
         let stdin = child.stdin.take().unwrap();
         let lines = BufReader::new(child.stdout.take().unwrap()).lines();
         Self {
+            client: client.to_owned(),
             child,
             stdin,
             lines,
             log,
             _dir: dir,
         }
+    }
+
+    /// Kills the driver (SIGKILL: a crash, nothing released) and starts a
+    /// new one, as a process that dies and is started again.
+    pub async fn restart(&mut self) -> Result<(), String> {
+        self.child
+            .kill()
+            .await
+            .map_err(|e| format!("cannot kill the {} driver: {e}", self.client))?;
+        let client = self.client.clone();
+        *self = Self::start(&client);
+        Ok(())
     }
 
     /// What the driver wrote to stderr so far.

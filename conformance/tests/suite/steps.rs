@@ -413,7 +413,8 @@ fn check_decoded(request: &Value, answer: &Value, cluster: &Cluster) -> Result<(
     Ok(())
 }
 
-/// Runs one step: an action (`do`), or a request (`send`, with `during`
+/// Runs one step: an action (`do`; `restart_driver` kills the driver and
+/// starts a new one), or a request (`send`, with `during`
 /// actions and `expect`ed answer, and `server_calls`: the exact number of
 /// calls of its method that reached the servers).
 pub async fn run(
@@ -423,6 +424,11 @@ pub async fn run(
     state: &mut State,
 ) -> Result<(), String> {
     if step.get("do").is_some() {
+        if step["do"] == "restart_driver" {
+            // The generator it ran is gone with it.
+            state.embedded_machine_ids.clear();
+            return driver.restart().await;
+        }
         if step["do"] == "wait" {
             state.waited_from_unix_ms = Some(unix_ms_now());
         }
