@@ -26,6 +26,7 @@
 package snowkeepv1
 
 import (
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -353,7 +354,7 @@ var File_snowkeep_v1_id_proto protoreflect.FileDescriptor
 
 const file_snowkeep_v1_id_proto_rawDesc = "" +
 	"\n" +
-	"\x14snowkeep/v1/id.proto\x12\vsnowkeep.v1\"\x84\x01\n" +
+	"\x14snowkeep/v1/id.proto\x12\vsnowkeep.v1\x1a\x1cgoogle/api/annotations.proto\"\x84\x01\n" +
 	"\x0eNextIdsRequest\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\rR\x05count\x12-\n" +
 	"\x13client_time_unix_ms\x18\x02 \x01(\x04R\x10clientTimeUnixMs\x12-\n" +
@@ -371,10 +372,10 @@ const file_snowkeep_v1_id_proto_rawDesc = "" +
 	"\x05texts\x18\x02 \x03(\tR\x05texts*E\n" +
 	"\bIdFormat\x12\x19\n" +
 	"\x15ID_FORMAT_UNSPECIFIED\x10\x00\x12\x1e\n" +
-	"\x1aID_FORMAT_CROCKFORD_BASE32\x10\x012\x95\x01\n" +
-	"\tIdService\x12D\n" +
-	"\aNextIds\x12\x1b.snowkeep.v1.NextIdsRequest\x1a\x1c.snowkeep.v1.NextIdsResponse\x12B\n" +
-	"\tStreamIds\x12\x1d.snowkeep.v1.StreamIdsRequest\x1a\x14.snowkeep.v1.IdBatch0\x01B\x9f\x01\n" +
+	"\x1aID_FORMAT_CROCKFORD_BASE32\x10\x012\xbe\x01\n" +
+	"\tIdService\x12U\n" +
+	"\aNextIds\x12\x1b.snowkeep.v1.NextIdsRequest\x1a\x1c.snowkeep.v1.NextIdsResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\a/v1/ids\x12Z\n" +
+	"\tStreamIds\x12\x1d.snowkeep.v1.StreamIdsRequest\x1a\x14.snowkeep.v1.IdBatch\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/ids:stream0\x01B\x9f\x01\n" +
 	"\x0fdev.snowkeep.v1B\aIdProtoP\x01Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\xa2\x02\x03SXX\xaa\x02\vSnowkeep.V1\xca\x02\vSnowkeep\\V1\xe2\x02\x17Snowkeep\\V1\\GPBMetadata\xea\x02\fSnowkeep::V1b\x06proto3"
 
 var (

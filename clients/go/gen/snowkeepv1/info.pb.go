@@ -9,6 +9,7 @@
 package snowkeepv1
 
 import (
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -603,7 +604,7 @@ var File_snowkeep_v1_info_proto protoreflect.FileDescriptor
 
 const file_snowkeep_v1_info_proto_rawDesc = "" +
 	"\n" +
-	"\x16snowkeep/v1/info.proto\x12\vsnowkeep.v1\"\xbd\x01\n" +
+	"\x16snowkeep/v1/info.proto\x12\vsnowkeep.v1\x1a\x1cgoogle/api/annotations.proto\"\xbd\x01\n" +
 	"\x06Layout\x12%\n" +
 	"\x0etimestamp_bits\x18\x01 \x01(\rR\rtimestampBits\x12!\n" +
 	"\fmachine_bits\x18\x02 \x01(\rR\vmachineBits\x12#\n" +
@@ -645,11 +646,12 @@ const file_snowkeep_v1_info_proto_rawDesc = "" +
 	"\x04free\x18\x04 \x01(\rR\x04free\x12\x1f\n" +
 	"\vrange_start\x18\x05 \x01(\rR\n" +
 	"rangeStart\x12\x1b\n" +
-	"\trange_end\x18\x06 \x01(\rR\brangeEnd2\xe3\x01\n" +
-	"\vInfoService\x12D\n" +
-	"\aGetInfo\x12\x1b.snowkeep.v1.GetInfoRequest\x1a\x1c.snowkeep.v1.GetInfoResponse\x12G\n" +
-	"\bDecodeId\x12\x1c.snowkeep.v1.DecodeIdRequest\x1a\x1d.snowkeep.v1.DecodeIdResponse\x12E\n" +
-	"\vGetCapacity\x12\x1f.snowkeep.v1.GetCapacityRequest\x1a\x15.snowkeep.v1.CapacityB\xa1\x01\n" +
+	"\trange_end\x18\x06 \x01(\rR\brangeEnd2\xa3\x02\n" +
+	"\vInfoService\x12V\n" +
+	"\aGetInfo\x12\x1b.snowkeep.v1.GetInfoRequest\x1a\x1c.snowkeep.v1.GetInfoResponse\"\x10\x82\xd3\xe4\x93\x02\n" +
+	"\x12\b/v1/info\x12_\n" +
+	"\bDecodeId\x12\x1c.snowkeep.v1.DecodeIdRequest\x1a\x1d.snowkeep.v1.DecodeIdResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/ids:decode\x12[\n" +
+	"\vGetCapacity\x12\x1f.snowkeep.v1.GetCapacityRequest\x1a\x15.snowkeep.v1.Capacity\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\f/v1/capacityB\xa1\x01\n" +
 	"\x0fdev.snowkeep.v1B\tInfoProtoP\x01Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\xa2\x02\x03SXX\xaa\x02\vSnowkeep.V1\xca\x02\vSnowkeep\\V1\xe2\x02\x17Snowkeep\\V1\\GPBMetadata\xea\x02\fSnowkeep::V1b\x06proto3"
 
 var (

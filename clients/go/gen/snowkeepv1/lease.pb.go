@@ -13,6 +13,7 @@
 package snowkeepv1
 
 import (
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -956,7 +957,7 @@ var File_snowkeep_v1_lease_proto protoreflect.FileDescriptor
 
 const file_snowkeep_v1_lease_proto_rawDesc = "" +
 	"\n" +
-	"\x17snowkeep/v1/lease.proto\x12\vsnowkeep.v1\x1a\x16snowkeep/v1/info.proto\"p\n" +
+	"\x17snowkeep/v1/lease.proto\x12\vsnowkeep.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x16snowkeep/v1/info.proto\"p\n" +
 	"\tRequester\x12\x17\n" +
 	"\ahost_id\x18\x01 \x01(\tR\x06hostId\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\rR\x03pid\x12\"\n" +
@@ -1038,14 +1039,14 @@ const file_snowkeep_v1_lease_proto_rawDesc = "" +
 	"\x18LEASE_CHECK_REASON_VALID\x10\x01\x12!\n" +
 	"\x1dLEASE_CHECK_REASON_LEASE_GONE\x10\x02\x12%\n" +
 	"!LEASE_CHECK_REASON_NAMESPACE_GONE\x10\x03\x12\"\n" +
-	"\x1eLEASE_CHECK_REASON_ROLLED_BACK\x10\x042\x99\x03\n" +
-	"\fLeaseService\x12?\n" +
-	"\aAcquire\x12\x1b.snowkeep.v1.AcquireRequest\x1a\x17.snowkeep.v1.LeaseGrant\x12;\n" +
-	"\x05Renew\x12\x19.snowkeep.v1.RenewRequest\x1a\x17.snowkeep.v1.LeaseGrant\x12D\n" +
-	"\aRelease\x12\x1b.snowkeep.v1.ReleaseRequest\x1a\x1c.snowkeep.v1.ReleaseResponse\x12?\n" +
-	"\bCapacity\x12\x1c.snowkeep.v1.CapacityRequest\x1a\x15.snowkeep.v1.Capacity\x12D\n" +
-	"\aVersion\x12\x1b.snowkeep.v1.VersionRequest\x1a\x1c.snowkeep.v1.VersionResponse\x12>\n" +
-	"\x05Check\x12\x19.snowkeep.v1.CheckRequest\x1a\x1a.snowkeep.v1.CheckResponseB\xa2\x01\n" +
+	"\x1eLEASE_CHECK_REASON_ROLLED_BACK\x10\x042\xd3\x04\n" +
+	"\fLeaseService\x12^\n" +
+	"\aAcquire\x12\x1b.snowkeep.v1.AcquireRequest\x1a\x17.snowkeep.v1.LeaseGrant\"\x1d\x82\xd3\xe4\x93\x02\x17:\x01*\"\x12/v1/leases:acquire\x12X\n" +
+	"\x05Renew\x12\x19.snowkeep.v1.RenewRequest\x1a\x17.snowkeep.v1.LeaseGrant\"\x1b\x82\xd3\xe4\x93\x02\x15:\x01*\"\x10/v1/leases:renew\x12c\n" +
+	"\aRelease\x12\x1b.snowkeep.v1.ReleaseRequest\x1a\x1c.snowkeep.v1.ReleaseResponse\"\x1d\x82\xd3\xe4\x93\x02\x17:\x01*\"\x12/v1/leases:release\x12l\n" +
+	"\bCapacity\x12\x1c.snowkeep.v1.CapacityRequest\x1a\x15.snowkeep.v1.Capacity\"+\x82\xd3\xe4\x93\x02%\x12#/v1/namespaces/{namespace}/capacity\x12Y\n" +
+	"\aVersion\x12\x1b.snowkeep.v1.VersionRequest\x1a\x1c.snowkeep.v1.VersionResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\v/v1/version\x12[\n" +
+	"\x05Check\x12\x19.snowkeep.v1.CheckRequest\x1a\x1a.snowkeep.v1.CheckResponse\"\x1b\x82\xd3\xe4\x93\x02\x15:\x01*\"\x10/v1/leases:checkB\xa2\x01\n" +
 	"\x0fdev.snowkeep.v1B\n" +
 	"LeaseProtoP\x01Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\xa2\x02\x03SXX\xaa\x02\vSnowkeep.V1\xca\x02\vSnowkeep\\V1\xe2\x02\x17Snowkeep\\V1\\GPBMetadata\xea\x02\fSnowkeep::V1b\x06proto3"
 

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14snowkeep/v1/id.proto\x12\x0bsnowkeep.v1\"c\n\x0eNextIdsRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x1b\n\x13\x63lient_time_unix_ms\x18\x02 \x01(\x04\x12%\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x15.snowkeep.v1.IdFormat\"-\n\x0fNextIdsResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x06\x12\r\n\x05texts\x18\x02 \x03(\t\"\\\n\x10StreamIdsRequest\x12\r\n\x05total\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12%\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x15.snowkeep.v1.IdFormat\"%\n\x07IdBatch\x12\x0b\n\x03ids\x18\x01 \x03(\x06\x12\r\n\x05texts\x18\x02 \x03(\t*E\n\x08IdFormat\x12\x19\n\x15ID_FORMAT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aID_FORMAT_CROCKFORD_BASE32\x10\x01\x32\x95\x01\n\tIdService\x12\x44\n\x07NextIds\x12\x1b.snowkeep.v1.NextIdsRequest\x1a\x1c.snowkeep.v1.NextIdsResponse\x12\x42\n\tStreamIds\x12\x1d.snowkeep.v1.StreamIdsRequest\x1a\x14.snowkeep.v1.IdBatch0\x01\x42\x9f\x01\n\x0f\x64\x65v.snowkeep.v1B\x07IdProtoP\x01Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\xa2\x02\x03SXX\xaa\x02\x0bSnowkeep.V1\xca\x02\x0bSnowkeep\\V1\xe2\x02\x17Snowkeep\\V1\\GPBMetadata\xea\x02\x0cSnowkeep::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14snowkeep/v1/id.proto\x12\x0bsnowkeep.v1\x1a\x1cgoogle/api/annotations.proto\"c\n\x0eNextIdsRequest\x12\r\n\x05\x63ount\x18\x01 \x01(\r\x12\x1b\n\x13\x63lient_time_unix_ms\x18\x02 \x01(\x04\x12%\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x15.snowkeep.v1.IdFormat\"-\n\x0fNextIdsResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x06\x12\r\n\x05texts\x18\x02 \x03(\t\"\\\n\x10StreamIdsRequest\x12\r\n\x05total\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12%\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x15.snowkeep.v1.IdFormat\"%\n\x07IdBatch\x12\x0b\n\x03ids\x18\x01 \x03(\x06\x12\r\n\x05texts\x18\x02 \x03(\t*E\n\x08IdFormat\x12\x19\n\x15ID_FORMAT_UNSPECIFIED\x10\x00\x12\x1e\n\x1aID_FORMAT_CROCKFORD_BASE32\x10\x01\x32\xbe\x01\n\tIdService\x12U\n\x07NextIds\x12\x1b.snowkeep.v1.NextIdsRequest\x1a\x1c.snowkeep.v1.NextIdsResponse\"\x0f\x82\xd3\xe4\x93\x02\t\x12\x07/v1/ids\x12Z\n\tStreamIds\x12\x1d.snowkeep.v1.StreamIdsRequest\x1a\x14.snowkeep.v1.IdBatch\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/ids:stream0\x01\x42\x9f\x01\n\x0f\x64\x65v.snowkeep.v1B\x07IdProtoP\x01Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\xa2\x02\x03SXX\xaa\x02\x0bSnowkeep.V1\xca\x02\x0bSnowkeep\\V1\xe2\x02\x17Snowkeep\\V1\\GPBMetadata\xea\x02\x0cSnowkeep::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,16 +33,20 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snowkeep.v1.id_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017dev.snowkeep.v1B\007IdProtoP\001Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\242\002\003SXX\252\002\013Snowkeep.V1\312\002\013Snowkeep\\V1\342\002\027Snowkeep\\V1\\GPBMetadata\352\002\014Snowkeep::V1'
-  _globals['_IDFORMAT']._serialized_start=318
-  _globals['_IDFORMAT']._serialized_end=387
-  _globals['_NEXTIDSREQUEST']._serialized_start=37
-  _globals['_NEXTIDSREQUEST']._serialized_end=136
-  _globals['_NEXTIDSRESPONSE']._serialized_start=138
-  _globals['_NEXTIDSRESPONSE']._serialized_end=183
-  _globals['_STREAMIDSREQUEST']._serialized_start=185
-  _globals['_STREAMIDSREQUEST']._serialized_end=277
-  _globals['_IDBATCH']._serialized_start=279
-  _globals['_IDBATCH']._serialized_end=316
-  _globals['_IDSERVICE']._serialized_start=390
-  _globals['_IDSERVICE']._serialized_end=539
+  _globals['_IDSERVICE'].methods_by_name['NextIds']._loaded_options = None
+  _globals['_IDSERVICE'].methods_by_name['NextIds']._serialized_options = b'\202\323\344\223\002\t\022\007/v1/ids'
+  _globals['_IDSERVICE'].methods_by_name['StreamIds']._loaded_options = None
+  _globals['_IDSERVICE'].methods_by_name['StreamIds']._serialized_options = b'\202\323\344\223\002\020\022\016/v1/ids:stream'
+  _globals['_IDFORMAT']._serialized_start=348
+  _globals['_IDFORMAT']._serialized_end=417
+  _globals['_NEXTIDSREQUEST']._serialized_start=67
+  _globals['_NEXTIDSREQUEST']._serialized_end=166
+  _globals['_NEXTIDSRESPONSE']._serialized_start=168
+  _globals['_NEXTIDSRESPONSE']._serialized_end=213
+  _globals['_STREAMIDSREQUEST']._serialized_start=215
+  _globals['_STREAMIDSREQUEST']._serialized_end=307
+  _globals['_IDBATCH']._serialized_start=309
+  _globals['_IDBATCH']._serialized_end=346
+  _globals['_IDSERVICE']._serialized_start=420
+  _globals['_IDSERVICE']._serialized_end=610
 # @@protoc_insertion_point(module_scope)

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16snowkeep/v1/info.proto\x12\x0bsnowkeep.v1\"z\n\x06Layout\x12\x16\n\x0etimestamp_bits\x18\x01 \x01(\r\x12\x14\n\x0cmachine_bits\x18\x02 \x01(\r\x12\x15\n\rsequence_bits\x18\x03 \x01(\r\x12\x15\n\repoch_unix_ms\x18\x04 \x01(\x04\x12\x14\n\x0ctime_unit_ms\x18\x05 \x01(\r\"\x10\n\x0eGetInfoRequest\"Q\n\rHeldMachineId\x12\x12\n\nmachine_id\x18\x01 \x01(\r\x12\x10\n\x08\x66\x65nce_ms\x18\x02 \x01(\x04\x12\x1a\n\x12lease_remaining_ms\x18\x03 \x01(\x04\"\x83\x02\n\x0fGetInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12#\n\x06layout\x18\x03 \x01(\x0b\x32\x13.snowkeep.v1.Layout\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\x12(\n\x04held\x18\x05 \x03(\x0b\x32\x1a.snowkeep.v1.HeldMachineId\x12\x1b\n\x13server_time_unix_ms\x18\x06 \x01(\x04\x12\r\n\x05store\x18\x07 \x01(\t\x12\x1a\n\x12layout_end_unix_ms\x18\x08 \x01(\x04\x12 \n\x18layout_remaining_seconds\x18\t \x01(\x04\"+\n\x0f\x44\x65\x63odeIdRequest\x12\n\n\x02id\x18\x01 \x01(\x06\x12\x0c\n\x04text\x18\x02 \x01(\t\"_\n\x10\x44\x65\x63odeIdResponse\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x04\x12\x0f\n\x07unix_ms\x18\x02 \x01(\x04\x12\x12\n\nmachine_id\x18\x03 \x01(\r\x12\x10\n\x08sequence\x18\x04 \x01(\r\"\x14\n\x12GetCapacityRequest\"p\n\x08\x43\x61pacity\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\r\x12\x0c\n\x04held\x18\x03 \x01(\r\x12\x0c\n\x04\x66ree\x18\x04 \x01(\r\x12\x13\n\x0brange_start\x18\x05 \x01(\r\x12\x11\n\trange_end\x18\x06 \x01(\r2\xe3\x01\n\x0bInfoService\x12\x44\n\x07GetInfo\x12\x1b.snowkeep.v1.GetInfoRequest\x1a\x1c.snowkeep.v1.GetInfoResponse\x12G\n\x08\x44\x65\x63odeId\x12\x1c.snowkeep.v1.DecodeIdRequest\x1a\x1d.snowkeep.v1.DecodeIdResponse\x12\x45\n\x0bGetCapacity\x12\x1f.snowkeep.v1.GetCapacityRequest\x1a\x15.snowkeep.v1.CapacityB\xa1\x01\n\x0f\x64\x65v.snowkeep.v1B\tInfoProtoP\x01Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\xa2\x02\x03SXX\xaa\x02\x0bSnowkeep.V1\xca\x02\x0bSnowkeep\\V1\xe2\x02\x17Snowkeep\\V1\\GPBMetadata\xea\x02\x0cSnowkeep::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16snowkeep/v1/info.proto\x12\x0bsnowkeep.v1\x1a\x1cgoogle/api/annotations.proto\"z\n\x06Layout\x12\x16\n\x0etimestamp_bits\x18\x01 \x01(\r\x12\x14\n\x0cmachine_bits\x18\x02 \x01(\r\x12\x15\n\rsequence_bits\x18\x03 \x01(\r\x12\x15\n\repoch_unix_ms\x18\x04 \x01(\x04\x12\x14\n\x0ctime_unit_ms\x18\x05 \x01(\r\"\x10\n\x0eGetInfoRequest\"Q\n\rHeldMachineId\x12\x12\n\nmachine_id\x18\x01 \x01(\r\x12\x10\n\x08\x66\x65nce_ms\x18\x02 \x01(\x04\x12\x1a\n\x12lease_remaining_ms\x18\x03 \x01(\x04\"\x83\x02\n\x0fGetInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12#\n\x06layout\x18\x03 \x01(\x0b\x32\x13.snowkeep.v1.Layout\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\x12(\n\x04held\x18\x05 \x03(\x0b\x32\x1a.snowkeep.v1.HeldMachineId\x12\x1b\n\x13server_time_unix_ms\x18\x06 \x01(\x04\x12\r\n\x05store\x18\x07 \x01(\t\x12\x1a\n\x12layout_end_unix_ms\x18\x08 \x01(\x04\x12 \n\x18layout_remaining_seconds\x18\t \x01(\x04\"+\n\x0f\x44\x65\x63odeIdRequest\x12\n\n\x02id\x18\x01 \x01(\x06\x12\x0c\n\x04text\x18\x02 \x01(\t\"_\n\x10\x44\x65\x63odeIdResponse\x12\x14\n\x0ctimestamp_ms\x18\x01 \x01(\x04\x12\x0f\n\x07unix_ms\x18\x02 \x01(\x04\x12\x12\n\nmachine_id\x18\x03 \x01(\r\x12\x10\n\x08sequence\x18\x04 \x01(\r\"\x14\n\x12GetCapacityRequest\"p\n\x08\x43\x61pacity\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\r\n\x05total\x18\x02 \x01(\r\x12\x0c\n\x04held\x18\x03 \x01(\r\x12\x0c\n\x04\x66ree\x18\x04 \x01(\r\x12\x13\n\x0brange_start\x18\x05 \x01(\r\x12\x11\n\trange_end\x18\x06 \x01(\r2\xa3\x02\n\x0bInfoService\x12V\n\x07GetInfo\x12\x1b.snowkeep.v1.GetInfoRequest\x1a\x1c.snowkeep.v1.GetInfoResponse\"\x10\x82\xd3\xe4\x93\x02\n\x12\x08/v1/info\x12_\n\x08\x44\x65\x63odeId\x12\x1c.snowkeep.v1.DecodeIdRequest\x1a\x1d.snowkeep.v1.DecodeIdResponse\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/ids:decode\x12[\n\x0bGetCapacity\x12\x1f.snowkeep.v1.GetCapacityRequest\x1a\x15.snowkeep.v1.Capacity\"\x14\x82\xd3\xe4\x93\x02\x0e\x12\x0c/v1/capacityB\xa1\x01\n\x0f\x64\x65v.snowkeep.v1B\tInfoProtoP\x01Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\xa2\x02\x03SXX\xaa\x02\x0bSnowkeep.V1\xca\x02\x0bSnowkeep\\V1\xe2\x02\x17Snowkeep\\V1\\GPBMetadata\xea\x02\x0cSnowkeep::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,22 +33,28 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'snowkeep.v1.info_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017dev.snowkeep.v1B\tInfoProtoP\001Z6example.invalid/snowkeep/gen/go/snowkeep/v1;snowkeepv1\242\002\003SXX\252\002\013Snowkeep.V1\312\002\013Snowkeep\\V1\342\002\027Snowkeep\\V1\\GPBMetadata\352\002\014Snowkeep::V1'
-  _globals['_LAYOUT']._serialized_start=39
-  _globals['_LAYOUT']._serialized_end=161
-  _globals['_GETINFOREQUEST']._serialized_start=163
-  _globals['_GETINFOREQUEST']._serialized_end=179
-  _globals['_HELDMACHINEID']._serialized_start=181
-  _globals['_HELDMACHINEID']._serialized_end=262
-  _globals['_GETINFORESPONSE']._serialized_start=265
-  _globals['_GETINFORESPONSE']._serialized_end=524
-  _globals['_DECODEIDREQUEST']._serialized_start=526
-  _globals['_DECODEIDREQUEST']._serialized_end=569
-  _globals['_DECODEIDRESPONSE']._serialized_start=571
-  _globals['_DECODEIDRESPONSE']._serialized_end=666
-  _globals['_GETCAPACITYREQUEST']._serialized_start=668
-  _globals['_GETCAPACITYREQUEST']._serialized_end=688
-  _globals['_CAPACITY']._serialized_start=690
-  _globals['_CAPACITY']._serialized_end=802
-  _globals['_INFOSERVICE']._serialized_start=805
-  _globals['_INFOSERVICE']._serialized_end=1032
+  _globals['_INFOSERVICE'].methods_by_name['GetInfo']._loaded_options = None
+  _globals['_INFOSERVICE'].methods_by_name['GetInfo']._serialized_options = b'\202\323\344\223\002\n\022\010/v1/info'
+  _globals['_INFOSERVICE'].methods_by_name['DecodeId']._loaded_options = None
+  _globals['_INFOSERVICE'].methods_by_name['DecodeId']._serialized_options = b'\202\323\344\223\002\020\022\016/v1/ids:decode'
+  _globals['_INFOSERVICE'].methods_by_name['GetCapacity']._loaded_options = None
+  _globals['_INFOSERVICE'].methods_by_name['GetCapacity']._serialized_options = b'\202\323\344\223\002\016\022\014/v1/capacity'
+  _globals['_LAYOUT']._serialized_start=69
+  _globals['_LAYOUT']._serialized_end=191
+  _globals['_GETINFOREQUEST']._serialized_start=193
+  _globals['_GETINFOREQUEST']._serialized_end=209
+  _globals['_HELDMACHINEID']._serialized_start=211
+  _globals['_HELDMACHINEID']._serialized_end=292
+  _globals['_GETINFORESPONSE']._serialized_start=295
+  _globals['_GETINFORESPONSE']._serialized_end=554
+  _globals['_DECODEIDREQUEST']._serialized_start=556
+  _globals['_DECODEIDREQUEST']._serialized_end=599
+  _globals['_DECODEIDRESPONSE']._serialized_start=601
+  _globals['_DECODEIDRESPONSE']._serialized_end=696
+  _globals['_GETCAPACITYREQUEST']._serialized_start=698
+  _globals['_GETCAPACITYREQUEST']._serialized_end=718
+  _globals['_CAPACITY']._serialized_start=720
+  _globals['_CAPACITY']._serialized_end=832
+  _globals['_INFOSERVICE']._serialized_start=835
+  _globals['_INFOSERVICE']._serialized_end=1126
 # @@protoc_insertion_point(module_scope)
