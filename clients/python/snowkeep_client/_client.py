@@ -139,6 +139,12 @@ class Client:
                     ch = grpc.secure_channel(e.target, s.credentials, s.channel_options)
                 else:
                     ch = grpc.insecure_channel(e.target, s.channel_options)
+                # A sync channel with no call pending is polled only by
+                # grpc-core's backup poller (every 5 s): a reconnect's
+                # handshake would wait for it and miss its connect deadline.
+                # A connectivity subscriber keeps grpcio's polling thread
+                # (one wake-up per 0.2 s) driving the channel; close() ends it.
+                ch.subscribe(lambda _state: None, try_to_connect=False)
                 self._channels[i] = ch
             return ch
 

@@ -75,7 +75,11 @@ class Settings:
             # failing calls fast long after a restarted server is back; the
             # contract's backoff and ejection pace reconnects instead.
             ("grpc.initial_reconnect_backoff_ms", max(1, int(self.backoff * 1000))),
-            ("grpc.min_reconnect_backoff_ms", max(1, int(self.backoff * 1000))),
+            # grpc-core reads this one as the *minimum connect timeout*, not
+            # as a backoff: at the 20 ms backoff a TLS handshake over a real
+            # network, or a handshake whose answer waits for the next poll,
+            # would be abandoned every time. One request timeout per attempt.
+            ("grpc.min_reconnect_backoff_ms", max(1, int(self.request_timeout * 1000))),
             ("grpc.max_reconnect_backoff_ms", max(1, int(self.max_backoff * 1000))),
         ]
 
