@@ -10,11 +10,14 @@ use metrics::Unit;
 
 /// Build information, gauge = 1; labels `version`.
 pub const BUILD_INFO: &str = "snowkeep_build_info";
-/// gRPC calls by final status; labels `service`, `method`, `code` (canonical names).
+/// gRPC calls by final status; labels `service`, `method`, `protocol`
+/// (`grpc`, `http`, `grpc-web`), `code` (canonical names).
 pub const GRPC_REQUESTS_TOTAL: &str = "snowkeep_grpc_requests_total";
-/// gRPC call duration, until the last message of a stream; labels `service`, `method`.
+/// gRPC call duration, until the last message of a stream; labels `service`,
+/// `method`, `protocol`.
 pub const GRPC_REQUEST_DURATION_SECONDS: &str = "snowkeep_grpc_request_duration_seconds";
-/// gRPC calls in progress (open streams included); labels `service`, `method`.
+/// gRPC calls in progress (open streams included); labels `service`,
+/// `method`, `protocol`.
 pub const GRPC_REQUESTS_IN_FLIGHT: &str = "snowkeep_grpc_requests_in_flight";
 /// Ids issued; labels `namespace`, `method`.
 pub const IDS_ISSUED_TOTAL: &str = "snowkeep_ids_issued_total";
@@ -166,19 +169,19 @@ pub const METRICS: &[Metric] = &[
         name: GRPC_REQUESTS_TOTAL,
         kind: Kind::Counter,
         unit: Some(Unit::Count),
-        help: "gRPC calls by service, method and final status code.",
+        help: "gRPC calls by service, method, protocol (grpc, http for HTTP/JSON, grpc-web) and final status code.",
     },
     Metric {
         name: GRPC_REQUEST_DURATION_SECONDS,
         kind: Kind::Histogram,
         unit: Some(Unit::Seconds),
-        help: "gRPC call duration, until the last message of a stream.",
+        help: "gRPC call duration, until the last message of a stream, by service, method and protocol.",
     },
     Metric {
         name: GRPC_REQUESTS_IN_FLIGHT,
         kind: Kind::Gauge,
         unit: Some(Unit::Count),
-        help: "gRPC calls in progress, open streams included.",
+        help: "gRPC calls in progress, open streams included, by service, method and protocol.",
     },
     Metric {
         name: IDS_ISSUED_TOTAL,

@@ -69,6 +69,7 @@ pub(crate) mod audit;
 pub mod auth;
 pub mod config;
 pub(crate) mod connect;
+pub(crate) mod http;
 pub(crate) mod lease_api;
 pub mod metrics;
 pub mod metrics_http;

@@ -116,6 +116,9 @@ pub enum ConfigError {
     /// A TLS file that cannot serve.
     #[error("invalid TLS files")]
     Tls(#[from] TlsError),
+    /// Bad `--cors-allow-origins` entry.
+    #[error("invalid --cors-allow-origins (SNOWKEEP_CORS_ALLOW_ORIGINS) entry {0:?}: use web origins like https://app.example.com or http://127.0.0.1:8080 (scheme, host, optional port; no path), comma-separated, or * for any")]
+    CorsOrigin(String),
     /// Bad allow-list entry.
     #[error("invalid --allow-cidrs (SNOWKEEP_ALLOW_CIDRS) entry {0:?}: use CIDR ranges like 10.0.0.0/8 or fd00::/8 (or a single address), comma-separated")]
     AllowCidr(String),

@@ -52,6 +52,12 @@ pub struct ListenArgs {
     /// from elsewhere get PERMISSION_DENIED. Empty allows every address.
     #[arg(long, env = "SNOWKEEP_ALLOW_CIDRS", value_delimiter = ',')]
     pub allow_cidrs: Vec<String>,
+    /// Web origins (scheme://host[:port], comma-separated, or `*`) whose
+    /// pages may call the gRPC port from a browser, over gRPC-Web or
+    /// HTTP/JSON (CORS). Empty (the default): no cross-origin call is
+    /// allowed. API keys and the allow-list apply either way.
+    #[arg(long, env = "SNOWKEEP_CORS_ALLOW_ORIGINS", value_delimiter = ',')]
+    pub cors_allow_origins: Vec<String>,
 }
 
 impl ListenArgs {
@@ -105,6 +111,40 @@ impl ListenArgs {
             .collect()
     }
 
+    /// Parses `--cors-allow-origins`: `*`, or origins `scheme://host[:port]`
+    /// with no path; empty entries are skipped.
+    pub(super) fn cors_allow_origins(&self) -> Result<CorsOrigins, ConfigError> {
+        let entries: Vec<&str> = self
+            .cors_allow_origins
+            .iter()
+            .map(|e| e.trim())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if entries.is_empty() {
+            return Ok(CorsOrigins::None);
+        }
+        if entries == ["*"] {
+            return Ok(CorsOrigins::Any);
+        }
+        let origins = entries
+            .into_iter()
+            .map(|e| {
+                let origin = e.trim_end_matches('/');
+                let uri: http::Uri = origin
+                    .parse()
+                    .map_err(|_| ConfigError::CorsOrigin(e.to_owned()))?;
+                let plain = matches!(uri.scheme_str(), Some("http" | "https"))
+                    && uri.host().is_some()
+                    && uri.path_and_query().is_none_or(|p| p.as_str() == "/");
+                match plain {
+                    true => Ok(origin.to_owned()),
+                    false => Err(ConfigError::CorsOrigin(e.to_owned())),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(CorsOrigins::List(origins))
+    }
+
     /// Checks `--admin-listen`: the status page needs etcd and an address
     /// of its own.
     pub(super) fn check_admin_listen(&self, store: &StoreConfig) -> Result<(), ConfigError> {
@@ -136,4 +176,16 @@ fn parse_admin_listen(text: &str) -> Result<SocketAddr, String> {
     text.parse().map_err(|_| {
         format!("{text:?} is neither HOST:PORT (e.g. 127.0.0.1:9465, [::1]:9465) nor a port (e.g. 9465, which listens on 127.0.0.1)")
     })
+}
+
+/// The web origins `--cors-allow-origins` lets call from a browser.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CorsOrigins {
+    /// No cross-origin calls (no CORS headers at all): the default.
+    #[default]
+    None,
+    /// Any origin (`*`).
+    Any,
+    /// These origins, each `scheme://host[:port]`.
+    List(Vec<String>),
 }

@@ -53,7 +53,7 @@ pub use auth::AuthArgs;
 pub use error::{ConfigError, EndpointProblem};
 pub use lease_api::LeaseApiArgs;
 pub use limits::LimitArgs;
-pub use listen::ListenArgs;
+pub use listen::{CorsOrigins, ListenArgs};
 pub use namespace::NamespaceArgs;
 pub use peers::{PeerArgs, PeerSkewConfig, PeerTls};
 pub use store::StoreArgs;
@@ -212,6 +212,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsSettings>,
     /// Client networks allowed to call; empty allows every address.
     pub allow_cidrs: Vec<IpNet>,
+    /// Web origins allowed to call from a browser (CORS).
+    pub cors_allow_origins: CorsOrigins,
     /// API keys.
     pub auth: AuthConfig,
     /// Where the status page listens (`--admin-listen`); `None`: no page.
@@ -254,6 +256,7 @@ impl TryFrom<Args> for ServerConfig {
         let tls = listening.tls()?;
         let peer_skew = peers.skew_config(tls.as_ref(), listening.listen)?;
         let allow_cidrs = listening.allow_cidrs()?;
+        let cors_allow_origins = listening.cors_allow_origins()?;
         let (instance_id, stable_instance) = namespace.instance()?;
         let store_config = store.store()?;
         let etcd_access = store.etcd_access(&store_config)?;
@@ -286,6 +289,7 @@ impl TryFrom<Args> for ServerConfig {
             etcd_access,
             tls,
             allow_cidrs,
+            cors_allow_origins,
             auth,
             admin_listen: listening.admin_listen,
         })

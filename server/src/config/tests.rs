@@ -273,6 +273,52 @@ fn a_machine_id_range_is_half_open_and_bounded_by_the_layout() {
 mod etcd;
 
 #[test]
+fn cors_origins_are_off_by_default_and_parse_as_origins_only() {
+    use super::CorsOrigins;
+    let err = |args: &[&str]| parse(args).unwrap_err().to_string();
+    assert_eq!(parse(&[]).unwrap().cors_allow_origins, CorsOrigins::None);
+    assert_eq!(
+        parse(&["--cors-allow-origins", " , "])
+            .unwrap()
+            .cors_allow_origins,
+        CorsOrigins::None
+    );
+    assert_eq!(
+        parse(&["--cors-allow-origins", "*"])
+            .unwrap()
+            .cors_allow_origins,
+        CorsOrigins::Any
+    );
+    assert_eq!(
+        parse(&[
+            "--cors-allow-origins",
+            "https://app.example.com/, http://127.0.0.1:8080"
+        ])
+        .unwrap()
+        .cors_allow_origins,
+        CorsOrigins::List(vec![
+            "https://app.example.com".into(),
+            "http://127.0.0.1:8080".into()
+        ])
+    );
+    for bad in [
+        "app.example.com",
+        "https://app.example.com/page",
+        "ftp://x.example",
+        "*,https://a.example",
+    ] {
+        assert_eq!(
+            err(&["--cors-allow-origins", bad]),
+            format!(
+                "invalid --cors-allow-origins (SNOWKEEP_CORS_ALLOW_ORIGINS) entry {:?}: use web origins like https://app.example.com or http://127.0.0.1:8080 (scheme, host, optional port; no path), comma-separated, or * for any",
+                bad.split(',').find(|e| !e.trim().starts_with("http")).unwrap_or(bad).trim()
+            ),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn tls_flags_go_in_pairs_and_allow_cidrs_parse() {
     let err = |args: &[&str]| parse(args).unwrap_err().to_string();
     assert_eq!(err(&["--tls-cert-file", "/nonexistent"]), "--tls-cert-file (SNOWKEEP_TLS_CERT_FILE) needs --tls-key-file (SNOWKEEP_TLS_KEY_FILE): give both, or neither to serve plaintext");

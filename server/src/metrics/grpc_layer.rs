@@ -8,7 +8,9 @@
 //! counts for as long as it streams.
 //!
 //! Label values are bounded: only the methods of [`KNOWN`] get their own
-//! `service`/`method` values; anything else is `unknown`.
+//! `service`/`method` values; anything else is `unknown`. `protocol` is the
+//! protocol the call came in on (`grpc`, `http` for HTTP/JSON, `grpc-web`),
+//! from the request's [`Protocol`] extension.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +24,47 @@ use tower::{Layer, Service};
 
 use super::{GRPC_REQUESTS_IN_FLIGHT, GRPC_REQUESTS_TOTAL, GRPC_REQUEST_DURATION_SECONDS};
 use snowkeep_client::error::code_name;
+
+/// The protocol a call came in on, as a request extension: the metrics
+/// label `protocol`. A call without one is plain gRPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// gRPC over HTTP/2.
+    Grpc,
+    /// HTTP/JSON, transcoded to its RPC.
+    Http,
+    /// gRPC-Web (browsers).
+    GrpcWeb,
+}
+
+impl Protocol {
+    /// Every protocol, in label order.
+    pub const ALL: [Protocol; 3] = [Protocol::Grpc, Protocol::Http, Protocol::GrpcWeb];
+
+    /// The `protocol` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::Http => "http",
+            Protocol::GrpcWeb => "grpc-web",
+        }
+    }
+
+    /// The protocol of a request by its `content-type`.
+    pub(crate) fn of(headers: &http::HeaderMap) -> Self {
+        let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
+            return Protocol::Http;
+        };
+        let ct = ct.as_bytes();
+        if ct.starts_with(b"application/grpc-web") {
+            Protocol::GrpcWeb
+        } else if ct.starts_with(b"application/grpc") {
+            Protocol::Grpc
+        } else {
+            Protocol::Http
+        }
+    }
+}
 
 /// Every method this server serves, as `(service, method)`.
 const KNOWN: &[(&str, &str)] = &[
@@ -104,15 +147,21 @@ struct MethodSeries {
     total: [OnceLock<Counter>; CODES],
 }
 
-/// Every method's handles: [`KNOWN`]'s in order, then `unknown`'s.
+/// Every method's handles, for each protocol: [`KNOWN`]'s in order, then
+/// `unknown`'s, for [`Protocol::ALL`] in order.
 struct Series {
     methods: Vec<MethodSeries>,
 }
 
+/// Methods per protocol: [`KNOWN`] and `unknown`.
+const METHODS: usize = KNOWN.len() + 1;
+
 impl Series {
     fn new() -> Self {
         Self {
-            methods: (0..=KNOWN.len()).map(|_| MethodSeries::default()).collect(),
+            methods: (0..METHODS * Protocol::ALL.len())
+                .map(|_| MethodSeries::default())
+                .collect(),
         }
     }
 }
@@ -122,32 +171,33 @@ impl Series {
 struct Method<'a> {
     service: &'static str,
     method: &'static str,
+    protocol: &'static str,
     series: &'a MethodSeries,
 }
 
 impl Method<'_> {
     fn in_flight(&self) -> &Gauge {
-        let (service, method) = (self.service, self.method);
-        self.series.in_flight.get_or_init(
-            || metrics::gauge!(GRPC_REQUESTS_IN_FLIGHT, "service" => service, "method" => method),
-        )
+        let (service, method, protocol) = (self.service, self.method, self.protocol);
+        self.series.in_flight.get_or_init(|| {
+            metrics::gauge!(GRPC_REQUESTS_IN_FLIGHT, "service" => service, "method" => method, "protocol" => protocol)
+        })
     }
 
     fn duration(&self) -> &Histogram {
-        let (service, method) = (self.service, self.method);
+        let (service, method, protocol) = (self.service, self.method, self.protocol);
         self.series.duration.get_or_init(|| {
-            metrics::histogram!(GRPC_REQUEST_DURATION_SECONDS, "service" => service, "method" => method)
+            metrics::histogram!(GRPC_REQUEST_DURATION_SECONDS, "service" => service, "method" => method, "protocol" => protocol)
         })
     }
 
     fn total(&self, code: Code) -> &Counter {
-        let (service, method) = (self.service, self.method);
+        let (service, method, protocol) = (self.service, self.method, self.protocol);
         // `Code` is 0..=16 by construction (`Code::from` maps anything else
         // to UNKNOWN).
         let slot = (code as usize).min(CODES - 1);
         self.series.total[slot].get_or_init(|| {
             let code = code_name(code);
-            metrics::counter!(GRPC_REQUESTS_TOTAL, "service" => service, "method" => method, "code" => code)
+            metrics::counter!(GRPC_REQUESTS_TOTAL, "service" => service, "method" => method, "protocol" => protocol, "code" => code)
         })
     }
 }
@@ -197,8 +247,9 @@ struct Call {
 
 impl Call {
     #[allow(clippy::disallowed_methods)] // the metrics latency timer
-    fn start(series: Arc<Series>, path: &str) -> Self {
-        let index = method_index(path).unwrap_or(KNOWN.len());
+    fn start(series: Arc<Series>, path: &str, protocol: Protocol) -> Self {
+        let method = method_index(path).unwrap_or(KNOWN.len());
+        let index = protocol as usize * METHODS + method;
         let call = Self {
             series,
             index,
@@ -211,12 +262,13 @@ impl Call {
 
     fn method(&self) -> Method<'_> {
         let (service, method) = KNOWN
-            .get(self.index)
+            .get(self.index % METHODS)
             .copied()
             .unwrap_or(("unknown", "unknown"));
         Method {
             service,
             method,
+            protocol: Protocol::ALL[self.index / METHODS].label(),
             series: &self.series.methods[self.index],
         }
     }
@@ -248,7 +300,12 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let call = Call::start(Arc::clone(&self.series), request.uri().path());
+        let protocol = request
+            .extensions()
+            .get::<Protocol>()
+            .copied()
+            .unwrap_or(Protocol::Grpc);
+        let call = Call::start(Arc::clone(&self.series), request.uri().path(), protocol);
         MeasuredFuture {
             inner: self.inner.call(request),
             call: Some(call),
@@ -385,10 +442,17 @@ mod tests {
                 Some(Code::Unavailable),
                 None,
             ] {
-                let mut call = Call::start(Arc::clone(&layer.series), next_ids);
+                let mut call = Call::start(Arc::clone(&layer.series), next_ids, Protocol::Grpc);
                 call.code = code;
             }
-            let open = Call::start(Arc::clone(&layer.series), "/attacker.Svc/Any");
+            let mut http = Call::start(Arc::clone(&layer.series), next_ids, Protocol::Http);
+            http.code = Some(Code::Ok);
+            drop(http);
+            let open = Call::start(
+                Arc::clone(&layer.series),
+                "/attacker.Svc/Any",
+                Protocol::GrpcWeb,
+            );
             let text = handle.render();
             drop(open);
             let after = handle.render();
@@ -399,7 +463,7 @@ mod tests {
             };
             let total = |code: &str| {
                 series(&text, &format!(
-                    "snowkeep_grpc_requests_total{{service=\"snowkeep.v1.IdService\",method=\"NextIds\",code=\"{code}\"}}"
+                    "snowkeep_grpc_requests_total{{service=\"snowkeep.v1.IdService\",method=\"NextIds\",protocol=\"grpc\",code=\"{code}\"}}"
                 ))
             };
             assert_eq!(total("OK").as_deref(), Some("2"));
@@ -408,13 +472,15 @@ mod tests {
             assert_eq!(total("CANCELLED").as_deref(), Some("1"));
             // Codes no call ended with have no series.
             assert_eq!(total("INTERNAL"), None);
+            let http_ok = "snowkeep_grpc_requests_total{service=\"snowkeep.v1.IdService\",method=\"NextIds\",protocol=\"http\",code=\"OK\"}";
+            assert_eq!(series(&text, http_ok).as_deref(), Some("1"));
             let unknown_in_flight =
-                "snowkeep_grpc_requests_in_flight{service=\"unknown\",method=\"unknown\"}";
+                "snowkeep_grpc_requests_in_flight{service=\"unknown\",method=\"unknown\",protocol=\"grpc-web\"}";
             assert_eq!(series(&text, unknown_in_flight).as_deref(), Some("1"));
             assert_eq!(series(&after, unknown_in_flight).as_deref(), Some("0"));
-            let next_ids_in_flight = "snowkeep_grpc_requests_in_flight{service=\"snowkeep.v1.IdService\",method=\"NextIds\"}";
+            let next_ids_in_flight = "snowkeep_grpc_requests_in_flight{service=\"snowkeep.v1.IdService\",method=\"NextIds\",protocol=\"grpc\"}";
             assert_eq!(series(&text, next_ids_in_flight).as_deref(), Some("0"));
-            let count = "snowkeep_grpc_request_duration_seconds_count{service=\"snowkeep.v1.IdService\",method=\"NextIds\"}";
+            let count = "snowkeep_grpc_request_duration_seconds_count{service=\"snowkeep.v1.IdService\",method=\"NextIds\",protocol=\"grpc\"}";
             assert_eq!(series(&text, count).as_deref(), Some("4"));
         });
     }

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use super::Shared;
 use crate::admin::AdminHandler;
-use crate::config::ServerConfig;
+use crate::config::{CorsOrigins, ServerConfig};
 use crate::limits::calls::CallLimits;
 use crate::limits::conn::{Listener, ListenerLimits};
 use crate::limits::wire::WireStatusLayer;
@@ -156,19 +156,54 @@ pub(super) fn grpc_listener(
     listener
 }
 
+/// The CORS layer of `--cors-allow-origins`; `None` (no CORS headers at
+/// all) when it is empty.
+fn cors(origins: &CorsOrigins) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    let allow = match origins {
+        CorsOrigins::None => return None,
+        CorsOrigins::Any => AllowOrigin::any(),
+        CorsOrigins::List(list) => AllowOrigin::list(
+            list.iter()
+                .filter_map(|o| http::HeaderValue::from_str(o).ok()),
+        ),
+    };
+    // gRPC-Web sends its own headers (x-grpc-web, x-user-agent,
+    // grpc-timeout) and reads the status from grpc-status and
+    // grpc-message.
+    let exposed = [
+        "grpc-status",
+        "grpc-message",
+        "grpc-status-details-bin",
+        "retry-after",
+    ]
+    .map(http::HeaderName::from_static);
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([http::Method::GET, http::Method::POST])
+            .allow_headers(Any)
+            .expose_headers(exposed)
+            .max_age(std::time::Duration::from_secs(600)),
+    )
+}
+
 /// Serves `routes` on `listener` until shutdown: tonic's HTTP/2 bounds, one
-/// span per call, then the layers (metrics, allow-list, API keys, call
-/// limits, wire status) outermost first.
+/// span per call, then the layers outermost first: CORS (with
+/// `--cors-allow-origins`), HTTP/JSON and gRPC-Web (whose calls pass every
+/// layer below), metrics, allow-list, API keys, call limits, wire status. HTTP/1.1 is accepted beside HTTP/2 for HTTP/JSON and gRPC-Web.
 pub(super) fn serve_grpc(
     config: &ServerConfig,
     shared: Shared,
     listener: Listener,
     call_limits: &CallLimits,
     routes: Routes,
-) -> impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static {
+) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static, String> {
     let limits = &config.limits;
     let window = receive_window(limits);
-    tonic::transport::Server::builder()
+    let http_api = crate::http::HttpApi::new(limits.max_recv_message_size)?;
+    Ok(tonic::transport::Server::builder()
+        .accept_http1(true)
         // tonic leaves these unset, which hyper reads as "no limit".
         .max_concurrent_streams(limits.http2_max_concurrent_streams)
         .http2_max_header_list_size(limits.http2_max_header_list_size)
@@ -190,8 +225,11 @@ pub(super) fn serve_grpc(
                 rpc.method = path
             )
         })
-        // Outermost first: metrics see the final code of every call,
-        // shed ones included.
+        // Outermost first. Browsers' preflight requests end here.
+        .layer(tower::util::option_layer(cors(&config.cors_allow_origins)))
+        // gRPC-Web is translated in it, for gRPC-Web calls only.
+        .layer(crate::http::HttpJsonLayer::new(http_api))
+        // Metrics see the final code of every call, shed ones included.
         .layer(crate::metrics::grpc_layer::GrpcMetricsLayer::new())
         // Before anything that holds resources for a call.
         .layer(crate::allow::AllowList::new(config.allow_cidrs.clone()))
@@ -206,5 +244,5 @@ pub(super) fn serve_grpc(
         .layer(call_limits.layer())
         .layer(WireStatusLayer)
         .add_routes(routes)
-        .serve_with_incoming_shutdown(listener.incoming(), shared.shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(listener.incoming(), shared.shutdown.cancelled_owned()))
 }

@@ -61,6 +61,10 @@ pub enum ServeError {
     /// Reflection could not be built from the descriptor sets.
     #[error("server reflection setup failed")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The HTTP/JSON routes could not be read from the descriptors built
+    /// into this binary (a build defect, never a user's).
+    #[error("the HTTP/JSON routes cannot be served: {0}")]
+    HttpRoutes(String),
     /// The status page's address (`--admin-listen`) cannot be bound.
     #[error("cannot bind the status page's listener (--admin-listen) {address}")]
     AdminListen {
@@ -258,13 +262,9 @@ pub async fn run(
     let call_limits = CallLimits::new(&config.limits, Arc::new(crate::service::weight::IdWeight));
     let listener = grpc::grpc_listener(&config, listener, tls, &tracker, &shutdown);
     let open_connections = listener.open_connections();
-    let server = tracker.spawn(grpc::serve_grpc(
-        &config,
-        shared,
-        listener,
-        &call_limits,
-        routes,
-    ));
+    let serve = grpc::serve_grpc(&config, shared, listener, &call_limits, routes)
+        .map_err(ServeError::HttpRoutes)?;
+    let server = tracker.spawn(serve);
     tracker.close();
     let running = Running {
         lease_task,

@@ -10,6 +10,7 @@ mod admin;
 mod claim;
 mod config;
 mod files;
+mod http;
 mod lease;
 mod resources;
 mod security;

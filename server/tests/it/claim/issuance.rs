@@ -153,15 +153,14 @@ async fn grpc_requests_are_counted_by_method_and_final_code() {
     while stream.message().await.unwrap().is_some() {}
     let series = |method: &str, code: &str| {
         format!(
-            r#"snowkeep_grpc_requests_total{{service="snowkeep.v1.IdService",method="{method}",code="{code}"}}"#
+            r#"snowkeep_grpc_requests_total{{service="snowkeep.v1.IdService",method="{method}",protocol="grpc",code="{code}"}}"#
         )
     };
     assert_eq!(a.metric(&series("NextIds", "OK")).await, 3.0);
     assert_eq!(a.metric(&series("NextIds", "INVALID_ARGUMENT")).await, 1.0);
     assert_eq!(a.metric(&series("StreamIds", "OK")).await, 1.0);
-    let in_flight =
-        r#"snowkeep_grpc_requests_in_flight{service="snowkeep.v1.IdService",method="NextIds"}"#;
+    let in_flight = r#"snowkeep_grpc_requests_in_flight{service="snowkeep.v1.IdService",method="NextIds",protocol="grpc"}"#;
     assert_eq!(a.metric(in_flight).await, 0.0);
-    let count = r#"snowkeep_grpc_request_duration_seconds_count{service="snowkeep.v1.IdService",method="NextIds"}"#;
+    let count = r#"snowkeep_grpc_request_duration_seconds_count{service="snowkeep.v1.IdService",method="NextIds",protocol="grpc"}"#;
     assert_eq!(a.metric(count).await, 4.0);
 }

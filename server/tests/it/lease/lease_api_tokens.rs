@@ -309,7 +309,7 @@ async fn checks_carry_the_token_and_a_stolen_identity_cannot_check() {
         .unwrap();
     let id = u32::from(generator.machine_ids()[0].get());
     // The generator's own Checks carry its token: answered OK, and it issues on.
-    let checks = r#"snowkeep_grpc_requests_total{service="snowkeep.v1.LeaseService",method="Check",code="OK"}"#;
+    let checks = r#"snowkeep_grpc_requests_total{service="snowkeep.v1.LeaseService",method="Check",protocol="grpc",code="OK"}"#;
     eventually("three Checks answered", Duration::from_secs(10), || async {
         server.metric(checks).await >= 3.0
     })

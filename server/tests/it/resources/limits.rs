@@ -212,8 +212,7 @@ async fn one_connection_gets_the_per_connection_stream_limit_and_bounded_memory(
             }
         })
     };
-    let in_flight =
-        r#"snowkeep_grpc_requests_in_flight{service="snowkeep.v1.IdService",method="StreamIds"}"#;
+    let in_flight = r#"snowkeep_grpc_requests_in_flight{service="snowkeep.v1.IdService",method="StreamIds",protocol="grpc"}"#;
     let issued = r#"snowkeep_ids_issued_total{namespace="default",method="StreamIds"}"#;
     eventually(
         "8 streams running, each with its first batch",
@@ -316,9 +315,9 @@ async fn server_wide_limits_shed_excess_calls_with_resource_exhausted() {
         refused.message(),
         "this server already has 2 unary calls in progress, its limit (--max-concurrent-calls); retry with backoff or call another snowkeep server"
     );
-    let shed = r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",code="RESOURCE_EXHAUSTED"}"#;
+    let shed = r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",protocol="grpc",code="RESOURCE_EXHAUSTED"}"#;
     assert_eq!(server.metric(shed).await, 1.0);
-    let shed_streams = r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="StreamIds",code="RESOURCE_EXHAUSTED"}"#;
+    let shed_streams = r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="StreamIds",protocol="grpc",code="RESOURCE_EXHAUSTED"}"#;
     assert_eq!(server.metric(shed_streams).await, 1.0);
 
     // The client goes away: its calls end and free their slots.

@@ -42,13 +42,13 @@ async fn a_peer_outside_the_allow_list_is_denied_every_call() {
     // Both denials are counted under their code, before any handler ran.
     assert_eq!(
         server
-            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",code="PERMISSION_DENIED"}"#)
+            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",protocol="grpc",code="PERMISSION_DENIED"}"#)
             .await,
         1.0
     );
     assert_eq!(
         server
-            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",code="OK"}"#)
+            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",protocol="grpc",code="OK"}"#)
             .await,
         0.0
     );
@@ -102,7 +102,7 @@ async fn a_peer_outside_the_allow_list_still_gets_the_denial_on_each_new_connect
     assert_eq!(ids.len(), 5);
     assert_eq!(
         server
-            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",code="PERMISSION_DENIED"}"#)
+            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",protocol="grpc",code="PERMISSION_DENIED"}"#)
             .await,
         3.0
     );

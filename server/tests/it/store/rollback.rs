@@ -123,7 +123,7 @@ pub(crate) async fn fence(etcd: &EtcdProcess, ns: &str, machine_id: u16) -> u64 
 /// A series of the server's gRPC request counter for a Lease API method.
 fn lease_calls(method: &str) -> String {
     format!(
-        r#"snowkeep_grpc_requests_total{{service="snowkeep.v1.LeaseService",method="{method}",code="OK"}}"#
+        r#"snowkeep_grpc_requests_total{{service="snowkeep.v1.LeaseService",method="{method}",protocol="grpc",code="OK"}}"#
     )
 }
 

@@ -2,4 +2,4 @@
 
 pub(crate) mod lifetime;
 mod observability;
-mod status_page;
+pub(crate) mod status_page;

@@ -21,8 +21,9 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 /// request, so this is chromium's start and one render, on a loaded machine.
 const SHOWS: Duration = Duration::from_secs(15);
 
-/// Runs headless chromium on `url` with `extra` arguments; its stdout.
-async fn chromium(url: String, extra: Vec<String>) -> String {
+/// Runs headless chromium on `url` with `extra` arguments; its stdout. The
+/// gRPC-Web page test (`http::browser`) runs chromium with it too.
+pub(crate) async fn chromium(url: String, extra: Vec<String>) -> String {
     assert!(
         Path::new(CHROMIUM).exists(),
         "{CHROMIUM} not found: install Debian's chromium package (scripts/ensure-deps --etcd does)"
