@@ -18,6 +18,7 @@
 //! service's), and `GET /openapi.json` (the OpenAPI document generated from
 //! the same protos, `docs/openapi.json`).
 
+mod carry;
 pub(crate) mod grpc;
 pub(crate) mod json;
 pub(crate) mod routes;
@@ -133,18 +134,27 @@ where
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         request.extensions_mut().insert(protocol);
+        // The answer is translated into new bytes: it carries the gRPC
+        // chunks it was made from until it is written out (see [`carry`]).
+        let kept = Arc::new(carry::Kept::default());
+        let taken = Arc::clone(&kept);
+        let inner = ready.map_response(move |r: http::Response<B>| {
+            r.map(|body| Body::new(carry::Taken::new(body, taken)))
+        });
+        let carried = move |body| ApiBody::Other {
+            body: Body::new(carry::Carried::new(body, kept)),
+        };
         if protocol == Protocol::GrpcWeb {
-            let web = tonic_web::GrpcWebLayer::new().layer(ready);
+            let web = tonic_web::GrpcWebLayer::new().layer(inner);
             return Either::Right(Box::pin(async move {
                 let response = web.oneshot(request).await?;
-                Ok(response.map(|body| ApiBody::Other { body }))
+                Ok(response.map(carried))
             }));
         }
         let api = Arc::clone(&self.api);
-        let inner = ready.map_response(|r: http::Response<B>| r.map(Body::new));
         Either::Right(Box::pin(async move {
             let response = api.serve(inner, request).await?;
-            Ok(response.map(|body| ApiBody::Other { body }))
+            Ok(response.map(carried))
         }))
     }
 }

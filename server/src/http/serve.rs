@@ -31,16 +31,20 @@ const PASSED_ON: [&str; 3] = ["authorization", "traceparent", "x-request-id"];
 pub(crate) struct HttpApi {
     table: RouteTable,
     max_body: usize,
+    body_timeout: std::time::Duration,
 }
 
 impl HttpApi {
     /// The API of the snowkeep.v1 protos; bodies of at most `max_body`
-    /// bytes (the gRPC request message bound). Errors only when the
-    /// descriptors built into this binary hold a rule it cannot serve.
-    pub(crate) fn new(max_body: usize) -> Result<Self, String> {
+    /// bytes (the gRPC request message bound), each wholly arrived within
+    /// `body_timeout` of its headers (`--request-timeout`, the bound of a
+    /// gRPC request message). Errors only when the descriptors built into
+    /// this binary hold a rule it cannot serve.
+    pub(crate) fn new(max_body: usize, body_timeout: std::time::Duration) -> Result<Self, String> {
         Ok(Self {
             table: RouteTable::from_descriptors(snowkeep_proto::FILE_DESCRIPTOR_SET)?,
             max_body,
+            body_timeout,
         })
     }
 
@@ -80,9 +84,26 @@ impl HttpApi {
                 return Ok(error_response(StatusCode::NOT_FOUND, Code::NotFound, &text));
             }
         };
-        let body = match Limited::new(body, self.max_body).collect().await {
-            Ok(collected) => collected.to_bytes(),
+        let collect = Limited::new(body, self.max_body).collect();
+        let body = match tokio::time::timeout(self.body_timeout, collect).await {
+            Ok(Ok(collected)) => collected.to_bytes(),
             Err(_) => {
+                let text = format!(
+                    "the body did not wholly arrive within {:?} of the headers (--request-timeout)",
+                    self.body_timeout
+                );
+                let mut response =
+                    error_response(StatusCode::REQUEST_TIMEOUT, Code::DeadlineExceeded, &text);
+                // The rest of the body may still come: an HTTP/1
+                // connection cannot carry another request.
+                if parts.version < http::Version::HTTP_2 {
+                    response
+                        .headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                return Ok(response);
+            }
+            Ok(Err(_)) => {
                 let text = format!(
                     "the body is over {} bytes (--max-recv-message-size) or could not be read",
                     self.max_body

@@ -184,6 +184,27 @@ impl GuardedIo {
     }
 }
 
+impl GuardedIo {
+    /// A write that waits for the client is where a stalled connection
+    /// shows: an HTTP/1 server blocked writing a response does not read
+    /// (the path [`must_close`](Self::must_close) is otherwise checked on),
+    /// so a write that cannot go on checks it too, and fails once the
+    /// connection must end (registering `cx` for the moment it must).
+    fn unless_closing<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_pending() && self.must_close(cx) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the connection was closed by the server's limits",
+            )));
+        }
+        polled
+    }
+}
+
 impl Connected for GuardedIo {
     type ConnectInfo = ConnInfo;
 
@@ -227,7 +248,8 @@ impl AsyncWrite for GuardedIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         std::task::ready!(this.poll_handshake(cx))?;
-        Pin::new(&mut this.inner).poll_write(cx, buf)
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.unless_closing(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -237,7 +259,8 @@ impl AsyncWrite for GuardedIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         std::task::ready!(this.poll_handshake(cx))?;
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.unless_closing(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -247,7 +270,8 @@ impl AsyncWrite for GuardedIo {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         std::task::ready!(this.poll_handshake(cx))?;
-        Pin::new(&mut this.inner).poll_flush(cx)
+        let polled = Pin::new(&mut this.inner).poll_flush(cx);
+        this.unless_closing(cx, polled)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

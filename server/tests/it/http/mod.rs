@@ -3,6 +3,7 @@
 
 mod browser;
 mod curl;
+mod stalls;
 mod stream;
 mod web;
 
