@@ -27,11 +27,15 @@ const READINESS_SERVICE: &str = "snowkeep.v1.IdService";
 /// trace or a log may want.
 const PASSED_ON: [&str; 3] = ["authorization", "traceparent", "x-request-id"];
 
+/// A request's route and its path variables.
+type Routed<'a> = (&'a Route, Vec<(String, String)>);
+
 /// The HTTP/JSON API: its routes and bounds.
 pub(crate) struct HttpApi {
     table: RouteTable,
     max_body: usize,
     body_timeout: std::time::Duration,
+    allow: crate::allow::AllowList,
 }
 
 impl HttpApi {
@@ -45,7 +49,105 @@ impl HttpApi {
             table: RouteTable::from_descriptors(snowkeep_proto::FILE_DESCRIPTOR_SET)?,
             max_body,
             body_timeout,
+            allow: crate::allow::AllowList::new(Vec::new()),
         })
+    }
+
+    /// The same API refusing peers outside `allow` (`--allow-cidrs`) what
+    /// it answers itself (the document, a 404, a 405, a body it refuses),
+    /// as the allow-list layer refuses them every call.
+    pub(crate) fn with_allow_list(self, allow: crate::allow::AllowList) -> Self {
+        Self { allow, ..self }
+    }
+
+    /// 403 for a peer outside the allow-list, which also marks its
+    /// connection to close soon; `None` for one inside it.
+    fn refused(&self, parts: &http::request::Parts) -> Option<Response<Body>> {
+        if self.allow.is_empty() {
+            return None;
+        }
+        let conn = parts.extensions.get::<crate::conn_info::ConnInfo>();
+        let peer = conn.and_then(|c| c.tcp.remote_addr()).map(|a| a.ip());
+        if self.allow.admits(peer) {
+            return None;
+        }
+        if let Some(conn) = conn {
+            conn.state.denied();
+        }
+        let text = self.allow.refusal(peer);
+        Some(error_response(
+            StatusCode::FORBIDDEN,
+            Code::PermissionDenied,
+            &text,
+        ))
+    }
+
+    /// The route of a request, with its path variables; or what is
+    /// answered instead: the OpenAPI document, a 404 or a 405.
+    fn route(
+        &self,
+        parts: &http::request::Parts,
+        path: &str,
+    ) -> Result<Routed<'_>, Box<Response<Body>>> {
+        if parts.method == Method::GET && path == "/openapi.json" {
+            return Err(Box::new(json_response(StatusCode::OK, OPENAPI.into())));
+        }
+        match self.table.find(&parts.method, path) {
+            Found::Route(route, vars) => Ok((route, vars)),
+            Found::OtherMethods(allowed) => {
+                Err(Box::new(method_not_allowed(&parts.method, path, &allowed)))
+            }
+            Found::Nothing => {
+                let text = format!(
+                    "no route {} {path}: the routes are listed in GET /openapi.json",
+                    parts.method
+                );
+                Err(Box::new(error_response(
+                    StatusCode::NOT_FOUND,
+                    Code::NotFound,
+                    &text,
+                )))
+            }
+        }
+    }
+
+    /// The whole body, at most `max_body` bytes, arrived within
+    /// `body_timeout`; or the refusal: 408 (and `Connection: close` on
+    /// HTTP/1, where the rest may still come), 413.
+    async fn read_body(
+        &self,
+        parts: &http::request::Parts,
+        body: Body,
+    ) -> Result<Bytes, Response<Body>> {
+        let collect = Limited::new(body, self.max_body).collect();
+        match tokio::time::timeout(self.body_timeout, collect).await {
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+            Err(_) => {
+                let text = format!(
+                    "the body did not wholly arrive within {:?} of the headers (--request-timeout)",
+                    self.body_timeout
+                );
+                let mut response =
+                    error_response(StatusCode::REQUEST_TIMEOUT, Code::DeadlineExceeded, &text);
+                if parts.version < http::Version::HTTP_2 {
+                    response
+                        .headers_mut()
+                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                Err(response)
+            }
+            Ok(Err(_)) => {
+                let text = format!(
+                    "the body is over {} bytes (--max-recv-message-size) or could not be read",
+                    self.max_body
+                );
+                Err(error_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Code::ResourceExhausted,
+                    &text,
+                ))
+            }
+        }
     }
 
     /// Answers `request` by calling `inner` (the gRPC layers and routes).
@@ -67,53 +169,27 @@ impl HttpApi {
                     let service = crate::service::health::LIVENESS_SERVICE;
                     return health(inner, parts, service).await;
                 }
-                "/openapi.json" => return Ok(json_response(StatusCode::OK, OPENAPI.into())),
                 _ => {}
             }
         }
-        let (route, vars) = match self.table.find(&parts.method, &path) {
-            Found::Route(route, vars) => (route, vars),
-            Found::OtherMethods(allowed) => {
-                return Ok(method_not_allowed(&parts.method, &path, &allowed))
-            }
-            Found::Nothing => {
-                let text = format!(
-                    "no route {} {path}: the routes are listed in GET /openapi.json",
-                    parts.method
-                );
-                return Ok(error_response(StatusCode::NOT_FOUND, Code::NotFound, &text));
-            }
+        // What is answered here, before the layers, is refused to peers
+        // the allow-list refuses, as the allow-list layer refuses them
+        // every call.
+        let refused = self.refused(&parts);
+        let (route, vars) = match self.route(&parts, &path) {
+            Ok(found) => found,
+            Err(local) => return Ok(refused.unwrap_or(*local)),
         };
-        let collect = Limited::new(body, self.max_body).collect();
-        let body = match tokio::time::timeout(self.body_timeout, collect).await {
-            Ok(Ok(collected)) => collected.to_bytes(),
-            Err(_) => {
-                let text = format!(
-                    "the body did not wholly arrive within {:?} of the headers (--request-timeout)",
-                    self.body_timeout
-                );
-                let mut response =
-                    error_response(StatusCode::REQUEST_TIMEOUT, Code::DeadlineExceeded, &text);
-                // The rest of the body may still come: an HTTP/1
-                // connection cannot carry another request.
-                if parts.version < http::Version::HTTP_2 {
-                    response
-                        .headers_mut()
-                        .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                return Ok(response);
-            }
-            Ok(Err(_)) => {
-                let text = format!(
-                    "the body is over {} bytes (--max-recv-message-size) or could not be read",
-                    self.max_body
-                );
-                return Ok(error_response(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    Code::ResourceExhausted,
-                    &text,
-                ));
-            }
+        if refused.is_some() {
+            // Its body unread: the allow-list layer refuses the call, and
+            // the metrics count it under its method.
+            let call = grpc_request(parts, &route.grpc_path, Vec::new());
+            let response = inner.oneshot(call).await?;
+            return Ok(answer(route, response).await);
+        }
+        let body = match self.read_body(&parts, body).await {
+            Ok(body) => body,
+            Err(refusal) => return Ok(refusal),
         };
         let message = match json::request_message(route, vars, parts.uri.query(), &body) {
             Ok(message) => message,

@@ -201,7 +201,8 @@ pub(super) fn serve_grpc(
 ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static, String> {
     let limits = &config.limits;
     let window = receive_window(limits);
-    let http_api = crate::http::HttpApi::new(limits.max_recv_message_size, limits.request_timeout)?;
+    let http_api = crate::http::HttpApi::new(limits.max_recv_message_size, limits.request_timeout)?
+        .with_allow_list(crate::allow::AllowList::new(config.allow_cidrs.clone()));
     Ok(tonic::transport::Server::builder()
         .accept_http1(true)
         // tonic leaves these unset, which hyper reads as "no limit".

@@ -171,3 +171,49 @@ async fn the_status_page_obeys_the_allow_list_and_the_metrics_port_serves_scrape
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("snowkeep_"), "{body}");
 }
+
+/// Over HTTP/JSON a peer outside the list gets 403 for everything: a routed
+/// call (denied by the allow-list layer and counted under `protocol="http"`)
+/// and what the HTTP layer answers itself (the OpenAPI document, a path the
+/// API does not have, a body it would refuse).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_outside_the_allow_list_gets_403_for_every_http_request() {
+    let server = ServerProcess::spawn(&["--allow-cidrs", "10.0.0.0/8"]);
+    let url = server.url();
+    eventually("the server listens", READY, || {
+        let url = url.clone();
+        async move { std::net::TcpStream::connect(url.trim_start_matches("http://")).is_ok() }
+    })
+    .await;
+    let refusal = "peer 127.0.0.1 is outside this server's --allow-cidrs (10.0.0.0/8): call from an allowed network, or have the operator add the client's range to --allow-cidrs";
+    let bad_body = format!("{url}/v1/leases:check");
+    for args in [
+        vec![format!("{url}/v1/ids?count=3")],
+        vec![format!("{url}/healthz")],
+        vec![format!("{url}/openapi.json")],
+        vec![format!("{url}/no/such/path")],
+        vec!["-X".into(), "DELETE".into(), format!("{url}/v1/ids")],
+        vec![
+            "-H".into(),
+            "content-type: application/json".into(),
+            "-d".into(),
+            "{not json".into(),
+            bad_body.clone(),
+        ],
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let got = crate::http::curl(&args);
+        assert_eq!(got.status, 403, "{args:?}: {got:?}");
+        assert_eq!(
+            got.json(),
+            serde_json::json!({"code": 7, "details": [], "message": refusal}),
+            "{args:?}"
+        );
+    }
+    assert_eq!(
+        server
+            .metric(r#"snowkeep_grpc_requests_total{service="snowkeep.v1.IdService",method="NextIds",protocol="http",code="PERMISSION_DENIED"}"#)
+            .await,
+        1.0
+    );
+}
