@@ -20,6 +20,12 @@ use super::{http_status, Protocol};
 /// (`scripts/gen-openapi`; a test checks it matches them).
 pub(crate) const OPENAPI: &str = include_str!("../../../docs/openapi.json");
 
+/// The largest HTTP/JSON body (or `--max-recv-message-size`, if smaller).
+/// Parsed JSON takes many times its text in memory, outside the call
+/// memory bound; the largest request of the API (a `Check` naming all 1,024
+/// machine ids of a layout) is under 8 KiB of JSON.
+pub(crate) const MAX_JSON_BODY: usize = 64 * 1024;
+
 /// The health service whose status `GET /healthz` answers: issuance.
 const READINESS_SERVICE: &str = "snowkeep.v1.IdService";
 
@@ -40,14 +46,14 @@ pub(crate) struct HttpApi {
 
 impl HttpApi {
     /// The API of the snowkeep.v1 protos; bodies of at most `max_body`
-    /// bytes (the gRPC request message bound), each wholly arrived within
+    /// bytes (the gRPC request message bound) and [`MAX_JSON_BODY`], each wholly arrived within
     /// `body_timeout` of its headers (`--request-timeout`, the bound of a
     /// gRPC request message). Errors only when the descriptors built into
     /// this binary hold a rule it cannot serve.
     pub(crate) fn new(max_body: usize, body_timeout: std::time::Duration) -> Result<Self, String> {
         Ok(Self {
             table: RouteTable::from_descriptors(snowkeep_proto::FILE_DESCRIPTOR_SET)?,
-            max_body,
+            max_body: max_body.min(MAX_JSON_BODY),
             body_timeout,
             allow: crate::allow::AllowList::new(Vec::new()),
         })
@@ -138,7 +144,7 @@ impl HttpApi {
             }
             Ok(Err(_)) => {
                 let text = format!(
-                    "the body is over {} bytes (--max-recv-message-size) or could not be read",
+                    "the body is over {} bytes (the bound of an HTTP/JSON body: 64 KiB, or --max-recv-message-size if smaller) or could not be read",
                     self.max_body
                 );
                 Err(error_response(
@@ -342,4 +348,19 @@ fn method_not_allowed(method: &Method, path: &str, allowed: &[Method]) -> Respon
         response.headers_mut().insert(http::header::ALLOW, value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_json_body_is_bounded_by_64_kib_whatever_the_message_bound() {
+        let timeout = std::time::Duration::from_secs(5);
+        assert_eq!(
+            HttpApi::new(16 * 1024, timeout).unwrap().max_body,
+            16 * 1024
+        );
+        assert_eq!(HttpApi::new(64 << 20, timeout).unwrap().max_body, 64 * 1024);
+    }
 }

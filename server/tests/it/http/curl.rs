@@ -303,3 +303,30 @@ async fn curl_needs_a_key_with_the_right_permission_when_auth_is_on() {
     assert_eq!(got.status, 200, "{got:?}");
     assert_eq!(got.json()["machine_ids"].as_array().unwrap().len(), 2);
 }
+
+/// A body over the bound (`--max-recv-message-size`, 16 KiB by default;
+/// never over 64 KiB) is a 413 before any of it is parsed, and the server
+/// goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_bound_is_a_413() {
+    let (server, _state) = single_instance();
+    server.wait_serving(READY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let body = dir.path().join("body.json");
+    let big = format!("{{\"namespace\":\"{}\"}}", "a".repeat(16 * 1024));
+    std::fs::write(&body, big).unwrap();
+    let got = curl(&[
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        &format!("@{}", body.display()),
+        &format!("{}/v1/leases:check", server.url()),
+    ]);
+    assert_eq!(got.status, 413, "{got:?}");
+    assert_eq!(
+        got.json(),
+        json!({"code": 8, "details": [], "message": "the body is over 16384 bytes (the bound of an HTTP/JSON body: 64 KiB, or --max-recv-message-size if smaller) or could not be read"})
+    );
+    let got = curl(&[&format!("{}/v1/ids?count=2", server.url())]);
+    assert_eq!((got.status, ids_of(&got.json(), "ids").len()), (200, 2));
+}
