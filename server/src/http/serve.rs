@@ -95,8 +95,12 @@ impl HttpApi {
         parts: &http::request::Parts,
         path: &str,
     ) -> Result<Routed<'_>, Box<Response<Body>>> {
-        if parts.method == Method::GET && path == "/openapi.json" {
-            return Err(Box::new(json_response(StatusCode::OK, OPENAPI.into())));
+        if matches!(path, "/openapi.json" | "/healthz" | "/livez") {
+            return Err(Box::new(match parts.method == Method::GET {
+                // GET /healthz and /livez were answered before.
+                true => json_response(StatusCode::OK, OPENAPI.into()),
+                false => method_not_allowed(&parts.method, path, &[Method::GET]),
+            }));
         }
         match self.table.find(&parts.method, path) {
             Found::Route(route, vars) => Ok((route, vars)),
@@ -326,6 +330,13 @@ fn error_response(status: StatusCode, code: Code, message: &str) -> Response<Bod
         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
     ) {
         retry_after(&mut response);
+    }
+    if status == StatusCode::UNAUTHORIZED {
+        // RFC 9110 §11.6.1: a 401 names the scheme it takes (RFC 6750).
+        response.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"snowkeep\""),
+        );
     }
     response
 }

@@ -267,6 +267,10 @@ async fn curl_needs_a_key_with_the_right_permission_when_auth_is_on() {
     let got = curl(&[&url]);
     assert_eq!(got.status, 401, "{got:?}");
     assert_eq!(got.json()["code"], json!(16));
+    assert_eq!(
+        got.header("www-authenticate"),
+        Some("Bearer realm=\"snowkeep\"")
+    );
     let (lease_only, _) = cluster
         .create_key(&[pb::Permission::Lease], &["curlauth"], 4)
         .await;
@@ -281,6 +285,19 @@ async fn curl_needs_a_key_with_the_right_permission_when_auth_is_on() {
     assert_eq!(ids_of(&got.json(), "ids").len(), 2);
     // Health stays open, as over gRPC.
     assert_eq!(curl(&[&format!("{base}/healthz")]).status, 200);
+    // Other methods there are a 405 naming GET, key or not.
+    for path in ["/healthz", "/livez", "/openapi.json"] {
+        let got = curl(&["-X", "POST", &format!("{base}{path}")]);
+        assert_eq!(
+            (got.status, got.header("allow")),
+            (405, Some("GET")),
+            "{path}: {got:?}"
+        );
+        assert_eq!(
+            got.json()["message"],
+            json!(format!("POST is not served at {path}; it takes GET"))
+        );
+    }
     // The Lease API with the lease key, its machine id quota enforced.
     let requester = json!({"host_id": "curl-host", "pid": 8, "start_unix_ms": "1796000000000", "nonce": "00000000000000b2"});
     let acquire = |count: u32| {
