@@ -48,6 +48,11 @@ fn query_value(route: &Route, field: &FieldDescriptor, raw: &str) -> Result<Valu
                 field.name()
             ))),
         },
+        // An enum by its number (`format=1`), as the mapping also reads it,
+        // or by its name.
+        Kind::Enum(_) => Ok(raw
+            .parse::<i32>()
+            .map_or_else(|_| Value::String(raw.to_owned()), Value::from)),
         Kind::Message(_) => Err(BadRequest(format!(
             "query parameter \"{}\" is a message: {} {} takes it in no query string",
             field.name(),
@@ -253,6 +258,12 @@ mod tests {
         assert_eq!(
             json_of(&m),
             r#"{"count":0,"client_time_unix_ms":"0","format":"ID_FORMAT_UNSPECIFIED"}"#
+        );
+        // An enum by its number, as the proto3 JSON mapping reads it too.
+        let m = request_message(ids, vec![], Some("total=1&format=1"), b"").unwrap();
+        assert_eq!(
+            json_of(&m),
+            r#"{"total":"1","batch_size":0,"format":"ID_FORMAT_CROCKFORD_BASE32"}"#
         );
     }
 
