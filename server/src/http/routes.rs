@@ -82,7 +82,12 @@ impl Template {
             match seg {
                 Segment::Literal(lit) if lit == part => {}
                 Segment::Variable(name) if !part.is_empty() && !part.contains(':') => {
-                    vars.push((name.clone(), part.to_owned()));
+                    // A variable's value is percent-decoded (the HttpRule
+                    // rules); one that is not UTF-8 matches nothing.
+                    let value = percent_encoding::percent_decode_str(part)
+                        .decode_utf8()
+                        .ok()?;
+                    vars.push((name.clone(), value.into_owned()));
                 }
                 _ => return None,
             }
@@ -288,6 +293,14 @@ mod tests {
         assert_eq!(
             path_of(table.find(&get, "/v1/namespaces/orders/capacity")),
             "/snowkeep.v1.LeaseService/Capacity [(\"namespace\", \"orders\")]"
+        );
+        assert_eq!(
+            path_of(table.find(&get, "/v1/namespaces/my%20orders%2Fx/capacity")),
+            "/snowkeep.v1.LeaseService/Capacity [(\"namespace\", \"my orders/x\")]"
+        );
+        assert_eq!(
+            path_of(table.find(&get, "/v1/namespaces/%FF/capacity")),
+            "404"
         );
         assert_eq!(
             path_of(table.find(&http::Method::POST, "/v1/ids")),
