@@ -50,15 +50,20 @@ impl Protocol {
         }
     }
 
-    /// The protocol of a request by its `content-type`.
+    /// The protocol of a request by its `content-type` (a media type is
+    /// case-insensitive, RFC 9110 §8.3.1).
     pub(crate) fn of(headers: &http::HeaderMap) -> Self {
         let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
             return Protocol::Http;
         };
         let ct = ct.as_bytes();
-        if ct.starts_with(b"application/grpc-web") {
+        let starts = |prefix: &[u8]| {
+            ct.get(..prefix.len())
+                .is_some_and(|p| p.eq_ignore_ascii_case(prefix))
+        };
+        if starts(b"application/grpc-web") {
             Protocol::GrpcWeb
-        } else if ct.starts_with(b"application/grpc") {
+        } else if starts(b"application/grpc") {
             Protocol::Grpc
         } else {
             Protocol::Http
@@ -390,6 +395,28 @@ impl<B: Body + Unpin> Body for MeasuredBody<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_protocol_is_read_from_the_content_type_in_any_case() {
+        let of = |ct: Option<&'static str>| {
+            let mut headers = http::HeaderMap::new();
+            if let Some(ct) = ct {
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(ct),
+                );
+            }
+            Protocol::of(&headers)
+        };
+        assert_eq!(of(Some("application/grpc")), Protocol::Grpc);
+        assert_eq!(of(Some("application/grpc+proto")), Protocol::Grpc);
+        assert_eq!(of(Some("Application/GRPC")), Protocol::Grpc);
+        assert_eq!(of(Some("application/grpc-web-text")), Protocol::GrpcWeb);
+        assert_eq!(of(Some("APPLICATION/gRPC-Web+proto")), Protocol::GrpcWeb);
+        assert_eq!(of(Some("application/json")), Protocol::Http);
+        assert_eq!(of(Some("application/grp")), Protocol::Http);
+        assert_eq!(of(None), Protocol::Http);
+    }
 
     #[test]
     fn labels_are_bounded_to_known_methods() {
