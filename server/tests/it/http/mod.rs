@@ -95,3 +95,11 @@ pub fn ids_of(value: &serde_json::Value, key: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// `message` as one uncompressed gRPC (and gRPC-Web) frame.
+pub fn grpc_frame(message: &[u8]) -> Vec<u8> {
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(message);
+    framed
+}

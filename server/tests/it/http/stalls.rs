@@ -105,9 +105,7 @@ async fn a_grpc_web_text_stream_whose_client_stops_reading_is_cut_after_the_send
         ..Default::default()
     }
     .encode_to_vec();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    framed.extend_from_slice(&message);
+    let framed = super::grpc_frame(&message);
     let body = base64::engine::general_purpose::STANDARD.encode(framed);
     let request = format!(
         "POST /snowkeep.v1.IdService/StreamIds HTTP/1.1\r\nhost: snowkeep\r\ncontent-type: application/grpc-web-text\r\nx-grpc-web: 1\r\ncontent-length: {}\r\n\r\n{body}",

@@ -15,9 +15,7 @@ use super::curl;
 fn grpc_web(base: &str, path: &str, message: &[u8]) -> (String, Vec<(u8, Vec<u8>)>) {
     let dir = tempfile::tempdir().unwrap();
     let request = dir.path().join("request.bin");
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
-    framed.extend_from_slice(message);
+    let framed = super::grpc_frame(message);
     std::fs::write(&request, framed).unwrap();
     let headers = dir.path().join("headers.txt");
     let body = dir.path().join("body.bin");
