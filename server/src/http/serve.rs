@@ -95,12 +95,16 @@ impl HttpApi {
         parts: &http::request::Parts,
         path: &str,
     ) -> Result<Routed<'_>, Box<Response<Body>>> {
-        if matches!(path, "/openapi.json" | "/healthz" | "/livez") {
+        if path == "/openapi.json" {
             return Err(Box::new(match parts.method == Method::GET {
-                // GET /healthz and /livez were answered before.
                 true => json_response(StatusCode::OK, OPENAPI.into()),
                 false => method_not_allowed(&parts.method, path, &[Method::GET]),
             }));
+        }
+        if matches!(path, "/healthz" | "/livez") {
+            // GET and HEAD were answered before.
+            let allowed = [Method::GET, Method::HEAD];
+            return Err(Box::new(method_not_allowed(&parts.method, path, &allowed)));
         }
         match self.table.find(&parts.method, path) {
             Found::Route(route, vars) => Ok((route, vars)),
@@ -172,7 +176,8 @@ impl HttpApi {
     {
         let (parts, body) = request.into_parts();
         let path = parts.uri.path().to_owned();
-        if parts.method == Method::GET {
+        // HEAD too, for health checkers that send it (hyper sends no body).
+        if matches!(parts.method, Method::GET | Method::HEAD) {
             match path.as_str() {
                 "/healthz" => return health(inner, parts, READINESS_SERVICE).await,
                 "/livez" => {

@@ -285,17 +285,30 @@ async fn curl_needs_a_key_with_the_right_permission_when_auth_is_on() {
     assert_eq!(ids_of(&got.json(), "ids").len(), 2);
     // Health stays open, as over gRPC.
     assert_eq!(curl(&[&format!("{base}/healthz")]).status, 200);
-    // Other methods there are a 405 naming GET, key or not.
-    for path in ["/healthz", "/livez", "/openapi.json"] {
+    // HEAD for health checkers that send it: the status, no body.
+    for path in ["/healthz", "/livez"] {
+        let got = curl(&["-I", &format!("{base}{path}")]);
+        assert_eq!(
+            (got.status, got.body.as_str()),
+            (200, ""),
+            "{path}: {got:?}"
+        );
+    }
+    // Other methods there are a 405 naming those it takes, key or not.
+    for (path, allowed) in [
+        ("/healthz", "GET, HEAD"),
+        ("/livez", "GET, HEAD"),
+        ("/openapi.json", "GET"),
+    ] {
         let got = curl(&["-X", "POST", &format!("{base}{path}")]);
         assert_eq!(
             (got.status, got.header("allow")),
-            (405, Some("GET")),
+            (405, Some(allowed)),
             "{path}: {got:?}"
         );
         assert_eq!(
             got.json()["message"],
-            json!(format!("POST is not served at {path}; it takes GET"))
+            json!(format!("POST is not served at {path}; it takes {allowed}"))
         );
     }
     // The Lease API with the lease key, its machine id quota enforced.
