@@ -54,6 +54,27 @@ impl AllowList {
         self.nets.is_empty()
     }
 
+    /// `None` when the peer of a request (its [`ConnInfo`] extension) may
+    /// call; else the PERMISSION_DENIED status to answer, the connection
+    /// marked to close soon. The one check of the allow-list layer and of
+    /// whatever answers a request before that layer sees it (the server's
+    /// HTTP/JSON API).
+    pub fn refuse(&self, extensions: &http::Extensions) -> Option<Status> {
+        if self.nets.is_empty() {
+            return None;
+        }
+        let conn = extensions.get::<ConnInfo>();
+        let peer = conn.and_then(|c| c.tcp.remote_addr()).map(|a| a.ip());
+        if self.admits(peer) {
+            return None;
+        }
+        if let Some(conn) = conn {
+            // The connection closes shortly, once this answer is out.
+            conn.state.denied();
+        }
+        Some(self.denied(peer))
+    }
+
     /// The status for a peer the list refuses (`None`: an unknown address).
     fn denied(&self, peer: Option<IpAddr>) -> Status {
         Status::permission_denied(self.refusal(peer))
@@ -110,19 +131,10 @@ where
     }
 
     fn call(&mut self, request: http::Request<R>) -> Self::Future {
-        if !self.list.nets.is_empty() {
-            let conn = request.extensions().get::<ConnInfo>();
-            let peer = conn.and_then(|c| c.tcp.remote_addr()).map(|a| a.ip());
-            if !self.list.admits(peer) {
-                if let Some(conn) = conn {
-                    // The connection closes shortly, once this answer is out.
-                    conn.state.denied();
-                }
-                let response = self.list.denied(peer).into_http();
-                return Either::Left(ready(Ok(response)));
-            }
+        match self.list.refuse(request.extensions()) {
+            Some(denied) => Either::Left(ready(Ok(denied.into_http()))),
+            None => Either::Right(self.inner.call(request)),
         }
-        Either::Right(self.inner.call(request))
     }
 }
 

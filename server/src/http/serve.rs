@@ -69,22 +69,11 @@ impl HttpApi {
     /// 403 for a peer outside the allow-list, which also marks its
     /// connection to close soon; `None` for one inside it.
     fn refused(&self, parts: &http::request::Parts) -> Option<Response<Body>> {
-        if self.allow.is_empty() {
-            return None;
-        }
-        let conn = parts.extensions.get::<crate::conn_info::ConnInfo>();
-        let peer = conn.and_then(|c| c.tcp.remote_addr()).map(|a| a.ip());
-        if self.allow.admits(peer) {
-            return None;
-        }
-        if let Some(conn) = conn {
-            conn.state.denied();
-        }
-        let text = self.allow.refusal(peer);
+        let denied = self.allow.refuse(&parts.extensions)?;
         Some(error_response(
             StatusCode::FORBIDDEN,
-            Code::PermissionDenied,
-            &text,
+            denied.code(),
+            denied.message(),
         ))
     }
 

@@ -201,8 +201,9 @@ pub(super) fn serve_grpc(
 ) -> Result<impl Future<Output = Result<(), tonic::transport::Error>> + Send + 'static, String> {
     let limits = &config.limits;
     let window = receive_window(limits);
+    let allow = crate::allow::AllowList::new(config.allow_cidrs.clone());
     let http_api = crate::http::HttpApi::new(limits.max_recv_message_size, limits.request_timeout)?
-        .with_allow_list(crate::allow::AllowList::new(config.allow_cidrs.clone()));
+        .with_allow_list(allow.clone());
     Ok(tonic::transport::Server::builder()
         .accept_http1(true)
         // tonic leaves these unset, which hyper reads as "no limit".
@@ -233,7 +234,7 @@ pub(super) fn serve_grpc(
         // Metrics see the final code of every call, shed ones included.
         .layer(crate::metrics::grpc_layer::GrpcMetricsLayer::new())
         // Before anything that holds resources for a call.
-        .layer(crate::allow::AllowList::new(config.allow_cidrs.clone()))
+        .layer(allow)
         // Inside metrics (which count its refusals by code), before the
         // call limits: a call without a valid key takes no call slot.
         .layer(crate::auth::AuthLayer::new(
