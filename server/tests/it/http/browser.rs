@@ -12,7 +12,6 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use snowkeep_test_support::server::ServerProcess;
 use snowkeep_test_support::{eventually, READY};
 
 use crate::files::tools::repo;
@@ -150,11 +149,8 @@ fn rows(dom: &str) -> Vec<(&str, &str)> {
 async fn the_example_page_on_another_origin_renders_ids_exactly_over_grpc_web() {
     build().await;
     let page = serve(example());
-    let state = tempfile::tempdir().unwrap();
     // A machine id other than 0, so that decoding it proves something.
-    let server = ServerProcess::spawn(&[
-        "--state-dir",
-        state.path().to_str().unwrap(),
+    let (server, _state) = super::single_instance(&[
         "--machine-id-range",
         "1234..1235",
         "--cors-allow-origins",
@@ -215,8 +211,7 @@ async fn the_example_page_on_another_origin_renders_ids_exactly_over_grpc_web() 
 async fn without_cors_allow_origins_the_browser_blocks_the_example_page() {
     build().await;
     let page = serve(example());
-    let state = tempfile::tempdir().unwrap();
-    let server = ServerProcess::spawn(&["--state-dir", state.path().to_str().unwrap()]);
+    let (server, _state) = super::single_instance(&[]);
     server.wait_serving(READY).await;
     let dom = render(page, &server.url(), 5, None).await;
     assert!(

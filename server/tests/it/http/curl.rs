@@ -10,13 +10,7 @@ use snowkeep_test_support::etcd::EtcdProcess;
 use snowkeep_test_support::server::{scrape, ServerProcess};
 use snowkeep_test_support::READY;
 
-use super::{curl, ids_of};
-
-fn single_instance() -> (ServerProcess, tempfile::TempDir) {
-    let state = tempfile::tempdir().unwrap();
-    let server = ServerProcess::spawn(&["--state-dir", state.path().to_str().unwrap()]);
-    (server, state)
-}
+use super::{curl, ids_of, single_instance};
 
 /// Exact status and body of `GET url`.
 fn get(url: &str) -> (u16, String) {
@@ -26,7 +20,7 @@ fn get(url: &str) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_gets_ids_info_health_and_the_openapi_document_from_the_single_instance_store() {
-    let (server, _state) = single_instance();
+    let (server, _state) = single_instance(&[]);
     server.wait_serving(READY).await;
     let base = server.url();
     let machine_id = server.machine_id().await;
@@ -98,7 +92,7 @@ async fn curl_gets_ids_info_health_and_the_openapi_document_from_the_single_inst
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_400_naming_the_field_and_nothing_else_changes() {
-    let (server, _state) = single_instance();
+    let (server, _state) = single_instance(&[]);
     server.wait_serving(READY).await;
     let base = server.url();
     let status = |code: u16, text: &str| {
@@ -339,7 +333,7 @@ async fn curl_needs_a_key_with_the_right_permission_when_auth_is_on() {
 /// goes on serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_the_bound_is_a_413() {
-    let (server, _state) = single_instance();
+    let (server, _state) = single_instance(&[]);
     server.wait_serving(READY).await;
     let dir = tempfile::tempdir().unwrap();
     let body = dir.path().join("body.json");

@@ -9,6 +9,8 @@ mod web;
 
 use std::process::Command;
 
+use snowkeep_test_support::server::ServerProcess;
+
 /// What one `curl` call got.
 #[derive(Debug)]
 pub struct Got {
@@ -102,4 +104,13 @@ pub fn grpc_frame(message: &[u8]) -> Vec<u8> {
     framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
     framed.extend_from_slice(message);
     framed
+}
+
+/// A server on the single-instance store, its state in the returned
+/// directory (kept alive with it), with `extra` flags.
+pub fn single_instance(extra: &[&str]) -> (ServerProcess, tempfile::TempDir) {
+    let state = tempfile::tempdir().unwrap();
+    let mut args = vec!["--state-dir", state.path().to_str().unwrap()];
+    args.extend_from_slice(extra);
+    (ServerProcess::spawn(&args), state)
 }

@@ -49,23 +49,15 @@ async fn read_to_close(mut socket: TcpStream) {
 }
 
 /// A server with one stream slot and a 2 s send timeout.
-fn one_stream_slot(state: &tempfile::TempDir) -> ServerProcess {
-    ServerProcess::spawn(&[
-        "--state-dir",
-        state.path().to_str().unwrap(),
-        "--max-open-streams",
-        "1",
-        "--stream-send-timeout",
-        "2s",
-    ])
+fn one_stream_slot() -> (ServerProcess, tempfile::TempDir) {
+    super::single_instance(&["--max-open-streams", "1", "--stream-send-timeout", "2s"])
 }
 
 /// An unbounded stream whose client stops reading holds the only stream
 /// slot; after `--stream-send-timeout` its connection is closed, counted
 /// once, and the slot is another client's.
 async fn a_stalled_stream_is_cut(request: &[u8], protocol: &str) {
-    let state = tempfile::tempdir().unwrap();
-    let server = one_stream_slot(&state);
+    let (server, _state) = one_stream_slot();
     server.wait_serving(READY).await;
     let socket = stuck(server.port, request).await;
     let series = &in_flight("StreamIds", protocol);
@@ -119,8 +111,7 @@ async fn a_grpc_web_text_stream_whose_client_stops_reading_is_cut_after_the_send
 /// timeout and counted, as a gRPC unary answer's would be.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_json_answers_lose_their_connection_after_the_send_timeout() {
-    let state = tempfile::tempdir().unwrap();
-    let server = one_stream_slot(&state);
+    let (server, _state) = one_stream_slot();
     server.wait_serving(READY).await;
     let request = b"GET /v1/ids?count=100000 HTTP/1.1\r\nhost: snowkeep\r\n\r\n".repeat(16);
     let socket = stuck(server.port, &request).await;
@@ -139,13 +130,7 @@ async fn unread_json_answers_lose_their_connection_after_the_send_timeout() {
 /// `google.rpc.Status` naming the flag, and the connection closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_stops_arriving_gets_408_after_the_request_timeout() {
-    let state = tempfile::tempdir().unwrap();
-    let server = ServerProcess::spawn(&[
-        "--state-dir",
-        state.path().to_str().unwrap(),
-        "--request-timeout",
-        "1s",
-    ]);
+    let (server, _state) = super::single_instance(&["--request-timeout", "1s"]);
     server.wait_serving(READY).await;
     let request = b"POST /v1/leases:check HTTP/1.1\r\nhost: snowkeep\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"namesp";
     let mut socket = stuck(server.port, request).await;

@@ -6,7 +6,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use snowkeep_test_support::server::ServerProcess;
 use snowkeep_test_support::READY;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -20,8 +19,7 @@ fn lines(body: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_sends_whole_batches_and_ends_after_exactly_total_ids() {
-    let state = tempfile::tempdir().unwrap();
-    let server = ServerProcess::spawn(&["--state-dir", state.path().to_str().unwrap()]);
+    let (server, _state) = super::single_instance(&[]);
     server.wait_serving(READY).await;
     let got = curl(&[&format!(
         "{}/v1/ids:stream?total=5&batch_size=2",
@@ -51,8 +49,7 @@ async fn a_stream_sends_whole_batches_and_ends_after_exactly_total_ids() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_at_shutdown_ends_with_an_error_line_counting_the_ids_sent() {
-    let state = tempfile::tempdir().unwrap();
-    let mut server = ServerProcess::spawn(&["--state-dir", state.path().to_str().unwrap()]);
+    let (mut server, _state) = super::single_instance(&[]);
     server.wait_serving(READY).await;
     let total = 1_000_000_000u64;
     let url = format!(

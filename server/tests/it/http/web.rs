@@ -4,7 +4,7 @@ use std::process::Command;
 
 use prost::Message;
 use snowkeep_proto::v1 as pb;
-use snowkeep_test_support::server::{scrape, ServerProcess};
+use snowkeep_test_support::server::scrape;
 use snowkeep_test_support::READY;
 
 use super::curl;
@@ -50,8 +50,7 @@ fn grpc_web(base: &str, path: &str, message: &[u8]) -> (String, Vec<(u8, Vec<u8>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_web_calls_next_ids_and_is_counted_as_grpc_web() {
-    let state = tempfile::tempdir().unwrap();
-    let server = ServerProcess::spawn(&["--state-dir", state.path().to_str().unwrap()]);
+    let (server, _state) = super::single_instance(&[]);
     server.wait_serving(READY).await;
     let request = pb::NextIdsRequest {
         count: 3,
@@ -104,15 +103,9 @@ fn preflight(base: &str, origin: &str) -> super::Got {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cors_is_off_by_default_and_opened_to_the_listed_origins_only() {
-    let state = tempfile::tempdir().unwrap();
-    let closed = ServerProcess::spawn(&["--state-dir", state.path().to_str().unwrap()]);
-    let state2 = tempfile::tempdir().unwrap();
-    let open = ServerProcess::spawn(&[
-        "--state-dir",
-        state2.path().to_str().unwrap(),
-        "--cors-allow-origins",
-        "http://page.example:8080",
-    ]);
+    let (closed, _state) = super::single_instance(&[]);
+    let (open, _state2) =
+        super::single_instance(&["--cors-allow-origins", "http://page.example:8080"]);
     closed.wait_serving(READY).await;
     open.wait_serving(READY).await;
     let got = preflight(&closed.url(), "http://page.example:8080");
