@@ -7,9 +7,14 @@
 //! and may jump; the **monotonic clock** measures lease deadlines and never does.
 //! The monotonic clock has two readings: [`Clock::now`], exact, and
 //! [`Clock::monotonic_ns`], the cheapest the platform offers, which the
-//! generator reads once per id (docs/design.md, "One clock read per id").
+//! generator reads once per id (docs/design.md, "One clock read per id")
+//! unless the clock also offers [`MsTicks`], a count a thread advances at
+//! every wall-clock millisecond, which then keeps the generator's window
+//! with no clock read at all (docs/design.md, "No clock read per id").
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::Thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::layout::{Layout, Millis};
@@ -25,13 +30,24 @@ pub trait Clock: Send + Sync + 'static {
     /// It must never stop while [`Clock::now`] moves on, and should keep
     /// `now()`'s pace.
     ///
-    /// The generator reads it once per id, and [`Clock::now`] and
+    /// The generator reads it once per id (none while [`Clock::ms_ticks`]
+    /// keeps its window), and [`Clock::now`] and
     /// [`Clock::unix_ms`] about once per millisecond, so it measures spans of
     /// at most 1 ms with it. It trusts it over such a span only when, since
     /// the previous exact reading, it kept at least half the pace of `now()`
     /// and did not go back, and it stops trusting it as soon as a reading is
     /// not above the one before; otherwise every id reads the exact clocks.
     fn monotonic_ns(&self) -> u64;
+
+    /// The millisecond tick that keeps this clock's windows, if it has one:
+    /// asked once, when a generator is made. `None` (the default) makes the
+    /// generator read [`Clock::monotonic_ns`] once per id instead. A clock
+    /// that offers ticks must advance them whenever its wall clock moves to
+    /// another millisecond (or its monotonic clock moves at all), from a
+    /// thread of its own; [`ManualClock::ticking`] does it on every change.
+    fn ms_ticks(&self) -> Option<Arc<MsTicks>> {
+        None
+    }
 
     /// Wall time in `layout`'s milliseconds (since its epoch); 0 before the
     /// epoch, which no stamp can reach ([`Layout::to_layout_ms`]).
@@ -89,6 +105,121 @@ impl Clock for SystemClock {
         // 0 if the counter reads below the origin (reset by a suspend).
         clock.delta_as_nanos(*origin, clock.raw())
     }
+
+    /// The process-wide tick thread's count (`snowkeep-ms-tick`, which also
+    /// wakes callers waiting for the next millisecond): `None` only if that
+    /// thread could not be started.
+    fn ms_ticks(&self) -> Option<Arc<MsTicks>> {
+        crate::generator::system_ms_ticks()
+    }
+}
+
+/// A count advanced just after every wall-clock millisecond boundary, by
+/// one thread per process, while ids are being taken: the coarse clock a
+/// generator keeps its window by instead of reading a clock per id
+/// (docs/design.md, "No clock read per id").
+///
+/// The count is even while it runs and odd while it is stopped; it never
+/// repeats a value (a `u64` counting 2 per ms lasts 292 million years). A
+/// window kept by the tick lasts while the count reads the value it was
+/// opened at, so stopping the count closes every such window, and a stopped
+/// count opens none.
+#[derive(Debug)]
+pub struct MsTicks {
+    /// Read by every id: on a cache line of its own (with `touched` beside
+    /// it, each tick's write to that would evict it from every reader).
+    count: CacheLine<AtomicU64>,
+    /// Set by [`MsTicks::touch`]; the driving thread clears it every tick and
+    /// stops the count once it stayed clear for a while.
+    touched: CacheLine<AtomicBool>,
+    /// The thread to wake on a touch; `None` for a count moved by hand.
+    driver: Option<Thread>,
+}
+
+/// A value alone on its cache line (two lines: adjacent-line prefetchers
+/// pair them), so writes to its neighbours never evict it.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct CacheLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl MsTicks {
+    /// A count driven by `driver`, stopped until the first touch.
+    pub(crate) fn driven_by(driver: Thread) -> Arc<Self> {
+        Arc::new(Self {
+            count: CacheLine(AtomicU64::new(1)),
+            touched: CacheLine(AtomicBool::new(false)),
+            driver: Some(driver),
+        })
+    }
+
+    /// A running count moved by hand ([`MsTicks::advance`], [`MsTicks::stop`]),
+    /// for tests and for clocks that tick themselves.
+    pub fn manual() -> Arc<Self> {
+        Arc::new(Self {
+            count: CacheLine(AtomicU64::new(0)),
+            touched: CacheLine(AtomicBool::new(false)),
+            driver: None,
+        })
+    }
+
+    /// The count now: even while running.
+    #[inline]
+    pub fn read(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// True when a count read as `count` was running.
+    #[inline]
+    pub fn running(count: u64) -> bool {
+        count.is_multiple_of(2)
+    }
+
+    /// One millisecond more (the count must be running).
+    pub fn advance(&self) {
+        self.count.fetch_add(2, Ordering::AcqRel);
+    }
+
+    /// Stops the count, which closes every window kept by it.
+    pub fn stop(&self) {
+        let _ = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Self::running(c).then_some(c + 1)
+            });
+    }
+
+    /// Starts a stopped count again, at a value it never had.
+    pub(crate) fn start(&self) {
+        let _ = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                (!Self::running(c)).then_some(c + 1)
+            });
+    }
+
+    /// Says that ids are being taken: keeps the driving thread ticking, or
+    /// wakes it. Called on the generator's slow path (about once per ms
+    /// while ids are taken), never per id.
+    pub(crate) fn touch(&self) {
+        if !self.touched.load(Ordering::Relaxed) {
+            self.touched.store(true, Ordering::Release);
+            if let Some(thread) = &self.driver {
+                thread.unpark();
+            }
+        }
+    }
+
+    /// Whether a touch came since the last call (the driving thread's).
+    pub(crate) fn take_touch(&self) -> bool {
+        self.touched.swap(false, Ordering::AcqRel)
+    }
 }
 
 /// A clock moved by hand, for tests: wall time can be set anywhere (also
@@ -98,15 +229,42 @@ pub struct ManualClock {
     base: Instant,
     /// (wall time since the Unix epoch, monotonic time moved so far).
     state: Mutex<(Duration, Duration)>,
+    /// Advanced on every change of either clock, when the clock ticks.
+    ticks: Option<Arc<MsTicks>>,
 }
 
 impl ManualClock {
     /// Creates a clock at wall time `unix_ms`.
     pub fn new(unix_ms: u64) -> Arc<Self> {
+        Self::with_ticks(unix_ms, None)
+    }
+
+    /// Like [`ManualClock::new`], with [`MsTicks`] advanced on every change
+    /// of either clock (so a generator on it keeps its windows by the tick,
+    /// as on the system clock, and sees every change at its next id).
+    pub fn ticking(unix_ms: u64) -> Arc<Self> {
+        Self::with_ticks(unix_ms, Some(MsTicks::manual()))
+    }
+
+    fn with_ticks(unix_ms: u64, ticks: Option<Arc<MsTicks>>) -> Arc<Self> {
         Arc::new(Self {
             base: SystemClock.now(),
             state: Mutex::new((Duration::from_millis(unix_ms), Duration::ZERO)),
+            ticks,
         })
+    }
+
+    /// Its ticks, when it was made [`ManualClock::ticking`].
+    pub fn ticks(&self) -> Option<&Arc<MsTicks>> {
+        self.ticks.as_ref()
+    }
+
+    fn ticked(&self) {
+        if let Some(t) = &self.ticks {
+            if MsTicks::running(t.read()) {
+                t.advance();
+            }
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, (Duration, Duration)> {
@@ -121,11 +279,14 @@ impl ManualClock {
         let mut s = self.state();
         s.0 += by;
         s.1 += by;
+        drop(s);
+        self.ticked();
     }
 
     /// Sets the wall clock (a step, forwards or backwards); monotonic time is untouched.
     pub fn set_unix_ms(&self, unix_ms: u64) {
         self.state().0 = Duration::from_millis(unix_ms);
+        self.ticked();
     }
 }
 
@@ -139,6 +300,9 @@ impl Clock for ManualClock {
     /// Monotonic time moved so far (by [`ManualClock::advance`]).
     fn monotonic_ns(&self) -> u64 {
         nanos(self.state().1)
+    }
+    fn ms_ticks(&self) -> Option<Arc<MsTicks>> {
+        self.ticks.clone()
     }
 }
 

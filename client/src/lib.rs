@@ -33,7 +33,7 @@ pub mod tls;
 
 pub use api_key::{ApiKey, InvalidApiKey};
 pub use backoff::Backoff;
-pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
+pub use clock::{Clock, ManualClock, MsTicks, SharedClock, SystemClock, TokioClock};
 pub use embedded::{EmbeddedConfig, EmbeddedGenerator, Requester};
 pub use error::{ClientError, GenerateError, StopReason};
 pub use generator::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, Grant, Pinned, Taken};

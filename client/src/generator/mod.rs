@@ -42,8 +42,18 @@
 //! 1 ms, and it never goes past the fence. Stamps lag the wall clock by less
 //! than 1 ms, and a wall-clock step is seen (and judged by the rules above) by
 //! the first reading after the window it fell in.
+//!
+//! # No clock read per id
+//!
+//! On a clock with [`MsTicks`] (a count one thread advances just after
+//! every wall-clock millisecond boundary), a full window is kept by that
+//! count instead, so an id reads no clock. docs/design.md, "No clock read
+//! per id", says what that gives up when the thread stalls, and why the
+//! fence makes it safe.
 
+mod counters;
 mod demand;
+mod pinned;
 mod sequence;
 mod set;
 mod ticker;
@@ -56,14 +66,16 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::clock::SharedClock;
+use crate::clock::{MsTicks, SharedClock};
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
+pub use counters::GeneratorMetrics;
 pub use demand::{FenceDemand, FENCE_DEMAND_WAIT};
+pub use pinned::Pinned;
 use sequence::SequenceState;
 pub(crate) use sequence::Step;
 pub use sequence::Taken;
-pub use set::{GeneratorSet, Pinned};
+pub use set::GeneratorSet;
 use ticker::Ticker;
 
 /// Default largest backwards clock step the generator waits out: 100 ms.
@@ -97,33 +109,6 @@ pub struct Grant {
     /// Local lease deadline by the monotonic clock, counted from when the last
     /// successful renewal was *sent*; `None` when the store has no expiry.
     pub deadline: Option<Instant>,
-}
-
-/// Metric handles the generator updates; callers choose names and labels, so the
-/// server and embedded clients each keep their own metric catalog.
-#[derive(Debug, Clone)]
-pub struct GeneratorMetrics {
-    /// Ids issued.
-    pub ids_issued: metrics::Counter,
-    /// Milliseconds whose whole sequence was taken (counted once per ms, when
-    /// its last sequence is issued).
-    pub sequence_exhausted: metrics::Counter,
-    /// Backwards clock steps that were waited out.
-    pub backward_waited: metrics::Counter,
-    /// Backwards clock steps that halted issuance.
-    pub backward_halted: metrics::Counter,
-}
-
-impl Default for GeneratorMetrics {
-    /// Counters that record nothing.
-    fn default() -> Self {
-        Self {
-            ids_issued: metrics::Counter::noop(),
-            sequence_exhausted: metrics::Counter::noop(),
-            backward_waited: metrics::Counter::noop(),
-            backward_halted: metrics::Counter::noop(),
-        }
-    }
 }
 
 /// Generates ascending ids for one machine id at a time. Cheap to share
@@ -160,6 +145,14 @@ pub struct Generator {
     /// Where a caller that finds the fence reached asks for a raise; `None`
     /// refuses it at once.
     demand: Option<Arc<FenceDemand>>,
+    /// The clock's millisecond tick, which keeps full windows without a
+    /// clock read per id; `None`: every id reads the cheap clock.
+    ticks: Option<Arc<MsTicks>>,
+}
+
+/// The system clock's [`MsTicks`]: the process-wide tick thread's count.
+pub(crate) fn system_ms_ticks() -> Option<Arc<MsTicks>> {
+    Ticker::global().ticks()
 }
 
 /// What the sequence lock guards: the sequence, and a receiver of the grant
@@ -257,7 +250,9 @@ impl Generator {
         // Set the cheap clock up now (the system clock calibrates the TSC
         // once per process, 10 to 200 ms), not on the first id.
         clock.monotonic_ns();
+        let ticks = clock.ms_ticks();
         Arc::new(Self {
+            ticks,
             layout,
             clock,
             state: Mutex::new(Issuer {
@@ -339,17 +334,23 @@ impl Generator {
     /// Takes up to `want` ids in one step without waiting: a run of consecutive
     /// ids in one millisecond, or the reason to wait, or an error.
     ///
-    /// Every step reads the cheap monotonic clock once
-    /// ([`Clock::monotonic_ns`](crate::Clock::monotonic_ns)); the wall clock
-    /// and the exact monotonic clock only when the window of the last wall
-    /// reading is closed (see "One clock read per id" in this module).
+    /// A step inside the window of the last wall reading reads the tick
+    /// count (a window kept by the tick) or the cheap monotonic clock
+    /// ([`Clock::monotonic_ns`](crate::Clock::monotonic_ns)) once; the wall
+    /// clock and the exact monotonic clock are read only when that window is
+    /// closed (see "One clock read per id" and "No clock read per id" in
+    /// this module).
     #[inline]
     pub(crate) fn try_take(&self, want: u64) -> Result<Step, GenerateError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let now_ns = self.clock.monotonic_ns();
+        let tick = self.tick();
+        // The cheap reading, if the window needed one: the wall reading
+        // below starts from it.
+        let mut now_ns = None;
         if state.same_grant() {
             let per_ms = self.layout.sequences_per_tick();
-            if let Some(t) = state.sequence.take_again(now_ns, want, per_ms) {
+            let cheap = || *now_ns.get_or_insert_with(|| self.clock.monotonic_ns());
+            if let Some(t) = state.sequence.take_again(tick, cheap, want, per_ms) {
                 drop(state);
                 self.count_issued(&t);
                 return Ok(Step::Ids(t));
@@ -357,20 +358,52 @@ impl Generator {
         } else {
             state.sequence.close_window();
         }
-        self.take_reading(state, now_ns, want)
+        self.take_reading(state, tick, now_ns, want)
+    }
+
+    /// One id from a window kept by the tick, or `None` (no such window, or
+    /// callers queued): then [`Generator::take_now`]. The id comes back in a
+    /// register, with no step or error built around it.
+    #[inline]
+    pub(crate) fn take_one_in_tick(&self) -> Option<u64> {
+        let ticks = self.ticks.as_deref()?;
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return None;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !state.same_grant() {
+            return None;
+        }
+        let per_ms = self.layout.sequences_per_tick();
+        let t = state.sequence.take_in_tick(ticks.read(), 1, per_ms)?;
+        drop(state);
+        self.count_issued(&t);
+        Some(t.first)
+    }
+
+    /// The tick count now, when the clock has ticks.
+    #[inline]
+    fn tick(&self) -> Option<u64> {
+        self.ticks.as_deref().map(MsTicks::read)
     }
 
     /// [`Generator::try_take`] with a wall-clock reading, under the grant
-    /// in force now.
+    /// in force now. `tick` is the count read before any clock, `now_ns`
+    /// the cheap reading if one was taken since.
     #[cold]
     #[inline(never)]
     fn take_reading(
         &self,
         mut state: std::sync::MutexGuard<'_, Issuer>,
-        now_ns: u64,
+        tick: Option<u64>,
+        now_ns: Option<u64>,
         want: u64,
     ) -> Result<Step, GenerateError> {
+        if let Some(ticks) = &self.ticks {
+            ticks.touch();
+        }
         let grant = state.read_grant().ok_or(GenerateError::NoGrant)?;
+        let now_ns = now_ns.unwrap_or_else(|| self.clock.monotonic_ns());
         let now_mono = self.clock.now();
         let now_unix = self.clock.unix_ms();
         let step = state.sequence.take(
@@ -382,6 +415,9 @@ impl Generator {
             want,
             self.max_backward_wait,
         );
+        if let (Ok(Step::Ids(_)), Some(tick)) = (&step, tick) {
+            state.sequence.keep_by_tick(tick);
+        }
         drop(state);
         match &step {
             Ok(Step::Ids(t)) => self.count_issued(t),
@@ -427,6 +463,9 @@ impl Generator {
 
     /// One id: the embedded generator's hot path, with no batch allocated.
     pub async fn next_id(&self) -> Result<u64, GenerateError> {
+        if let Some(id) = self.take_one_in_tick() {
+            return Ok(id);
+        }
         match self.take_now(1) {
             Ok(Some(t)) => Ok(t.first),
             Ok(None) => Ok(self.take_waiting(1).await?.first),
@@ -553,3 +592,5 @@ impl Drop for Queued<'_> {
 mod shape_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tick_tests;

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::Grant;
-use crate::clock::nanos;
+use crate::clock::{nanos, MsTicks};
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
 
@@ -69,6 +69,9 @@ struct Window {
     until: u64,
     /// The id of sequence 0 at the cursor's timestamp.
     base: u64,
+    /// `Some(count)`: the window is kept by the millisecond tick instead of
+    /// `last` and `until`: it lasts while the tick reads `count`.
+    tick: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -95,13 +98,15 @@ impl SequenceState {
         self.window = None;
     }
 
-    /// Takes up to `want` ids at the last stamped timestamp, at cheap
-    /// monotonic time `now_ns` (`Clock::monotonic_ns`), without reading the
-    /// wall clock or `Clock::now`: only inside the window of the wall reading
-    /// that admitted that timestamp (`now_ns` above the last cheap reading
-    /// served and below the window's end), and while the millisecond has
-    /// sequence left (`per_ms` sequences). `None` means "read the clocks and
-    /// [`SequenceState::take`]".
+    /// Takes up to `want` ids at the last stamped timestamp without reading
+    /// the wall clock or `Clock::now`: only inside the window of the wall
+    /// reading that admitted that timestamp, and while the millisecond has
+    /// sequence left (`per_ms` sequences). The window is the tick's when it
+    /// was [kept by the tick](Self::keep_by_tick): open while `tick` (the
+    /// count now) is the count it was opened at, and `cheap` is not read.
+    /// Otherwise `cheap()` (`Clock::monotonic_ns`) must read above the last
+    /// cheap reading served and below the window's end. `None` means "read
+    /// the clocks and [`SequenceState::take`]".
     ///
     /// The caller must have checked that the grant is the one the window was
     /// opened under (and [`close_window`](Self::close_window) otherwise). The
@@ -109,21 +114,58 @@ impl SequenceState {
     /// floor, at or below the fence and the layout's last timestamp, and not
     /// behind the last stamp, so stamping it again keeps every rule of
     /// [`admit`]. The deadline, the one rule that moves with time, is kept
-    /// by the window's end, checked on every id: the window closes before
-    /// half the time left to the deadline has passed on the cheap clock.
+    /// by the window's end: on the cheap clock it closes before half the
+    /// time left to the deadline has passed; a window kept by the tick was
+    /// opened at least 2 ms before the deadline and closes at the next
+    /// millisecond boundary, as long as the tick thread runs
+    /// (docs/design.md, "No clock read per id", for when it does not).
     #[inline]
-    pub(super) fn take_again(&mut self, now_ns: u64, want: u64, per_ms: u64) -> Option<Taken> {
+    pub(super) fn take_again(
+        &mut self,
+        tick: Option<u64>,
+        cheap: impl FnOnce() -> u64,
+        want: u64,
+        per_ms: u64,
+    ) -> Option<Taken> {
         let window = self.window.as_mut()?;
-        if now_ns <= window.last || now_ns >= window.until {
+        match window.tick {
+            Some(_) => return self.take_in_tick(tick?, want, per_ms),
+            None => {
+                let now_ns = cheap();
+                if now_ns <= window.last || now_ns >= window.until {
+                    return None;
+                }
+                window.last = now_ns;
+            }
+        }
+        let base = window.base;
+        self.take_in_window(base, want, per_ms)
+    }
+
+    /// [`SequenceState::take_again`] for a window kept by the tick, which
+    /// reads `tick` now: `None` when there is no such window, or it was
+    /// opened at another count.
+    #[inline]
+    pub(super) fn take_in_tick(&mut self, tick: u64, want: u64, per_ms: u64) -> Option<Taken> {
+        let window = self.window.as_ref()?;
+        if window.tick != Some(tick) {
             return None;
         }
+        let base = window.base;
+        self.take_in_window(base, want, per_ms)
+    }
+
+    /// Up to `want` ids at the cursor's timestamp, whose sequence 0 is id
+    /// `base`, while the millisecond has sequence left (`per_ms`): the
+    /// part every open window shares.
+    #[inline]
+    fn take_in_window(&mut self, base: u64, want: u64, per_ms: u64) -> Option<Taken> {
         let cursor = self.cursor.as_mut()?;
         if cursor.next_seq >= per_ms {
             return None;
         }
-        window.last = now_ns;
         let count = want.min(per_ms - cursor.next_seq);
-        let first = window.base + cursor.next_seq;
+        let first = base + cursor.next_seq;
         cursor.next_seq += count;
         Some(Taken {
             first,
@@ -131,6 +173,19 @@ impl SequenceState {
             timestamp: cursor.last,
             exhausted: cursor.next_seq == per_ms,
         })
+    }
+
+    /// Lets the window the last step opened be kept by the millisecond tick
+    /// read as `tick` before that step's clock readings: only a window of
+    /// the full [`WALL_READING_LASTS`] (at least 2 ms left to the deadline)
+    /// and only while the tick runs ([`MsTicks::running`]).
+    pub(super) fn keep_by_tick(&mut self, tick: u64) {
+        if let Some(w) = &mut self.window {
+            if MsTicks::running(tick) && w.until.saturating_sub(w.last) >= nanos(WALL_READING_LASTS)
+            {
+                w.tick = Some(tick);
+            }
+        }
     }
 
     /// Records an exact reading `now_mono` and the cheap one `now_ns` taken
@@ -241,6 +296,7 @@ impl SequenceState {
             last: now_ns,
             until: now_ns.saturating_add(span),
             base: layout.encode(cursor.last, cursor.machine_id, 0),
+            tick: None,
         });
         Ok(Step::Ids(cursor.issue(layout, want, per_ms)))
     }

@@ -12,16 +12,18 @@
 //! process that needs more than one machine id's rate):
 //!
 //! - **round robin** ([`GeneratorSet::next_id`]): every caller shares one
-//!   counter, whose cache line all of them write;
+//!   counter, whose cache line all of them write (with one machine id there
+//!   is no counter); each thread then takes its ids in runs, as a pinned
+//!   handle does;
 //! - **by key** ([`GeneratorSet::next_id_for`]): machine id `key % N`, the
 //!   key the caller's (a worker or shard index); **by thread**
 //!   ([`GeneratorSet::next_id_by_thread`]) is the same with a dense index
 //!   this process gives each thread on its first id (Rust has no stable
 //!   numeric thread id), so a thread always lands on one machine id;
 //! - **pinned** ([`GeneratorSet::pin`]): a [`Pinned`] handle on one machine
-//!   id, for one worker, that writes no state shared with other machine
-//!   ids. One generator per handle: two handles (or a handle and the other
-//!   spreads) on one machine id share its lock, never its ids.
+//!   id, owned by one worker, that takes runs of ids under the machine id's
+//!   lock and hands them out with no shared write. Two handles (or a handle
+//!   and the other spreads) on one machine id share its lock, never its ids.
 //!
 //! Each skips a machine id that cannot issue now for the next one that can,
 //! as round robin does.
@@ -38,6 +40,7 @@ thread_local! {
     static THREAD_INDEX: usize = NEXT_THREAD_INDEX.fetch_add(1, Ordering::Relaxed);
 }
 
+use super::pinned::{self, Pinned, ThreadRuns};
 use super::Generator;
 use crate::error::GenerateError;
 use crate::layout::Layout;
@@ -47,6 +50,11 @@ use crate::layout::Layout;
 pub struct GeneratorSet {
     generators: Vec<Arc<Generator>>,
     next: AtomicUsize,
+    /// Each thread's runs for [`GeneratorSet::next_id`] of slot 0, here
+    /// rather than in `runs` so an id follows one pointer less.
+    runs_0: ThreadRuns,
+    /// The same for slots 1 to N - 1.
+    runs: Vec<ThreadRuns>,
 }
 
 impl GeneratorSet {
@@ -54,6 +62,12 @@ impl GeneratorSet {
     pub fn new(generators: Vec<Arc<Generator>>) -> Arc<Self> {
         assert!(!generators.is_empty(), "a generator set needs a generator");
         Arc::new(Self {
+            runs_0: ThreadRuns::new(),
+            runs: generators
+                .iter()
+                .skip(1)
+                .map(|_| ThreadRuns::new())
+                .collect(),
             generators,
             next: AtomicUsize::new(0),
         })
@@ -94,21 +108,65 @@ impl GeneratorSet {
     /// (its error then says why issuance is stopped).
     #[inline]
     fn pick_from(&self, start: usize) -> &Arc<Generator> {
+        &self.generators[self.ready_index(start)]
+    }
+
+    /// Each thread's runs of slot `slot`.
+    #[inline]
+    fn runs_of(&self, slot: usize) -> &ThreadRuns {
+        match slot {
+            0 => &self.runs_0,
+            _ => &self.runs[slot - 1],
+        }
+    }
+
+    /// The slot [`GeneratorSet::pick_from`] picks.
+    #[inline]
+    fn ready_index(&self, start: usize) -> usize {
         let n = self.generators.len();
-        let first = &self.generators[start % n];
         if n == 1 {
             // No choice to make: skip the readiness check and its clock reads.
-            return first;
+            return 0;
         }
         (0..n)
-            .map(|i| &self.generators[(start + i) % n])
-            .find(|g| g.is_ready())
-            .unwrap_or(first)
+            .map(|i| (start + i) % n)
+            .find(|&i| self.generators[i].is_ready())
+            .unwrap_or(start % n)
     }
 
     /// One id, from one machine id (round-robin over the ready ones).
+    ///
+    /// Each thread takes the ids of a machine id in runs, as a [`Pinned`]
+    /// handle does, and hands them out with no write any other thread
+    /// sees. So the ids one thread gets ascend, while ids handed to
+    /// different threads interleave within a millisecond: a task that moves
+    /// to another thread between two calls may get a lower id after a
+    /// higher one of the same millisecond (never a repeat), as ids of
+    /// different machine ids already do.
     pub async fn next_id(&self) -> Result<u64, GenerateError> {
-        one_id(self.pick_ref()).await
+        let n = self.generators.len();
+        let start = match n {
+            // No choice to make: skip the counter (and the division).
+            1 => 0,
+            _ => self.next.fetch_add(1, Ordering::Relaxed) % n,
+        };
+        if let Some(id) = pinned::from_thread_run(self.runs_of(start)) {
+            return Ok(id);
+        }
+        let at = self.ready_index(start);
+        pinned::from_new_thread_run(self.runs_of(at), &self.generators[at]).await
+    }
+
+    /// One id from slot `start % N`, or from the next ready one when it
+    /// cannot issue now. An open window of that slot serves at once;
+    /// otherwise readiness (which reads the clocks) picks the slot.
+    #[inline]
+    async fn one_from(&self, start: usize) -> Result<u64, GenerateError> {
+        let first = &self.generators[start % self.generators.len()];
+        if let Some(id) = first.take_one_in_tick() {
+            return Ok(id);
+        }
+        one_id(self.pick_from(start)).await
     }
 
     /// One id from the machine id in slot `key % N` (slot order, as
@@ -119,7 +177,7 @@ impl GeneratorSet {
     pub async fn next_id_for(&self, key: u64) -> Result<u64, GenerateError> {
         // Only the remainder matters, so the key's high bits may go.
         let start = (key % self.generators.len() as u64) as usize;
-        one_id(self.pick_from(start)).await
+        self.one_from(start).await
     }
 
     /// One id from the machine id of this thread's index `% N` (see the
@@ -128,16 +186,14 @@ impl GeneratorSet {
     /// can change between awaits; the id still comes from one machine id.
     pub async fn next_id_by_thread(&self) -> Result<u64, GenerateError> {
         let index = THREAD_INDEX.with(|i| *i);
-        one_id(self.pick_from(index)).await
+        self.one_from(index).await
     }
 
     /// A handle on the machine id in slot `index % N` alone, for one
     /// worker. It never moves to another machine id: while its own cannot
     /// issue, its calls fail with the reason (as a one-machine-id set's do).
     pub fn pin(&self, index: usize) -> Pinned {
-        Pinned {
-            generator: self.generators[index % self.generators.len()].clone(),
-        }
+        Pinned::new(self.generators[index % self.generators.len()].clone())
     }
 
     /// Returns `count` strictly ascending ids. Batches above one millisecond's
@@ -172,44 +228,12 @@ impl GeneratorSet {
 /// machine.
 #[inline]
 async fn one_id(g: &Generator) -> Result<u64, GenerateError> {
+    if let Some(id) = g.take_one_in_tick() {
+        return Ok(id);
+    }
     match g.take_now(1)? {
         Some(t) => Ok(t.first),
         None => Ok(g.take_waiting(1).await?.first),
-    }
-}
-
-/// One machine id of a [`GeneratorSet`], pinned to one worker
-/// ([`GeneratorSet::pin`]): its ids come from that machine id only, with no
-/// counter shared with the other workers. Cheap to clone (the clone is on
-/// the same machine id).
-#[derive(Debug, Clone)]
-pub struct Pinned {
-    generator: Arc<Generator>,
-}
-
-impl Pinned {
-    /// One id from the pinned machine id.
-    ///
-    /// # Errors
-    /// As [`Generator::next_id`]: no grant (stopped, or not yet granted), the
-    /// fence reached, the clock stepped back too far.
-    #[inline]
-    pub async fn next_id(&self) -> Result<u64, GenerateError> {
-        one_id(&self.generator).await
-    }
-
-    /// `count` strictly ascending ids from the pinned machine id.
-    ///
-    /// # Errors
-    /// As [`Pinned::next_id`]; on an error the ids already taken are
-    /// dropped (a gap, never a reuse).
-    pub async fn next_ids(&self, count: u64) -> Result<Vec<u64>, GenerateError> {
-        self.generator.next_ids(count).await
-    }
-
-    /// The machine id it takes ids from, while a grant is in force.
-    pub fn machine_id(&self) -> Option<crate::layout::MachineId> {
-        self.generator.grant().map(|g| g.machine_id)
     }
 }
 
@@ -345,7 +369,7 @@ mod tests {
     #[tokio::test]
     async fn a_pinned_handle_takes_from_its_machine_id_only_and_stops_with_it() {
         let (set, _clock, tx) = set_of(&[3, 9]);
-        let pinned = set.pin(3); // 3 % 2 = slot 1: machine id 9
+        let mut pinned = set.pin(3); // 3 % 2 = slot 1: machine id 9
         assert_eq!(pinned.machine_id(), Some(MachineId(9)));
         assert_eq!(pinned.next_id().await.unwrap(), (1000 << 22) | (9 << 10));
         assert_eq!(

@@ -275,10 +275,19 @@ fn generator_with_deadline(
     manual: &ManualClock,
     deadline: Duration,
 ) -> (Arc<Generator>, watch::Sender<Option<Grant>>) {
-    let (tx, rx) = watch::channel(Some(Grant {
+    let grant = Grant {
         deadline: Some(manual.now() + deadline),
         ..grant(2, 0, 10_000)
-    }));
+    };
+    generator_with_grant(clock, grant)
+}
+
+/// A generator on the default layout and `clock` under `grant`.
+pub(super) fn generator_with_grant(
+    clock: Arc<dyn Clock>,
+    grant: Grant,
+) -> (Arc<Generator>, watch::Sender<Option<Grant>>) {
+    let (tx, rx) = watch::channel(Some(grant));
     let g = Generator::new(
         Layout::default(),
         clock,
@@ -628,7 +637,7 @@ fn sequence_exhaustion_counts_each_millisecond_once() {
 /// A clock whose reads are counted: wall (`unix_ms`), exact monotonic
 /// (`now`) and cheap monotonic (`monotonic_ns`).
 #[derive(Debug)]
-struct CountingClock {
+pub(super) struct CountingClock {
     inner: Arc<ManualClock>,
     reads: std::sync::atomic::AtomicU64,
     exact_reads: std::sync::atomic::AtomicU64,
@@ -636,7 +645,7 @@ struct CountingClock {
 }
 
 impl CountingClock {
-    fn new(inner: Arc<ManualClock>) -> Arc<Self> {
+    pub(super) fn new(inner: Arc<ManualClock>) -> Arc<Self> {
         Arc::new(Self {
             inner,
             reads: Default::default(),
@@ -646,7 +655,7 @@ impl CountingClock {
     }
 
     /// (wall, exact monotonic, cheap monotonic) reads so far.
-    fn counts(&self) -> [u64; 3] {
+    pub(super) fn counts(&self) -> [u64; 3] {
         [&self.reads, &self.exact_reads, &self.cheap_reads]
             .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
@@ -667,6 +676,9 @@ impl Clock for CountingClock {
         self.cheap_reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.monotonic_ns()
+    }
+    fn ms_ticks(&self) -> Option<Arc<crate::MsTicks>> {
+        self.inner.ms_ticks()
     }
 }
 

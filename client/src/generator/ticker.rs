@@ -8,8 +8,14 @@
 //! the CPU and the runtime's queues that other calls need, once per waiter.
 //! So one thread per process, `snowkeep-ms-tick`, sleeps (a precise kernel
 //! sleep, typically 50–100 µs late) until just after each wall-clock
-//! millisecond boundary and wakes every waiter of every generator; it runs
-//! only while someone waits and parks otherwise.
+//! millisecond boundary and wakes every waiter of every generator.
+//!
+//! The same thread advances the system clock's [`MsTicks`] at each of those
+//! ticks: the coarse clock that keeps a generator's window with no clock
+//! read per id (docs/design.md, "No clock read per id"). It runs while
+//! someone waits or ids were taken within the last [`IDLE_TICKS`] ms, and
+//! parks otherwise, stopping the count first (which closes every window
+//! kept by it).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,6 +26,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
+
+use crate::clock::MsTicks;
+
+/// Ticks without a touch (ids taken through a wall reading) or a waiter
+/// after which the thread stops the count and parks: 100 ms. While ids are
+/// taken, windows close every ms and their next reading touches.
+pub(super) const IDLE_TICKS: u32 = 100;
 
 /// How long after a millisecond boundary the tick is aimed at, so that a
 /// sleep that ends a little early still lands in the new millisecond.
@@ -32,6 +45,8 @@ pub(super) struct Ticker {
     /// Waiters now; the thread parks at 0.
     waiting: AtomicUsize,
     driver: Driver,
+    /// The count advanced at every tick, when a thread drives it.
+    ticks: Option<Arc<MsTicks>>,
 }
 
 #[derive(Debug)]
@@ -68,6 +83,7 @@ impl Ticker {
                     notify: Notify::new(),
                     waiting: AtomicUsize::new(0),
                     driver: Driver::Thread(handle.thread().clone()),
+                    ticks: Some(MsTicks::driven_by(handle.thread().clone())),
                 });
                 // The thread holds the ticker for the life of the process.
                 let _ = tx.send(ticker.clone());
@@ -77,6 +93,7 @@ impl Ticker {
                 notify: Notify::new(),
                 waiting: AtomicUsize::new(0),
                 driver: Driver::Yield,
+                ticks: None,
             }),
         }
     }
@@ -88,7 +105,13 @@ impl Ticker {
             notify: Notify::new(),
             waiting: AtomicUsize::new(0),
             driver: Driver::Manual,
+            ticks: None,
         })
+    }
+
+    /// The count this ticker's thread advances, if a thread drives it.
+    pub(super) fn ticks(&self) -> Option<Arc<MsTicks>> {
+        self.ticks.clone()
     }
 
     /// Wakes every waiter now.
@@ -134,15 +157,30 @@ impl Ticker {
         }
     }
 
-    /// The thread: while anyone waits, tick just after each millisecond.
+    /// The thread: while anyone waits or ids are being taken, tick just
+    /// after each millisecond.
     fn run(&self) {
+        // Parked until the first waiter or touch.
+        let mut idle = IDLE_TICKS;
         loop {
-            if self.waiting.load(Ordering::Acquire) == 0 {
-                // An unpark between the check and here makes park return at once.
+            let touched = self.ticks.as_ref().is_some_and(|t| t.take_touch());
+            idle = if touched { 0 } else { idle.saturating_add(1) };
+            if self.waiting.load(Ordering::Acquire) == 0 && idle > IDLE_TICKS {
+                if let Some(t) = &self.ticks {
+                    t.stop();
+                }
+                // An unpark (a waiter, a touch) between the checks and here
+                // makes park return at once.
                 std::thread::park();
                 continue;
             }
+            if let Some(t) = &self.ticks {
+                t.start();
+            }
             std::thread::sleep(until_next_ms());
+            if let Some(t) = &self.ticks {
+                t.advance();
+            }
             self.notify.notify_waiters();
         }
     }
@@ -166,4 +204,59 @@ fn until_next_ms() -> Duration {
         .map(|d| d.subsec_nanos() % 1_000_000)
         .unwrap_or(0);
     Duration::from_nanos(u64::from(1_000_000 - into_ms)) + AFTER_BOUNDARY
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Clock, SystemClock};
+
+    /// Polls `ticks` every 200 µs until `done` holds for its count, for at
+    /// most 5 s; returns the count that satisfied it.
+    fn wait_for(ticks: &MsTicks, what: &str, done: impl Fn(u64) -> bool) -> u64 {
+        let until = SystemClock.now() + Duration::from_secs(5);
+        loop {
+            let count = ticks.read();
+            if done(count) {
+                return count;
+            }
+            assert!(SystemClock.now() < until, "{what}: count still {count}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The thread's count is stopped until ids are taken (a touch), then
+    /// advances by 2 at each tick, stops again (odd) once nobody touched it
+    /// for [`IDLE_TICKS`], and starts at a new value on the next touch.
+    #[test]
+    fn the_count_runs_while_ids_are_taken_and_stops_when_idle() {
+        let ticker = Ticker::start();
+        let ticks = ticker.ticks().expect("the tick thread started");
+        let first = wait_for(&ticks, "parked at start", |c| !MsTicks::running(c));
+        ticks.touch();
+        let running = wait_for(&ticks, "started", |c| MsTicks::running(c) && c > first);
+        let later = wait_for(&ticks, "advancing", |c| c >= running + 4);
+        assert!(MsTicks::running(later));
+        // No touch from here: it stops after about IDLE_TICKS ms.
+        let stopped = wait_for(&ticks, "stopped when idle", |c| !MsTicks::running(c));
+        assert!(stopped > later);
+        ticks.touch();
+        wait_for(&ticks, "started again", |c| {
+            MsTicks::running(c) && c > stopped
+        });
+    }
+
+    /// A manual count: stop closes (odd), start opens at a value never seen.
+    #[test]
+    fn a_count_never_repeats_a_value() {
+        let ticks = MsTicks::manual();
+        assert_eq!(ticks.read(), 0);
+        ticks.advance();
+        ticks.stop();
+        ticks.stop();
+        assert_eq!(ticks.read(), 3);
+        ticks.start();
+        ticks.start();
+        assert_eq!(ticks.read(), 4);
+    }
 }
