@@ -366,7 +366,17 @@ impl Generator {
     /// register, with no step or error built around it.
     #[inline]
     pub(crate) fn take_one_in_tick(&self) -> Option<u64> {
-        let ticks = self.ticks.as_deref()?;
+        let tick = self.tick()?;
+        self.take_in_tick(tick, 1).map(|t| t.first)
+    }
+
+    /// Up to `want` ids from a window kept by the tick that reads `tick`,
+    /// or `None`: no such window (a clock without ticks, a new tick or
+    /// grant, the millisecond used up, less than 2 ms to the deadline) or
+    /// callers queued. A pinned handle takes its runs only here, so a run
+    /// never outlasts the window it came from.
+    #[inline]
+    pub(crate) fn take_in_tick(&self, tick: u64, want: u64) -> Option<Taken> {
         if self.queued.load(Ordering::Acquire) != 0 {
             return None;
         }
@@ -375,10 +385,10 @@ impl Generator {
             return None;
         }
         let per_ms = self.layout.sequences_per_tick();
-        let t = state.sequence.take_in_tick(ticks.read(), 1, per_ms)?;
+        let t = state.sequence.take_in_tick(tick, want, per_ms)?;
         drop(state);
         self.count_issued(&t);
-        Some(t.first)
+        Some(t)
     }
 
     /// The tick count now, when the clock has ticks.

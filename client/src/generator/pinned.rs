@@ -21,7 +21,9 @@ use crate::error::GenerateError;
 /// On a clock with [`MsTicks`](crate::MsTicks) (the system clock), the
 /// handle takes ids from its machine id's generator in *runs*: consecutive
 /// ids of one millisecond, taken under the generator's lock like any other
-/// ids (so they are stamped, and counted as issued, when the run is taken).
+/// ids (so they are stamped, and counted as issued, when the run is taken),
+/// and only from a window the tick keeps (so not within 2 ms of the
+/// deadline: one id at a time there).
 /// It hands them out one by one while the tick and the grant are the ones
 /// the run was taken under, with two loads and no shared write; a new
 /// millisecond or a new grant ends the run, and its ids left over are a
@@ -127,16 +129,18 @@ impl Pinned {
         };
         // Seen before the take: a grant sent after this ends the run.
         self.grant.mark_unchanged();
-        let want = if tick.is_some_and(MsTicks::running) {
-            size
-        } else {
-            1
-        };
-        let t = match self.generator.take_now(want)? {
+        // A run only from a window the tick keeps (so it ends when that
+        // window would); otherwise one id, as any caller takes it.
+        let run = tick
+            .filter(|&t| MsTicks::running(t))
+            .and_then(|t| self.generator.take_in_tick(t, size));
+        let t = match run {
             Some(t) => t,
-            // The machine id is busy (queued callers, a used-up millisecond):
-            // one id in turn, no run.
-            None => self.generator.take_waiting(1).await?,
+            None => match self.generator.take_now(1)? {
+                Some(t) => t,
+                // Queued callers or a used-up millisecond: one id in turn.
+                None => self.generator.take_waiting(1).await?,
+            },
         };
         self.run = Run {
             next: t.first + 1,

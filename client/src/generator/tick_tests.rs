@@ -183,23 +183,28 @@ async fn a_pinned_handle_hands_out_runs_that_end_with_the_tick() {
     assert_eq!(pinned.next_id().await, Ok(at(1000) + 7));
     assert_eq!(set.next_id().await, Ok(at(1000) + 15));
     assert_eq!(pinned.next_id().await, Ok(at(1000) + 8));
-    // A new tick ends the run (9 to 14 are a gap); the next run is 4 ids,
-    // in ms 1001 from sequence 16, where ms 1000 left off.
+    // A new tick ends the run (9 to 14 are a gap). The first id of ms 1001
+    // is one id, from the wall reading that opens its window (a run comes
+    // only from a window the tick keeps), from sequence 16, where ms 1000
+    // left off; the set's thread takes the next.
     manual.advance(Duration::from_millis(1));
     assert_eq!(pinned.next_id().await, Ok(at(1001) + 16));
-    assert_eq!(set.next_id().await, Ok(at(1001) + 20));
-    assert_eq!(pinned.next_id().await, Ok(at(1001) + 17));
-    // A batch comes after every id the handle gave (18 and 19 are a gap).
+    assert_eq!(set.next_id().await, Ok(at(1001) + 17));
+    // Then a run of 8 (the 4 it halved to, doubled): 18 to 25.
+    assert_eq!(pinned.next_id().await, Ok(at(1001) + 18));
+    // A batch comes after every id the handle gave (19 to 25 are a gap).
     assert_eq!(
         pinned.next_ids(2).await,
-        Ok(vec![at(1001) + 21, at(1001) + 22])
+        Ok(vec![at(1001) + 26, at(1001) + 27])
     );
     // A clone is a handle of its own: a run of 1.
     let mut other = pinned.clone();
-    assert_eq!(other.next_id().await, Ok(at(1001) + 23));
-    assert_eq!(pinned.next_id().await, Ok(at(1001) + 24));
+    assert_eq!(other.next_id().await, Ok(at(1001) + 28));
+    // The handle's next run is 16 (29 to 44).
+    assert_eq!(pinned.next_id().await, Ok(at(1001) + 29));
+    assert_eq!(other.next_id().await, Ok(at(1001) + 45));
     // A withdrawn grant ends the run at once.
-    assert_eq!(pinned.next_id().await, Ok(at(1001) + 25));
+    assert_eq!(pinned.next_id().await, Ok(at(1001) + 30));
     tx.send_replace(None);
     assert_eq!(pinned.next_id().await, Err(GenerateError::NoGrant));
 }
@@ -296,4 +301,24 @@ async fn dropping_the_set_drops_its_thread_runs() {
     assert_eq!(Arc::strong_count(&g), 3);
     drop(set);
     assert_eq!(Arc::strong_count(&g), 1);
+}
+
+/// Less than 2 ms before the deadline the generator's windows are not the
+/// tick's, and a pinned handle takes no runs from them: one id at a time,
+/// so nothing it hands out outlasts the window it came from.
+#[tokio::test]
+async fn near_the_deadline_a_pinned_handle_takes_no_runs() {
+    let manual = ManualClock::ticking(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let (g, _tx) = generator_on(
+        manual.clone(),
+        grant_until(&manual, Duration::from_micros(1900)),
+    );
+    let set = GeneratorSet::new(vec![g.clone()]);
+    let mut pinned = set.pin(0);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(pinned.next_id().await.unwrap());
+        got.push(g.next_ids(1).await.unwrap()[0]);
+    }
+    assert_eq!(got, (at(1000)..at(1000) + 6).collect::<Vec<_>>());
 }
