@@ -42,9 +42,10 @@ pub trait Clock: Send + Sync + 'static {
     /// The millisecond tick that keeps this clock's windows, if it has one:
     /// asked once, when a generator is made. `None` (the default) makes the
     /// generator read [`Clock::monotonic_ns`] once per id instead. A clock
-    /// that offers ticks must advance them whenever its wall clock moves to
-    /// another millisecond (or its monotonic clock moves at all), from a
-    /// thread of its own; [`ManualClock::ticking`] does it on every change.
+    /// that offers ticks must advance them just after every wall-clock
+    /// millisecond boundary (a window they keep lasts until they move), from
+    /// a thread of its own, as the system clock's tick thread does;
+    /// [`ManualClock::ticking`] advances them on every change of its time.
     fn ms_ticks(&self) -> Option<Arc<MsTicks>> {
         None
     }

@@ -39,7 +39,8 @@
 //!
 //! So an id is stamped after the deadline by the monotonic clock only if the
 //! cheap clock slowed to under half its pace inside a window of at most
-//! 1 ms, and it never goes past the fence. Stamps lag the wall clock by less
+//! 1 ms (or a tick thread keeping the window stalled, below), and it never
+//! goes past the fence. Stamps lag the wall clock by less
 //! than 1 ms, and a wall-clock step is seen (and judged by the rules above) by
 //! the first reading after the window it fell in.
 //!
@@ -53,6 +54,7 @@
 
 mod counters;
 mod demand;
+mod grant_view;
 mod pinned;
 mod sequence;
 mod set;
@@ -71,6 +73,7 @@ use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
 pub use counters::GeneratorMetrics;
 pub use demand::{FenceDemand, FENCE_DEMAND_WAIT};
+use grant_view::GrantView;
 pub use pinned::Pinned;
 use sequence::SequenceState;
 pub(crate) use sequence::Step;
@@ -155,35 +158,11 @@ pub(crate) fn system_ms_ticks() -> Option<Arc<MsTicks>> {
     Ticker::global().ticks()
 }
 
-/// What the sequence lock guards: the sequence, and a receiver of the grant
-/// that remembers which grant the last step ran under, so a step can tell
-/// "the same grant" from "a new one" with one atomic load.
+/// What the sequence lock guards: the sequence, and the grant the last
+/// step ran under.
 struct Issuer {
     sequence: SequenceState,
-    grant: watch::Receiver<Option<Grant>>,
-    /// True once the grant was read after its sender had gone: it can
-    /// never change again.
-    grant_final: bool,
-}
-
-impl Issuer {
-    /// True when the grant is the one the last step read: no send (not even
-    /// of an equal grant) since. One atomic load.
-    #[inline]
-    fn same_grant(&self) -> bool {
-        match self.grant.has_changed() {
-            Ok(changed) => !changed,
-            Err(_closed) => self.grant_final,
-        }
-    }
-
-    /// Reads the grant in force and remembers it as the one read last.
-    fn read_grant(&mut self) -> Option<Grant> {
-        // Closed before the read: no send can come after it, so the value
-        // read is the last one.
-        self.grant_final = self.grant.has_changed().is_err();
-        *self.grant.borrow_and_update()
-    }
+    grant: GrantView,
 }
 
 impl std::fmt::Debug for Generator {
@@ -257,8 +236,7 @@ impl Generator {
             clock,
             state: Mutex::new(Issuer {
                 sequence: SequenceState::new(),
-                grant: grant.clone(),
-                grant_final: false,
+                grant: GrantView::new(grant.clone()),
             }),
             grant,
             max_backward_wait,
@@ -347,7 +325,7 @@ impl Generator {
         // The cheap reading, if the window needed one: the wall reading
         // below starts from it.
         let mut now_ns = None;
-        if state.same_grant() {
+        if state.grant.same() {
             let per_ms = self.layout.sequences_per_tick();
             let cheap = || *now_ns.get_or_insert_with(|| self.clock.monotonic_ns());
             if let Some(t) = state.sequence.take_again(tick, cheap, want, per_ms) {
@@ -381,7 +359,7 @@ impl Generator {
             return None;
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !state.same_grant() {
+        if !state.grant.same() {
             return None;
         }
         let per_ms = self.layout.sequences_per_tick();
@@ -412,7 +390,7 @@ impl Generator {
         if let Some(ticks) = &self.ticks {
             ticks.touch();
         }
-        let grant = state.read_grant().ok_or(GenerateError::NoGrant)?;
+        let grant = state.grant.read().ok_or(GenerateError::NoGrant)?;
         let now_ns = now_ns.unwrap_or_else(|| self.clock.monotonic_ns());
         let now_mono = self.clock.now();
         let now_unix = self.clock.unix_ms();

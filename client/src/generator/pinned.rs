@@ -4,12 +4,11 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use thread_local::ThreadLocal;
-use tokio::sync::watch;
-
-use super::{Generator, Grant};
+use super::grant_view::GrantView;
+use super::Generator;
 use crate::clock::MsTicks;
 use crate::error::GenerateError;
+use thread_local::ThreadLocal;
 
 /// One machine id of a [`GeneratorSet`](super::GeneratorSet), pinned to one
 /// worker ([`GeneratorSet::pin`](super::GeneratorSet::pin)): its ids come
@@ -50,7 +49,7 @@ use crate::error::GenerateError;
 pub struct Pinned {
     generator: Arc<Generator>,
     /// Its own view of the grant: seen when the run was taken.
-    grant: watch::Receiver<Option<Grant>>,
+    grant: GrantView,
     /// The generator's ticks, one pointer nearer.
     ticks: Option<Arc<MsTicks>>,
     run: Run,
@@ -74,7 +73,7 @@ impl Clone for Pinned {
 
 impl Pinned {
     pub(super) fn new(generator: Arc<Generator>) -> Self {
-        let grant = generator.grant.clone();
+        let grant = GrantView::new(generator.grant.clone());
         Self {
             ticks: generator.ticks.clone(),
             generator,
@@ -109,7 +108,7 @@ impl Pinned {
         let run = &mut self.run;
         if run.next < run.end
             && self.ticks.as_deref().map(MsTicks::read) == Some(run.tick)
-            && matches!(self.grant.has_changed(), Ok(false))
+            && self.grant.same()
         {
             run.next += 1;
             return Some(run.next - 1);
@@ -121,6 +120,10 @@ impl Pinned {
     pub(super) async fn take_run(&mut self) -> Result<u64, GenerateError> {
         let tick = self.generator.tick();
         let run = self.run;
+        // The run is over whatever this take does: a take that fails (or is
+        // cancelled) must not leave it to be handed out under a grant seen
+        // below.
+        self.run.end = self.run.next;
         let used_up = run.next == run.end;
         let size = if used_up && tick == Some(run.tick) {
             (run.size * 2).min(self.generator.step)
@@ -128,7 +131,7 @@ impl Pinned {
             (run.size / 2).max(1)
         };
         // Seen before the take: a grant sent after this ends the run.
-        self.grant.mark_unchanged();
+        self.grant.mark_seen();
         // A run only from a window the tick keeps (so it ends when that
         // window would); otherwise one id, as any caller takes it.
         let run = tick

@@ -322,3 +322,38 @@ async fn near_the_deadline_a_pinned_handle_takes_no_runs() {
     }
     assert_eq!(got, (at(1000)..at(1000) + 6).collect::<Vec<_>>());
 }
+
+/// A take that fails ends the run: after the grant is withdrawn and the
+/// machine id drained, a pinned handle hands out nothing from its old run,
+/// also when the grant comes back.
+#[tokio::test]
+async fn a_failed_take_ends_the_run_for_good() {
+    let (set, g, _, tx) = ticking_set();
+    let mut pinned = set.pin(0);
+    assert_eq!(pinned.next_id().await, Ok(at(1000)));
+    // A run of 2: 1 and 2.
+    assert_eq!(pinned.next_id().await, Ok(at(1000) + 1));
+    let grant = *tx.borrow();
+    tx.send_replace(None);
+    assert_eq!(g.drain(), Some((MachineId(5), Millis(1000))));
+    assert_eq!(pinned.next_id().await, Err(GenerateError::NoGrant));
+    assert_eq!(pinned.next_id().await, Err(GenerateError::NoGrant));
+    // The grant back: ids go on after the old run (2 is a gap).
+    tx.send_replace(grant);
+    assert_eq!(pinned.next_id().await, Ok(at(1000) + 3));
+}
+
+/// A grant whose sender is gone can never change (the generator issues
+/// under it for good), so runs go on under it.
+#[tokio::test]
+async fn runs_go_on_under_a_grant_whose_sender_is_gone() {
+    let (set, g, _, tx) = ticking_set();
+    drop(tx);
+    let mut pinned = set.pin(0);
+    // Runs of 1, 2 and 4, then 8 (7 to 14).
+    for seq in 0..8 {
+        assert_eq!(pinned.next_id().await, Ok(at(1000) + seq));
+    }
+    assert_eq!(g.next_ids(1).await, Ok(vec![at(1000) + 15]));
+    assert_eq!(pinned.next_id().await, Ok(at(1000) + 8));
+}
