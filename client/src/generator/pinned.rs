@@ -12,8 +12,8 @@ use thread_local::ThreadLocal;
 
 /// One machine id of a [`GeneratorSet`](super::GeneratorSet), pinned to one
 /// worker ([`GeneratorSet::pin`](super::GeneratorSet::pin)): its ids come
-/// from that machine id only, and
-/// most of them with no write to memory any other thread touches.
+/// from that machine id only, most of them with no write to memory any
+/// other thread touches.
 ///
 /// # Runs
 ///
@@ -22,11 +22,10 @@ use thread_local::ThreadLocal;
 /// ids of one millisecond, taken under the generator's lock like any other
 /// ids (so they are stamped, and counted as issued, when the run is taken),
 /// and only from a window the tick keeps (so not within 2 ms of the
-/// deadline: one id at a time there).
-/// It hands them out one by one while the tick and the grant are the ones
-/// the run was taken under, with two loads and no shared write; a new
-/// millisecond or a new grant ends the run, and its ids left over are a
-/// gap, never reused. A run starts at one id and doubles while runs are
+/// deadline: one id at a time there). It hands them out one by one while
+/// the tick and the grant are the ones the run was taken under, with two
+/// loads and no shared write; a new millisecond or a new grant ends the
+/// run, and its ids left over are a gap, never reused. A run starts at one id and doubles while runs are
 /// used up within their millisecond, up to the generator's step (1/8 of a
 /// millisecond's sequence, so other callers of the machine id keep their
 /// turn); it halves when a millisecond ends with ids left over.
