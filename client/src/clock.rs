@@ -12,12 +12,11 @@
 //! every wall-clock millisecond, which then keeps the generator's window
 //! with no clock read at all (docs/design.md, "No clock read per id").
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread::Thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::layout::{Layout, Millis};
+use crate::ticker::{MsTicks, Ticker};
 
 /// A source of wall and monotonic time.
 pub trait Clock: Send + Sync + 'static {
@@ -111,115 +110,7 @@ impl Clock for SystemClock {
     /// wakes callers waiting for the next millisecond): `None` only if that
     /// thread could not be started.
     fn ms_ticks(&self) -> Option<Arc<MsTicks>> {
-        crate::generator::system_ms_ticks()
-    }
-}
-
-/// A count advanced just after every wall-clock millisecond boundary, by
-/// one thread per process, while ids are being taken: the coarse clock a
-/// generator keeps its window by instead of reading a clock per id
-/// (docs/design.md, "No clock read per id").
-///
-/// The count is even while it runs and odd while it is stopped; it never
-/// repeats a value (a `u64` counting 2 per ms lasts 292 million years). A
-/// window kept by the tick lasts while the count reads the value it was
-/// opened at, so stopping the count closes every such window, and a stopped
-/// count opens none.
-#[derive(Debug)]
-pub struct MsTicks {
-    /// Read by every id: on a cache line of its own (with `touched` beside
-    /// it, each tick's write to that would evict it from every reader).
-    count: CacheLine<AtomicU64>,
-    /// Set by [`MsTicks::touch`]; the driving thread clears it every tick and
-    /// stops the count once it stayed clear for a while.
-    touched: CacheLine<AtomicBool>,
-    /// The thread to wake on a touch; `None` for a count moved by hand.
-    driver: Option<Thread>,
-}
-
-/// A value alone on its cache line (two lines: adjacent-line prefetchers
-/// pair them), so writes to its neighbours never evict it.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-pub(crate) struct CacheLine<T>(pub(crate) T);
-
-impl<T> std::ops::Deref for CacheLine<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
-impl MsTicks {
-    /// A count driven by `driver`, stopped until the first touch.
-    pub(crate) fn driven_by(driver: Thread) -> Arc<Self> {
-        Arc::new(Self {
-            count: CacheLine(AtomicU64::new(1)),
-            touched: CacheLine(AtomicBool::new(false)),
-            driver: Some(driver),
-        })
-    }
-
-    /// A running count moved by hand ([`MsTicks::advance`], [`MsTicks::stop`]),
-    /// for tests and for clocks that tick themselves.
-    pub fn manual() -> Arc<Self> {
-        Arc::new(Self {
-            count: CacheLine(AtomicU64::new(0)),
-            touched: CacheLine(AtomicBool::new(false)),
-            driver: None,
-        })
-    }
-
-    /// The count now: even while running.
-    #[inline]
-    pub fn read(&self) -> u64 {
-        self.count.load(Ordering::Acquire)
-    }
-
-    /// True when a count read as `count` was running.
-    #[inline]
-    pub fn running(count: u64) -> bool {
-        count.is_multiple_of(2)
-    }
-
-    /// One millisecond more (the count must be running).
-    pub fn advance(&self) {
-        self.count.fetch_add(2, Ordering::AcqRel);
-    }
-
-    /// Stops the count, which closes every window kept by it.
-    pub fn stop(&self) {
-        let _ = self
-            .count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-                Self::running(c).then_some(c + 1)
-            });
-    }
-
-    /// Starts a stopped count again, at a value it never had.
-    pub(crate) fn start(&self) {
-        let _ = self
-            .count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
-                (!Self::running(c)).then_some(c + 1)
-            });
-    }
-
-    /// Says that ids are being taken: keeps the driving thread ticking, or
-    /// wakes it. Called on the generator's slow path (about once per ms
-    /// while ids are taken), never per id.
-    pub(crate) fn touch(&self) {
-        if !self.touched.load(Ordering::Relaxed) {
-            self.touched.store(true, Ordering::Release);
-            if let Some(thread) = &self.driver {
-                thread.unpark();
-            }
-        }
-    }
-
-    /// Whether a touch came since the last call (the driving thread's).
-    pub(crate) fn take_touch(&self) -> bool {
-        self.touched.swap(false, Ordering::AcqRel)
+        Ticker::global().ticks()
     }
 }
 

@@ -28,17 +28,19 @@ pub mod generator;
 pub mod layout;
 pub mod remote;
 pub mod text_id;
+mod ticker;
 #[cfg(feature = "tls")]
 pub mod tls;
 
 pub use api_key::{ApiKey, InvalidApiKey};
 pub use backoff::Backoff;
-pub use clock::{Clock, ManualClock, MsTicks, SharedClock, SystemClock, TokioClock};
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock, TokioClock};
 pub use embedded::{EmbeddedConfig, EmbeddedGenerator, Requester};
 pub use error::{ClientError, GenerateError, StopReason};
 pub use generator::{FenceDemand, Generator, GeneratorMetrics, GeneratorSet, Grant, Pinned, Taken};
 pub use layout::{DecodedId, Layout, LayoutError, MachineId, Millis};
 pub use remote::{IdPool, PoolConfig, RemoteClient, RemoteConfig, ResumingStream};
 pub use text_id::TextIdError;
+pub use ticker::MsTicks;
 #[cfg(feature = "tls")]
 pub use tls::ClientTls;

@@ -58,7 +58,6 @@ mod grant_view;
 mod pinned;
 mod sequence;
 mod set;
-mod ticker;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -68,9 +67,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::clock::{MsTicks, SharedClock};
+use crate::clock::SharedClock;
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
+use crate::ticker::{MsTicks, Ticker};
 pub use counters::GeneratorMetrics;
 pub use demand::{FenceDemand, FENCE_DEMAND_WAIT};
 use grant_view::GrantView;
@@ -79,7 +79,6 @@ use sequence::SequenceState;
 pub(crate) use sequence::Step;
 pub use sequence::Taken;
 pub use set::GeneratorSet;
-use ticker::Ticker;
 
 /// Default largest backwards clock step the generator waits out: 100 ms.
 pub const DEFAULT_MAX_BACKWARD_WAIT: Duration = Duration::from_millis(100);
@@ -151,11 +150,6 @@ pub struct Generator {
     /// The clock's millisecond tick, which keeps full windows without a
     /// clock read per id; `None`: every id reads the cheap clock.
     ticks: Option<Arc<MsTicks>>,
-}
-
-/// The system clock's [`MsTicks`]: the process-wide tick thread's count.
-pub(crate) fn system_ms_ticks() -> Option<Arc<MsTicks>> {
-    Ticker::global().ticks()
 }
 
 /// What the sequence lock guards: the sequence, and the grant the last

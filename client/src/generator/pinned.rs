@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::grant_view::GrantView;
 use super::Generator;
-use crate::clock::MsTicks;
 use crate::error::GenerateError;
+use crate::ticker::MsTicks;
 use thread_local::ThreadLocal;
 
 /// One machine id of a [`GeneratorSet`](super::GeneratorSet), pinned to one

@@ -4,9 +4,10 @@
 use std::time::{Duration, Instant};
 
 use super::Grant;
-use crate::clock::{nanos, MsTicks};
+use crate::clock::nanos;
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
+use crate::ticker::MsTicks;
 
 /// A run of `count` consecutive ids starting at `first`, all stamped with
 /// `timestamp` (consecutive sequences of one ms are consecutive integers).

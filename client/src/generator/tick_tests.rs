@@ -9,8 +9,9 @@ use tokio::sync::watch;
 
 use super::tests::CountingClock;
 use super::*;
-use crate::clock::{Clock, ManualClock, MsTicks};
+use crate::clock::{Clock, ManualClock};
 use crate::layout::DEFAULT_EPOCH_UNIX_MS;
+use crate::ticker::MsTicks;
 
 /// Machine id 5's grant: floor 0, fence 10,000, a deadline `deadline` after
 /// `clock`'s now.

@@ -1,5 +1,5 @@
-//! The millisecond tick that callers wait on when a millisecond's sequence is
-//! used up.
+//! The millisecond tick: what callers wait on when a millisecond's sequence
+//! is used up, and the count ([`MsTicks`]) that keeps the generator's windows.
 //!
 //! Waiting for the next millisecond cannot use tokio's timer: it fires on
 //! whole-millisecond ticks of its own, up to 1 ms late, which would skip
@@ -19,7 +19,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -27,20 +27,126 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
-use crate::clock::MsTicks;
-
 /// Ticks without a touch (ids taken through a wall reading) or a waiter
 /// after which the thread stops the count and parks: 100 ms. While ids are
 /// taken, windows close every ms and their next reading touches.
-pub(super) const IDLE_TICKS: u32 = 100;
+pub(crate) const IDLE_TICKS: u32 = 100;
 
 /// How long after a millisecond boundary the tick is aimed at, so that a
 /// sleep that ends a little early still lands in the new millisecond.
 const AFTER_BOUNDARY: Duration = Duration::from_micros(20);
 
+/// A count advanced just after every wall-clock millisecond boundary, by
+/// one thread per process, while ids are being taken: the coarse clock a
+/// generator keeps its window by instead of reading a clock per id
+/// (docs/design.md, "No clock read per id").
+///
+/// The count is even while it runs and odd while it is stopped; it never
+/// repeats a value (a `u64` counting 2 per ms lasts 292 million years). A
+/// window kept by the tick lasts while the count reads the value it was
+/// opened at, so stopping the count closes every such window, and a stopped
+/// count opens none.
+#[derive(Debug)]
+pub struct MsTicks {
+    /// Read by every id: on a cache line of its own (with `touched` beside
+    /// it, each tick's write to that would evict it from every reader).
+    count: CacheLine<AtomicU64>,
+    /// Set by [`MsTicks::touch`]; the driving thread clears it every tick and
+    /// stops the count once it stayed clear for a while.
+    touched: CacheLine<AtomicBool>,
+    /// The thread to wake on a touch; `None` for a count moved by hand.
+    driver: Option<Thread>,
+}
+
+/// A value alone on its cache line (two lines: adjacent-line prefetchers
+/// pair them), so writes to its neighbours never evict it.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct CacheLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl MsTicks {
+    /// A count driven by `driver`, stopped until the first touch.
+    pub(crate) fn driven_by(driver: Thread) -> Arc<Self> {
+        Arc::new(Self {
+            count: CacheLine(AtomicU64::new(1)),
+            touched: CacheLine(AtomicBool::new(false)),
+            driver: Some(driver),
+        })
+    }
+
+    /// A running count moved by hand ([`MsTicks::advance`], [`MsTicks::stop`]),
+    /// for tests and for clocks that tick themselves.
+    pub fn manual() -> Arc<Self> {
+        Arc::new(Self {
+            count: CacheLine(AtomicU64::new(0)),
+            touched: CacheLine(AtomicBool::new(false)),
+            driver: None,
+        })
+    }
+
+    /// The count now: even while running.
+    #[inline]
+    pub fn read(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// True when a count read as `count` was running.
+    #[inline]
+    pub fn running(count: u64) -> bool {
+        count.is_multiple_of(2)
+    }
+
+    /// One millisecond more (the count must be running).
+    pub fn advance(&self) {
+        self.count.fetch_add(2, Ordering::AcqRel);
+    }
+
+    /// Stops the count, which closes every window kept by it.
+    pub fn stop(&self) {
+        let _ = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                Self::running(c).then_some(c + 1)
+            });
+    }
+
+    /// Starts a stopped count again, at a value it never had.
+    pub(crate) fn start(&self) {
+        let _ = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                (!Self::running(c)).then_some(c + 1)
+            });
+    }
+
+    /// Says that ids are being taken: keeps the driving thread ticking, or
+    /// wakes it. Called on the generator's slow path (about once per ms
+    /// while ids are taken), never per id.
+    pub(crate) fn touch(&self) {
+        if !self.touched.load(Ordering::Relaxed) {
+            self.touched.store(true, Ordering::Release);
+            if let Some(thread) = &self.driver {
+                thread.unpark();
+            }
+        }
+    }
+
+    /// Whether a touch came since the last call (the driving thread's).
+    pub(crate) fn take_touch(&self) -> bool {
+        self.touched.swap(false, Ordering::AcqRel)
+    }
+}
+
 /// Wakes waiters once per millisecond.
 #[derive(Debug)]
-pub(super) struct Ticker {
+pub(crate) struct Ticker {
     notify: Notify,
     /// Waiters now; the thread parks at 0.
     waiting: AtomicUsize,
@@ -63,7 +169,7 @@ enum Driver {
 
 impl Ticker {
     /// The process-wide ticker; its thread starts on first use.
-    pub(super) fn global() -> Arc<Ticker> {
+    pub(crate) fn global() -> Arc<Ticker> {
         static GLOBAL: OnceLock<Arc<Ticker>> = OnceLock::new();
         GLOBAL.get_or_init(Ticker::start).clone()
     }
@@ -100,7 +206,7 @@ impl Ticker {
 
     /// A ticker that ticks only when [`Ticker::tick`] is called.
     #[cfg(test)]
-    pub(super) fn manual() -> Arc<Ticker> {
+    pub(crate) fn manual() -> Arc<Ticker> {
         Arc::new(Ticker {
             notify: Notify::new(),
             waiting: AtomicUsize::new(0),
@@ -110,33 +216,33 @@ impl Ticker {
     }
 
     /// The count this ticker's thread advances, if a thread drives it.
-    pub(super) fn ticks(&self) -> Option<Arc<MsTicks>> {
+    pub(crate) fn ticks(&self) -> Option<Arc<MsTicks>> {
         self.ticks.clone()
     }
 
     /// Wakes every waiter now.
     #[cfg(test)]
-    pub(super) fn tick(&self) {
+    pub(crate) fn tick(&self) {
         self.notify.notify_waiters();
     }
 
     /// Waiters parked on the ticker now.
     #[cfg(test)]
-    pub(super) fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
     }
 
     /// A registration for the next tick. Make it (and `enable` it) *before*
     /// looking at the sequence, so a tick between the look and the wait is
     /// not lost.
-    pub(super) fn next_tick(&self) -> Pin<Box<Notified<'_>>> {
+    pub(crate) fn next_tick(&self) -> Pin<Box<Notified<'_>>> {
         let mut notified = Box::pin(self.notify.notified());
         notified.as_mut().enable();
         notified
     }
 
     /// Waits for the tick `notified` was registered for.
-    pub(super) async fn wait(&self, notified: Pin<Box<Notified<'_>>>) {
+    pub(crate) async fn wait(&self, notified: Pin<Box<Notified<'_>>>) {
         match &self.driver {
             Driver::Yield => tokio::task::yield_now().await,
             Driver::Manual => self.counted(notified).await,
