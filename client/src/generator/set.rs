@@ -50,10 +50,7 @@ use crate::layout::Layout;
 pub struct GeneratorSet {
     generators: Vec<Arc<Generator>>,
     next: AtomicUsize,
-    /// Each thread's runs for [`GeneratorSet::next_id`] of slot 0, here
-    /// rather than in `runs` so an id follows one pointer less.
-    runs_0: ThreadRuns,
-    /// The same for slots 1 to N - 1.
+    /// Each thread's runs for [`GeneratorSet::next_id`], per slot.
     runs: Vec<ThreadRuns>,
 }
 
@@ -62,12 +59,7 @@ impl GeneratorSet {
     pub fn new(generators: Vec<Arc<Generator>>) -> Arc<Self> {
         assert!(!generators.is_empty(), "a generator set needs a generator");
         Arc::new(Self {
-            runs_0: ThreadRuns::new(),
-            runs: generators
-                .iter()
-                .skip(1)
-                .map(|_| ThreadRuns::new())
-                .collect(),
+            runs: generators.iter().map(|_| ThreadRuns::new()).collect(),
             generators,
             next: AtomicUsize::new(0),
         })
@@ -111,15 +103,6 @@ impl GeneratorSet {
         &self.generators[self.ready_index(start)]
     }
 
-    /// Each thread's runs of slot `slot`.
-    #[inline]
-    fn runs_of(&self, slot: usize) -> &ThreadRuns {
-        match slot {
-            0 => &self.runs_0,
-            _ => &self.runs[slot - 1],
-        }
-    }
-
     /// The slot [`GeneratorSet::pick_from`] picks.
     #[inline]
     fn ready_index(&self, start: usize) -> usize {
@@ -150,11 +133,11 @@ impl GeneratorSet {
             1 => 0,
             _ => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };
-        if let Some(id) = pinned::from_thread_run(self.runs_of(start)) {
+        if let Some(id) = pinned::from_thread_run(&self.runs[start]) {
             return Ok(id);
         }
         let at = self.ready_index(start);
-        pinned::from_new_thread_run(self.runs_of(at), &self.generators[at]).await
+        pinned::from_new_thread_run(&self.runs[at], &self.generators[at]).await
     }
 
     /// One id from slot `start % N`, or from the next ready one when it
@@ -228,9 +211,6 @@ impl GeneratorSet {
 /// machine.
 #[inline]
 async fn one_id(g: &Generator) -> Result<u64, GenerateError> {
-    if let Some(id) = g.take_one_in_tick() {
-        return Ok(id);
-    }
     match g.take_now(1)? {
         Some(t) => Ok(t.first),
         None => Ok(g.take_waiting(1).await?.first),
