@@ -306,3 +306,54 @@ async fn a_grant_expired_on_arrival_is_refused() {
     );
     assert_eq!(api.calls(), vec![]);
 }
+
+/// [`grant`] accepted on a clock with ticks, where `next_id` hands ids out
+/// of per-thread runs, renewing as `api` answers; and the first id of
+/// `START_MS`.
+async fn accepted_ticking(api: Arc<FakeApi>) -> (EmbeddedGenerator, u64) {
+    let clock = crate::clock::ManualClock::ticking(Layout::default().to_unix_ms(Millis(START_MS)));
+    let generator = EmbeddedGenerator::accept(
+        EmbeddedConfig::new("http://127.0.0.1:1", "ns"),
+        Requester::current(),
+        clock.clone(),
+        api,
+        grant(60_000),
+        crate::clock::Clock::now(&*clock),
+    )
+    .await
+    .unwrap();
+    let first = Layout::default().encode(Millis(START_MS), crate::layout::MachineId(4), 0);
+    (generator, first)
+}
+
+/// A stop ends the runs of ids threads took before it: not one id after.
+#[tokio::test(start_paused = true)]
+async fn a_stop_ends_every_run_at_once() {
+    let (generator, first) = accepted_ticking(FakeApi::new(vec![])).await;
+    // Runs of 1, 2 and then 4 (3 to 6): 4 to 6 are left in this thread's run.
+    for seq in 0..4 {
+        assert_eq!(generator.next_id().await, Ok(first + seq));
+    }
+    generator.shared.stop(StopReason::LeaseGone);
+    assert_eq!(
+        generator.next_id().await,
+        Err(crate::error::GenerateError::NoGrant)
+    );
+}
+
+/// A renewal's grant ends the runs taken under the one before: every id
+/// handed out after it is published comes from a run taken under it.
+#[tokio::test(start_paused = true)]
+async fn a_published_renewal_ends_the_runs_before_it() {
+    let api = FakeApi::scripted(vec![Ok(grant(50_000))], Duration::from_secs(1), vec![]);
+    let (generator, first) = accepted_ticking(api.clone()).await;
+    let deadline = || generator.shared.generators[0].grant().unwrap().deadline;
+    let before = deadline();
+    for seq in 0..4 {
+        assert_eq!(generator.next_id().await, Ok(first + seq));
+    }
+    until(Duration::from_secs(2), || deadline() != before).await;
+    // 4 to 6 are a gap; the new run halves to 2 (7 and 8).
+    assert_eq!(generator.next_id().await, Ok(first + 7));
+    assert_eq!(generator.next_id().await, Ok(first + 8));
+}

@@ -169,6 +169,10 @@ impl Shared {
         for slot in &self.slots {
             slot.send_replace(None);
         }
+        // Runs taken before go no further (Generator::end_runs).
+        for g in &self.generators {
+            g.end_runs();
+        }
         if stopped.is_none() {
             *stopped = Some(reason);
             if reason != StopReason::ShutDown {
@@ -241,6 +245,10 @@ impl Shared {
                 fence: Millis(g.fence_ms),
                 deadline: Some(deadline),
             }));
+        }
+        // Every id handed out from now on comes under the new grant.
+        for g in &self.generators {
+            g.end_runs();
         }
         true
     }

@@ -6,7 +6,7 @@ use super::Grant;
 
 /// A receiver of the grant that remembers which grant it saw last, so
 /// "the same grant" and "a new one" are told apart with one atomic load:
-/// the generator's lock state, and each pinned handle, keep one.
+/// the generator's lock state keeps one.
 #[derive(Debug)]
 pub(super) struct GrantView {
     rx: watch::Receiver<Option<Grant>>,
@@ -36,12 +36,5 @@ impl GrantView {
         // read is the last one.
         self.final_ = self.rx.has_changed().is_err();
         *self.rx.borrow_and_update()
-    }
-
-    /// Remembers the grant in force as the one seen last, without reading
-    /// it.
-    pub(super) fn mark_seen(&mut self) {
-        self.final_ = self.rx.has_changed().is_err();
-        self.rx.mark_unchanged();
     }
 }

@@ -61,7 +61,7 @@ mod set;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,7 +70,7 @@ use tokio::sync::watch;
 use crate::clock::SharedClock;
 use crate::error::GenerateError;
 use crate::layout::{Layout, MachineId, Millis};
-use crate::ticker::{MsTicks, Ticker};
+use crate::ticker::{CacheLine, MsTicks, Ticker};
 pub use counters::GeneratorMetrics;
 pub use demand::{FenceDemand, FENCE_DEMAND_WAIT};
 use grant_view::GrantView;
@@ -150,6 +150,9 @@ pub struct Generator {
     /// The clock's millisecond tick, which keeps full windows without a
     /// clock read per id; `None`: every id reads the cheap clock.
     ticks: Option<Arc<MsTicks>>,
+    /// Advanced by [`Generator::end_runs`]: a run lasts while it reads the
+    /// value it was taken at.
+    runs_ended: Arc<CacheLine<AtomicU64>>,
 }
 
 /// What the sequence lock guards: the sequence, and the grant the last
@@ -240,7 +243,20 @@ impl Generator {
             turn: tokio::sync::Mutex::new(()),
             ticker,
             demand,
+            runs_ended: Arc::default(),
         })
+    }
+
+    /// Ends every run of ids taken from this generator (pinned handles' and
+    /// [`GeneratorSet::next_id`]'s): each hands out nothing more and takes
+    /// its next id here. A lease source calls it after publishing a grant
+    /// (or withdrawing one), so no id is handed out after the change: the
+    /// embedded generator does. The generator calls it itself when a call
+    /// finds the grant changed; otherwise a run ends at the next tick (or
+    /// at its end, one step, while the tick thread stalls), which is safe
+    /// (docs/design.md, "No clock read per id").
+    pub fn end_runs(&self) {
+        self.runs_ended.fetch_add(1, Ordering::Release);
     }
 
     /// The layout ids are stamped with.
@@ -329,6 +345,7 @@ impl Generator {
             }
         } else {
             state.sequence.close_window();
+            self.end_runs();
         }
         self.take_reading(state, tick, now_ns, want)
     }
@@ -557,6 +574,8 @@ impl Generator {
             self.grant.borrow().is_none(),
             "drain before the grant is withdrawn"
         );
+        // Nothing more from runs taken before (their ids are within last).
+        self.end_runs();
         state.sequence.last()
     }
 }

@@ -2,13 +2,12 @@
 //! the runs each thread keeps for [`GeneratorSet::next_id`](super::GeneratorSet::next_id).
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
-use super::grant_view::GrantView;
 use super::Generator;
 use crate::error::GenerateError;
-use crate::ticker::MsTicks;
-use thread_local::ThreadLocal;
+use crate::ticker::{CacheLine, MsTicks};
 
 /// One machine id of a [`GeneratorSet`](super::GeneratorSet), pinned to one
 /// worker ([`GeneratorSet::pin`](super::GeneratorSet::pin)): its ids come
@@ -23,20 +22,23 @@ use thread_local::ThreadLocal;
 /// ids (so they are stamped, and counted as issued, when the run is taken),
 /// and only from a window the tick keeps (so not within 2 ms of the
 /// deadline: one id at a time there). It hands them out one by one while
-/// the tick and the grant are the ones the run was taken under, with two
-/// loads and no shared write; a new millisecond or a new grant ends the
-/// run, and its ids left over are a gap, never reused. A run starts at one id and doubles while runs are
-/// used up within their millisecond, up to the generator's step (1/8 of a
+/// the tick reads what it read when the run was taken and the generator's
+/// runs were not ended ([`Generator::end_runs`]), with two loads and no
+/// shared write. A new millisecond ends the run, and so does a new or
+/// withdrawn grant once the lease source (the embedded generator does) or
+/// any call of the generator ends the runs; its ids left over are a gap,
+/// never reused. A run starts at one id and doubles while runs are used up
+/// within their millisecond, up to the generator's step (1/8 of a
 /// millisecond's sequence, so other callers of the machine id keep their
 /// turn); it halves when a millisecond ends with ids left over.
 ///
-/// The ids of a run are stamped when it is taken, so handing one out later
-/// (a withdrawn grant ends the run at the next id, but the withdrawal may
-/// come while an id is being handed out) is what a caller does that keeps
-/// an id and uses it later: a successor stamps above the release's fence,
-/// which is at or above every stamp (docs/design.md, "No clock read per
-/// id"). A stalled tick thread lets a run go on past its millisecond, at
-/// most to its end (one step).
+/// The ids of a run are stamped when it is taken, under the grant in force
+/// then, so handing one out later (after its grant was withdrawn, until the
+/// runs end or the tick moves) is what a caller does that keeps an id and
+/// uses it later: a successor stamps above the fence, which is at or above
+/// every stamp (docs/design.md, "No clock read per id"). A stalled tick
+/// thread lets a run go on past its millisecond, at most to its end (one
+/// step).
 ///
 /// Its ids ascend: each run, and each batch of
 /// [`Pinned::next_ids`], comes after the one before it in the machine id's
@@ -47,21 +49,7 @@ use thread_local::ThreadLocal;
 #[derive(Debug)]
 pub struct Pinned {
     generator: Arc<Generator>,
-    /// Its own view of the grant: seen when the run was taken.
-    grant: GrantView,
-    /// The generator's ticks, one pointer nearer.
-    ticks: Option<Arc<MsTicks>>,
-    run: Run,
-}
-
-/// A pinned handle's run: ids `next..end`, taken at tick `tick`.
-#[derive(Debug, Clone, Copy)]
-struct Run {
-    next: u64,
-    end: u64,
-    tick: u64,
-    /// Ids the next run asks for.
-    size: u64,
+    runner: Runner,
 }
 
 impl Clone for Pinned {
@@ -72,18 +60,9 @@ impl Clone for Pinned {
 
 impl Pinned {
     pub(super) fn new(generator: Arc<Generator>) -> Self {
-        let grant = GrantView::new(generator.grant.clone());
         Self {
-            ticks: generator.ticks.clone(),
+            runner: Runner::new(&generator),
             generator,
-            grant,
-            // No run, at a tick no count reads while running.
-            run: Run {
-                next: 0,
-                end: 0,
-                tick: u64::MAX,
-                size: 1,
-            },
         }
     }
 
@@ -94,63 +73,10 @@ impl Pinned {
     /// fence reached, the clock stepped back too far.
     #[inline]
     pub async fn next_id(&mut self) -> Result<u64, GenerateError> {
-        match self.next_in_run() {
+        match self.runner.next_in_run() {
             Some(id) => Ok(id),
-            None => self.take_run().await,
+            None => self.runner.take_run(&self.generator).await,
         }
-    }
-
-    /// The next id of the run, while the tick and the grant are the ones it
-    /// was taken under.
-    #[inline]
-    pub(super) fn next_in_run(&mut self) -> Option<u64> {
-        let run = &mut self.run;
-        if run.next < run.end
-            && self.ticks.as_deref().map(MsTicks::read) == Some(run.tick)
-            && self.grant.same()
-        {
-            run.next += 1;
-            return Some(run.next - 1);
-        }
-        None
-    }
-
-    /// Takes a new run from the generator and returns its first id.
-    pub(super) async fn take_run(&mut self) -> Result<u64, GenerateError> {
-        let tick = self.generator.tick();
-        let run = self.run;
-        // The run is over whatever this take does: a take that fails (or is
-        // cancelled) must not leave it to be handed out under a grant seen
-        // below.
-        self.run.end = self.run.next;
-        let used_up = run.next == run.end;
-        let size = if used_up && tick == Some(run.tick) {
-            (run.size * 2).min(self.generator.step)
-        } else {
-            (run.size / 2).max(1)
-        };
-        // Seen before the take: a grant sent after this ends the run.
-        self.grant.mark_seen();
-        // A run only from a window the tick keeps (so it ends when that
-        // window would); otherwise one id, as any caller takes it.
-        let run = tick
-            .filter(|&t| MsTicks::running(t))
-            .and_then(|t| self.generator.take_in_tick(t, size));
-        let t = match run {
-            Some(t) => t,
-            None => match self.generator.take_now(1)? {
-                Some(t) => t,
-                // Queued callers or a used-up millisecond: one id in turn.
-                None => self.generator.take_waiting(1).await?,
-            },
-        };
-        self.run = Run {
-            next: t.first + 1,
-            end: t.first + t.count,
-            tick: tick.unwrap_or(u64::MAX),
-            size,
-        };
-        Ok(t.first)
     }
 
     /// `count` strictly ascending ids from the pinned machine id, after
@@ -160,7 +86,7 @@ impl Pinned {
     /// As [`Pinned::next_id`]; on an error the ids already taken are
     /// dropped (a gap, never a reuse).
     pub async fn next_ids(&mut self, count: u64) -> Result<Vec<u64>, GenerateError> {
-        self.run.end = self.run.next;
+        self.runner.run.end = self.runner.run.next;
         self.generator.next_ids(count).await
     }
 
@@ -170,35 +96,225 @@ impl Pinned {
     }
 }
 
-/// Each thread's handle on one generator, for
-/// [`GeneratorSet::next_id`](super::GeneratorSet::next_id): kept by the set,
-/// freed with it.
-pub(super) type ThreadRuns = ThreadLocal<RefCell<Option<Pinned>>>;
-
-/// The next id of this thread's run in `runs`, or `None` (no run, or it
-/// ended): then [`from_new_thread_run`]. No write any other thread sees.
-#[inline]
-pub(super) fn from_thread_run(runs: &ThreadRuns) -> Option<u64> {
-    let cell = runs.get()?;
-    let mut handle = cell.try_borrow_mut().ok()?;
-    handle.as_mut()?.next_in_run()
+/// A run of one generator's ids and what ends it, without the generator
+/// itself (the caller passes it to [`Runner::take_run`]), so a thread's
+/// runner keeps no generator alive.
+#[derive(Debug)]
+pub(super) struct Runner {
+    /// The generator's ticks, one pointer nearer.
+    ticks: Option<Arc<MsTicks>>,
+    /// The generator's count of [`Generator::end_runs`].
+    ended: Arc<CacheLine<AtomicU64>>,
+    run: Run,
 }
 
-/// A new run of `g` for this thread, and its first id. The thread's handle
-/// is taken out of `runs` (`g`'s) while the run is taken, which may wait,
-/// and put back as the handle of the thread the caller is on then, unless
-/// that one has a handle already (then this run's rest is a gap).
-pub(super) async fn from_new_thread_run(
-    runs: &ThreadRuns,
-    g: &Arc<Generator>,
-) -> Result<u64, GenerateError> {
-    let taken = runs
-        .get()
-        .and_then(|cell| cell.try_borrow_mut().ok()?.take());
-    let mut handle = taken.unwrap_or_else(|| Pinned::new(g.clone()));
-    let id = handle.take_run().await?;
-    if let Ok(mut slot) = runs.get_or(|| RefCell::new(None)).try_borrow_mut() {
-        slot.get_or_insert(handle);
+/// A run: ids `next..end`, taken at tick `tick` while the generator's
+/// runs-ended count read `ended`.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    next: u64,
+    end: u64,
+    tick: u64,
+    ended: u64,
+    /// Ids the next run asks for.
+    size: u64,
+}
+
+impl Runner {
+    fn new(generator: &Generator) -> Self {
+        Self {
+            ticks: generator.ticks.clone(),
+            ended: generator.runs_ended.clone(),
+            // No run, at a tick no count reads while running.
+            run: Run {
+                next: 0,
+                end: 0,
+                tick: u64::MAX,
+                ended: 0,
+                size: 1,
+            },
+        }
     }
+
+    /// The next id of the run, while the tick reads what it read when the
+    /// run was taken and the runs were not ended since.
+    #[inline]
+    fn next_in_run(&mut self) -> Option<u64> {
+        let run = &mut self.run;
+        if run.next < run.end
+            && self.ticks.as_deref().map(MsTicks::read) == Some(run.tick)
+            && self.ended.load(Ordering::Acquire) == run.ended
+        {
+            run.next += 1;
+            return Some(run.next - 1);
+        }
+        None
+    }
+
+    /// Takes a new run from `generator` (the one this runner was made for)
+    /// and returns its first id.
+    async fn take_run(&mut self, generator: &Generator) -> Result<u64, GenerateError> {
+        debug_assert!(Arc::ptr_eq(&self.ended, &generator.runs_ended));
+        let tick = generator.tick();
+        let run = self.run;
+        // The run is over whatever this take does: a take that fails (or is
+        // cancelled) must not leave it to be handed out.
+        self.run.end = self.run.next;
+        let used_up = run.next == run.end;
+        let size = if used_up && tick == Some(run.tick) {
+            (run.size * 2).min(generator.step)
+        } else {
+            (run.size / 2).max(1)
+        };
+        // Read before the take: runs ended after it end this one.
+        let ended = self.ended.load(Ordering::Acquire);
+        // A run only from a window the tick keeps (so it ends when that
+        // window would); otherwise one id, as any caller takes it.
+        let taken = tick
+            .filter(|&t| MsTicks::running(t))
+            .and_then(|t| generator.take_in_tick(t, size));
+        let t = match taken {
+            Some(t) => t,
+            None => match generator.take_now(1)? {
+                Some(t) => t,
+                // Queued callers or a used-up millisecond: one id in turn.
+                None => generator.take_waiting(1).await?,
+            },
+        };
+        self.run = Run {
+            next: t.first + 1,
+            end: t.first + t.count,
+            tick: tick.unwrap_or(u64::MAX),
+            ended,
+            size,
+        };
+        Ok(t.first)
+    }
+}
+
+/// Identifies a [`GeneratorSet`](super::GeneratorSet) to the runs its
+/// threads keep: the set holds the only strong reference, each thread's
+/// entry a weak one, so the address is no other set's while an entry
+/// names it, and an entry whose set is gone is seen to be (and dropped on
+/// the thread's next new entry).
+pub(super) type SetToken = Arc<()>;
+
+/// How many (set, slot) runs a thread keeps; past it the least recently
+/// made goes (its run's rest is a gap).
+const THREAD_RUNS: usize = 8;
+
+/// One thread's run for one slot of one set.
+#[derive(Debug)]
+struct ThreadRun {
+    /// The set's token's address: what a lookup compares.
+    key: *const (),
+    slot: usize,
+    /// Keeps that address the set's while this entry lives.
+    set: Weak<()>,
+    /// `None` while a new run is being taken for it.
+    runner: Option<Runner>,
+}
+
+impl ThreadRun {
+    #[inline]
+    fn is(&self, key: *const (), slot: usize) -> bool {
+        self.key == key && self.slot == slot
+    }
+}
+
+/// A thread's runs: the one made last inline (one load nearer), the
+/// others after it.
+#[derive(Debug)]
+struct ThreadRuns {
+    last: Option<ThreadRun>,
+    others: Vec<ThreadRun>,
+}
+
+impl ThreadRuns {
+    #[inline]
+    fn find(&mut self, key: *const (), slot: usize) -> Option<&mut ThreadRun> {
+        if self.last.as_ref().is_some_and(|r| r.is(key, slot)) {
+            return self.last.as_mut();
+        }
+        self.find_other(key, slot)
+    }
+
+    #[cold]
+    fn find_other(&mut self, key: *const (), slot: usize) -> Option<&mut ThreadRun> {
+        self.others.iter_mut().find(|r| r.is(key, slot))
+    }
+
+    /// Adds `run` as the one made last: entries of sets that are gone go
+    /// first, then the oldest past [`THREAD_RUNS`].
+    fn add(&mut self, run: ThreadRun) {
+        self.others.extend(self.last.take());
+        self.others.retain(|r| r.set.strong_count() > 0);
+        let excess = (self.others.len() + 1).saturating_sub(THREAD_RUNS);
+        self.others.drain(..excess);
+        self.last = Some(run);
+    }
+}
+
+thread_local! {
+    /// This thread's runs for [`GeneratorSet::next_id`](super::GeneratorSet::next_id):
+    /// a thread local of this crate, whose access is inlined (a lookup in a
+    /// table per set, or one in another crate, is a call, and costs about
+    /// as much as the rest of an id).
+    static RUNS: RefCell<ThreadRuns> = const {
+        RefCell::new(ThreadRuns { last: None, others: Vec::new() })
+    };
+}
+
+/// The next id of this thread's run for slot `slot` of the set `set`, or
+/// `None` (no run, or it ended): then [`from_new_thread_run`]. No write any
+/// other thread sees.
+#[inline]
+pub(super) fn from_thread_run(set: &SetToken, slot: usize) -> Option<u64> {
+    let key = Arc::as_ptr(set);
+    RUNS.try_with(|runs| {
+        let mut runs = runs.try_borrow_mut().ok()?;
+        runs.find(key, slot)?.runner.as_mut()?.next_in_run()
+    })
+    .ok()
+    .flatten()
+}
+
+/// A new run of `generator` (slot `slot` of `set`) for this thread, and
+/// its first id. The thread's runner is taken out while the run is taken,
+/// which may wait, and put back as the runner of the thread the caller is
+/// on then, unless that one has a runner already (then this run's rest is
+/// a gap).
+pub(super) async fn from_new_thread_run(
+    set: &SetToken,
+    slot: usize,
+    generator: &Generator,
+) -> Result<u64, GenerateError> {
+    let key = Arc::as_ptr(set);
+    let taken = RUNS
+        .try_with(|runs| {
+            let mut runs = runs.try_borrow_mut().ok()?;
+            runs.find(key, slot)?.runner.take()
+        })
+        .ok()
+        .flatten();
+    let mut runner = taken.unwrap_or_else(|| Runner::new(generator));
+    let id = runner.take_run(generator).await?;
+    // A thread being torn down, or a runs table in use, keeps no runner.
+    let _ = RUNS.try_with(|runs| {
+        let Ok(mut runs) = runs.try_borrow_mut() else {
+            return;
+        };
+        match runs.find(key, slot) {
+            Some(run) => {
+                run.runner.get_or_insert(runner);
+            }
+            None => runs.add(ThreadRun {
+                key,
+                slot,
+                set: Arc::downgrade(set),
+                runner: Some(runner),
+            }),
+        }
+    });
     Ok(id)
 }

@@ -40,7 +40,7 @@ thread_local! {
     static THREAD_INDEX: usize = NEXT_THREAD_INDEX.fetch_add(1, Ordering::Relaxed);
 }
 
-use super::pinned::{self, Pinned, ThreadRuns};
+use super::pinned::{self, Pinned, SetToken};
 use super::Generator;
 use crate::error::GenerateError;
 use crate::layout::Layout;
@@ -50,8 +50,8 @@ use crate::layout::Layout;
 pub struct GeneratorSet {
     generators: Vec<Arc<Generator>>,
     next: AtomicUsize,
-    /// Each thread's runs for [`GeneratorSet::next_id`], per slot.
-    runs: Vec<ThreadRuns>,
+    /// Names this set to each thread's runs for [`GeneratorSet::next_id`].
+    token: SetToken,
 }
 
 impl GeneratorSet {
@@ -59,7 +59,7 @@ impl GeneratorSet {
     pub fn new(generators: Vec<Arc<Generator>>) -> Arc<Self> {
         assert!(!generators.is_empty(), "a generator set needs a generator");
         Arc::new(Self {
-            runs: generators.iter().map(|_| ThreadRuns::new()).collect(),
+            token: Arc::new(()),
             generators,
             next: AtomicUsize::new(0),
         })
@@ -133,11 +133,11 @@ impl GeneratorSet {
             1 => 0,
             _ => self.next.fetch_add(1, Ordering::Relaxed) % n,
         };
-        if let Some(id) = pinned::from_thread_run(&self.runs[start]) {
+        if let Some(id) = pinned::from_thread_run(&self.token, start) {
             return Ok(id);
         }
         let at = self.ready_index(start);
-        pinned::from_new_thread_run(&self.runs[at], &self.generators[at]).await
+        pinned::from_new_thread_run(&self.token, at, &self.generators[at]).await
     }
 
     /// One id from slot `start % N`, or from the next ready one when it

@@ -174,7 +174,7 @@ fn ids(step: Step) -> Vec<u64> {
 /// and halves after a run left over.
 #[tokio::test]
 async fn a_pinned_handle_hands_out_runs_that_end_with_the_tick() {
-    let (set, _, manual, tx) = ticking_set();
+    let (set, g, manual, tx) = ticking_set();
     let mut pinned = set.pin(0);
     // Runs of 1, 2 and 4 ids.
     for seq in 0..7 {
@@ -204,10 +204,31 @@ async fn a_pinned_handle_hands_out_runs_that_end_with_the_tick() {
     // The handle's next run is 16 (29 to 44).
     assert_eq!(pinned.next_id().await, Ok(at(1001) + 29));
     assert_eq!(other.next_id().await, Ok(at(1001) + 45));
-    // A withdrawn grant ends the run at once.
+    // A withdrawn grant alone leaves the run (stamped under the grant) to
+    // its tick; ending the runs, as a lease source does after a send, ends
+    // it at once.
     assert_eq!(pinned.next_id().await, Ok(at(1001) + 30));
     tx.send_replace(None);
+    assert_eq!(pinned.next_id().await, Ok(at(1001) + 31));
+    g.end_runs();
     assert_eq!(pinned.next_id().await, Err(GenerateError::NoGrant));
+}
+
+/// Ending the runs ends this run only: the next one is taken under the
+/// grant in force, after the old one's ids (its rest is a gap).
+#[tokio::test]
+async fn ended_runs_give_way_to_a_new_run() {
+    let (set, g, _, _tx) = ticking_set();
+    let mut pinned = set.pin(0);
+    // Runs of 1 and 2, then 4 (3 to 6).
+    for seq in 0..4 {
+        assert_eq!(pinned.next_id().await, Ok(at(1000) + seq));
+    }
+    g.end_runs();
+    // The run halves to 2 (7 and 8); 4 to 6 are a gap.
+    assert_eq!(pinned.next_id().await, Ok(at(1000) + 7));
+    assert_eq!(set.next_id().await, Ok(at(1000) + 9));
+    assert_eq!(pinned.next_id().await, Ok(at(1000) + 8));
 }
 
 /// Without ticks (or with them stopped) a pinned handle takes one id at a
@@ -260,9 +281,36 @@ async fn next_id_hands_out_this_threads_run() {
     }
     assert_eq!(g.next_ids(1).await, Ok(vec![at(1000) + 15]));
     assert_eq!(set.next_id().await, Ok(at(1000) + 8));
-    // A withdrawn grant ends the run at once.
+    // A withdrawn grant: the thread's run goes on within its tick until the
+    // runs end, which any call of the generator that finds the grant
+    // changed does.
     tx.send_replace(None);
+    assert_eq!(set.next_id().await, Ok(at(1000) + 9));
+    assert_eq!(g.next_ids(1).await, Err(GenerateError::NoGrant));
     assert_eq!(set.next_id().await, Err(GenerateError::NoGrant));
+}
+
+/// A thread keeps a run per set and slot: two sets over one generator
+/// take runs of their own on one thread, each ascending, none repeated.
+#[tokio::test]
+async fn two_sets_over_one_generator_keep_runs_of_their_own() {
+    let (one, g, _, _tx) = ticking_set();
+    let other = GeneratorSet::new(vec![g]);
+    let (mut from_one, mut from_other) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        from_one.push(one.next_id().await.unwrap());
+        from_other.push(other.next_id().await.unwrap());
+    }
+    // Each: runs of 1, 2 and then 4, interleaved in the machine id's
+    // sequence: 0 | 1 | 2,3 | 4,5 | 6..9 (two taken) | 10..13 (one taken).
+    assert_eq!(
+        from_one,
+        vec![at(1000), at(1000) + 2, at(1000) + 3, at(1000) + 6]
+    );
+    assert_eq!(
+        from_other,
+        vec![at(1000) + 1, at(1000) + 4, at(1000) + 5, at(1000) + 10]
+    );
 }
 
 /// Each thread has a run of its own: ids one thread gets ascend, ids of
@@ -292,14 +340,14 @@ fn threads_take_runs_of_their_own() {
     assert_eq!(on_this_thread(2), vec![at(1000) + 2, at(1000) + 6]);
 }
 
-/// The runs are the set's: dropping the set drops every thread's handle,
-/// so no generator is kept alive by a thread that took ids from it.
+/// A thread's runs hold no generator: dropping the set frees its
+/// generators, whatever threads took ids from it.
 #[tokio::test]
-async fn dropping_the_set_drops_its_thread_runs() {
+async fn a_thread_that_took_ids_keeps_no_generator_alive() {
     let (set, g, _, _tx) = ticking_set();
     set.next_id().await.unwrap();
-    // The set, and this thread's handle.
-    assert_eq!(Arc::strong_count(&g), 3);
+    // The set's, and this test's.
+    assert_eq!(Arc::strong_count(&g), 2);
     drop(set);
     assert_eq!(Arc::strong_count(&g), 1);
 }
