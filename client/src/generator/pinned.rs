@@ -206,8 +206,9 @@ const THREAD_RUNS: usize = 8;
 /// One thread's run for one slot of one set.
 #[derive(Debug)]
 struct ThreadRun {
-    /// The set's token's address: what a lookup compares.
-    key: *const (),
+    /// The set's token's address: what a lookup compares (a number, so the
+    /// futures that hold it stay `Send`).
+    key: usize,
     slot: usize,
     /// Keeps that address the set's while this entry lives.
     set: Weak<()>,
@@ -217,7 +218,7 @@ struct ThreadRun {
 
 impl ThreadRun {
     #[inline]
-    fn is(&self, key: *const (), slot: usize) -> bool {
+    fn is(&self, key: usize, slot: usize) -> bool {
         self.key == key && self.slot == slot
     }
 }
@@ -232,7 +233,7 @@ struct ThreadRuns {
 
 impl ThreadRuns {
     #[inline]
-    fn find(&mut self, key: *const (), slot: usize) -> Option<&mut ThreadRun> {
+    fn find(&mut self, key: usize, slot: usize) -> Option<&mut ThreadRun> {
         if self.last.as_ref().is_some_and(|r| r.is(key, slot)) {
             return self.last.as_mut();
         }
@@ -240,7 +241,7 @@ impl ThreadRuns {
     }
 
     #[cold]
-    fn find_other(&mut self, key: *const (), slot: usize) -> Option<&mut ThreadRun> {
+    fn find_other(&mut self, key: usize, slot: usize) -> Option<&mut ThreadRun> {
         self.others.iter_mut().find(|r| r.is(key, slot))
     }
 
@@ -270,7 +271,7 @@ thread_local! {
 /// other thread sees.
 #[inline]
 pub(super) fn from_thread_run(set: &SetToken, slot: usize) -> Option<u64> {
-    let key = Arc::as_ptr(set);
+    let key = Arc::as_ptr(set).addr();
     RUNS.try_with(|runs| {
         let mut runs = runs.try_borrow_mut().ok()?;
         runs.find(key, slot)?.runner.as_mut()?.next_in_run()
@@ -282,14 +283,15 @@ pub(super) fn from_thread_run(set: &SetToken, slot: usize) -> Option<u64> {
 /// A new run of `generator` (slot `slot` of `set`) for this thread, and
 /// its first id. The thread's runner is taken out while the run is taken,
 /// which may wait, and put back as the runner of the thread the caller is
-/// on then, unless that one has a runner already (then this run's rest is
-/// a gap).
+/// on then (a task may move). The run was taken in this poll, on that
+/// thread, so after every run that thread's runner holds: it replaces it
+/// (whose rest is a gap), and the ids that thread hands out still ascend.
 pub(super) async fn from_new_thread_run(
     set: &SetToken,
     slot: usize,
     generator: &Generator,
 ) -> Result<u64, GenerateError> {
-    let key = Arc::as_ptr(set);
+    let key = Arc::as_ptr(set).addr();
     let taken = RUNS
         .try_with(|runs| {
             let mut runs = runs.try_borrow_mut().ok()?;
@@ -305,9 +307,7 @@ pub(super) async fn from_new_thread_run(
             return;
         };
         match runs.find(key, slot) {
-            Some(run) => {
-                run.runner.get_or_insert(runner);
-            }
+            Some(run) => run.runner = Some(runner),
             None => runs.add(ThreadRun {
                 key,
                 slot,

@@ -406,3 +406,73 @@ async fn runs_go_on_under_a_grant_whose_sender_is_gone() {
     assert_eq!(g.next_ids(1).await, Ok(vec![at(1000) + 15]));
     assert_eq!(pinned.next_id().await, Ok(at(1000) + 8));
 }
+
+/// The futures of `next_id` are `Send`, so a task that awaits them can be
+/// spawned on a multi-thread runtime (a compile-time check: it does not
+/// build otherwise).
+#[test]
+fn next_id_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let (set, _, _, _tx) = ticking_set();
+    send(&set.next_id());
+    let _embedded = |e: &crate::embedded::EmbeddedGenerator| send(&e.next_id());
+}
+
+/// A task that waits for a run on one thread and ends on another leaves
+/// that thread's ids ascending: the run it took there, in its last poll,
+/// replaces the thread's older one (whose rest is a gap), even while the
+/// tick stalls and keeps that older run open.
+#[test]
+fn a_task_that_moves_threads_keeps_each_threads_ids_ascending() {
+    use std::future::Future;
+    use std::task::{Context, Poll};
+    type Task = std::pin::Pin<Box<dyn Future<Output = Result<u64, GenerateError>> + Send>>;
+    let manual = ManualClock::new(DEFAULT_EPOCH_UNIX_MS + 1000);
+    let clock = Arc::new(StalledTicks {
+        inner: manual.clone(),
+        ticks: MsTicks::manual(),
+    });
+    let (g, _tx) = generator_on(clock, grant_until(&manual, Duration::from_secs(10)));
+    let set = GeneratorSet::new(vec![g.clone()]);
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (task_to_b, task_on_b) = std::sync::mpsc::channel::<Task>();
+    let (ids_to_a, ids_from_b) = std::sync::mpsc::channel::<Vec<u64>>();
+    let set_b = set.clone();
+    let b = std::thread::spawn(move || {
+        let rt = rt();
+        // Runs of 1, 2 and 4 (3 to 6): 4 to 6 left in thread B's run.
+        let mut got: Vec<u64> = (0..4)
+            .map(|_| rt.block_on(set_b.next_id()).unwrap())
+            .collect();
+        ids_to_a.send(got.clone()).unwrap();
+        got.push(rt.block_on(task_on_b.recv().unwrap()).unwrap());
+        got.push(rt.block_on(set_b.next_id()).unwrap());
+        got
+    });
+    assert_eq!(
+        ids_from_b.recv().unwrap(),
+        (at(1000)..at(1000) + 4).collect::<Vec<_>>()
+    );
+    let rt_a = rt();
+    // Ms 1000 used up: a task on this thread waits for the next one.
+    rt_a.block_on(g.next_ids(1024 - 7)).unwrap();
+    let set_a = set.clone();
+    let mut task: Task = Box::pin(async move { set_a.next_id().await });
+    let first = rt_a.block_on(std::future::poll_fn(|cx: &mut Context<'_>| {
+        Poll::Ready(task.as_mut().poll(cx))
+    }));
+    assert!(first.is_pending());
+    // The wall clock moves on; the stalled tick does not, so B's run of
+    // ms 1000 stays open. The task ends on B with ms 1001's first id, and
+    // B's next id comes after it, not from its old run.
+    manual.advance(Duration::from_millis(1));
+    task_to_b.send(task).unwrap();
+    let got = b.join().unwrap();
+    assert_eq!(got[4], at(1001));
+    assert_eq!(got[5], at(1001) + 1);
+}
