@@ -86,7 +86,7 @@ impl Pinned {
     /// As [`Pinned::next_id`]; on an error the ids already taken are
     /// dropped (a gap, never a reuse).
     pub async fn next_ids(&mut self, count: u64) -> Result<Vec<u64>, GenerateError> {
-        self.runner.run.end = self.runner.run.next;
+        self.runner.end_run();
         self.generator.next_ids(count).await
     }
 
@@ -136,6 +136,11 @@ impl Runner {
         }
     }
 
+    /// Ends the run: what is left of it is a gap.
+    fn end_run(&mut self) {
+        self.run.end = self.run.next;
+    }
+
     /// The next id of the run, while the tick reads what it read when the
     /// run was taken and the runs were not ended since.
     #[inline]
@@ -159,7 +164,7 @@ impl Runner {
         let run = self.run;
         // The run is over whatever this take does: a take that fails (or is
         // cancelled) must not leave it to be handed out.
-        self.run.end = self.run.next;
+        self.end_run();
         let used_up = run.next == run.end;
         let size = if used_up && tick == Some(run.tick) {
             (run.size * 2).min(generator.step)
@@ -256,6 +261,15 @@ impl ThreadRuns {
     }
 }
 
+/// `f` on this thread's runs; `None` while the thread is being torn down
+/// or its runs are in use (neither happens on the path of an id).
+#[inline]
+fn with_thread_runs<R>(f: impl FnOnce(&mut ThreadRuns) -> Option<R>) -> Option<R> {
+    RUNS.try_with(|runs| f(&mut *runs.try_borrow_mut().ok()?))
+        .ok()
+        .flatten()
+}
+
 thread_local! {
     /// This thread's runs for [`GeneratorSet::next_id`](super::GeneratorSet::next_id):
     /// a thread local of this crate, whose access is inlined (a lookup in a
@@ -272,12 +286,7 @@ thread_local! {
 #[inline]
 pub(super) fn from_thread_run(set: &SetToken, slot: usize) -> Option<u64> {
     let key = Arc::as_ptr(set).addr();
-    RUNS.try_with(|runs| {
-        let mut runs = runs.try_borrow_mut().ok()?;
-        runs.find(key, slot)?.runner.as_mut()?.next_in_run()
-    })
-    .ok()
-    .flatten()
+    with_thread_runs(|runs| runs.find(key, slot)?.runner.as_mut()?.next_in_run())
 }
 
 /// A new run of `generator` (slot `slot` of `set`) for this thread, and
@@ -292,20 +301,11 @@ pub(super) async fn from_new_thread_run(
     generator: &Generator,
 ) -> Result<u64, GenerateError> {
     let key = Arc::as_ptr(set).addr();
-    let taken = RUNS
-        .try_with(|runs| {
-            let mut runs = runs.try_borrow_mut().ok()?;
-            runs.find(key, slot)?.runner.take()
-        })
-        .ok()
-        .flatten();
+    let taken = with_thread_runs(|runs| runs.find(key, slot)?.runner.take());
     let mut runner = taken.unwrap_or_else(|| Runner::new(generator));
     let id = runner.take_run(generator).await?;
     // A thread being torn down, or a runs table in use, keeps no runner.
-    let _ = RUNS.try_with(|runs| {
-        let Ok(mut runs) = runs.try_borrow_mut() else {
-            return;
-        };
+    with_thread_runs(|runs| {
         match runs.find(key, slot) {
             Some(run) => run.runner = Some(runner),
             None => runs.add(ThreadRun {
@@ -315,6 +315,7 @@ pub(super) async fn from_new_thread_run(
                 runner: Some(runner),
             }),
         }
+        Some(())
     });
     Ok(id)
 }
