@@ -202,6 +202,25 @@ func TestASpentBudgetFailsWithTheLastRetryableError(t *testing.T) {
 	}
 }
 
+func TestAnAttemptTheBudgetCutsShortReportsTheFailureBeforeIt(t *testing.T) {
+	a := newFake(t, 0)
+	a.nextErr = func(n int) error {
+		if n == 1 {
+			return status.Error(codes.Unavailable, "a down")
+		}
+		return errStall
+	}
+	c := mustNew(t, []string{a.url()}, WithRequestTimeout(time.Minute),
+		WithRetryBudget(300*time.Millisecond), WithBackoff(20*time.Millisecond, 20*time.Millisecond))
+	_, err := c.NextIDs(context.Background(), 1)
+	// The stalled retry ran out of budget, not of server time: the caller
+	// learns why the server failed.
+	wantCode(t, err, codes.Unavailable, "a down")
+	if n := a.calls.Load(); n != 2 {
+		t.Fatalf("calls %d", n)
+	}
+}
+
 func TestAnEjectedServerIsSkippedUntilItsEjectionEnds(t *testing.T) {
 	a, b := newFake(t, 0), newFake(t, 500)
 	a.nextErr = func(n int) error {

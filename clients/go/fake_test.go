@@ -37,7 +37,8 @@ type fake struct {
 	streamCalls atomic.Int32
 	infoCalls   atomic.Int32
 
-	// nextErr, when set, decides the answer of the n-th NextIds call (1-based).
+	// nextErr, when set, decides the answer of the n-th NextIds call (1-based);
+	// errStall makes that call wait until its context ends.
 	nextErr func(n int) error
 	// block makes NextIds wait until its context ends; started gets a value
 	// when a blocked call arrived.
@@ -100,7 +101,10 @@ func (f *fake) NextIds(ctx context.Context, r *pb.NextIdsRequest) (*pb.NextIdsRe
 		return nil, ctx.Err()
 	}
 	if f.nextErr != nil {
-		if err := f.nextErr(n); err != nil {
+		if err := f.nextErr(n); err == errStall {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		} else if err != nil {
 			return nil, err
 		}
 	}

@@ -115,6 +115,24 @@ func TestAStreamWhoseServersKeepFailingSpendsItsBudget(t *testing.T) {
 	}
 }
 
+func TestAResumeTheBudgetCutsShortReportsThePartsEnd(t *testing.T) {
+	a := newFake(t, 0)
+	a.streamPlan = func(n int) (int, error) {
+		if n == 1 {
+			return 1, status.Error(codes.Unavailable, "lease lost")
+		}
+		return 0, errStall
+	}
+	c := mustNew(t, []string{a.url()}, WithRequestTimeout(time.Minute),
+		WithRetryBudget(300*time.Millisecond), WithBackoff(20*time.Millisecond, 20*time.Millisecond))
+	s, _ := c.Stream(context.Background(), 50, 10)
+	sizes, _, err := drain(t, s)
+	wantCode(t, err, codes.Unavailable, "lease lost")
+	if !slices.Equal(sizes, []int{10}) || a.streamCalls.Load() != 2 {
+		t.Fatalf("%v calls %d", sizes, a.streamCalls.Load())
+	}
+}
+
 func TestAnOKEndBeforeTotalIsResumed(t *testing.T) {
 	a := newFake(t, 0)
 	a.streamPlan = func(n int) (int, error) {

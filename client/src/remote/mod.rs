@@ -86,6 +86,43 @@ impl Default for RemoteConfig {
     }
 }
 
+/// One call's retry budget: when it ends, and the last retryable failure
+/// within it, which the call reports once the budget is spent. A stream
+/// keeps one across its parts and starts a new one whenever a batch arrives.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    end: Instant,
+    last: Option<tonic::Status>,
+}
+
+impl Budget {
+    /// Whether the budget's end has not come yet.
+    pub(crate) fn open(&self) -> bool {
+        Instant::now() < self.end
+    }
+
+    /// Whether a wait of `delay` from now would end after the budget.
+    pub(crate) fn outlasted_by(&self, delay: Duration) -> bool {
+        Instant::now() + delay >= self.end
+    }
+
+    /// Records a retryable failure. `cut` says the attempt's timeout was the
+    /// budget left rather than `request_timeout`: its `DEADLINE_EXCEEDED`
+    /// then keeps the failure before it as the one to report.
+    pub(crate) fn fail(&mut self, status: tonic::Status, cut: bool) {
+        if !(cut && status.code() == tonic::Code::DeadlineExceeded && self.last.is_some()) {
+            self.last = Some(status);
+        }
+    }
+
+    /// The error of a spent budget: its last retryable failure.
+    pub(crate) fn spent(&mut self) -> tonic::Status {
+        self.last.take().unwrap_or_else(|| {
+            tonic::Status::deadline_exceeded("the retry budget was spent before any attempt")
+        })
+    }
+}
+
 /// One server: its `IdService` and `InfoService` over one channel.
 #[derive(Debug, Clone)]
 struct Server {
@@ -207,18 +244,26 @@ impl RemoteClient {
         &self.config
     }
 
-    /// The end of a retry budget that starts now.
-    pub(crate) fn budget_from_now(&self) -> Instant {
-        Instant::now() + self.config.retry_budget
+    /// A retry budget that starts now.
+    pub(crate) fn budget_from_now(&self) -> Budget {
+        Budget {
+            end: Instant::now() + self.config.retry_budget,
+            last: None,
+        }
     }
 
     /// Runs `call` on servers chosen by [`Choice`] until it succeeds, a
-    /// non-retryable status comes back, or the budget ending at `deadline`
-    /// (or `attempts`) is spent; backs off once every server failed in a
-    /// round. Returns the answer and the index of the server that gave it.
+    /// non-retryable status comes back, or `budget` (or `attempts`) is
+    /// spent; backs off once every server failed in a round. Returns the
+    /// answer and the index of the server that gave it.
+    ///
+    /// A spent budget fails with the budget's last retryable status. An
+    /// attempt the budget's end cut short (its timeout was the budget left,
+    /// not `request_timeout`) ran out of budget, not of server time: when it
+    /// times out, the failure before it stays the one reported.
     async fn with_retries<T, F, Fut>(
         &self,
-        deadline: Instant,
+        budget: &mut Budget,
         mut call: F,
     ) -> Result<(T, usize), ClientError>
     where
@@ -227,7 +272,7 @@ impl RemoteClient {
     {
         let mut backoff =
             Backoff::new(self.config.backoff, self.config.max_backoff).with_jitter(0.2);
-        let mut last = None;
+        let deadline = budget.end;
         for attempt in 0..self.config.attempts.max(1) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -235,6 +280,7 @@ impl RemoteClient {
             }
             let i = self.choice.pick();
             let timeout = self.config.request_timeout.min(left);
+            let cut = timeout < self.config.request_timeout;
             let answer = tokio::time::timeout(timeout, call(self.servers[i].clone())).await;
             let status = match answer {
                 Ok(Ok(r)) => {
@@ -249,7 +295,7 @@ impl RemoteClient {
             }
             self.choice.failed(i);
             debug!(server = i, attempt, code = ?status.code(), "retrying on the next server");
-            last = Some(status);
+            budget.fail(status, cut);
             // The next server is a different one: only back off once every
             // server has been tried in this round.
             if ((attempt + 1) as usize).is_multiple_of(self.choice.len()) {
@@ -260,9 +306,7 @@ impl RemoteClient {
                 tokio::time::sleep(delay).await;
             }
         }
-        Err(ClientError::Status(last.unwrap_or_else(|| {
-            tonic::Status::deadline_exceeded("the retry budget was spent before any attempt")
-        })))
+        Err(ClientError::Status(budget.spent()))
     }
 
     /// Marks server `i` failed (a stream part it served ended early).
@@ -278,7 +322,7 @@ impl RemoteClient {
     /// the retry rule gives up, or at once for a non-retryable one.
     pub async fn next_ids(&self, n: u32) -> Result<Vec<u64>, ClientError> {
         check_count("count", n, 1)?;
-        self.with_retries(self.budget_from_now(), |mut s| async move {
+        self.with_retries(&mut self.budget_from_now(), |mut s| async move {
             s.ids
                 .next_ids(pb::NextIdsRequest {
                     count: n,
@@ -300,7 +344,7 @@ impl RemoteClient {
     pub async fn next_ids_with_texts(&self, n: u32) -> Result<Vec<(u64, String)>, ClientError> {
         check_count("count", n, 1)?;
         let (r, _) = self
-            .with_retries(self.budget_from_now(), |mut s| async move {
+            .with_retries(&mut self.budget_from_now(), |mut s| async move {
                 s.ids
                     .next_ids(pb::NextIdsRequest {
                         count: n,
@@ -320,18 +364,18 @@ impl RemoteClient {
     }
 
     /// Opens one server's part of a stream: `StreamIds(total, batch_size,
-    /// format)` under the retry rule with the budget ending at `deadline`;
+    /// format)` under the retry rule within `budget`;
     /// the part and the index of its server.
     pub(crate) async fn open_part(
         &self,
-        deadline: Instant,
+        budget: &mut Budget,
         total: u64,
         batch_size: u32,
         format: pb::IdFormat,
     ) -> Result<(IdStream, usize), ClientError> {
         check_count("batch_size", batch_size, 0)?;
         let (batches, i) = self
-            .with_retries(deadline, |mut s| async move {
+            .with_retries(budget, |mut s| async move {
                 s.ids
                     .stream_ids(pb::StreamIdsRequest {
                         total,
@@ -356,7 +400,7 @@ impl RemoteClient {
     ) -> Result<IdStream, ClientError> {
         let format = pb::IdFormat::CrockfordBase32;
         let (part, _) = self
-            .open_part(self.budget_from_now(), total, batch_size, format)
+            .open_part(&mut self.budget_from_now(), total, batch_size, format)
             .await?;
         Ok(part.expecting_texts())
     }
@@ -370,7 +414,7 @@ impl RemoteClient {
     pub async fn stream_ids(&self, total: u64, batch_size: u32) -> Result<IdStream, ClientError> {
         let format = pb::IdFormat::Unspecified;
         let (part, _) = self
-            .open_part(self.budget_from_now(), total, batch_size, format)
+            .open_part(&mut self.budget_from_now(), total, batch_size, format)
             .await?;
         Ok(part)
     }
@@ -405,7 +449,7 @@ impl RemoteClient {
         self.layout
             .get_or_try_init(|| async {
                 let (info, _) = self
-                    .with_retries(self.budget_from_now(), |mut s| async move {
+                    .with_retries(&mut self.budget_from_now(), |mut s| async move {
                         s.info.get_info(pb::GetInfoRequest {}).await
                     })
                     .await?;

@@ -2,9 +2,8 @@
 //! the rest whenever one server's part ends early.
 
 use snowkeep_proto::v1 as pb;
-use tokio::time::Instant;
 
-use super::{IdStream, RemoteClient};
+use super::{Budget, IdStream, RemoteClient};
 use crate::error::ClientError;
 
 /// A stream of exactly `total` ids that survives servers
@@ -25,7 +24,7 @@ pub struct ResumingStream {
     batch_size: u32,
     received: u64,
     part: Option<(IdStream, usize)>,
-    deadline: Instant,
+    budget: Budget,
     ended: bool,
     resumes: u32,
     /// Paces reopening after parts that ended before any batch (a server
@@ -38,7 +37,7 @@ pub struct ResumingStream {
 impl ResumingStream {
     pub(crate) fn new(client: RemoteClient, total: u64, batch_size: u32) -> Self {
         Self {
-            deadline: client.budget_from_now(),
+            budget: client.budget_from_now(),
             total,
             batch_size,
             received: 0,
@@ -75,7 +74,7 @@ impl ResumingStream {
                     let format = pb::IdFormat::Unspecified;
                     match self
                         .client
-                        .open_part(self.deadline, rest, self.batch_size, format)
+                        .open_part(&mut self.budget, rest, self.batch_size, format)
                         .await
                     {
                         Ok(p) => {
@@ -92,7 +91,7 @@ impl ResumingStream {
                     let room = usize::try_from(self.total - self.received).unwrap_or(usize::MAX);
                     batch.ids.truncate(room);
                     self.received += batch.ids.len() as u64;
-                    self.deadline = self.client.budget_from_now();
+                    self.budget = self.client.budget_from_now();
                     self.progressed = true;
                     self.backoff.reset();
                     return Ok(Some(batch.ids));
@@ -101,15 +100,18 @@ impl ResumingStream {
                     self.ended = true;
                     return Ok(None);
                 }
-                Err(e) if e.is_retryable() && Instant::now() < self.deadline => {
+                Err(e) if e.is_retryable() && self.budget.open() => {
                     tracing::debug!(error = %e, received = self.received, "stream part ended early; resuming on the next server");
                     self.client.server_failed(*server);
                     self.part = None;
                     self.resumes += 1;
+                    if let ClientError::Status(s) = &e {
+                        self.budget.fail(s.clone(), false);
+                    }
                     if !self.progressed {
                         // Not a tight loop over servers that refuse at once.
                         let delay = self.backoff.next_delay();
-                        if Instant::now() + delay >= self.deadline {
+                        if self.budget.outlasted_by(delay) {
                             return self.end(e);
                         }
                         tokio::time::sleep(delay).await;

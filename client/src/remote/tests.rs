@@ -18,6 +18,18 @@ struct Fixed {
     first_stream_id: u64,
     /// Ids a stream sends beyond the `total` asked for (a faulty server).
     overshoot: u64,
+    /// The first call (counting from 1) that never answers: a server that
+    /// stalls; `u32::MAX` for one that always answers.
+    stall_from: u32,
+}
+
+impl Fixed {
+    /// Counts a call, and never returns when it is one that stalls.
+    async fn count_call(&self) {
+        if self.calls.fetch_add(1, Ordering::SeqCst) + 1 >= self.stall_from {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -26,7 +38,7 @@ impl IdService for Fixed {
         &self,
         request: Request<pb::NextIdsRequest>,
     ) -> Result<Response<pb::NextIdsResponse>, Status> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.count_call().await;
         match self.refusal {
             Some(code) => Err(Status::new(code, "refused")),
             None => Ok(Response::new(pb::NextIdsResponse {
@@ -43,7 +55,7 @@ impl IdService for Fixed {
         &self,
         request: Request<pb::StreamIdsRequest>,
     ) -> Result<Response<Self::StreamIdsStream>, Status> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.count_call().await;
         let r = request.into_inner();
         let end = self.first_stream_id + r.total + self.overshoot;
         let ids: Vec<u64> = (self.first_stream_id..end).collect();
@@ -71,14 +83,16 @@ async fn serve(refusal: Option<Code>) -> (String, Arc<AtomicU32>) {
 
 /// [`serve`] with streams starting at `first_stream_id`.
 async fn serve_from(refusal: Option<Code>, first_stream_id: u64) -> (String, Arc<AtomicU32>) {
-    serve_fixed(refusal, first_stream_id, 0).await
+    serve_fixed(refusal, first_stream_id, 0, u32::MAX).await
 }
 
-/// [`serve_from`] whose streams send `overshoot` ids more than asked.
+/// [`serve_from`] whose streams send `overshoot` ids more than asked, and
+/// whose calls from the `stall_from`-th on never answer.
 async fn serve_fixed(
     refusal: Option<Code>,
     first_stream_id: u64,
     overshoot: u64,
+    stall_from: u32,
 ) -> (String, Arc<AtomicU32>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -88,6 +102,7 @@ async fn serve_fixed(
         calls: calls.clone(),
         first_stream_id,
         overshoot,
+        stall_from,
     });
     tokio::spawn(
         tonic::transport::Server::builder()
@@ -163,7 +178,7 @@ async fn a_count_outside_the_range_is_refused_before_any_call() {
 
 #[tokio::test]
 async fn a_stream_delivers_exactly_total_even_from_a_server_that_sends_more() {
-    let (over, _) = serve_fixed(None, 1, 5).await;
+    let (over, _) = serve_fixed(None, 1, 5, u32::MAX).await;
     let client = RemoteClient::new(&[over], config(1)).unwrap();
     let mut stream = client.stream(10, 4).unwrap();
     let mut ids = Vec::new();
@@ -256,4 +271,52 @@ async fn the_retry_budget_ends_a_call_to_servers_that_keep_failing() {
     // Rounds of two attempts, 20 ms (±20 %) apart, within 300 ms: more than
     // one round, and never more than the budget allows.
     assert!((4..=32).contains(&calls), "{calls} calls");
+}
+
+/// Settings whose attempts only the retry budget (500 ms) cuts short.
+fn budget_config() -> RemoteConfig {
+    RemoteConfig {
+        retry_budget: Duration::from_millis(500),
+        backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(20),
+        request_timeout: Duration::from_secs(30),
+        ..RemoteConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn an_attempt_the_budget_cuts_short_reports_the_failure_before_it() {
+    // The first call is refused as unavailable; the retry stalls until the
+    // budget's end cuts it short. What the caller learns is why the server
+    // failed, not that the client stopped waiting.
+    let (url, calls) = serve_fixed(Some(Code::Unavailable), 1, 0, 2).await;
+    let client = RemoteClient::new(&[url], budget_config()).unwrap();
+    match client.next_ids(1).await {
+        Err(ClientError::Status(s)) => {
+            assert_eq!((s.code(), s.message()), (Code::Unavailable, "refused"));
+        }
+        other => panic!("expected the first refusal, got {other:?}"),
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_stream_whose_resume_the_budget_cuts_short_reports_the_end_before_it() {
+    // The part ends early after one batch; reopening stalls until the
+    // budget (restarted by that batch) ends.
+    let (url, calls) = serve_fixed(Some(Code::Unavailable), 1, 0, 2).await;
+    let client = RemoteClient::new(&[url], budget_config()).unwrap();
+    let mut stream = client.stream(10, 4).unwrap();
+    assert_eq!(stream.next_batch().await.unwrap(), Some(vec![1, 2, 3, 4]));
+    match stream.next_batch().await {
+        Err(ClientError::Status(s)) => {
+            assert_eq!(
+                (s.code(), s.message()),
+                (Code::Unavailable, "stream ended early")
+            );
+        }
+        other => panic!("expected the part's end, got {other:?}"),
+    }
+    assert_eq!(stream.next_batch().await.unwrap(), None);
+    assert_eq!((stream.received(), calls.load(Ordering::SeqCst)), (4, 2));
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -375,6 +376,8 @@ class IdStream(Iterator[list[int]]):
             self._first.set()
             assert self._attempt is not None
             self._attempts.succeeded(self._attempt)
+            # Later waits are not the first batch's, which the budget may cut.
+            self._attempt = dataclasses.replace(self._attempt, budget_bound=False)
         self._attempts.restart()
         ids = list(batch.ids)
         left = self.total - self.received

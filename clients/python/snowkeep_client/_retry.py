@@ -95,6 +95,10 @@ class Attempt:
     timeout: float
     #: True when the caller's own timeout, not ours, bounds this attempt.
     caller_bound: bool
+    #: True when the retry budget's end, not ``request_timeout``, bounds this
+    #: attempt: its ``DEADLINE_EXCEEDED`` ran out of budget, not of server
+    #: time, and the failure before it stays the one a spent budget reports.
+    budget_bound: bool = False
 
 
 class Attempts:
@@ -150,16 +154,17 @@ class Attempts:
         if left <= 0:
             raise self._spent()
         timeout = min(self._request_timeout, left)
+        budget_bound = left < self._request_timeout
         caller_bound = False
         if self._caller_end is not None:
             caller_left = self._caller_end - now
             if caller_left <= 0:
                 raise CallerDeadline()
             if caller_left < timeout:
-                timeout, caller_bound = caller_left, True
+                timeout, caller_bound, budget_bound = caller_left, True, False
         i = self._endpoints.pick(frozenset(self._tried))
         self._tried.add(i)
-        return Attempt(i, timeout, caller_bound)
+        return Attempt(i, timeout, caller_bound, budget_bound)
 
     def succeeded(self, attempt: Attempt) -> None:
         """The attempt's endpoint answered."""
@@ -178,10 +183,12 @@ class Attempts:
         if not is_retryable(error.code):
             raise error
         self._endpoints.failed(attempt.endpoint)
-        self._last = error
+        cut = attempt.budget_bound and error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        kept = self._last if cut and self._last is not None else error
+        self._last = kept
         left = self._budget_end - now
         if left <= 0:
-            raise error
+            raise kept
         if len(self._tried) < self._endpoints.count:
             return 0.0
         # Every endpoint failed in this round: back off, then a new round.

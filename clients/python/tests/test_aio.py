@@ -138,6 +138,37 @@ async def test_an_async_stream_whose_first_batch_is_late_moves_on(servers: Serve
 
 
 @pytest.mark.asyncio
+async def test_an_async_attempt_the_budget_cuts_short_reports_the_failure_before_it(
+    servers: Servers,
+) -> None:
+    fake = servers([("fail", S.UNAVAILABLE, "a is down"), ("hang",)])
+    async with AsyncClient(
+        [fake.target], request_timeout=60.0, retry_budget=0.3, backoff=0.01
+    ) as client:
+        with pytest.raises(SnowkeepError) as e:
+            await client.next_ids(1)
+    assert (e.value.code, e.value.message) == (S.UNAVAILABLE, "a is down")
+    assert len(fake.calls) == 2
+
+
+@pytest.mark.asyncio
+async def test_an_async_resume_the_budget_cuts_short_reports_the_parts_end(
+    servers: Servers,
+) -> None:
+    fake = servers([("part", 1, S.UNAVAILABLE, "gone"), ("hang",)])
+    got: list[int] = []
+    async with AsyncClient(
+        [fake.target], request_timeout=60.0, retry_budget=0.3, backoff=0.01
+    ) as client:
+        with pytest.raises(SnowkeepError) as e:
+            async for batch in client.stream(30, 10):
+                got.extend(batch)
+    assert (e.value.code, e.value.message) == (S.UNAVAILABLE, "gone")
+    assert got == list(range(1_000_001, 1_000_011))
+    assert len(fake.calls) == 2
+
+
+@pytest.mark.asyncio
 async def test_an_async_stream_with_its_budget_spent_fails_with_the_last_error(
     servers: Servers,
 ) -> None:

@@ -101,6 +101,36 @@ def test_the_budget_bounds_attempts_sleeps_and_deadlines() -> None:
     assert (e.value.code, e.value.message) == (S.UNAVAILABLE, "first")
 
 
+def test_an_attempt_the_budget_cuts_short_keeps_the_failure_before_it() -> None:
+    clock = Clock()
+    attempts = plan(1, clock, budget=1.0)  # below request_timeout (5 s): every attempt is cut
+    a = attempts.start()
+    assert (a.budget_bound, round(a.timeout, 9)) == (True, 1.0)
+    clock.now += 0.1
+    clock.now += attempts.failed(a, SnowkeepError(S.UNAVAILABLE, "first"))
+    b = attempts.start()
+    assert b.budget_bound
+    clock.now += b.timeout
+    with pytest.raises(SnowkeepError) as e:
+        attempts.failed(b, SnowkeepError(S.DEADLINE_EXCEEDED, "no answer"))
+    assert (e.value.code, e.value.message) == (S.UNAVAILABLE, "first")
+
+
+def test_an_attempt_request_timeout_bounds_reports_its_own_deadline() -> None:
+    clock = Clock()
+    attempts = plan(1, clock, budget=6.0)
+    a = attempts.start()
+    assert (a.budget_bound, round(a.timeout, 9)) == (False, 5.0)
+    attempts.failed(a, SnowkeepError(S.UNAVAILABLE, "first"))
+    clock.now += 1.0
+    b = attempts.start()  # 5 s left: request_timeout bounds it, not the budget
+    assert (b.budget_bound, round(b.timeout, 9)) == (False, 5.0)
+    clock.now += b.timeout
+    with pytest.raises(SnowkeepError) as e:
+        attempts.failed(b, SnowkeepError(S.DEADLINE_EXCEEDED, "no answer"))
+    assert (e.value.code, e.value.message) == (S.DEADLINE_EXCEEDED, "no answer")
+
+
 def test_ejection_doubles_and_clears_on_success() -> None:
     clock = Clock()
     endpoints = Endpoints(2, 0.02, 0.05, clock)
@@ -159,6 +189,19 @@ def test_a_spent_budget_fails_with_the_last_error(servers: Servers) -> None:
         == {S.UNAVAILABLE: "a is down", S.RESOURCE_EXHAUSTED: "b is busy"}[e.value.code]
     )
     assert len(a.calls) >= 2 and len(b.calls) >= 2
+
+
+def test_an_attempt_the_budget_cuts_short_reports_the_failure_before_it(
+    servers: Servers,
+) -> None:
+    fake = servers([("fail", S.UNAVAILABLE, "a is down"), ("hang",)])
+    with (
+        Client([fake.target], request_timeout=60.0, retry_budget=0.3, backoff=0.01) as client,
+        pytest.raises(SnowkeepError) as e,
+    ):
+        client.next_ids(1)
+    assert (e.value.code, e.value.message) == (S.UNAVAILABLE, "a is down")
+    assert len(fake.calls) == 2
 
 
 def test_a_refused_connection_is_unavailable_and_fails_over(servers: Servers) -> None:

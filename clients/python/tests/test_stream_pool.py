@@ -69,6 +69,18 @@ def test_a_stream_whose_budget_is_spent_fails_with_the_last_error(servers: Serve
     assert all(c.total == 20 for c in fake.calls[1:])
 
 
+def test_a_resume_the_budget_cuts_short_reports_the_parts_end(servers: Servers) -> None:
+    fake = servers([("part", 1, S.UNAVAILABLE, "gone"), ("hang",)])
+    got: list[int] = []
+    with Client([fake.target], request_timeout=60.0, retry_budget=0.3, backoff=0.01) as client:
+        with pytest.raises(SnowkeepError) as e:
+            for batch in client.stream(30, 10):
+                got.extend(batch)
+    assert (e.value.code, e.value.message) == (S.UNAVAILABLE, "gone")
+    assert got == list(range(1_000_001, 1_000_011))
+    assert len(fake.calls) == 2
+
+
 def test_closing_a_stream_stops_it(servers: Servers) -> None:
     fake = servers()
     with Client([fake.target]) as client:

@@ -43,10 +43,14 @@ export function jittered(ms: number, random: () => number = Math.random): number
   return ms * (0.8 + random() * 0.4);
 }
 
-/** One attempt to make: its server and its deadline in ms. */
+/**
+ * One attempt to make: its server, its deadline in ms, and whether that
+ * deadline is the budget left rather than `requestTimeoutMs` (cut short).
+ */
 export interface Attempt {
   readonly server: Server;
   readonly timeoutMs: number;
+  readonly cut: boolean;
 }
 
 /** The attempts of one call under the retry rule. */
@@ -92,15 +96,19 @@ export class Attempts {
     if (this.last !== null && left <= 0) {
       throw this.spent();
     }
-    const timeoutMs = left > 0 ? Math.min(this.settings.requestTimeoutMs, left) : this.settings.requestTimeoutMs;
-    return { server: this.servers.pick(), timeoutMs: Math.max(1, Math.ceil(timeoutMs)) };
+    const cut = left > 0 && left < this.settings.requestTimeoutMs;
+    const timeoutMs = cut ? left : this.settings.requestTimeoutMs;
+    return { server: this.servers.pick(), timeoutMs: Math.max(1, Math.ceil(timeoutMs)), cut };
   }
 
   /**
    * Records a failed attempt: rethrows an abort or a non-retryable error,
-   * ejects the server after a retryable one.
+   * ejects the server after a retryable one. `cut` says the attempt's
+   * deadline was the budget's end: its DEADLINE_EXCEEDED then ran out of
+   * budget, not of server time, and the failure before it stays the one a
+   * spent budget reports.
    */
-  failed(server: Server, err: unknown): void {
+  failed(server: Server, err: unknown, cut = false): void {
     if (err instanceof AbortError) {
       throw err;
     }
@@ -113,7 +121,9 @@ export class Attempts {
       throw e;
     }
     this.servers.eject(server);
-    this.last = e;
+    if (!(cut && e.code === Status.DEADLINE_EXCEEDED && this.last !== null)) {
+      this.last = e;
+    }
     this.triedInRound += 1;
   }
 
@@ -184,7 +194,7 @@ export async function withRetries<T>(
     try {
       value = await attempt(a);
     } catch (err) {
-      attempts.failed(a.server, err);
+      attempts.failed(a.server, err, a.cut);
       continue;
     }
     attempts.succeeded(a.server);

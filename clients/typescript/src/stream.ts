@@ -121,7 +121,7 @@ export async function* resumingStream(
   const attempts = new Attempts(servers, settings, plan.signal);
   let received = 0n;
   while (received < plan.total) {
-    const { server, timeoutMs } = await attempts.next();
+    const { server, timeoutMs, cut } = await attempts.next();
     const left = plan.total - received;
     const partStart = received;
     const call = server.ids.streamIds(
@@ -138,7 +138,8 @@ export async function* resumingStream(
         try {
           batch = await reader.next();
         } catch (err) {
-          attempts.failed(server, err);
+          // Only the wait for a part's first batch is the attempt the budget may cut.
+          attempts.failed(server, err, cut && first);
           break;
         }
         if (batch === null) {

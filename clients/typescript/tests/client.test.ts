@@ -180,6 +180,20 @@ describe("nextIds", () => {
     assert.equal(a!.nextIdsCalls.length, 1);
     client.close();
   });
+
+  test("an attempt the budget cuts short reports the failure before it, not DEADLINE_EXCEEDED", async () => {
+    const [a] = await servers(1);
+    a!.nextIdsScript = [{ error: { code: Status.UNAVAILABLE, details: "a is down" } }, "hang"];
+    const client = new SnowkeepClient([a!.url], {
+      requestTimeoutMs: 60_000,
+      retryBudgetMs: 300,
+      backoffMs: 20,
+      maxBackoffMs: 20,
+    });
+    await assert.rejects(client.nextIds(1), { code: Status.UNAVAILABLE, details: "a is down" });
+    assert.equal(a!.nextIdsCalls.length, 2);
+    client.close();
+  });
 });
 
 describe("cancellation", () => {

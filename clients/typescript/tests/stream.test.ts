@@ -110,6 +110,27 @@ describe("stream", () => {
     client.close();
   });
 
+  test("a resume the budget cuts short reports the part's end, not DEADLINE_EXCEEDED", async () => {
+    const [a] = await servers(1);
+    a!.streamScript = [
+      { batches: [range(1n, 2)], end: { code: Status.UNAVAILABLE, details: "lease lost" } },
+      { batches: [], hang: true },
+    ];
+    const client = new SnowkeepClient([a!.url], {
+      requestTimeoutMs: 60_000,
+      retryBudgetMs: 300,
+      backoffMs: 20,
+      maxBackoffMs: 20,
+    });
+    const { batches, error } = await collect(client.stream(10n));
+    assert.deepEqual(batches, [range(1n, 2)]);
+    assert.ok(error instanceof SnowkeepError);
+    assert.equal(error.codeName, "UNAVAILABLE");
+    assert.equal(error.details, "lease lost");
+    assert.equal(a!.streamCalls.length, 2);
+    client.close();
+  });
+
   test("with two endpoints each failure moves to the other at once", async () => {
     const [a, b] = await servers(2);
     const down = { code: Status.UNAVAILABLE, details: "down" };
