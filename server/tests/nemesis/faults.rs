@@ -29,10 +29,10 @@ pub enum Fault {
     KillEtcdLeader,
     /// Every etcd member killed, restarted after a TTL.
     StopAllEtcd,
-    /// Every etcd member SIGSTOPped for half the outage budget (30 s): every
+    /// Every etcd member SIGSTOPped for half the outage budget (10 s): every
     /// server issues on through it, then recovers without a restart.
     PauseEtcdWithinBudget,
-    /// Every etcd member SIGSTOPped past the farthest fence (95 s): every
+    /// Every etcd member SIGSTOPped past the farthest fence (35 s): every
     /// server issues for at least the budget, stops at its fence, and
     /// recovers without a restart.
     PauseEtcdPastBudget,
@@ -157,11 +157,11 @@ enum Cut {
     Partition,
 }
 
-/// An etcd outage inside the budget: half of it (30 s).
+/// An etcd outage inside the budget: half of it (10 s).
 const WITHIN_BUDGET: Duration = Duration::from_secs(BUDGET.as_secs() / 2);
 
 /// An etcd outage past the farthest fence a busy server holds (1.5 budgets,
-/// 90 s) by a TTL (95 s). An outage of exactly 1.5 budgets could end the
+/// 30 s) by a TTL (35 s). An outage of exactly 1.5 budgets could end the
 /// moment a server whose fence was raised just before it began reaches that
 /// fence, so its stop would not be seen; 5 s more makes every stop certain
 /// and leaves seconds of refusals to check.
