@@ -101,18 +101,26 @@ impl Budget {
         Instant::now() < self.end
     }
 
+    /// The time left until the budget's end (zero once it has come).
+    pub(crate) fn left(&self) -> Duration {
+        self.end.saturating_duration_since(Instant::now())
+    }
+
     /// Whether a wait of `delay` from now would end after the budget.
     pub(crate) fn outlasted_by(&self, delay: Duration) -> bool {
         Instant::now() + delay >= self.end
     }
 
-    /// Records a retryable failure. `cut` says the attempt's timeout was the
-    /// budget left rather than `request_timeout`: its `DEADLINE_EXCEEDED`
-    /// then keeps the failure before it as the one to report.
-    pub(crate) fn fail(&mut self, status: tonic::Status, cut: bool) {
-        if !(cut && status.code() == tonic::Code::DeadlineExceeded && self.last.is_some()) {
-            self.last = Some(status);
+    /// Records a retryable failure; false when it was not kept. `cut` says
+    /// the attempt's timeout was the budget left rather than
+    /// `request_timeout`: its `DEADLINE_EXCEEDED` then keeps the failure
+    /// before it as the one to report.
+    pub(crate) fn fail(&mut self, status: tonic::Status, cut: bool) -> bool {
+        if cut && status.code() == tonic::Code::DeadlineExceeded && self.last.is_some() {
+            return false;
         }
+        self.last = Some(status);
+        true
     }
 
     /// The error of a spent budget: its last retryable failure.

@@ -85,7 +85,12 @@ impl ResumingStream {
                     }
                 }
             };
-            match part.message().await {
+            // The attempt's deadline: the smaller of the idle timeout and
+            // the budget left (cut when the budget is the smaller).
+            let left = self.budget.left();
+            let idle = self.client.config().request_timeout;
+            let cut = left < idle;
+            match part.message_within(left.min(idle)).await {
                 Ok(Some(mut batch)) => {
                     // Never more than `total`, whatever a server sends.
                     let room = usize::try_from(self.total - self.received).unwrap_or(usize::MAX);
@@ -100,26 +105,57 @@ impl ResumingStream {
                     self.ended = true;
                     return Ok(None);
                 }
-                Err(e) if e.is_retryable() && self.budget.open() => {
-                    tracing::debug!(error = %e, received = self.received, "stream part ended early; resuming on the next server");
-                    self.client.server_failed(*server);
-                    self.part = None;
-                    self.resumes += 1;
-                    if let ClientError::Status(s) = &e {
-                        self.budget.fail(s.clone(), false);
-                    }
-                    if !self.progressed {
-                        // Not a tight loop over servers that refuse at once.
-                        let delay = self.backoff.next_delay();
-                        if self.budget.outlasted_by(delay) {
-                            return self.end(e);
-                        }
-                        tokio::time::sleep(delay).await;
+                Err(e) if e.is_retryable() => {
+                    let server = *server;
+                    if let Some(end) = self.part_failed(e, server, cut).await {
+                        return end;
                     }
                 }
                 Err(e) => return self.end(e),
             }
         }
+    }
+
+    /// A part ended early with the retryable `e` on `server`: records it in
+    /// the budget and, when the budget allows, waits to resume (after the
+    /// backoff when the part brought no batch). Returns the stream's end
+    /// when it cannot resume: the budget's last failure, which is `e`
+    /// unless `e` was a cut attempt's timeout after an earlier failure.
+    async fn part_failed(
+        &mut self,
+        e: ClientError,
+        server: usize,
+        cut: bool,
+    ) -> Option<Result<Option<Vec<u64>>, ClientError>> {
+        let status = match &e {
+            ClientError::Status(s) => s.clone(),
+            other => tonic::Status::new(other.code(), other.to_string()),
+        };
+        let kept = self.budget.fail(status, cut);
+        let give_up = |stream: &mut Self, e: ClientError| {
+            let e = if kept {
+                e
+            } else {
+                ClientError::Status(stream.budget.spent())
+            };
+            Some(stream.end(e))
+        };
+        if !self.budget.open() {
+            return give_up(self, e);
+        }
+        tracing::debug!(error = %e, received = self.received, "stream part ended early; resuming on the next server");
+        self.client.server_failed(server);
+        self.part = None;
+        self.resumes += 1;
+        if !self.progressed {
+            // Not a tight loop over servers that refuse at once.
+            let delay = self.backoff.next_delay();
+            if self.budget.outlasted_by(delay) {
+                return give_up(self, e);
+            }
+            tokio::time::sleep(delay).await;
+        }
+        None
     }
 
     fn end(&mut self, e: ClientError) -> Result<Option<Vec<u64>>, ClientError> {

@@ -86,15 +86,25 @@ impl IdStream {
     /// The next batch, `Ok(None)` at a whole stream's end, or the error that
     /// ended it early (see [`IdStream`]).
     pub async fn message(&mut self) -> Result<Option<pb::IdBatch>, ClientError> {
-        let Some(idle) = self.idle else {
-            return futures_util::StreamExt::next(self).await.transpose();
-        };
-        match tokio::time::timeout(idle, futures_util::StreamExt::next(self)).await {
+        match self.idle {
+            None => futures_util::StreamExt::next(self).await.transpose(),
+            Some(idle) => self.message_within(idle).await,
+        }
+    }
+
+    /// [`IdStream::message`], waiting at most `wait` for the batch (a
+    /// resuming stream's wait is the smaller of its idle timeout and the
+    /// retry budget left); then the stream ends with `DEADLINE_EXCEEDED`.
+    pub(crate) async fn message_within(
+        &mut self,
+        wait: std::time::Duration,
+    ) -> Result<Option<pb::IdBatch>, ClientError> {
+        match tokio::time::timeout(wait, futures_util::StreamExt::next(self)).await {
             Ok(item) => item.transpose(),
             Err(_) => {
                 self.ended = true;
                 Err(ClientError::Status(tonic::Status::deadline_exceeded(
-                    format!("no batch within {idle:?} after {} ids", self.received),
+                    format!("no batch within {wait:?} after {} ids", self.received),
                 )))
             }
         }

@@ -21,14 +21,15 @@ struct Fixed {
     /// The first call (counting from 1) that never answers: a server that
     /// stalls; `u32::MAX` for one that always answers.
     stall_from: u32,
+    /// Streams from the `stall_from`-th call on answer with their headers,
+    /// then stall before the first batch (instead of stalling unanswered).
+    headers_then_stall: bool,
 }
 
 impl Fixed {
-    /// Counts a call, and never returns when it is one that stalls.
-    async fn count_call(&self) {
-        if self.calls.fetch_add(1, Ordering::SeqCst) + 1 >= self.stall_from {
-            std::future::pending::<()>().await;
-        }
+    /// Counts a call; true when it is one that stalls.
+    fn count_call(&self) -> bool {
+        self.calls.fetch_add(1, Ordering::SeqCst) + 1 >= self.stall_from
     }
 }
 
@@ -38,7 +39,9 @@ impl IdService for Fixed {
         &self,
         request: Request<pb::NextIdsRequest>,
     ) -> Result<Response<pb::NextIdsResponse>, Status> {
-        self.count_call().await;
+        if self.count_call() {
+            std::future::pending::<()>().await;
+        }
         match self.refusal {
             Some(code) => Err(Status::new(code, "refused")),
             None => Ok(Response::new(pb::NextIdsResponse {
@@ -48,14 +51,18 @@ impl IdService for Fixed {
         }
     }
 
-    type StreamIdsStream =
-        futures_util::stream::Iter<std::vec::IntoIter<Result<pb::IdBatch, Status>>>;
+    type StreamIdsStream = futures_util::stream::BoxStream<'static, Result<pb::IdBatch, Status>>;
 
     async fn stream_ids(
         &self,
         request: Request<pb::StreamIdsRequest>,
     ) -> Result<Response<Self::StreamIdsStream>, Status> {
-        self.count_call().await;
+        if self.count_call() {
+            if self.headers_then_stall {
+                return Ok(Response::new(Box::pin(futures_util::stream::pending())));
+            }
+            std::future::pending::<()>().await;
+        }
         let r = request.into_inner();
         let end = self.first_stream_id + r.total + self.overshoot;
         let ids: Vec<u64> = (self.first_stream_id..end).collect();
@@ -72,7 +79,7 @@ impl IdService for Fixed {
             items.truncate(1);
             items.push(Err(Status::new(code, "stream ended early")));
         }
-        Ok(Response::new(futures_util::stream::iter(items)))
+        Ok(Response::new(Box::pin(futures_util::stream::iter(items))))
     }
 }
 
@@ -86,6 +93,15 @@ async fn serve_from(refusal: Option<Code>, first_stream_id: u64) -> (String, Arc
     serve_fixed(refusal, first_stream_id, 0, u32::MAX).await
 }
 
+/// [`serve_fixed`] whose streams from the `stall_from`-th call on send
+/// their headers, then nothing.
+async fn serve_stalling_after_headers(
+    refusal: Option<Code>,
+    stall_from: u32,
+) -> (String, Arc<AtomicU32>) {
+    serve_with(refusal, 1, 0, stall_from, true).await
+}
+
 /// [`serve_from`] whose streams send `overshoot` ids more than asked, and
 /// whose calls from the `stall_from`-th on never answer.
 async fn serve_fixed(
@@ -93,6 +109,17 @@ async fn serve_fixed(
     first_stream_id: u64,
     overshoot: u64,
     stall_from: u32,
+) -> (String, Arc<AtomicU32>) {
+    serve_with(refusal, first_stream_id, overshoot, stall_from, false).await
+}
+
+/// Serves a [`Fixed`] with these fields on a free loopback port.
+async fn serve_with(
+    refusal: Option<Code>,
+    first_stream_id: u64,
+    overshoot: u64,
+    stall_from: u32,
+    headers_then_stall: bool,
 ) -> (String, Arc<AtomicU32>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -103,6 +130,7 @@ async fn serve_fixed(
         first_stream_id,
         overshoot,
         stall_from,
+        headers_then_stall,
     });
     tokio::spawn(
         tonic::transport::Server::builder()
@@ -318,5 +346,57 @@ async fn a_stream_whose_resume_the_budget_cuts_short_reports_the_end_before_it()
         other => panic!("expected the part's end, got {other:?}"),
     }
     assert_eq!(stream.next_batch().await.unwrap(), None);
+    assert_eq!((stream.received(), calls.load(Ordering::SeqCst)), (4, 2));
+}
+
+#[tokio::test]
+async fn a_first_batch_the_budget_cuts_short_reports_the_end_before_it() {
+    // The part ends early after one batch; the next server answers the
+    // reopened stream with its headers, then sends nothing. The wait for
+    // its first batch is the budget left (500 ms), not the request timeout
+    // (30 s), and ends with the part's end.
+    let (url, calls) = serve_stalling_after_headers(Some(Code::Unavailable), 2).await;
+    let client = RemoteClient::new(&[url], budget_config()).unwrap();
+    let mut stream = client.stream(10, 4).unwrap();
+    assert_eq!(stream.next_batch().await.unwrap(), Some(vec![1, 2, 3, 4]));
+    let started = Instant::now();
+    match stream.next_batch().await {
+        Err(ClientError::Status(s)) => {
+            assert_eq!(
+                (s.code(), s.message()),
+                (Code::Unavailable, "stream ended early")
+            );
+        }
+        other => panic!("expected the part's end, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!((stream.received(), calls.load(Ordering::SeqCst)), (4, 2));
+}
+
+#[tokio::test]
+async fn a_stream_ended_with_ok_too_early_is_the_failure_a_cut_resume_reports() {
+    // The part ends with OK after one batch (an older server); the resume
+    // stalls until the budget's end.
+    let (url, calls) = serve_fixed(Some(Code::Ok), 1, 0, 2).await;
+    let client = RemoteClient::new(&[url], budget_config()).unwrap();
+    let mut stream = client.stream(10, 4).unwrap();
+    assert_eq!(stream.next_batch().await.unwrap(), Some(vec![1, 2, 3, 4]));
+    let short = ClientError::ShortStream {
+        received: 4,
+        total: 10,
+    };
+    match stream.next_batch().await {
+        Err(ClientError::Status(s)) => {
+            assert_eq!(
+                (s.code(), s.message()),
+                (Code::Unavailable, short.to_string().as_str())
+            );
+        }
+        other => panic!("expected the early end, got {other:?}"),
+    }
     assert_eq!((stream.received(), calls.load(Ordering::SeqCst)), (4, 2));
 }
