@@ -101,12 +101,24 @@ func (c *Client) newRetrier() *retrier {
 }
 
 // restart begins a fresh budget, round and backoff (a stream does it when a
-// batch arrives).
+// batch arrives). The failures before it are forgotten: the batch shows they
+// healed, so a spent budget later reports only what failed after it.
 func (r *retrier) restart() {
 	clear(r.tried)
 	r.left = len(r.tried)
 	r.sleep = r.c.cfg.backoff
 	r.deadline = time.Now().Add(r.c.cfg.retryBudget)
+	r.last = nil
+	r.cut = false
+}
+
+// wait returns how long the next wait of an attempt in progress may last
+// (a stream's wait for its next batch): the smaller of the request timeout
+// and the budget left, noting whether the budget was the smaller.
+func (r *retrier) wait() time.Duration {
+	left := time.Until(r.deadline)
+	r.cut = left < r.c.cfg.requestTimeout
+	return max(min(r.c.cfg.requestTimeout, left), 0)
 }
 
 // next waits as the rule says and returns the server for the next attempt

@@ -90,7 +90,7 @@ func (s *Stream) recv() ([]uint64, error) {
 		// The part's cancel func, read here: the timer's goroutine must not
 		// read s.curEnd, which release() clears on this goroutine.
 		end := s.curEnd
-		timer := time.AfterFunc(min(s.c.cfg.requestTimeout, time.Until(s.r.deadline)), func() {
+		timer := time.AfterFunc(s.r.wait(), func() {
 			s.timedOut.Store(true)
 			end()
 		})

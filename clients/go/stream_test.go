@@ -133,6 +133,26 @@ func TestAResumeTheBudgetCutsShortReportsThePartsEnd(t *testing.T) {
 	}
 }
 
+func TestABatchForgetsTheFailuresBeforeIt(t *testing.T) {
+	a := newFake(t, 0)
+	a.streamPlan = func(n int) (int, error) {
+		if n == 1 {
+			return 0, status.Error(codes.Unavailable, "a down")
+		}
+		return 1, errStall
+	}
+	c := mustNew(t, []string{a.url()}, WithRequestTimeout(time.Minute),
+		WithRetryBudget(300*time.Millisecond), WithBackoff(20*time.Millisecond, 20*time.Millisecond))
+	s, _ := c.Stream(context.Background(), 50, 10)
+	sizes, _, err := drain(t, s)
+	// The second part healed the first's failure with a batch, then stalled
+	// past the budget that batch restarted: the stall is what is reported.
+	wantCode(t, err, codes.DeadlineExceeded, "no batch within the request timeout")
+	if !slices.Equal(sizes, []int{10}) || a.streamCalls.Load() != 2 {
+		t.Fatalf("%v calls %d", sizes, a.streamCalls.Load())
+	}
+}
+
 func TestAnOKEndBeforeTotalIsResumed(t *testing.T) {
 	a := newFake(t, 0)
 	a.streamPlan = func(n int) (int, error) {

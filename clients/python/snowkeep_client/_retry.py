@@ -129,7 +129,10 @@ class Attempts:
         self.restart()
 
     def restart(self) -> None:
-        """A fresh budget and round (a stream's batch arrived)."""
+        """A fresh budget and round (a stream's batch arrived). The failures
+        before it are forgotten: the batch shows they healed, so a spent
+        budget later reports only what failed after it."""
+        self._last = None
         self._budget_end = self._clock() + self._budget
         self._backoff = self._first_backoff
         self._tried: set[int] = set()

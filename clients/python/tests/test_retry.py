@@ -116,6 +116,20 @@ def test_an_attempt_the_budget_cuts_short_keeps_the_failure_before_it() -> None:
     assert (e.value.code, e.value.message) == (S.UNAVAILABLE, "first")
 
 
+def test_a_batch_forgets_the_failures_before_it() -> None:
+    clock = Clock()
+    attempts = plan(1, clock, budget=1.0)
+    a = attempts.start()
+    clock.now += attempts.failed(a, SnowkeepError(S.UNAVAILABLE, "first"))
+    attempts.start()
+    attempts.restart()  # a batch arrived
+    b = attempts.start()
+    clock.now += b.timeout
+    with pytest.raises(SnowkeepError) as e:
+        attempts.failed(b, SnowkeepError(S.DEADLINE_EXCEEDED, "stalled"))
+    assert (e.value.code, e.value.message) == (S.DEADLINE_EXCEEDED, "stalled")
+
+
 def test_an_attempt_request_timeout_bounds_reports_its_own_deadline() -> None:
     clock = Clock()
     attempts = plan(1, clock, budget=6.0)

@@ -68,11 +68,27 @@ export class Attempts {
     this.restart();
   }
 
-  /** Starts the budget, the backoff and the round over (a stream's batch arrived). */
+  /**
+   * Starts the budget, the backoff and the round over (a stream's batch
+   * arrived), and forgets the failures before: the batch shows they healed,
+   * so a spent budget later reports only what failed after it.
+   */
   restart(): void {
     this.budgetEnd = now() + this.settings.retryBudgetMs;
     this.delay = this.settings.backoffMs;
     this.triedInRound = 0;
+    this.last = null;
+  }
+
+  /**
+   * The longest the next wait for a stream's batch may last: the smaller of
+   * `requestTimeoutMs` and the budget left, and whether the budget is the
+   * smaller (the wait is then cut short by it).
+   */
+  batchWait(): { timeoutMs: number; cut: boolean } {
+    const left = this.budgetEnd - now();
+    const cut = left < this.settings.requestTimeoutMs;
+    return { timeoutMs: Math.max(1, Math.ceil(cut ? left : this.settings.requestTimeoutMs)), cut };
   }
 
   /**

@@ -16,8 +16,8 @@ import type { Servers } from "./servers.js";
 const HIGH_WATER = 4;
 
 /**
- * Reads one `StreamIds` call batch by batch, each wait bounded by
- * `timeoutMs` (DEADLINE_EXCEEDED then) and by the caller's signal.
+ * Reads one `StreamIds` call batch by batch, each wait bounded by the
+ * time `next` is given (DEADLINE_EXCEEDED then) and by the caller's signal.
  */
 class BatchReader {
   private readonly queue: IdBatch[] = [];
@@ -27,7 +27,6 @@ class BatchReader {
 
   constructor(
     private readonly call: ClientReadableStream<IdBatch>,
-    private readonly timeoutMs: number,
     private readonly signal: AbortSignal | undefined,
   ) {
     call.on("data", (b: IdBatch) => {
@@ -53,8 +52,11 @@ class BatchReader {
     w?.();
   }
 
-  /** The next batch; `null` when the server ended the call with OK. */
-  async next(): Promise<IdBatch | null> {
+  /**
+   * The next batch, waiting at most `timeoutMs` for it; `null` when the
+   * server ended the call with OK.
+   */
+  async next(timeoutMs: number): Promise<IdBatch | null> {
     for (;;) {
       const b = this.queue.shift();
       if (b !== undefined) {
@@ -69,11 +71,11 @@ class BatchReader {
       if (this.ended) {
         return null;
       }
-      await this.waitForEvent();
+      await this.waitForEvent(timeoutMs);
     }
   }
 
-  private waitForEvent(): Promise<void> {
+  private waitForEvent(timeoutMs: number): Promise<void> {
     return new Promise<void>((resolve, reject) => {
       const onAbort = (): void => {
         cleanup();
@@ -81,8 +83,8 @@ class BatchReader {
       };
       const timer = setTimeout(() => {
         cleanup();
-        reject(new SnowkeepError(Status.DEADLINE_EXCEEDED, `no batch within ${this.timeoutMs} ms`));
-      }, this.timeoutMs);
+        reject(new SnowkeepError(Status.DEADLINE_EXCEEDED, `no batch within ${timeoutMs} ms`));
+      }, timeoutMs);
       const cleanup = (): void => {
         clearTimeout(timer);
         this.signal?.removeEventListener("abort", onAbort);
@@ -121,7 +123,7 @@ export async function* resumingStream(
   const attempts = new Attempts(servers, settings, plan.signal);
   let received = 0n;
   while (received < plan.total) {
-    const { server, timeoutMs, cut } = await attempts.next();
+    const { server } = await attempts.next();
     const left = plan.total - received;
     const partStart = received;
     const call = server.ids.streamIds(
@@ -129,17 +131,18 @@ export async function* resumingStream(
       servers.callMetadata(),
     );
     call.on("error", () => undefined);
-    const reader = new BatchReader(call, timeoutMs, plan.signal);
+    const reader = new BatchReader(call, plan.signal);
     let first = true;
     try {
       for (;;) {
         throwIfAborted(plan.signal);
         let batch: IdBatch | null;
+        // Each wait is an attempt's deadline: the smaller of requestTimeoutMs and the budget left.
+        const wait = attempts.batchWait();
         try {
-          batch = await reader.next();
+          batch = await reader.next(wait.timeoutMs);
         } catch (err) {
-          // Only the wait for a part's first batch is the attempt the budget may cut.
-          attempts.failed(server, err, cut && first);
+          attempts.failed(server, err, wait.cut);
           break;
         }
         if (batch === null) {

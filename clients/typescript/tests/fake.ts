@@ -35,6 +35,8 @@ export interface StreamScript {
   end?: Refusal;
   /** Never end after the batches. */
   hang?: boolean;
+  /** Pause this long (ms) before each batch after the first. */
+  gapMs?: number;
 }
 
 /** The ids `from`, `from + 1`, ... (`n` of them). */
@@ -117,7 +119,17 @@ export class Fake {
       call.emit("error", { code: Status.UNIMPLEMENTED, details: "no script" });
       return;
     }
-    for (const ids of script.batches) {
+    void this.play(call, script);
+  }
+
+  private async play(call: ServerWritableStream<StreamIdsRequest, IdBatch>, script: StreamScript): Promise<void> {
+    for (const [i, ids] of script.batches.entries()) {
+      if (i > 0 && script.gapMs !== undefined) {
+        await new Promise((resolve) => setTimeout(resolve, script.gapMs));
+        if (call.cancelled) {
+          return;
+        }
+      }
       call.write({ ids, texts: [] });
     }
     if (script.hang) {

@@ -131,6 +131,48 @@ describe("stream", () => {
     client.close();
   });
 
+  test("a batch forgets the failures before it: a stall after it is what a spent budget reports", async () => {
+    const [a] = await servers(1);
+    a!.streamScript = [
+      { batches: [], end: { code: Status.UNAVAILABLE, details: "a down" } },
+      { batches: [range(1n, 2)], hang: true },
+    ];
+    const client = new SnowkeepClient([a!.url], {
+      requestTimeoutMs: 60_000,
+      retryBudgetMs: 300,
+      backoffMs: 20,
+      maxBackoffMs: 20,
+    });
+    const { batches, error } = await collect(client.stream(10n));
+    assert.deepEqual(batches, [range(1n, 2)]);
+    assert.ok(error instanceof SnowkeepError);
+    assert.equal(error.codeName, "DEADLINE_EXCEEDED");
+    assert.equal(a!.streamCalls.length, 2);
+    client.close();
+  });
+
+  test("after a batch, a part waits requestTimeoutMs for the next, however little budget it opened with", async () => {
+    const [a] = await servers(1);
+    // The first part sends nothing until requestTimeoutMs (600 ms) ends it;
+    // the second opens with about 200 ms of the 800 ms budget left, and
+    // its batches then come 400 ms apart, within requestTimeoutMs.
+    a!.streamScript = [
+      { batches: [], hang: true },
+      { batches: [range(1n, 2), range(3n, 2), range(5n, 2)], gapMs: 400 },
+    ];
+    const client = new SnowkeepClient([a!.url], {
+      requestTimeoutMs: 600,
+      retryBudgetMs: 800,
+      backoffMs: 1,
+      maxBackoffMs: 1,
+    });
+    const { batches, error } = await collect(client.stream(6n));
+    assert.equal(error, null);
+    assert.deepEqual(batches, [range(1n, 2), range(3n, 2), range(5n, 2)]);
+    assert.equal(a!.streamCalls.length, 2);
+    client.close();
+  });
+
   test("with two endpoints each failure moves to the other at once", async () => {
     const [a, b] = await servers(2);
     const down = { code: Status.UNAVAILABLE, details: "down" };

@@ -32,12 +32,18 @@ final class RetryState {
     restart();
   }
 
-  /** Restarts the budget, the round and the backoff (a stream does this on each batch). */
+  /**
+   * Restarts the budget, the round and the backoff (a stream does this on each batch), and
+   * forgets the failures before: the batch shows they healed, so a spent budget later reports
+   * only what failed after it.
+   */
   void restart() {
     Arrays.fill(tried, false);
     triedCount = 0;
     nextBackoff = settings.backoffNanos;
     budgetEnd = clock.getAsLong() + settings.retryBudgetNanos;
+    failedBefore = false;
+    clipped = false;
   }
 
   /**

@@ -67,6 +67,21 @@ class RetryRuleTest {
   }
 
   @Test
+  void aBatchForgetsTheFailuresBeforeIt() {
+    RetryState r = state(endpoints(1), 0.5, 30);
+    assertEquals(20 * MS, r.failed(r.pick(), Status.UNAVAILABLE.withDescription("down")));
+    now.addAndGet(20 * MS);
+    r.pick();
+    r.restart(); // a batch arrived
+    now.addAndGet(20 * MS);
+    assertEquals(10 * MS, r.attemptTimeout());
+    now.addAndGet(10 * MS);
+    assertEquals(-1, r.failed(r.pick(), Status.DEADLINE_EXCEEDED.withDescription("stalled")));
+    assertEquals(Status.Code.DEADLINE_EXCEEDED, r.lastError().code());
+    assertEquals("stalled", r.lastError().description());
+  }
+
+  @Test
   void ejectionDoublesPerConsecutiveFailureAndASuccessClearsIt() {
     Endpoints e = endpoints(2);
     boolean[] none = new boolean[2];
