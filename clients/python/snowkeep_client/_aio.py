@@ -263,11 +263,11 @@ class AsyncIdStream(AsyncIterator[list[int]]):
         self, call: grpc.aio.UnaryStreamCall[id_pb2.StreamIdsRequest, id_pb2.IdBatch]
     ) -> list[int] | SnowkeepError:
         assert self._attempt is not None
+        # Each wait is bounded: the attempt's deadline for the first batch,
+        # then request_timeout within the budget each batch restarts.
+        wait = self._attempts.batch_wait() if self._first else self._attempt.timeout
         try:
-            if self._first:
-                batch = await call.read()
-            else:
-                batch = await asyncio.wait_for(call.read(), self._attempt.timeout)
+            batch = await asyncio.wait_for(call.read(), wait)
         except TimeoutError:
             return SnowkeepError(
                 grpc.StatusCode.DEADLINE_EXCEEDED, "no batch within the request timeout"

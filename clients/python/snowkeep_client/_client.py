@@ -290,8 +290,10 @@ class IdStream(Iterator[list[int]]):
     retryable code, the rest (``total - received``) is asked of the next
     endpoint under the retry rule; the retry budget restarts whenever a batch
     arrives. A non-retryable end or a spent budget raises
-    :class:`SnowkeepError` after the batches already delivered. Each opening
-    must bring its first batch within ``request_timeout``. :meth:`close`
+    :class:`SnowkeepError` after the batches already delivered. Each wait
+    for a batch lasts at most ``request_timeout`` (and no longer than the
+    budget left); a part that sends nothing for that long counts as a
+    retryable ``DEADLINE_EXCEEDED`` failure of its server. :meth:`close`
     (or leaving a ``with`` block) cancels it; the iteration then stops.
     """
 
@@ -305,9 +307,8 @@ class IdStream(Iterator[list[int]]):
         self._attempts = client._attempts(None)
         self._call: grpc._CallIterator[id_pb2.IdBatch] | None = None
         self._attempt: Attempt | None = None
-        self._first = threading.Event()
-        self._expired = threading.Event()
-        self._timer: threading.Timer | None = None
+        self._first = False
+        self._watchdog: _Watchdog | None = None
         self._done = False
 
     def __iter__(self) -> IdStream:
@@ -330,9 +331,8 @@ class IdStream(Iterator[list[int]]):
         self._drop_call()
 
     def _drop_call(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._watchdog is not None:
+            self._watchdog.stop()
         call, self._call = self._call, None
         if call is not None:
             call.cancel()
@@ -345,20 +345,15 @@ class IdStream(Iterator[list[int]]):
             total=self.total - self.received, batch_size=self._batch_size
         )
         call = stub.StreamIds(request, metadata=self._client._metadata())
-        self._call, self._first, self._expired = call, threading.Event(), threading.Event()
-        first, expired = self._first, self._expired
-
-        def expire() -> None:
-            if not first.is_set():
-                expired.set()
-                call.cancel()
-
-        self._timer = threading.Timer(attempt.timeout, expire)
-        self._timer.daemon = True
-        self._timer.start()
+        self._call, self._first, self._watchdog = call, False, _Watchdog(call)
         return call
 
     def _read(self, call: Iterator[id_pb2.IdBatch]) -> list[int] | SnowkeepError:
+        assert self._attempt is not None and self._watchdog is not None
+        # Each wait is bounded: the attempt's deadline for the first batch,
+        # then request_timeout within the budget each batch restarts.
+        wait = self._attempts.batch_wait() if self._first else self._attempt.timeout
+        self._watchdog.arm(wait)
         try:
             batch = next(call)
         except StopIteration:
@@ -367,14 +362,15 @@ class IdStream(Iterator[list[int]]):
                 f"the server ended the stream with OK after {self.received} of {self.total} ids",
             )
         except grpc.RpcError as e:
-            if self._expired.is_set():
+            if self._watchdog.expired:
                 return SnowkeepError(
                     grpc.StatusCode.DEADLINE_EXCEEDED, "no batch within the request timeout"
                 )
             return from_rpc_error(e)
-        if not self._first.is_set():
-            self._first.set()
-            assert self._attempt is not None
+        finally:
+            self._watchdog.disarm()
+        if not self._first:
+            self._first = True
             self._attempts.succeeded(self._attempt)
             # Later waits are not the first batch's, which the budget may cut.
             self._attempt = dataclasses.replace(self._attempt, budget_bound=False)
@@ -414,3 +410,56 @@ class IdStream(Iterator[list[int]]):
                 time.sleep(delay)
         self.close()
         raise StopIteration
+
+
+class _Watchdog:
+    """Cancels one stream part's call when a wait for its next batch lasts
+    longer than the time :meth:`arm` gave it; one daemon thread per part,
+    which sleeps while no wait is armed and ends with :meth:`stop`."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._idle = False
+        self._stopped = False
+        #: True once a wait outlasted its time and the call was cancelled.
+        self.expired = False
+        threading.Thread(target=self._run, name="snowkeep-stream-watchdog", daemon=True).start()
+
+    def arm(self, wait: float) -> None:
+        """A wait for a batch starts; it may last ``wait`` seconds."""
+        with self._cond:
+            self._deadline = time.monotonic() + wait
+            if self._idle:
+                self._cond.notify()
+
+    def disarm(self) -> None:
+        """The wait ended (a batch, the call's end or its error)."""
+        with self._cond:
+            self._deadline = None
+
+    def stop(self) -> None:
+        """Ends the thread; the call is left as it is."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                if self._deadline is None:
+                    self._idle = True
+                    self._cond.wait()
+                    self._idle = False
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    # A later arm only moves the deadline later: waking at
+                    # this one re-reads it.
+                    self._cond.wait(left)
+                    continue
+                self.expired = True
+                self._stopped = True
+        if self.expired:
+            self._call.cancel()

@@ -142,6 +142,12 @@ class Attempts:
         """The last retryable failure, if any."""
         return self._last
 
+    def batch_wait(self) -> float:
+        """How long a stream's next wait for a batch may last, in seconds:
+        the smaller of ``request_timeout`` and the budget left (after a batch,
+        a fresh budget)."""
+        return max(min(self._request_timeout, self._budget_end - self._clock()), 0.0)
+
     def _spent(self) -> SnowkeepError:
         if self._last is not None:
             return SnowkeepError(self._last.code, self._last.message)

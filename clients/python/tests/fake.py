@@ -9,6 +9,8 @@ Each server answers from a script: a list of steps consumed one per call
 - ``("hang",)``: the call waits until the client ends it (cancel/deadline).
 - ``("part", batches, code, message)``: StreamIds sends ``batches`` batches,
   then ends with the status.
+- ``("part-hang", batches)``: StreamIds sends ``batches`` batches, then
+  waits until the client ends it.
 """
 
 from __future__ import annotations
@@ -114,6 +116,11 @@ class FakeServer:
             for _ in range(step[1]):
                 yield id_pb2.IdBatch(ids=self.take(size))
             context.abort(step[2], step[3])
+        if step[0] == "part-hang":
+            for _ in range(step[1]):
+                yield id_pb2.IdBatch(ids=self.take(size))
+            self._hang(context)
+            return
         context.abort(step[1], step[2])
 
     def get_info(self, request: Any, context: grpc.ServicerContext) -> Any:

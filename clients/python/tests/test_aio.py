@@ -169,6 +169,17 @@ async def test_an_async_resume_the_budget_cuts_short_reports_the_parts_end(
 
 
 @pytest.mark.asyncio
+async def test_an_async_part_that_stalls_after_a_batch_is_resumed_after_the_request_timeout(
+    servers: Servers,
+) -> None:
+    fake = servers([("part-hang", 1), "ok"])
+    async with AsyncClient([fake.target], request_timeout=0.5) as client:
+        got = [i async for batch in client.stream(30, 10) for i in batch]
+    assert got == list(range(1_000_001, 1_000_031))
+    assert [c.total for c in fake.methods("StreamIds")] == [30, 20]
+
+
+@pytest.mark.asyncio
 async def test_an_async_stream_with_its_budget_spent_fails_with_the_last_error(
     servers: Servers,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -79,6 +80,27 @@ def test_a_resume_the_budget_cuts_short_reports_the_parts_end(servers: Servers) 
     assert (e.value.code, e.value.message) == (S.UNAVAILABLE, "gone")
     assert got == list(range(1_000_001, 1_000_011))
     assert len(fake.calls) == 2
+
+
+def test_a_part_that_stalls_after_a_batch_is_resumed_after_the_request_timeout(
+    servers: Servers,
+) -> None:
+    fake = servers([("part-hang", 1), "ok"])
+    with Client([fake.target], request_timeout=0.5) as client:
+        got = [i for batch in client.stream(30, 10) for i in batch]
+    assert got == list(range(1_000_001, 1_000_031))
+    assert [c.total for c in fake.methods("StreamIds")] == [30, 20]
+
+
+def test_a_slow_reader_is_not_timed_out_between_its_own_reads(servers: Servers) -> None:
+    fake = servers()
+    with Client([fake.target], request_timeout=0.3) as client:
+        got: list[int] = []
+        for batch in client.stream(30, 10):
+            got.extend(batch)
+            time.sleep(0.5)  # longer than request_timeout, but not a wait for a batch
+    assert got == list(range(1_000_001, 1_000_031))
+    assert [c.total for c in fake.methods("StreamIds")] == [30]
 
 
 def test_closing_a_stream_stops_it(servers: Servers) -> None:
