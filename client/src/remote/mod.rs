@@ -106,6 +106,14 @@ impl Budget {
         self.end.saturating_duration_since(Instant::now())
     }
 
+    /// An attempt's deadline: the smaller of `request_timeout` and the
+    /// budget left, and whether the budget is the smaller (the attempt is
+    /// then cut short by it; see [`Budget::fail`]).
+    pub(crate) fn attempt_timeout(&self, request_timeout: Duration) -> (Duration, bool) {
+        let left = self.left();
+        (left.min(request_timeout), left < request_timeout)
+    }
+
     /// Whether a wait of `delay` from now would end after the budget.
     pub(crate) fn outlasted_by(&self, delay: Duration) -> bool {
         Instant::now() + delay >= self.end
@@ -280,15 +288,12 @@ impl RemoteClient {
     {
         let mut backoff =
             Backoff::new(self.config.backoff, self.config.max_backoff).with_jitter(0.2);
-        let deadline = budget.end;
         for attempt in 0..self.config.attempts.max(1) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if !budget.open() {
                 break;
             }
             let i = self.choice.pick();
-            let timeout = self.config.request_timeout.min(left);
-            let cut = timeout < self.config.request_timeout;
+            let (timeout, cut) = budget.attempt_timeout(self.config.request_timeout);
             let answer = tokio::time::timeout(timeout, call(self.servers[i].clone())).await;
             let status = match answer {
                 Ok(Ok(r)) => {
@@ -308,7 +313,7 @@ impl RemoteClient {
             // server has been tried in this round.
             if ((attempt + 1) as usize).is_multiple_of(self.choice.len()) {
                 let delay = backoff.next_delay();
-                if Instant::now() + delay >= deadline {
+                if budget.outlasted_by(delay) {
                     break;
                 }
                 tokio::time::sleep(delay).await;

@@ -85,12 +85,11 @@ impl ResumingStream {
                     }
                 }
             };
-            // The attempt's deadline: the smaller of the idle timeout and
-            // the budget left (cut when the budget is the smaller).
-            let left = self.budget.left();
-            let idle = self.client.config().request_timeout;
-            let cut = left < idle;
-            match part.message_within(left.min(idle)).await {
+            // Each wait for a batch is an attempt under the budget.
+            let (wait, cut) = self
+                .budget
+                .attempt_timeout(self.client.config().request_timeout);
+            match part.message_within(wait).await {
                 Ok(Some(mut batch)) => {
                     // Never more than `total`, whatever a server sends.
                     let room = usize::try_from(self.total - self.received).unwrap_or(usize::MAX);

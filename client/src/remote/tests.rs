@@ -301,6 +301,15 @@ async fn the_retry_budget_ends_a_call_to_servers_that_keep_failing() {
     assert!((4..=32).contains(&calls), "{calls} calls");
 }
 
+/// Asserts that `result` is the status `code` with `message`.
+#[track_caller]
+fn assert_status<T: std::fmt::Debug>(result: Result<T, ClientError>, code: Code, message: &str) {
+    match result {
+        Err(ClientError::Status(s)) => assert_eq!((s.code(), s.message()), (code, message)),
+        other => panic!("expected {code:?} {message:?}, got {other:?}"),
+    }
+}
+
 /// Settings whose attempts only the retry budget (500 ms) cuts short.
 fn budget_config() -> RemoteConfig {
     RemoteConfig {
@@ -319,12 +328,7 @@ async fn an_attempt_the_budget_cuts_short_reports_the_failure_before_it() {
     // failed, not that the client stopped waiting.
     let (url, calls) = serve_fixed(Some(Code::Unavailable), 1, 0, 2).await;
     let client = RemoteClient::new(&[url], budget_config()).unwrap();
-    match client.next_ids(1).await {
-        Err(ClientError::Status(s)) => {
-            assert_eq!((s.code(), s.message()), (Code::Unavailable, "refused"));
-        }
-        other => panic!("expected the first refusal, got {other:?}"),
-    }
+    assert_status(client.next_ids(1).await, Code::Unavailable, "refused");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
@@ -336,15 +340,11 @@ async fn a_stream_whose_resume_the_budget_cuts_short_reports_the_end_before_it()
     let client = RemoteClient::new(&[url], budget_config()).unwrap();
     let mut stream = client.stream(10, 4).unwrap();
     assert_eq!(stream.next_batch().await.unwrap(), Some(vec![1, 2, 3, 4]));
-    match stream.next_batch().await {
-        Err(ClientError::Status(s)) => {
-            assert_eq!(
-                (s.code(), s.message()),
-                (Code::Unavailable, "stream ended early")
-            );
-        }
-        other => panic!("expected the part's end, got {other:?}"),
-    }
+    assert_status(
+        stream.next_batch().await,
+        Code::Unavailable,
+        "stream ended early",
+    );
     assert_eq!(stream.next_batch().await.unwrap(), None);
     assert_eq!((stream.received(), calls.load(Ordering::SeqCst)), (4, 2));
 }
@@ -360,15 +360,11 @@ async fn a_first_batch_the_budget_cuts_short_reports_the_end_before_it() {
     let mut stream = client.stream(10, 4).unwrap();
     assert_eq!(stream.next_batch().await.unwrap(), Some(vec![1, 2, 3, 4]));
     let started = Instant::now();
-    match stream.next_batch().await {
-        Err(ClientError::Status(s)) => {
-            assert_eq!(
-                (s.code(), s.message()),
-                (Code::Unavailable, "stream ended early")
-            );
-        }
-        other => panic!("expected the part's end, got {other:?}"),
-    }
+    assert_status(
+        stream.next_batch().await,
+        Code::Unavailable,
+        "stream ended early",
+    );
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "{:?}",
@@ -389,14 +385,10 @@ async fn a_stream_ended_with_ok_too_early_is_the_failure_a_cut_resume_reports() 
         received: 4,
         total: 10,
     };
-    match stream.next_batch().await {
-        Err(ClientError::Status(s)) => {
-            assert_eq!(
-                (s.code(), s.message()),
-                (Code::Unavailable, short.to_string().as_str())
-            );
-        }
-        other => panic!("expected the early end, got {other:?}"),
-    }
+    assert_status(
+        stream.next_batch().await,
+        Code::Unavailable,
+        &short.to_string(),
+    );
     assert_eq!((stream.received(), calls.load(Ordering::SeqCst)), (4, 2));
 }
