@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import TracebackType
@@ -282,8 +281,6 @@ class AsyncIdStream(AsyncIterator[list[int]]):
         if not self._first:
             self._first = True
             self._attempts.succeeded(self._attempt)
-            # Later waits are not the first batch's, which the budget may cut.
-            self._attempt = dataclasses.replace(self._attempt, budget_bound=False)
         self._attempts.restart()
         ids = list(batch.ids)
         left = self.total - self.received

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -372,8 +371,6 @@ class IdStream(Iterator[list[int]]):
         if not self._first:
             self._first = True
             self._attempts.succeeded(self._attempt)
-            # Later waits are not the first batch's, which the budget may cut.
-            self._attempt = dataclasses.replace(self._attempt, budget_bound=False)
         self._attempts.restart()
         ids = list(batch.ids)
         left = self.total - self.received
