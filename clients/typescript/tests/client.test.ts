@@ -7,7 +7,7 @@ import { after, describe, test } from "node:test";
 import { status as Status } from "@grpc/grpc-js";
 
 import { AbortError, SnowkeepClient, SnowkeepError, isRetryableCode } from "../src/index.js";
-import { deadUrl, type Fake, fakes, range } from "./fake.js";
+import { BUDGET_CUTS, deadUrl, type Fake, fakes, range } from "./fake.js";
 
 const started: Fake[] = [];
 async function servers(n: number): Promise<Fake[]> {
@@ -184,12 +184,7 @@ describe("nextIds", () => {
   test("an attempt the budget cuts short reports the failure before it, not DEADLINE_EXCEEDED", async () => {
     const [a] = await servers(1);
     a!.nextIdsScript = [{ error: { code: Status.UNAVAILABLE, details: "a is down" } }, "hang"];
-    const client = new SnowkeepClient([a!.url], {
-      requestTimeoutMs: 60_000,
-      retryBudgetMs: 300,
-      backoffMs: 20,
-      maxBackoffMs: 20,
-    });
+    const client = new SnowkeepClient([a!.url], BUDGET_CUTS);
     await assert.rejects(client.nextIds(1), { code: Status.UNAVAILABLE, details: "a is down" });
     assert.equal(a!.nextIdsCalls.length, 2);
     client.close();

@@ -44,6 +44,17 @@ export function range(from: bigint, n: number): bigint[] {
   return Array.from({ length: n }, (_, i) => from + BigInt(i));
 }
 
+/**
+ * Client options under which only the retry budget (300 ms) cuts an
+ * attempt short: a request timeout far above it, 20 ms between rounds.
+ */
+export const BUDGET_CUTS = {
+  requestTimeoutMs: 60_000,
+  retryBudgetMs: 300,
+  backoffMs: 20,
+  maxBackoffMs: 20,
+} as const;
+
 /** The default layout 41/12/10 from 2026-01-01. */
 export const LAYOUT: Layout = {
   timestampBits: 41,

@@ -6,7 +6,7 @@ import { after, describe, test } from "node:test";
 import { status as Status } from "@grpc/grpc-js";
 
 import { SnowkeepClient, SnowkeepError } from "../src/index.js";
-import { type Fake, fakes, range } from "./fake.js";
+import { BUDGET_CUTS, type Fake, fakes, range } from "./fake.js";
 
 const started: Fake[] = [];
 async function servers(n: number): Promise<Fake[]> {
@@ -116,12 +116,7 @@ describe("stream", () => {
       { batches: [range(1n, 2)], end: { code: Status.UNAVAILABLE, details: "lease lost" } },
       { batches: [], hang: true },
     ];
-    const client = new SnowkeepClient([a!.url], {
-      requestTimeoutMs: 60_000,
-      retryBudgetMs: 300,
-      backoffMs: 20,
-      maxBackoffMs: 20,
-    });
+    const client = new SnowkeepClient([a!.url], BUDGET_CUTS);
     const { batches, error } = await collect(client.stream(10n));
     assert.deepEqual(batches, [range(1n, 2)]);
     assert.ok(error instanceof SnowkeepError);
@@ -137,12 +132,7 @@ describe("stream", () => {
       { batches: [], end: { code: Status.UNAVAILABLE, details: "a down" } },
       { batches: [range(1n, 2)], hang: true },
     ];
-    const client = new SnowkeepClient([a!.url], {
-      requestTimeoutMs: 60_000,
-      retryBudgetMs: 300,
-      backoffMs: 20,
-      maxBackoffMs: 20,
-    });
+    const client = new SnowkeepClient([a!.url], BUDGET_CUTS);
     const { batches, error } = await collect(client.stream(10n));
     assert.deepEqual(batches, [range(1n, 2)]);
     assert.ok(error instanceof SnowkeepError);
