@@ -56,6 +56,7 @@ mod counters;
 mod demand;
 mod grant_view;
 mod pinned;
+mod readiness;
 mod sequence;
 mod set;
 
@@ -267,49 +268,6 @@ impl Generator {
     /// The grant in force now, if any.
     pub fn grant(&self) -> Option<Grant> {
         *self.grant.borrow()
-    }
-
-    /// True when a call would issue now: a grant whose deadline has not
-    /// passed, a clock inside (floor, fence] and the layout, and no backwards
-    /// step beyond what is waited out: the same rule a take follows
-    /// (`sequence::admit`). Health and readiness follow this, so they never
-    /// say SERVING while every call fails. (It reads the clocks each time:
-    /// for under 1 ms after a wall-clock step it may say "not ready" while
-    /// calls still get ids at the timestamp read before the step.)
-    pub fn is_ready(&self) -> bool {
-        let Some(g) = *self.grant.borrow() else {
-            return false;
-        };
-        let (now_unix, now_mono) = (self.clock.unix_ms(), self.clock.now());
-        let admitted = match self.state.try_lock() {
-            Ok(state) => {
-                state
-                    .sequence
-                    .admit(&self.layout, &g, now_unix, now_mono, self.max_backward_wait)
-            }
-            // A busy lock means someone is issuing right now: judge the
-            // grant and the clock alone.
-            Err(_) => sequence::admit(
-                &self.layout,
-                &g,
-                g.floor,
-                now_unix,
-                now_mono,
-                self.max_backward_wait,
-            ),
-        };
-        match admitted {
-            Ok(_) => true,
-            // The fence was reached (a clock jump, the end of an outage):
-            // a call gets it raised.
-            Err(GenerateError::FenceReached { .. }) => self.raisable(),
-            Err(_) => false,
-        }
-    }
-
-    /// True when a raise asked for now would be acted on.
-    fn raisable(&self) -> bool {
-        self.demand.as_ref().is_some_and(|d| d.raisable())
     }
 
     /// The last timestamp stamped under the current machine id (its floor

@@ -80,6 +80,17 @@ impl GeneratorSet {
         self.generators.iter().any(|g| g.is_ready())
     }
 
+    /// The longest [`GeneratorSet::is_ready`]'s answer can hold while the
+    /// grants stay the same: the soonest of its generators'
+    /// [`Generator::readiness_holds_for`], `None` when no clock edge lies
+    /// ahead for any of them.
+    pub fn readiness_holds_for(&self) -> Option<std::time::Duration> {
+        self.generators
+            .iter()
+            .filter_map(|g| g.readiness_holds_for())
+            .min()
+    }
+
     /// A ready generator, round-robin; the first one when none is ready (its
     /// error then says why issuance is stopped).
     pub fn pick(&self) -> Arc<Generator> {

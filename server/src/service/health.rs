@@ -1,6 +1,8 @@
 //! gRPC health follows the *issuance* condition, not "process up": SERVING
-//! exactly while the generator holds a grant (docs/design.md), NOT_SERVING from the
-//! moment shutdown starts. The `snowkeep_issuance_ready` gauge mirrors it.
+//! exactly while a call would issue (docs/design.md): from the moment a grant
+//! arrives or the clock passes its floor, to the moment the grant goes or the
+//! clock passes its fence or lease deadline; NOT_SERVING from the moment
+//! shutdown starts. The `snowkeep_issuance_ready` gauge mirrors it.
 //!
 //! `snowkeep.v1.InfoService` alone answers "process up": SERVING from start
 //! until shutdown, whatever issuance does. It is the liveness probe's service,
@@ -57,16 +59,118 @@ pub async fn follow_issuance(
             ServingStatus::NotServing
         };
         set(&reporter, status, &namespace).await;
-        // Grants change on lease events; the clock reaching a fence that was
-        // not raised, or stepping back, changes readiness without one.
+        // Grants change on lease events; the clock passing a fence that was
+        // not raised (or a floor, or the lease deadline) changes readiness
+        // without one, so the follower also wakes at the next such edge.
+        // What has no edge to wait for (a wall-clock step, whether a raise
+        // can be asked for) is looked at again every RECHECK.
+        let wake = generators
+            .readiness_holds_for()
+            .map_or(RECHECK, |edge| edge.min(RECHECK));
         tokio::select! {
             _ = shutdown.cancelled() => break,
             changed = grants.changed() => if changed.is_err() { break },
-            _ = tokio::time::sleep(RECHECK) => {}
+            _ = tokio::time::sleep(wake) => {}
         }
     }
     set(&reporter, ServingStatus::NotServing, &namespace).await;
     reporter
         .set_service_status(LIVENESS_SERVICE, ServingStatus::NotServing)
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use snowkeep_client::{Generator, GeneratorMetrics, Layout, MachineId, Millis, TokioClock};
+    use tokio::time::Instant;
+    use tokio_stream::StreamExt;
+    use tonic_health::pb::health_check_response::ServingStatus as Wire;
+    use tonic_health::pb::health_server::Health;
+    use tonic_health::pb::HealthCheckRequest;
+
+    use super::*;
+
+    /// The clock (layout ms) when each case starts.
+    const START: Millis = Millis(10_000);
+
+    /// Follows issuance under `grant` on tokio's paused time, from `START`,
+    /// and returns each change of the whole server's status with the time
+    /// since the start, until the status has changed once.
+    async fn turns(grant: Grant) -> Vec<(Wire, Duration)> {
+        let layout = Layout::default();
+        let clock = TokioClock::new(layout.to_unix_ms(START));
+        let (_grants, rx) = watch::channel(Some(grant));
+        let generator = Generator::new(
+            layout,
+            clock,
+            rx.clone(),
+            Duration::from_millis(100),
+            GeneratorMetrics::default(),
+        );
+        let reporter = HealthReporter::new();
+        let service = tonic_health::server::HealthService::from_health_reporter(reporter.clone());
+        let shutdown = CancellationToken::new();
+        let set = GeneratorSet::new(vec![generator]);
+        let began = Instant::now();
+        tokio::spawn(follow_issuance(
+            reporter,
+            rx,
+            set,
+            "ns".into(),
+            shutdown.clone(),
+        ));
+        let request = tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        let mut updates = service.watch(request).await.expect("watch").into_inner();
+        let mut seen: Vec<(Wire, Duration)> = Vec::new();
+        // The reporter starts SERVING; what counts is what the follower sets.
+        tokio::task::yield_now().await;
+        while let Some(update) = updates.next().await {
+            let status = update.expect("a status").status();
+            if seen.last().is_none_or(|(last, _)| *last != status) {
+                seen.push((status, began.elapsed()));
+            }
+            if seen.len() == 2 {
+                break;
+            }
+        }
+        shutdown.cancel();
+        seen
+    }
+
+    fn grant(floor: u64, fence: u64, deadline: Option<Duration>) -> Grant {
+        Grant {
+            machine_id: MachineId(1),
+            floor: Millis(floor),
+            fence: Millis(fence),
+            deadline: deadline.map(|d| (Instant::now() + d).into_std()),
+        }
+    }
+
+    /// Health turns the moment calls start or stop being refused, not at
+    /// its next periodic look (every 250 ms): 1 ms after the clock reads
+    /// the fence, at the lease deadline, at the first stamp above the floor.
+    #[tokio::test(start_paused = true)]
+    async fn health_turns_at_the_millisecond_the_clock_passes_a_fence_a_deadline_or_a_floor() {
+        use Wire::{NotServing, Serving};
+        let ms = Duration::from_millis;
+        assert_eq!(
+            turns(grant(9_000, 11_000, None)).await,
+            [(Serving, ms(0)), (NotServing, ms(1_001))],
+            "the fence"
+        );
+        assert_eq!(
+            turns(grant(9_000, 20_000, Some(ms(700)))).await,
+            [(Serving, ms(0)), (NotServing, ms(700))],
+            "the lease deadline"
+        );
+        assert_eq!(
+            turns(grant(10_500, 20_000, None)).await,
+            [(NotServing, ms(0)), (Serving, ms(501))],
+            "the floor"
+        );
+    }
 }

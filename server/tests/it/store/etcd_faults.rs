@@ -92,10 +92,19 @@ async fn a_dead_etcd_leaves_busy_servers_issuing_for_their_budget_then_they_stop
             "server {name} stopped {at:?} after etcd died (budget {BUDGET:?}, lead {LEAD:?})"
         );
     }
-    assert_eq!(
-        a.health().await,
-        Some(tonic_health::pb::health_check_response::ServingStatus::NotServing)
-    );
+    // Health turns at the fence (pinned to the millisecond by the health
+    // follower's own test); here, only that it does, whatever the load.
+    for s in [&a, &b] {
+        eventually(
+            "health to say NOT_SERVING",
+            Duration::from_secs(2),
+            || async {
+                s.health().await
+                    == Some(tonic_health::pb::health_check_response::ServingStatus::NotServing)
+            },
+        )
+        .await;
+    }
 
     etcd.restart().await;
     a.wait_serving(Duration::from_secs(30)).await;
