@@ -13,7 +13,7 @@
 //! The faults it plays (pausing and killing members, wiping their data,
 //! the runbook's snapshot and restore) are in `faults`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -81,6 +81,25 @@ const CLUSTER_TOKEN: &str = "snowkeep-test";
 pub struct EtcdProcess {
     members: Vec<Member>,
     security: Option<Security>,
+}
+
+/// A new directory for one member's data and log: in tmpfs (`/dev/shm`)
+/// when the machine has one, else in the temp dir. etcd fsyncs every write;
+/// on a disk shared by a dozen tests' etcd processes one fsync took more than
+/// the servers' 500 ms request timeout, failing calls the tests expect to
+/// succeed. On tmpfs an fsync costs microseconds. Killing etcd (as the fault
+/// tests do) loses nothing either way: written data is in the page cache.
+fn member_dir() -> TempDir {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::Builder::new()
+            .prefix("snowkeep-etcd-")
+            .tempdir_in(shm)
+        {
+            return dir;
+        }
+    }
+    tempfile::tempdir().expect("temp dir")
 }
 
 fn etcd_bin() -> PathBuf {
@@ -270,7 +289,7 @@ impl EtcdProcess {
             security,
             members: (0..n)
                 .map(|i| {
-                    let dir = tempfile::tempdir().expect("temp dir");
+                    let dir = member_dir();
                     Member {
                         name: format!("m{i}"),
                         client_port: free_port(),
