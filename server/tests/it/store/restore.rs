@@ -13,7 +13,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::store::rollback::{
     assert_unique, field, first_renewal, get, ids_from, keep_issuing, start_client, ts,
-    CLIENT_FLOOR, FLOOR_WAIT, LEASES,
+    CLIENT_FLOOR, LEASES,
 };
 use snowkeep_test_support::etcd::EtcdProcess;
 use snowkeep_test_support::server::ServerProcess;
@@ -152,14 +152,20 @@ async fn a_client_that_renewed_after_an_early_snapshot_is_not_shadowed_after_the
         tonic::Code::Unavailable
     );
 
-    // After the floor, the client's machine id issues only above it.
+    // After the floor, the client's machine id issues only above it. D is a
+    // server started once the floor (2 min ahead) has passed: its wall
+    // clock runs 130 s ahead, so the test does not wait the 2 min out (the
+    // wiped-etcd and older-snapshot tests in rollback.rs do, with servers
+    // that wait for the floor by themselves).
     let floor = confirm(&etcd, ns, CLIENT_FLOOR).await;
-    let d = ServerProcess::joining(
-        &etcd.endpoint(),
+    let d = server_with_clock(
+        &etcd,
         ns,
-        &["--machine-id-range", &range, FLOOR_WAIT[0], FLOOR_WAIT[1]],
+        &dir.path().join("offset"),
+        "+130",
+        &["--machine-id-range", &range],
     );
-    d.wait_serving(Duration::from_secs(200)).await;
+    d.wait_serving(READY).await;
     assert_eq!(d.machine_id().await, u32::from(machine_id));
     let from_d = ids_from(&d, 10_000).await;
     assert!(from_d.iter().all(|&id| ts(id) > floor));
@@ -167,10 +173,17 @@ async fn a_client_that_renewed_after_an_early_snapshot_is_not_shadowed_after_the
     assert_eq!(total, 2000 + from_client.len() + 10_000);
 }
 
-/// Spawns a server joining `ns` whose wall clock runs 20 s behind (the
-/// monotonic clock stays real); `offset` is libfaketime's offset file.
-fn server_20s_behind(etcd: &EtcdProcess, ns: &str, offset: &Path, extra: &[&str]) -> ServerProcess {
-    std::fs::write(offset, "-20").unwrap();
+/// Spawns a server joining `ns` whose wall clock runs `offset_s` seconds
+/// off (libfaketime; `"-20"` is 20 s behind), the monotonic clock real;
+/// `offset` is libfaketime's offset file.
+fn server_with_clock(
+    etcd: &EtcdProcess,
+    ns: &str,
+    offset: &Path,
+    offset_s: &str,
+    extra: &[&str],
+) -> ServerProcess {
+    std::fs::write(offset, offset_s).unwrap();
     let endpoint = etcd.endpoint();
     let mut args = vec![
         "--etcd-endpoints",
@@ -235,13 +248,13 @@ async fn a_successor_20s_behind_never_reissues_a_crashed_holders_ids_after_the_r
     );
 
     // The successor, 20 s behind, claims nothing: exit 1.
-    let mut b = server_20s_behind(&etcd, ns, &offset, &[]);
+    let mut b = server_with_clock(&etcd, ns, &offset, "-20", &[]);
     b.assert_exits(Duration::from_secs(15), 1, &refused_message(ns))
         .await;
 
     // Above the floor it issues, none of A's ids again.
     let floor = confirm(&etcd, ns, "+5s").await;
-    let c = server_20s_behind(&etcd, ns, &offset, &["--max-fence-wait", "1m"]);
+    let c = server_with_clock(&etcd, ns, &offset, "-20", &["--max-fence-wait", "1m"]);
     c.wait_serving(Duration::from_secs(90)).await;
     let from_c = ids_from(&c, 20_000).await;
     assert!(from_c.iter().all(|&id| ts(id) > floor));
