@@ -965,3 +965,45 @@ async fn a_raise_that_never_comes_is_waited_for_at_most_the_demand_wait() {
         .await
         .expect("a pending request");
 }
+
+/// How long readiness holds by the clocks alone (what health sleeps on): to
+/// the first millisecond past the fence, to the lease deadline, to the first
+/// stamp above the floor, and for a step back beyond what is waited out,
+/// until it shrinks to that; nothing once the fence is reached.
+#[test]
+fn readiness_holds_until_the_next_clock_edge() {
+    let ms = Duration::from_millis;
+    let (g, clock, tx) = generator_at(1000, grant(1, 0, 5000));
+    assert_eq!(
+        (g.is_ready(), g.readiness_holds_for()),
+        (true, Some(ms(4001)))
+    );
+    tx.send_replace(Some(Grant {
+        deadline: Some(clock.now() + ms(700)),
+        ..grant(1, 0, 5000)
+    }));
+    assert_eq!(
+        (g.is_ready(), g.readiness_holds_for()),
+        (true, Some(ms(700)))
+    );
+
+    let (g, _, _) = generator_at(1000, grant(1, 1500, 5000));
+    assert_eq!(
+        (g.is_ready(), g.readiness_holds_for()),
+        (false, Some(ms(501)))
+    );
+
+    let (g, clock, _) = generator_at(1000, grant(1, 0, 5000));
+    ids(g.try_take(1).unwrap());
+    step_wall_then_a_millisecond(&clock, DEFAULT_EPOCH_UNIX_MS + 700);
+    // 300 ms back, 100 ms waited out: not ready for another 200 ms.
+    assert_eq!(
+        (g.is_ready(), g.readiness_holds_for()),
+        (false, Some(ms(200)))
+    );
+
+    let (g, _, tx) = generator_at(6000, grant(1, 0, 5000));
+    assert_eq!((g.is_ready(), g.readiness_holds_for()), (false, None));
+    tx.send_replace(None);
+    assert_eq!((g.is_ready(), g.readiness_holds_for()), (false, None));
+}

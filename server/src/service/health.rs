@@ -53,20 +53,22 @@ pub async fn follow_issuance(
         .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
         .await;
     loop {
+        // Grants change on lease events; the clock passing a fence that was
+        // not raised (or a floor, or the lease deadline) changes readiness
+        // without one, so the follower also wakes at the next such edge.
+        // What has no edge to wait for (a wall-clock step, whether a raise
+        // can be asked for) is looked at again every RECHECK. The edge is
+        // read before readiness: an edge passed in between leaves a short
+        // wake, never a stale status for RECHECK.
+        let wake = generators
+            .readiness_holds_for()
+            .map_or(RECHECK, |edge| edge.min(RECHECK));
         let status = if generators.is_ready() {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing
         };
         set(&reporter, status, &namespace).await;
-        // Grants change on lease events; the clock passing a fence that was
-        // not raised (or a floor, or the lease deadline) changes readiness
-        // without one, so the follower also wakes at the next such edge.
-        // What has no edge to wait for (a wall-clock step, whether a raise
-        // can be asked for) is looked at again every RECHECK.
-        let wake = generators
-            .readiness_holds_for()
-            .map_or(RECHECK, |edge| edge.min(RECHECK));
         tokio::select! {
             _ = shutdown.cancelled() => break,
             changed = grants.changed() => if changed.is_err() { break },
