@@ -5,6 +5,11 @@
 
 use std::time::{Duration, Instant};
 
+/// `n` milliseconds.
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
 use super::sequence::{self, Admit};
 use super::{Generator, Grant};
 use crate::error::GenerateError;
@@ -31,9 +36,10 @@ impl Generator {
     }
 
     /// The longest [`Generator::is_ready`]'s answer can stay what it is now
-    /// while the grant stays the same: until the clock passes the fence
-    /// (1 ms after it reads the fence), until the lease deadline, until the
-    /// clock passes the floor, or until a backwards step shrinks to what is
+    /// while the grant stays the same: until the clock passes the fence or
+    /// the layout's last timestamp (1 ms after it reads the earlier of the
+    /// two), until the lease deadline, until the clock passes the floor or
+    /// the layout's epoch, or until a backwards step shrinks to what is
     /// waited out, whichever comes first. `None` when only a new grant (or a
     /// change in whether a raise can be asked for) can change it: no grant,
     /// the deadline passed, the fence reached.
@@ -46,11 +52,22 @@ impl Generator {
         let (admitted, now_mono) = self.admitted(&g);
         let by_clock = match admitted {
             Ok(_) => {
+                // The last millisecond admitted: the fence, or the layout's
+                // last timestamp when that comes first.
+                let last = g.fence.min(self.layout.max_timestamp());
                 let now = self.clock.layout_ms(&self.layout);
-                Some(Duration::from_millis((g.fence.0 + 1).saturating_sub(now.0)))
+                Some(ms(last.0.saturating_add(1).saturating_sub(now.0)))
             }
             Err(GenerateError::ClockBehindFloor { wait }) => Some(wait),
-            Err(GenerateError::ClockSteppedBack { by, max }) => Some(by.saturating_sub(max)),
+            // Steps are whole ms: the first one waited out is `max` in whole ms.
+            Err(GenerateError::ClockSteppedBack { by, max }) => {
+                let waited = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+                Some(by.saturating_sub(ms(waited)))
+            }
+            Err(GenerateError::ClockBeforeEpoch) => Some(ms(self
+                .layout
+                .epoch_unix_ms()
+                .saturating_sub(self.clock.unix_ms()))),
             Err(_) => None,
         };
         let to_deadline = g.deadline.map(|d| d.saturating_duration_since(now_mono));

@@ -1007,3 +1007,71 @@ fn readiness_holds_until_the_next_clock_edge() {
     tx.send_replace(None);
     assert_eq!((g.is_ready(), g.readiness_holds_for()), (false, None));
 }
+
+/// The edges a review found missing or wrong: the layout's last timestamp
+/// before the fence, a fence at `u64::MAX` (an overflow), a backwards step
+/// against a wait that is not whole ms, and a clock before the epoch.
+#[test]
+fn readiness_edges_at_the_layouts_ends_and_odd_waits() {
+    let ms = Duration::from_millis;
+    let at = |layout: Layout, unix_ms: u64, grant: Grant, max_back: Duration| {
+        let clock = ManualClock::new(unix_ms);
+        let (tx, rx) = watch::channel(Some(grant));
+        let metrics = GeneratorMetrics::default();
+        let g = Generator::new(layout, clock.clone(), rx, max_back, metrics);
+        (g, clock, tx)
+    };
+    // 12 timestamp bits: the last timestamp is 4095, before the fence.
+    let short = Layout::new(12, 10, 10, DEFAULT_EPOCH_UNIX_MS).unwrap();
+    let (g, clock, _tx) = at(
+        short,
+        DEFAULT_EPOCH_UNIX_MS + 4000,
+        grant(1, 0, 10_000),
+        ms(100),
+    );
+    assert_eq!(
+        (g.is_ready(), g.readiness_holds_for()),
+        (true, Some(ms(96)))
+    );
+    clock.advance(ms(96));
+    assert!(!g.is_ready());
+
+    let (g, _, _tx) = generator_at(1000, grant(1, 0, u64::MAX));
+    let last = Layout::default().max_timestamp().0;
+    assert_eq!(g.readiness_holds_for(), Some(ms(last + 1 - 1000)));
+
+    // 200 ms back, 100.5 ms waited out: ready once 100 ms back, in 100 ms.
+    let (g, clock, _tx) = at(
+        Layout::default(),
+        DEFAULT_EPOCH_UNIX_MS + 1000,
+        grant(1, 0, 5000),
+        Duration::from_micros(100_500),
+    );
+    ids(g.try_take(1).unwrap());
+    step_wall_then_a_millisecond(&clock, DEFAULT_EPOCH_UNIX_MS + 800);
+    assert_eq!(
+        (g.is_ready(), g.readiness_holds_for()),
+        (false, Some(ms(100)))
+    );
+    clock.advance(ms(100));
+    assert!(g.is_ready());
+
+    let (g, clock, _tx) = at(
+        Layout::default(),
+        DEFAULT_EPOCH_UNIX_MS - 100,
+        grant(1, 0, 5000),
+        ms(100),
+    );
+    assert_eq!(
+        (g.is_ready(), g.readiness_holds_for()),
+        (false, Some(ms(100)))
+    );
+    clock.advance(ms(100));
+    // At the epoch (layout ms 0), still not above the floor 0: 1 ms more.
+    assert_eq!(
+        (g.is_ready(), g.readiness_holds_for()),
+        (false, Some(ms(1)))
+    );
+    clock.advance(ms(1));
+    assert!(g.is_ready());
+}

@@ -233,10 +233,8 @@ pub async fn run(
     log_start(&config, &store, &listener);
     let shared = shared_handles(&config, &store, clock, shutdown.clone());
     let (slots, grant_rxs, demand) = generator_slots(&config, &shared.clock);
-    let grant_rx = grant_rxs
-        .first()
-        .cloned()
-        .expect("config guarantees at least one machine id");
+    // Health follows every slot's grant.
+    let grant_watch = grant_rxs.clone();
     let generators = GeneratorSet::new(slots.iter().map(|s| s.generator.clone()).collect());
     let tracker = TaskTracker::new();
     let (peers, peer_clocks) = (Arc::new(OnceLock::new()), PeerClocks::default());
@@ -254,7 +252,7 @@ pub async fn run(
         &config,
         &shared,
         generators,
-        grant_rx,
+        grant_watch,
         status_page,
         &tracker,
     )?;
@@ -452,7 +450,7 @@ fn services(
     config: &ServerConfig,
     shared: &Shared,
     generators: Arc<GeneratorSet>,
-    grant_rx: watch::Receiver<Option<Grant>>,
+    grant_watch: Vec<watch::Receiver<Option<Grant>>>,
     status_page: Option<(TcpListener, PeerClocks, bool)>,
     tracker: &TaskTracker,
 ) -> Result<Routes, ServeError> {
@@ -478,7 +476,7 @@ fn services(
     let (routes, reporter) = router(id, info, lease, admin, &config.limits)?;
     tracker.spawn(health::follow_issuance(
         reporter,
-        grant_rx,
+        grant_watch,
         generators,
         ns.clone(),
         shutdown.clone(),

@@ -39,16 +39,17 @@ async fn set(reporter: &HealthReporter, status: ServingStatus, namespace: &str) 
     metrics::gauge!(m::ISSUANCE_READY, "namespace" => namespace.to_owned()).set(ready);
 }
 
-/// Follows issuance until `shutdown`, then reports NOT_SERVING for good. The
-/// claim loop publishes every machine id's grant together, so the first
-/// slot's channel (`grants`) signals every change.
+/// Follows issuance until `shutdown`, then reports NOT_SERVING for good.
+/// `grants` holds every machine id slot's channel (at least one): a change
+/// on any of them is looked at, whichever order the claim loop sends them in.
 pub async fn follow_issuance(
     reporter: HealthReporter,
-    mut grants: watch::Receiver<Option<Grant>>,
+    mut grants: Vec<watch::Receiver<Option<Grant>>>,
     generators: Arc<GeneratorSet>,
     namespace: String,
     shutdown: CancellationToken,
 ) {
+    assert!(!grants.is_empty(), "health follows at least one slot");
     reporter
         .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
         .await;
@@ -69,9 +70,11 @@ pub async fn follow_issuance(
             ServingStatus::NotServing
         };
         set(&reporter, status, &namespace).await;
+        let changed =
+            futures_util::future::select_all(grants.iter_mut().map(|g| Box::pin(g.changed())));
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            changed = grants.changed() => if changed.is_err() { break },
+            (changed, _, _) = changed => if changed.is_err() { break },
             _ = tokio::time::sleep(wake) => {}
         }
     }
@@ -97,28 +100,40 @@ mod tests {
     /// The clock (layout ms) when each case starts.
     const START: Millis = Millis(10_000);
 
-    /// Follows issuance under `grant` on tokio's paused time, from `START`,
-    /// and returns each change of the whole server's status with the time
-    /// since the start, until the status has changed once.
-    async fn turns(grant: Grant) -> Vec<(Wire, Duration)> {
+    /// Follows issuance of one generator per grant (each on its own slot) on
+    /// tokio's paused time, from `START`, while `meanwhile` runs with each
+    /// slot's sender; returns each change of the whole server's status with
+    /// the time since the start, until the status has changed once.
+    async fn turns_of<F, Fut>(grants: Vec<Grant>, meanwhile: F) -> Vec<(Wire, Duration)>
+    where
+        F: FnOnce(Vec<watch::Sender<Option<Grant>>>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let layout = Layout::default();
         let clock = TokioClock::new(layout.to_unix_ms(START));
-        let (_grants, rx) = watch::channel(Some(grant));
-        let generator = Generator::new(
-            layout,
-            clock,
-            rx.clone(),
-            Duration::from_millis(100),
-            GeneratorMetrics::default(),
-        );
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            grants.into_iter().map(|g| watch::channel(Some(g))).unzip();
+        let generators = receivers
+            .iter()
+            .map(|rx| {
+                let metrics = GeneratorMetrics::default();
+                Generator::new(
+                    layout,
+                    clock.clone(),
+                    rx.clone(),
+                    Duration::from_millis(100),
+                    metrics,
+                )
+            })
+            .collect();
         let reporter = HealthReporter::new();
         let service = tonic_health::server::HealthService::from_health_reporter(reporter.clone());
         let shutdown = CancellationToken::new();
-        let set = GeneratorSet::new(vec![generator]);
+        let set = GeneratorSet::new(generators);
         let began = Instant::now();
         tokio::spawn(follow_issuance(
             reporter,
-            rx,
+            receivers,
             set,
             "ns".into(),
             shutdown.clone(),
@@ -130,6 +145,7 @@ mod tests {
         let mut seen: Vec<(Wire, Duration)> = Vec::new();
         // The reporter starts SERVING; what counts is what the follower sets.
         tokio::task::yield_now().await;
+        tokio::spawn(meanwhile(senders));
         while let Some(update) = updates.next().await {
             let status = update.expect("a status").status();
             if seen.last().is_none_or(|(last, _)| *last != status) {
@@ -141,6 +157,15 @@ mod tests {
         }
         shutdown.cancel();
         seen
+    }
+
+    /// [`turns_of`] one grant, left as it is.
+    async fn turns(grant: Grant) -> Vec<(Wire, Duration)> {
+        turns_of(vec![grant], |senders| async move {
+            std::future::pending::<()>().await;
+            drop(senders);
+        })
+        .await
     }
 
     fn grant(floor: u64, fence: u64, deadline: Option<Duration>) -> Grant {
@@ -174,5 +199,24 @@ mod tests {
             [(NotServing, ms(0)), (Serving, ms(501))],
             "the floor"
         );
+    }
+
+    /// A grant change on any slot is looked at, in whatever order the slots
+    /// are sent: the first slot's grant withdrawn, then 10 ms later the
+    /// second's, turns health at 10 ms (watching only the first slot, it
+    /// turned at its next look, 250 ms).
+    #[tokio::test(start_paused = true)]
+    async fn health_turns_when_any_slots_grant_changes() {
+        use Wire::{NotServing, Serving};
+        let ms = Duration::from_millis;
+        let both = vec![grant(9_000, 20_000, None), grant(9_000, 20_000, None)];
+        let seen = turns_of(both, |senders| async move {
+            senders[0].send_replace(None);
+            tokio::time::sleep(ms(10)).await;
+            senders[1].send_replace(None);
+            std::future::pending::<()>().await;
+        })
+        .await;
+        assert_eq!(seen, [(Serving, ms(0)), (NotServing, ms(10))]);
     }
 }
