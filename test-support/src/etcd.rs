@@ -84,10 +84,11 @@ pub struct EtcdProcess {
 }
 
 /// A new directory for one member's data and log: in tmpfs (`/dev/shm`)
-/// when the machine has one, else in the temp dir. etcd fsyncs every write;
-/// on a disk shared by a dozen tests' etcd processes one fsync took more than
-/// the servers' 500 ms request timeout, failing calls the tests expect to
-/// succeed. On tmpfs an fsync costs microseconds. Killing etcd (as the fault
+/// when the machine has one, else in the temp dir. etcd fsyncs every write,
+/// and on a disk shared by a dozen tests' etcd processes a request can queue
+/// behind the others' fsyncs past the servers' 500 ms request timeout (a run
+/// failed a call the test expected to succeed that way). On tmpfs an fsync
+/// costs microseconds. Killing etcd (as the fault
 /// tests do) loses nothing either way: written data is in the page cache.
 fn member_dir() -> TempDir {
     let shm = Path::new("/dev/shm");

@@ -5,14 +5,14 @@
 
 use std::time::{Duration, Instant};
 
+use super::sequence::{self, Admit};
+use super::{Generator, Grant};
+use crate::error::GenerateError;
+
 /// `n` milliseconds.
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
-
-use super::sequence::{self, Admit};
-use super::{Generator, Grant};
-use crate::error::GenerateError;
 
 impl Generator {
     /// True when a call would issue now: a grant whose deadline has not

@@ -162,8 +162,9 @@ mod tests {
     /// [`turns_of`] one grant, left as it is.
     async fn turns(grant: Grant) -> Vec<(Wire, Duration)> {
         turns_of(vec![grant], |senders| async move {
+            // Held, never sent on: a dropped sender ends the follower.
+            let _held = senders;
             std::future::pending::<()>().await;
-            drop(senders);
         })
         .await
     }
