@@ -6,6 +6,7 @@
 //! (`crate::allow`), the call limits and the server's audit log read it.
 //! It imports nothing of the crate, so all of them can.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -28,6 +29,36 @@ pub struct ConnState {
     /// The response senders of the calls made on this connection (dead ones
     /// are pruned as it grows).
     senders: Mutex<Vec<Weak<Unsent>>>,
+    /// What the server's authentication layer remembers of this
+    /// connection (see [`Memo`]).
+    pub memo: Memo,
+}
+
+/// One value a layer above keeps for a connection's calls to share: the
+/// server's authentication layer keeps the last key that verified on the
+/// connection, so the calls after it that present the same bytes skip the
+/// parse and the hash. Type-erased, as this crate knows nothing of keys;
+/// dropped with the connection.
+#[derive(Default)]
+pub struct Memo(Mutex<Option<Arc<dyn Any + Send + Sync>>>);
+
+impl Memo {
+    /// The value kept, if any.
+    pub fn get(&self) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Keeps `value` in place of the one kept before.
+    pub fn set(&self, value: Arc<dyn Any + Send + Sync>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(value);
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // What is kept may hold a credential: never printed.
+        f.write_str("Memo(..)")
+    }
 }
 
 impl ConnState {
@@ -39,6 +70,7 @@ impl ConnState {
             last_active_ms: AtomicU64::new(0),
             denied_ms: AtomicU64::new(0),
             senders: Mutex::default(),
+            memo: Memo::default(),
         }
     }
 

@@ -41,7 +41,7 @@ impl Who {
         Who {
             key_id: extensions
                 .get::<CallerKey>()
-                .map(|k| k.0.clone())
+                .map(|k| k.0.to_string())
                 .unwrap_or_default(),
             peer: extensions
                 .get::<ConnInfo>()

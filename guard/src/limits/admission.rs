@@ -50,7 +50,7 @@ pub(super) struct PerKey {
     calls: &'static str,
     flag: &'static str,
     max: usize,
-    counts: Mutex<HashMap<String, usize>>,
+    counts: Mutex<HashMap<Arc<str>, usize>>,
 }
 
 impl PerKey {
@@ -78,16 +78,16 @@ impl PerKey {
 
     /// One more call of `key_id` (a remote address for [`PerKey::per_peer`]),
     /// held until the [`KeySlot`] is dropped.
-    pub(super) fn take(self: &Arc<Self>, key_id: &str) -> Result<KeySlot, LimitError> {
+    pub(super) fn take(self: &Arc<Self>, key_id: &Arc<str>) -> Result<KeySlot, LimitError> {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         // Looked up first: a key with calls in progress needs no new entry.
-        let count = match counts.get_mut(key_id) {
+        let count = match counts.get_mut(&**key_id) {
             Some(count) => count,
-            None => counts.entry(key_id.to_owned()).or_insert(0),
+            None => counts.entry(key_id.clone()).or_insert(0),
         };
         if *count >= self.max && self.per_peer {
             return Err(LimitError::PeerBusy {
-                peer: key_id.to_owned(),
+                peer: key_id.to_string(),
                 calls: self.calls,
                 max: self.max,
                 flag: self.flag,
@@ -95,7 +95,7 @@ impl PerKey {
         }
         if *count >= self.max {
             return Err(LimitError::KeyBusy {
-                key_id: key_id.to_owned(),
+                key_id: key_id.to_string(),
                 calls: self.calls,
                 max: self.max,
                 flag: self.flag,
@@ -104,7 +104,7 @@ impl PerKey {
         *count += 1;
         Ok(KeySlot {
             per_key: self.clone(),
-            key_id: key_id.to_owned(),
+            key_id: key_id.clone(),
         })
     }
 
@@ -120,7 +120,7 @@ impl PerKey {
 #[derive(Debug)]
 pub(super) struct KeySlot {
     per_key: Arc<PerKey>,
-    key_id: String,
+    key_id: Arc<str>,
 }
 
 impl Drop for KeySlot {
@@ -130,10 +130,10 @@ impl Drop for KeySlot {
             .counts
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = counts.get_mut(&self.key_id) {
+        if let Some(count) = counts.get_mut(&*self.key_id) {
             *count -= 1;
             if *count == 0 {
-                counts.remove(&self.key_id);
+                counts.remove(&*self.key_id);
             }
         }
     }
@@ -332,17 +332,19 @@ mod tests {
     #[test]
     fn a_key_takes_at_most_its_share_and_gets_it_back() {
         let per_key = PerKey::new("unary calls", "--max-calls-per-key", 2);
-        let a1 = per_key.take("ka").unwrap();
-        let _a2 = per_key.take("ka").unwrap();
-        let refused = per_key.take("ka").unwrap_err();
+        let a1 = per_key.take(&Arc::from("ka")).unwrap();
+        let _a2 = per_key.take(&Arc::from("ka")).unwrap();
+        let refused = per_key.take(&Arc::from("ka")).unwrap_err();
         assert_eq!(
             refused.to_string(),
             "API key ka already has 2 unary calls in progress on this server, the most one key may have (--max-calls-per-key); retry with backoff, spread the calls over more keys, or call another snowkeep server"
         );
-        let _b = per_key.take("kb").expect("another key has its own share");
+        let _b = per_key
+            .take(&Arc::from("kb"))
+            .expect("another key has its own share");
         drop(a1);
         assert_eq!(per_key.of("ka"), 1);
-        let _a3 = per_key.take("ka").unwrap();
+        let _a3 = per_key.take(&Arc::from("ka")).unwrap();
         assert_eq!(per_key.of("ka"), 2);
     }
 

@@ -69,7 +69,11 @@ impl KeyAdmin {
     /// for, else the mod revision the security mode key must keep.
     async fn guard<T>(&self, request: &Request<T>) -> Result<Option<i64>, Status> {
         self.store()?;
-        if request.extensions().get::<KeyScope>().is_some() {
+        if request
+            .extensions()
+            .get::<std::sync::Arc<KeyScope>>()
+            .is_some()
+        {
             return Ok(None);
         }
         super::mode::keyless_guard(&self.mode).await.map(Some)
@@ -293,7 +297,10 @@ impl KeyAdmin {
         request: Request<pb::SetAuthModeRequest>,
     ) -> Result<Response<pb::SetAuthModeResponse>, Status> {
         let who = Who::of(request.extensions());
-        let authenticated = request.extensions().get::<KeyScope>().is_some();
+        let authenticated = request
+            .extensions()
+            .get::<std::sync::Arc<KeyScope>>()
+            .is_some();
         let enabled = request.into_inner().enabled;
         let result = match self.store() {
             Ok(_) => {

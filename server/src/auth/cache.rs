@@ -25,6 +25,7 @@
 //! watch then delivers the noted write again.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -56,17 +57,21 @@ struct Inner {
     changes: Changes,
 }
 
-/// A counter of changes that streams watch.
-struct Changes(tokio::sync::watch::Sender<u64>);
+/// A counter of changes that streams watch, and the same count for the
+/// calls that only read it ([`KeyCache::generation`]).
+struct Changes(tokio::sync::watch::Sender<u64>, AtomicU64);
 
 impl Default for Changes {
     fn default() -> Self {
-        Self(tokio::sync::watch::channel(0).0)
+        Self(tokio::sync::watch::channel(0).0, AtomicU64::new(0))
     }
 }
 
 impl Changes {
+    /// Called after the keys changed, never before: a reader that sees the
+    /// new count sees the new keys.
     fn bump(&self) {
+        self.1.fetch_add(1, Ordering::Release);
         self.0.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
@@ -150,6 +155,13 @@ impl KeyCache {
                 Err(refusal) => Verdict::Refused(refusal),
             },
         }
+    }
+
+    /// How many times the keys changed: a key that verified when this was
+    /// `n` verifies the same way while it still is (see `super::memo`).
+    /// Read it before verifying, never after.
+    pub(crate) fn generation(&self) -> u64 {
+        self.inner.changes.1.load(Ordering::Acquire)
     }
 
     /// A receiver that sees every change of the keys from now on.

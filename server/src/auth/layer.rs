@@ -1,8 +1,9 @@
 //! The authentication layer: checks each call's API key before any handler
 //! runs (see [`super`] for the rules), counts the result in
 //! `snowkeep_auth_requests_total`, and hands the handler the key's id
-//! (`audit::CallerKey`) and scope (`KeyScope`) in the request's
-//! extensions.
+//! (`audit::CallerKey`) and scope (`Arc<KeyScope>`) in the request's
+//! extensions. A connection's calls after the first with the same key skip
+//! the hash (see [`super::memo`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -20,11 +21,13 @@ use tower::{Layer, Service};
 
 use super::cache::{KeyCache, Verdict};
 use super::cluster::{ClusterAuth, Enforcement};
+use super::memo::{self, Checked, Verified};
 use super::revoke::{self, Revocable};
 use crate::audit::CallerKey;
 use crate::limits::admission::Keyless;
 use crate::limits::calls::{CallKind, Unwritten};
 use snowkeep_core::api_key::{Permission, PresentedKey};
+use snowkeep_guard::conn_info::{ConnInfo, Memo};
 
 /// What a gRPC service needs of a key: `None` for one that is always open,
 /// `Some(None)` for any valid key, `Some(Some(p))` for permission `p`.
@@ -69,18 +72,18 @@ fn count(key_id: &str, result: &'static str) {
 }
 
 /// `snowkeep_auth_requests_total{result="ok"}` of each key id, registered on
-/// the key's first accepted call and reused after: every call with a key
-/// ends here, and a lookup by labels costs an allocation and a hash in the
-/// recorder. Holds only ids of keys that verified (at most the keys ever
-/// created), never an id a caller merely presented.
+/// the key's first accepted call: a lookup by labels costs an allocation
+/// and a hash in the recorder. A connection's calls count on the handle its
+/// kept key holds (see [`super::memo`]). Holds only ids of keys that
+/// verified (at most the keys ever created), never an id a caller merely
+/// presented.
 #[derive(Default)]
 struct AcceptedCounts(RwLock<HashMap<String, Counter>>);
 
 impl AcceptedCounts {
-    fn count(&self, key_id: &str) {
+    fn handle(&self, key_id: &str) -> Counter {
         if let Some(counter) = self.0.read().unwrap_or_else(|p| p.into_inner()).get(key_id) {
-            counter.increment(1);
-            return;
+            return counter.clone();
         }
         let mut counts = self.0.write().unwrap_or_else(|p| p.into_inner());
         counts
@@ -92,7 +95,7 @@ impl AcceptedCounts {
                     "result" => "ok"
                 )
             })
-            .increment(1);
+            .clone()
     }
 }
 
@@ -123,36 +126,20 @@ impl AuthLayer {
     }
 
     /// What the call at `path` with this `authorization` value gets: the
-    /// key's scope to hand on with the key as presented (a stream is ended
-    /// when that key is refused later), or the refusal.
+    /// key that verified (its scope to hand on, and the key as presented: a
+    /// stream is ended when that key is refused later), or the refusal.
+    /// `memo` is the call's connection's, when it has one.
     fn judge(
         &self,
         path: &str,
         authorization: Option<&[u8]>,
-    ) -> Result<Option<(super::KeyScope, PresentedKey)>, Status> {
+        memo: Option<&Memo>,
+    ) -> Result<Option<Arc<Verified>>, Status> {
         let Some(needed) = required(path) else {
             return Ok(None);
         };
-        let presented = match PresentedKey::from_authorization(authorization) {
-            Ok(p) => p,
-            Err(refusal) => {
-                count(refusal.key_label(), refusal.result());
-                return Err(Status::unauthenticated(refusal.to_string()));
-            }
-        };
-        let scope = match self.cache.verify(&presented, self.clock.unix_ms()) {
-            Verdict::Accepted(scope) => scope,
-            Verdict::Refused(refusal) => {
-                count(refusal.key_label(), refusal.result());
-                return Err(Status::unauthenticated(refusal.to_string()));
-            }
-            Verdict::NotLoaded => {
-                count("-", "unavailable");
-                return Err(Status::unavailable(
-                    "API keys are not loaded from etcd yet (this server has not reached etcd since it started); retry shortly or on another server",
-                ));
-            }
-        };
+        let verified = self.authenticate(authorization, memo)?;
+        let scope = &verified.scope;
         if let Some(permission) = needed {
             if !scope.has(permission) {
                 count(&scope.key_id, "permission_denied");
@@ -181,8 +168,56 @@ impl AuthLayer {
                 }
             }
         }
-        self.accepted.count(&scope.key_id);
-        Ok(Some((scope, presented)))
+        verified.accepted.increment(1);
+        Ok(Some(verified))
+    }
+
+    /// The key `authorization` presents, verified now: the one `memo` keeps
+    /// when these are its bytes and no key changed since (see
+    /// [`super::memo`]), else checked in full and kept.
+    fn authenticate(
+        &self,
+        authorization: Option<&[u8]>,
+        memo: Option<&Memo>,
+    ) -> Result<Arc<Verified>, Status> {
+        // Before the check, never after (see `KeyCache::generation`).
+        let generation = self.cache.generation();
+        let now_unix_ms = self.clock.unix_ms();
+        if let Some(kept) = memo::recall(memo, authorization, generation, now_unix_ms) {
+            return Ok(kept);
+        }
+        let presented = match PresentedKey::from_authorization(authorization) {
+            Ok(p) => p,
+            Err(refusal) => {
+                count(refusal.key_label(), refusal.result());
+                return Err(Status::unauthenticated(refusal.to_string()));
+            }
+        };
+        let (scope, expires_unix_ms) = match self.cache.verify(&presented, now_unix_ms) {
+            Verdict::Accepted(scope) => (scope, self.cache.expires_unix_ms(presented.id())),
+            Verdict::Refused(refusal) => {
+                count(refusal.key_label(), refusal.result());
+                return Err(Status::unauthenticated(refusal.to_string()));
+            }
+            Verdict::NotLoaded => {
+                count("-", "unavailable");
+                return Err(Status::unavailable(
+                    "API keys are not loaded from etcd yet (this server has not reached etcd since it started); retry shortly or on another server",
+                ));
+            }
+        };
+        let verified = Arc::new(Verified::new(Checked {
+            authorization: authorization.unwrap_or_default().into(),
+            generation,
+            // A key gone since it verified (its generation is then
+            // stale) counts as expiring now: it is checked again.
+            expires_unix_ms: expires_unix_ms.unwrap_or(1),
+            accepted: self.accepted.handle(&scope.key_id),
+            scope,
+            presented,
+        }));
+        memo::keep(memo, &verified);
+        Ok(verified)
     }
 }
 
@@ -354,19 +389,24 @@ where
             request.extensions_mut().insert(Keyless);
             return self.pass(request);
         }
-        match self.layer.judge(request.uri().path(), authorization) {
+        let memo = request
+            .extensions()
+            .get::<ConnInfo>()
+            .map(|c| &c.state.memo);
+        match self.layer.judge(request.uri().path(), authorization, memo) {
             Ok(None) => {
                 request.extensions_mut().insert(Keyless);
                 self.pass(request)
             }
-            Ok(Some((scope, presented))) => {
+            Ok(Some(verified)) => {
                 request
                     .extensions_mut()
-                    .insert(CallerKey(scope.key_id.clone()));
-                request.extensions_mut().insert(scope);
+                    .insert(CallerKey(verified.caller.clone()));
+                request.extensions_mut().insert(verified.scope.clone());
                 let (cache, clock) = (self.layer.cache.clone(), self.layer.clock.clone());
                 self.call_ended_by(request, move |method| {
-                    revoke::key_refused(cache.clone(), presented.clone(), clock.clone(), method)
+                    let presented = verified.presented.clone();
+                    revoke::key_refused(cache.clone(), presented, clock.clone(), method)
                 })
             }
             Err(status) => {
@@ -380,98 +420,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn health_and_reflection_are_open_and_each_service_needs_its_permission() {
-        assert_eq!(required("/grpc.health.v1.Health/Check"), None);
-        assert_eq!(
-            required("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
-            None
-        );
-        assert_eq!(
-            required("/snowkeep.v1.IdService/NextIds"),
-            Some(Some(Permission::Ids))
-        );
-        assert_eq!(
-            required("/snowkeep.v1.LeaseService/Acquire"),
-            Some(Some(Permission::Lease))
-        );
-        assert_eq!(
-            required("/snowkeep.v1.AdminService/ListKeys"),
-            Some(Some(Permission::Admin))
-        );
-        assert_eq!(required("/snowkeep.v1.InfoService/GetInfo"), Some(None));
-        assert_eq!(required("/other.Service/X"), Some(None));
-        assert_eq!(
-            service_name("/snowkeep.v1.LeaseService/Acquire"),
-            "LeaseService"
-        );
-    }
-    #[test]
-    fn the_layer_judges_expiry_permission_and_namespace_at_the_clocks_time() {
-        use snowkeep_client::ManualClock;
-        use snowkeep_core::api_key::BootstrapKey;
-        use snowkeep_etcd::apikeys::StoredKey;
-
-        let key = PresentedKey::generate();
-        let mut record = BootstrapKey::parse(&key.reveal()).unwrap().record(0);
-        record.permissions = vec![Permission::Ids];
-        record.namespaces = vec!["orders".into()];
-        record.expires_unix_ms = 10_000;
-        let cache = KeyCache::new();
-        cache.replace_all(
-            &[StoredKey {
-                id: record.id.clone(),
-                value: record.to_json().into_bytes(),
-                mod_revision: 1,
-            }],
-            1,
-        );
-        let clock = ManualClock::new(9_000);
-        let on = ClusterAuth::on_etcd(Some(crate::auth::AuthMode::On));
-        let layer = AuthLayer::new(on.clone(), cache.clone(), clock.clone(), "orders".into());
-        let header = format!("Bearer {}", key.reveal());
-        let auth = Some(header.as_bytes());
-        let (scope, presented) = layer
-            .judge("/snowkeep.v1.IdService/NextIds", auth)
-            .unwrap()
-            .unwrap();
-        assert_eq!(scope.key_id, key.id());
-        assert_eq!(presented, key);
-        assert_eq!(
-            layer.judge("/grpc.health.v1.Health/Check", None).unwrap(),
-            None
-        );
-        let denied = layer
-            .judge("/snowkeep.v1.LeaseService/Acquire", auth)
-            .unwrap_err();
-        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
-        assert!(
-            denied.message().contains("lacks the lease permission"),
-            "{denied:?}"
-        );
-        let elsewhere = AuthLayer::new(on, cache, clock.clone(), "billing".into());
-        let denied = elsewhere
-            .judge("/snowkeep.v1.IdService/NextIds", auth)
-            .unwrap_err();
-        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
-        clock.set_unix_ms(10_000);
-        let expired = layer
-            .judge("/snowkeep.v1.InfoService/GetInfo", auth)
-            .unwrap_err();
-        assert_eq!(expired.code(), tonic::Code::Unauthenticated);
-        assert_eq!(
-            expired.message(),
-            format!(
-                "API key {} expired at 1970-01-01T00:00:10Z: ask an administrator for a new key",
-                key.id()
-            )
-        );
-        let missing = layer
-            .judge("/snowkeep.v1.InfoService/GetInfo", None)
-            .unwrap_err();
-        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
-    }
-}
+mod tests;

@@ -13,7 +13,7 @@
 //!
 //! The Lease API names its namespace in the request body, so its handler
 //! checks the namespace against the [`KeyScope`] the layer put into the
-//! request's extensions, and counts the key's holdings at Acquire against
+//! request's extensions (an `Arc<KeyScope>`), and counts the key's holdings at Acquire against
 //! its `max_lease_machine_ids` (RESOURCE_EXHAUSTED over it; see
 //! `snowkeep_etcd::requesters` for the guarantee).
 //!
@@ -35,13 +35,17 @@
 //! | [`cluster`] | the cluster's security mode: the check at start and the watch |
 //! | `first_mode` | `--auth on` on a cluster whose mode was never set: the admin key it needs |
 //! | [`layer`] | the tower layer |
+//! | `memo` | the key a connection last presented and that verified, so its next calls skip the hash |
 //! | `revoke` | ending a key's open streams when it is revoked or expires |
 
 pub mod cache;
 pub mod cluster;
 mod first_mode;
 pub mod layer;
+mod memo;
 mod revoke;
+#[cfg(test)]
+mod test_keys;
 
 pub use cache::KeyCache;
 pub use cluster::{ClusterAuth, Enforcement};

@@ -233,16 +233,8 @@ mod tests {
     use snowkeep_client::ManualClock;
 
     use super::*;
+    use crate::auth::test_keys::{assert_expired_at_10_s, stored};
     use snowkeep_core::api_key::BootstrapKey;
-    use snowkeep_etcd::apikeys::StoredKey;
-
-    fn stored(record: &super::super::KeyRecord, mod_revision: i64) -> StoredKey {
-        StoredKey {
-            id: record.id.clone(),
-            value: record.to_json().into_bytes(),
-            mod_revision,
-        }
-    }
 
     /// A body that never ends by itself.
     fn endless() -> tonic::body::Body {
@@ -299,13 +291,6 @@ mod tests {
         let started = tokio::time::Instant::now();
         let status = trailer_status(&mut body).await;
         assert_eq!(started.elapsed(), Duration::from_millis(1));
-        assert_eq!(status.code(), tonic::Code::Unauthenticated);
-        assert_eq!(
-            status.message(),
-            format!(
-                "API key {} expired at 1970-01-01T00:00:10Z: ask an administrator for a new key",
-                key.id()
-            )
-        );
+        assert_expired_at_10_s(&status, &key);
     }
 }

@@ -320,7 +320,10 @@ impl<S: LeaseStore> pb::lease_service_server::LeaseService for LeaseHandler<S> {
 
 /// The caller's API key scope; `None` when authentication is off.
 fn scope_of<T>(request: &Request<T>) -> Option<&KeyScope> {
-    request.extensions().get::<KeyScope>()
+    request
+        .extensions()
+        .get::<std::sync::Arc<KeyScope>>()
+        .map(|s| &**s)
 }
 
 /// PERMISSION_DENIED when the call's API key (if keys are on) may not use

@@ -73,7 +73,7 @@ pub const STREAMING_METHODS: &[&str] = &[
 /// extensions by the authentication layer; the call takes from that key's
 /// share of the pools.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CallerKey(pub String);
+pub struct CallerKey(pub Arc<str>);
 
 /// Which pool a call takes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -294,7 +294,7 @@ impl CallLimits {
     fn admit(
         &self,
         (pool, keyless): (&Pool, bool),
-        key_id: Option<&str>,
+        key_id: Option<&Arc<str>>,
         peer: Option<std::net::IpAddr>,
         conn: Option<ConnCall>,
     ) -> Result<Hold, LimitError> {
@@ -304,7 +304,7 @@ impl CallLimits {
         };
         let peer = peer
             .filter(|_| keyless)
-            .map(|ip| per_peer.take(&ip.to_string()))
+            .map(|ip| per_peer.take(&Arc::from(ip.to_string())))
             .transpose()?;
         let slot = pool.slot()?;
         let key = key_id.map(|id| per_key.take(id)).transpose()?;
@@ -429,12 +429,7 @@ where
     let keyless = request.extensions().get::<Keyless>().is_some();
     let pool = limits.pool(CallKind::of(path), keyless);
     let key_id = request.extensions().get::<CallerKey>().map(|k| &k.0);
-    let admitted = limits.admit(
-        (pool, keyless),
-        key_id.map(String::as_str),
-        remote_ip(&request),
-        conn_call,
-    );
+    let admitted = limits.admit((pool, keyless), key_id, remote_ip(&request), conn_call);
     let mut hold = match admitted {
         Ok(hold) => hold,
         Err(error) => return Ok(shed_after_request(&limits, request, path, error).await),

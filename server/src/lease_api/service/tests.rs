@@ -276,12 +276,14 @@ async fn a_malformed_token_is_refused_before_the_store_and_the_audit_trail() {
 /// An Acquire made with API key `k-quota` whose quota is `max`.
 fn with_key(mut request: Request<pb::AcquireRequest>, max: u32) -> Request<pb::AcquireRequest> {
     request.extensions_mut().insert(CallerKey("k-quota".into()));
-    request.extensions_mut().insert(KeyScope {
-        key_id: "k-quota".into(),
-        namespaces: Vec::new(),
-        permissions: Vec::new(),
-        max_lease_machine_ids: max,
-    });
+    request
+        .extensions_mut()
+        .insert(std::sync::Arc::new(KeyScope {
+            key_id: "k-quota".into(),
+            namespaces: Vec::new(),
+            permissions: Vec::new(),
+            max_lease_machine_ids: max,
+        }));
     request
 }
 
