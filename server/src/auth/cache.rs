@@ -68,10 +68,17 @@ impl Default for Changes {
 }
 
 impl Changes {
-    /// Called after the keys changed, never before: a reader that sees the
-    /// new count sees the new keys.
-    fn bump(&self) {
+    /// Called with the keys' write lock still held, right after they
+    /// changed: a call that finds the old count checks nothing after the
+    /// change (a full check waits for the lock), and one that reads the new
+    /// count sees the new keys.
+    fn count(&self) {
         self.1.fetch_add(1, Ordering::Release);
+    }
+
+    /// Wakes the streams that watch the keys; called after the lock is
+    /// released.
+    fn bump(&self) {
         self.0.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
@@ -209,6 +216,7 @@ impl KeyCache {
             known
                 .records
                 .insert(record.id.clone(), (record, mod_revision));
+            self.inner.changes.count();
             drop(keys);
             self.inner.changes.bump();
         }
@@ -233,6 +241,7 @@ impl KeyCache {
         }
         let count = records.len();
         *keys = Some(Known { records, revision });
+        self.inner.changes.count();
         drop(keys);
         self.inner.changes.bump();
         if first {
@@ -269,6 +278,7 @@ impl KeyCache {
             }
         }
         known.revision = known.revision.max(revision);
+        self.inner.changes.count();
         drop(keys);
         self.inner.changes.bump();
     }

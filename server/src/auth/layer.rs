@@ -168,7 +168,10 @@ impl AuthLayer {
                 }
             }
         }
-        verified.accepted.increment(1);
+        verified
+            .accepted
+            .get_or_init(|| self.accepted.handle(&verified.scope.key_id))
+            .increment(1);
         Ok(Some(verified))
     }
 
@@ -212,7 +215,6 @@ impl AuthLayer {
             // A key gone since it verified (its generation is then
             // stale) counts as expiring now: it is checked again.
             expires_unix_ms: expires_unix_ms.unwrap_or(1),
-            accepted: self.accepted.handle(&scope.key_id),
             scope,
             presented,
         }));

@@ -20,10 +20,11 @@
 //! * Permissions and namespaces are still judged per call by the layer,
 //!   from the kept scope: they depend on the method called.
 //!
-//! A connection keeps one key, dropped with it; the secret it holds is the
-//! one the connection's own header table already holds.
+//! A connection keeps one key, of at most [`MAX_KEPT`] bytes as presented
+//! (a generated key takes 85), until another key verifies on it or it
+//! closes; the secret stays in the server's memory that long.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use metrics::Counter;
 use snowkeep_core::api_key::{KeyScope, PresentedKey};
@@ -44,9 +45,16 @@ pub(super) struct Verified {
     pub(super) caller: Arc<str>,
     /// The key as presented, for the streams that end when it is refused.
     pub(super) presented: PresentedKey,
-    /// `snowkeep_auth_requests_total{key_id, result="ok"}`.
-    pub(super) accepted: Counter,
+    /// `snowkeep_auth_requests_total{key_id, result="ok"}`, registered
+    /// at the key's first accepted call (a key refused every call for its
+    /// permissions gets no `ok` series).
+    pub(super) accepted: OnceLock<Counter>,
 }
+
+/// The longest `authorization` value a connection keeps: `Bearer` and a key
+/// with room to spare. A longer one (padding is allowed around the key) is
+/// checked in full at every call, so no connection pins more than this.
+pub(super) const MAX_KEPT: usize = 256;
 
 impl std::fmt::Debug for Verified {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -60,14 +68,13 @@ impl std::fmt::Debug for Verified {
 }
 
 /// What [`Verified::new`] takes: the presented bytes and key, and the
-/// check's generation, scope, expiry and counter.
+/// check's generation, scope and expiry.
 pub(super) struct Checked {
     pub(super) authorization: Box<[u8]>,
     pub(super) generation: u64,
     pub(super) expires_unix_ms: u64,
     pub(super) scope: KeyScope,
     pub(super) presented: PresentedKey,
-    pub(super) accepted: Counter,
 }
 
 impl Verified {
@@ -80,7 +87,7 @@ impl Verified {
             expires_unix_ms: checked.expires_unix_ms,
             scope: Arc::new(checked.scope),
             presented: checked.presented,
-            accepted: checked.accepted,
+            accepted: OnceLock::new(),
         }
     }
 
@@ -127,9 +134,10 @@ pub(super) fn recall(
         .then_some(kept)
 }
 
-/// Keeps `verified` on the connection of `memo`, if the call has one.
+/// Keeps `verified` on the connection of `memo`, if the call has one and
+/// its value is at most [`MAX_KEPT`] bytes.
 pub(super) fn keep(memo: Option<&Memo>, verified: &Arc<Verified>) {
-    if let Some(memo) = memo {
+    if let Some(memo) = memo.filter(|_| verified.authorization.len() <= MAX_KEPT) {
         memo.set(verified.clone());
     }
 }
@@ -166,7 +174,6 @@ mod tests {
                 max_lease_machine_ids: 0,
             },
             presented: key,
-            accepted: Counter::noop(),
         }))
     }
 
@@ -194,5 +201,13 @@ mod tests {
         keep(Some(&memo), &verified("Bearer k2.other", 9, 0));
         assert!(recall(Some(&memo), Some(b"Bearer k1.s3cret"), 9, 999).is_none());
         assert!(recall(Some(&memo), Some(b"Bearer k2.other"), 9, u64::MAX).is_some());
+        // A value longer than MAX_KEPT is never kept.
+        let long = format!("Bearer {}k3.s", " ".repeat(MAX_KEPT));
+        keep(Some(&memo), &verified(&long, 9, 0));
+        assert!(recall(Some(&memo), Some(long.as_bytes()), 9, 0).is_none());
+        assert!(recall(Some(&memo), Some(b"Bearer k2.other"), 9, 0).is_some());
+        let longest = format!("Bearer {}k3.s", " ".repeat(MAX_KEPT - 11));
+        keep(Some(&memo), &verified(&longest, 9, 0));
+        assert!(recall(Some(&memo), Some(longest.as_bytes()), 9, 0).is_some());
     }
 }
