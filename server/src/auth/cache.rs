@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockWriteGuard};
 use std::time::Duration;
 
 use snowkeep_client::SharedClock;
@@ -68,17 +68,14 @@ impl Default for Changes {
 }
 
 impl Changes {
-    /// Called with the keys' write lock still held, right after they
-    /// changed: a call that finds the old count checks nothing after the
-    /// change (a full check waits for the lock), and one that reads the new
-    /// count sees the new keys.
-    fn count(&self) {
+    /// Marks a change of the keys just made under `keys`, their write lock.
+    /// The count moves while the lock is still held: a call that finds the
+    /// old count checks nothing after the change (a full check waits for
+    /// the lock), and one that reads the new count sees the new keys. The
+    /// streams that watch the keys are woken once the lock is released.
+    fn changed(&self, keys: RwLockWriteGuard<'_, Option<Known>>) {
         self.1.fetch_add(1, Ordering::Release);
-    }
-
-    /// Wakes the streams that watch the keys; called after the lock is
-    /// released.
-    fn bump(&self) {
+        drop(keys);
         self.0.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
@@ -112,8 +109,14 @@ impl std::fmt::Debug for KeyCache {
 /// Why a presented key could not be checked or was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// Accepted: what the key may do.
-    Accepted(KeyScope),
+    /// Accepted: what the key may do, and when it expires (unix ms, 0 for
+    /// never).
+    Accepted {
+        /// What the key may do.
+        scope: KeyScope,
+        /// When the key expires, unix ms; 0 for never.
+        expires_unix_ms: u64,
+    },
     /// Refused (UNAUTHENTICATED).
     Refused(KeyRefusal),
     /// No keys loaded yet (UNAVAILABLE).
@@ -158,7 +161,10 @@ impl KeyCache {
         match keys.records.get(presented.id()) {
             None => Verdict::Refused(KeyRefusal::Unknown(presented.id().to_owned())),
             Some((record, _)) => match record.verify(presented, now_unix_ms) {
-                Ok(scope) => Verdict::Accepted(scope),
+                Ok(scope) => Verdict::Accepted {
+                    scope,
+                    expires_unix_ms: record.expires_unix_ms,
+                },
                 Err(refusal) => Verdict::Refused(refusal),
             },
         }
@@ -216,9 +222,7 @@ impl KeyCache {
             known
                 .records
                 .insert(record.id.clone(), (record, mod_revision));
-            self.inner.changes.count();
-            drop(keys);
-            self.inner.changes.bump();
+            self.inner.changes.changed(keys);
         }
     }
 
@@ -241,9 +245,7 @@ impl KeyCache {
         }
         let count = records.len();
         *keys = Some(Known { records, revision });
-        self.inner.changes.count();
-        drop(keys);
-        self.inner.changes.bump();
+        self.inner.changes.changed(keys);
         if first {
             info!(keys = count, "API keys loaded from etcd");
         }
@@ -278,9 +280,7 @@ impl KeyCache {
             }
         }
         known.revision = known.revision.max(revision);
-        self.inner.changes.count();
-        drop(keys);
-        self.inner.changes.bump();
+        self.inner.changes.changed(keys);
     }
 
     /// Connects the cache to etcd: writes the bootstrap admin key when no
@@ -357,14 +357,7 @@ impl KeyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn stored(record: &KeyRecord, mod_revision: i64) -> StoredKey {
-        StoredKey {
-            id: record.id.clone(),
-            value: record.to_json().into_bytes(),
-            mod_revision,
-        }
-    }
+    use crate::auth::test_keys::stored;
 
     #[test]
     fn a_cache_refuses_until_loaded_then_follows_changes() {
@@ -379,7 +372,9 @@ mod tests {
         );
         let mut record = boot.record(1);
         cache.apply(KeyChange::Put(stored(&record, 2)));
-        assert!(matches!(cache.verify(&key, 2), Verdict::Accepted(s) if s.key_id == key.id()));
+        assert!(
+            matches!(cache.verify(&key, 2), Verdict::Accepted { scope, .. } if scope.key_id == key.id())
+        );
         record.revoked = true;
         cache.apply(KeyChange::Put(stored(&record, 3)));
         assert_eq!(
@@ -419,29 +414,14 @@ mod tests {
         let cache = KeyCache::new();
         let mut expired_later = boot.record(1);
         expired_later.expires_unix_ms = 1_000_000;
-        cache.replace_all(
-            &[StoredKey {
-                id: key.id().to_owned(),
-                value: boot.record(1).to_json().into_bytes(),
-                mod_revision: 10,
-            }],
-            10,
-        );
+        cache.replace_all(&[stored(&boot.record(1), 10)], 10);
         // Revision 11: this server's ExpireKey wrote `expired_later`.
         // Revision 12: another server's RevokeKey. The watch delivers both
         // before this server's ExpireKey handler calls `note`.
-        cache.apply(KeyChange::Put(StoredKey {
-            id: key.id().to_owned(),
-            value: expired_later.to_json().into_bytes(),
-            mod_revision: 11,
-        }));
+        cache.apply(KeyChange::Put(stored(&expired_later, 11)));
         let mut revoked = expired_later.clone();
         revoked.revoked = true;
-        cache.apply(KeyChange::Put(StoredKey {
-            id: key.id().to_owned(),
-            value: revoked.to_json().into_bytes(),
-            mod_revision: 12,
-        }));
+        cache.apply(KeyChange::Put(stored(&revoked, 12)));
         cache.note(expired_later, 11);
         assert_eq!(
             cache.verify(&key, 2),
@@ -507,7 +487,10 @@ mod tests {
         record.expires_unix_ms = 10_000;
         let cache = KeyCache::new();
         cache.replace_all(&[stored(&record, 1)], 1);
-        assert!(matches!(cache.verify(&key, 9_999), Verdict::Accepted(_)));
+        assert!(matches!(
+            cache.verify(&key, 9_999),
+            Verdict::Accepted { .. }
+        ));
         assert!(matches!(
             cache.verify(&key, 10_000),
             Verdict::Refused(KeyRefusal::Expired { .. })

@@ -197,7 +197,10 @@ impl AuthLayer {
             }
         };
         let (scope, expires_unix_ms) = match self.cache.verify(&presented, now_unix_ms) {
-            Verdict::Accepted(scope) => (scope, self.cache.expires_unix_ms(presented.id())),
+            Verdict::Accepted {
+                scope,
+                expires_unix_ms,
+            } => (scope, expires_unix_ms),
             Verdict::Refused(refusal) => {
                 count(refusal.key_label(), refusal.result());
                 return Err(Status::unauthenticated(refusal.to_string()));
@@ -212,9 +215,7 @@ impl AuthLayer {
         let verified = Arc::new(Verified::new(Checked {
             authorization: authorization.unwrap_or_default().into(),
             generation,
-            // A key gone since it verified (its generation is then
-            // stale) counts as expiring now: it is checked again.
-            expires_unix_ms: expires_unix_ms.unwrap_or(1),
+            expires_unix_ms,
             scope,
             presented,
         }));

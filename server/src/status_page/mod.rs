@@ -179,10 +179,10 @@ fn refusal(
     };
     match keys.verify(&key, now_unix_ms) {
         // As AdminService: the page shows the whole cluster.
-        Verdict::Accepted(scope) if scope.has(Permission::Admin) => scope
+        Verdict::Accepted { scope, .. } if scope.has(Permission::Admin) => scope
             .cluster_wide_refusal()
             .map(|refusal| (StatusCode::FORBIDDEN, refusal)),
-        Verdict::Accepted(scope) => Some((
+        Verdict::Accepted { scope, .. } => Some((
             StatusCode::FORBIDDEN,
             format!(
                 "API key {} lacks the admin permission; {how}",
